@@ -1,0 +1,113 @@
+"""FastLloyd's wire messages (spec fastlloyd.md, sections 2.8 and 6).
+
+Setup (key agreement for the clients' shared mask seed; metered as setup):
+
+* :class:`PublicKey` client -> server: the client's X25519 public key;
+* :class:`PublicKeys` server -> client 0: every client's key, in client order;
+* :class:`SealedSeeds` client 0 -> server: the mask seed sealed for each client 1..M-1;
+* :class:`SealedSeed` server -> client i: client 0's key and the seed sealed for client i.
+
+Each Lloyd iteration (one round trip):
+
+* :class:`MaskedUpdate` client -> server: ``[k, d+1]`` ring elements: fixed-point relative (or
+  absolute) sums in columns ``0..d-1`` and counts in column ``d``, plus the client's mask;
+* :class:`NoisyAggregate` server -> every client: the sum of the masked updates plus the server's
+  quantised noise, still masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedproto.messages import Message, array_field
+
+__all__ = ["PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate"]
+
+_KEY_BYTES = 32
+_SEALED_BYTES = 48  # a 32-byte seed plus the 16-byte Poly1305 tag
+
+
+def _check_key(key: bytes, what: str) -> None:
+    if not isinstance(key, bytes) or len(key) != _KEY_BYTES:
+        raise ValueError(f"{what} must be {_KEY_BYTES} bytes")
+
+
+def _check_ring(values: np.ndarray, what: str) -> None:
+    if values.ndim != 2 or values.shape[1] < 2 or values.shape[0] < 1:
+        raise ValueError(f"{what} must have shape [k, d+1] with k >= 1 and d >= 1, got {values.shape}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublicKey(Message):
+    """A client's X25519 public key (32 bytes)."""
+
+    TAG = "fl.pk"
+    public_key: bytes
+
+    def __post_init__(self) -> None:
+        _check_key(self.public_key, "public_key")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublicKeys(Message):
+    """Every client's public key, in client order (server -> client 0)."""
+
+    TAG = "fl.pks"
+    public_keys: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        if not self.public_keys:
+            raise ValueError("public_keys is empty")
+        for key in self.public_keys:
+            _check_key(key, "each public key")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SealedSeeds(Message):
+    """The mask seed sealed for clients 1..M-1, in client order (client 0 -> server)."""
+
+    TAG = "fl.sealed"
+    sealed: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        for item in self.sealed:
+            if not isinstance(item, bytes) or len(item) != _SEALED_BYTES:
+                raise ValueError(f"each sealed seed must be {_SEALED_BYTES} bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SealedSeed(Message):
+    """Client 0's public key and the seed sealed for the receiving client (server -> client i)."""
+
+    TAG = "fl.seed"
+    sender_key: bytes
+    sealed: bytes
+
+    def __post_init__(self) -> None:
+        _check_key(self.sender_key, "sender_key")
+        if not isinstance(self.sealed, bytes) or len(self.sealed) != _SEALED_BYTES:
+            raise ValueError(f"sealed must be {_SEALED_BYTES} bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaskedUpdate(Message):
+    """One client's masked fixed-point statistics, ``uint32`` or ``uint64`` ``[k, d+1]``."""
+
+    TAG = "fl.update"
+    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
+
+    def __post_init__(self) -> None:
+        _check_ring(self.masked, "masked")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoisyAggregate(Message):
+    """Sum of the masked updates plus quantised noise, ``uint32`` or ``uint64`` ``[k, d+1]``."""
+
+    TAG = "fl.agg"
+    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
+
+    def __post_init__(self) -> None:
+        _check_ring(self.masked, "masked")

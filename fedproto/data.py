@@ -1,0 +1,263 @@
+"""Data sets: loading, normalisation and partitioning across parties.
+
+Sources:
+
+* scikit-learn's bundled sets by name: ``iris``, ``wine``, ``breast_cancer``, ``digits``;
+* any file by path: whitespace-separated or CSV text (one point per line; lines with letters,
+  e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``).
+  The FastLloyd files in ``../shared/data`` (``s1.txt``, ``lsun.txt``, ...) load this way.
+
+Every set is min-max normalised per feature to ``[-B, B]`` (FastLloyd spec 2.2; constant features
+map to 0) before it is split. Partitions are deterministic given their seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "Dataset",
+    "BUNDLED",
+    "PAPER_K",
+    "load_dataset",
+    "normalize",
+    "partition",
+    "PARTITIONS",
+]
+
+BUNDLED = ("iris", "wine", "breast_cancer", "digits")
+#: k used by the seed papers for each data set (FastLloyd spec 4.1 / 5; digits as the MNIST stand-in).
+PAPER_K = {
+    "iris": 3,
+    "wine": 3,
+    "breast_cancer": 2,
+    "digits": 10,
+    "lsun": 3,
+    "s1": 15,
+    "house": 3,
+    "adult": 3,
+    "birch2": 100,
+    "celltype": 4,
+}
+PARTITIONS = ("iid", "uneven", "label-skew")
+_HAS_LETTER = re.compile(r"[A-Za-df-z]")  # letters other than 'e'/'E' (exponents)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A loaded data set.
+
+    Attributes:
+        name: short name (bundled name or file stem).
+        x: points ``[n, d]`` float64.
+        y: labels ``[n]`` int64, or ``None``.
+        paper_k: the k the papers use for it, if known.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray | None
+    paper_k: int | None
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def d(self) -> int:
+        return int(self.x.shape[1])
+
+
+def _load_bundled(name: str) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn import datasets
+
+    loader = {
+        "iris": datasets.load_iris,
+        "wine": datasets.load_wine,
+        "breast_cancer": datasets.load_breast_cancer,
+        "digits": datasets.load_digits,
+    }[name]
+    bunch = loader()
+    return np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
+
+
+def _load_text(path: Path) -> np.ndarray:
+    rows: list[list[float]] = []
+    width = None
+    with path.open("r", encoding="utf-8", errors="strict") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            line = line.strip()
+            if not line or line.startswith("#") or _HAS_LETTER.search(line):
+                continue
+            fields = [f for f in re.split(r"[,\s;]+", line) if f]
+            try:
+                row = [float(f) for f in fields]
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: not a row of numbers: {line[:60]!r}") from None
+            if width is None:
+                width = len(row)
+            elif len(row) != width:
+                raise ValueError(f"{path}:{lineno}: {len(row)} columns, earlier rows have {width}")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows of numbers found")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def load_dataset(source: str) -> Dataset:
+    """Load a data set by bundled name or by file path (not normalised).
+
+    Args:
+        source: ``iris``, ``wine``, ``breast_cancer``, ``digits``, or a path to a text, ``.npy``
+            or ``.npz`` file.
+
+    Returns:
+        The :class:`Dataset` with raw values.
+
+    Raises:
+        ValueError: unknown name, unreadable or malformed file, not 2-D, empty, or NaN/inf values.
+    """
+    if source in BUNDLED:
+        x, y = _load_bundled(source)
+        name = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(
+                f"data set {source!r} is neither a bundled name ({', '.join(BUNDLED)}) nor a readable file"
+            )
+        name = path.stem
+        y = None
+        try:
+            if path.suffix == ".npy":
+                x = np.load(path, allow_pickle=False)
+            elif path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as archive:
+                    if "X" not in archive:
+                        raise ValueError(f"{path}: an .npz data set needs an array named 'X'")
+                    x = archive["X"]
+                    y = archive["y"] if "y" in archive else None
+            else:
+                x = _load_text(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {path}: {exc}") from exc
+        except ValueError as exc:
+            if str(exc).startswith(str(path)):
+                raise
+            raise ValueError(f"cannot read {path}: {exc}") from exc
+        x = np.asarray(x)
+        if x.dtype.kind not in "fiub":
+            raise ValueError(f"{path}: values must be numeric, got dtype {x.dtype}")
+        x = x.astype(np.float64)
+        if y is not None:
+            y = np.asarray(y).astype(np.int64).reshape(-1)
+    if x.ndim != 2:
+        raise ValueError(f"data set {name!r} must be 2-D [n, d], got shape {x.shape}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"data set {name!r} is empty (shape {x.shape})")
+    if not np.all(np.isfinite(x)):
+        bad = int(np.sum(~np.isfinite(x)))
+        raise ValueError(f"data set {name!r} has {bad} NaN or infinite values")
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise ValueError(f"data set {name!r}: {y.shape[0]} labels for {x.shape[0]} points")
+    return Dataset(name, x, y, PAPER_K.get(name))
+
+
+def normalize(x: np.ndarray, bound: float = 1.0) -> np.ndarray:
+    """Min-max normalise each feature to ``[-bound, bound]``; constant features become 0.
+
+    Args:
+        x: ``[n, d]`` float64.
+        bound: half-width B of the target domain.
+
+    Returns:
+        ``[n, d]`` float64 in ``[-B, B]``.
+
+    References:
+        FastLloyd Sec. 6.1; spec 2.2 step 1.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    lo = x.min(axis=0)
+    hi = x.max(axis=0)
+    span = hi - lo
+    safe = np.where(span > 0, span, 1.0)
+    out = (x - lo) / safe * (2 * bound) - bound
+    out[:, span == 0] = 0.0
+    return np.clip(out, -bound, bound)
+
+
+def partition(
+    n: int,
+    n_parties: int,
+    *,
+    scheme: str = "iid",
+    seed: int = 0,
+    labels: np.ndarray | None = None,
+    concentration: float = 0.5,
+) -> list[np.ndarray]:
+    """Split point indices ``0..n-1`` across parties.
+
+    Args:
+        n: number of points.
+        n_parties: number of parties M.
+        scheme: ``"iid"`` (shuffle, near-equal sizes: the paper's balanced random split),
+            ``"uneven"`` (shuffle, sizes from a Dirichlet(``concentration``) draw, at least one
+            point each), or ``"label-skew"`` (each label's points spread over parties by a
+            Dirichlet(``concentration``) draw; needs ``labels``).
+        seed: seed of the split (a local ``numpy.random.Generator``).
+        labels: ``[n]`` labels for ``label-skew``.
+        concentration: Dirichlet concentration; smaller is more skewed.
+
+    Returns:
+        ``n_parties`` sorted index arrays (int64) that together cover ``0..n-1`` once.
+
+    Raises:
+        ValueError: unknown scheme, ``n_parties < 1``, more parties than points for a scheme that
+            gives every party a point, or ``label-skew`` without labels.
+    """
+    if n_parties < 1:
+        raise ValueError("the number of parties must be at least 1")
+    if scheme not in PARTITIONS:
+        raise ValueError(f"unknown partition {scheme!r}; choose one of {PARTITIONS}")
+    if not concentration > 0:
+        raise ValueError("concentration must be positive")
+    rng = np.random.default_rng(seed)
+    if scheme == "iid":
+        if n_parties > n:
+            raise ValueError(f"{n_parties} parties for {n} points: every party needs at least one point")
+        perm = rng.permutation(n)
+        return [np.sort(part) for part in np.array_split(perm, n_parties)]
+    if scheme == "uneven":
+        if n_parties > n:
+            raise ValueError(f"{n_parties} parties for {n} points: every party needs at least one point")
+        perm = rng.permutation(n)
+        share = rng.dirichlet(np.full(n_parties, concentration))
+        sizes = 1 + np.floor(share * (n - n_parties)).astype(np.int64)
+        sizes[np.argmax(share)] += n - int(sizes.sum())
+        cuts = np.cumsum(sizes)[:-1]
+        return [np.sort(part) for part in np.split(perm, cuts)]
+    if labels is None:
+        raise ValueError("label-skew partitioning needs labels (this data set has none)")
+    labels = np.asarray(labels)
+    if labels.shape[0] != n:
+        raise ValueError("labels must have one entry per point")
+    parts: list[list[int]] = [[] for _ in range(n_parties)]
+    for label in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == label))
+        share = rng.dirichlet(np.full(n_parties, concentration))
+        cuts = np.floor(np.cumsum(share)[:-1] * len(idx)).astype(np.int64)
+        for party, chunk in enumerate(np.split(idx, cuts)):
+            parts[party].extend(chunk.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def session_id(*parts: object) -> int:
+    """A 32-bit session id derived from the run's public parameters (stable across processes)."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big")

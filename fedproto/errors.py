@@ -1,0 +1,128 @@
+"""The fedproto exception hierarchy.
+
+Every error fedproto raises on purpose derives from :class:`FedProtoError` and carries structured
+attributes (``party``, ``round_idx``, ``state``, ``phase``) as well as a message that names them::
+
+    FedProtoError
+      ProtocolError
+        LocalProtocolError        we asked a machine to do something illegal
+        RemoteProtocolError       a peer sent something illegal or undecodable
+          DecodeError
+          InsufficientParticipants
+      TransportError
+        TransportClosed
+        TransportBroken
+          PeerUnreachable
+
+Configuration mistakes are ``ValueError``/``TypeError`` at construction time instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "FedProtoError",
+    "ProtocolError",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+    "DecodeError",
+    "InsufficientParticipants",
+    "TransportError",
+    "TransportClosed",
+    "TransportBroken",
+    "PeerUnreachable",
+]
+
+
+class FedProtoError(Exception):
+    """Base class of every error fedproto raises on purpose.
+
+    Args:
+        message: what went wrong, in one sentence.
+        party: the party the error is about (a peer for remote errors, ourselves otherwise).
+        round_idx: the 0-based round in which it happened, when known.
+        state: the machine state's name, when known.
+        phase: the protocol phase, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        party: str | None = None,
+        round_idx: int | None = None,
+        state: str | None = None,
+        phase: str | None = None,
+    ) -> None:
+        self.party = party
+        self.round_idx = round_idx
+        self.state = state
+        self.phase = phase
+        context = [
+            f"{name}={value}"
+            for name, value in (
+                ("party", party),
+                ("round_idx", round_idx),
+                ("state", state),
+                ("phase", phase),
+            )
+            if value is not None
+        ]
+        self.detail = message
+        super().__init__(f"{message} ({', '.join(context)})" if context else message)
+
+    def context(self) -> dict[str, Any]:
+        """The structured attributes as a dict (for logs and reports)."""
+        return {
+            "error": type(self).__name__,
+            "message": self.detail,
+            "party": self.party,
+            "round_idx": self.round_idx,
+            "state": self.state,
+            "phase": self.phase,
+        }
+
+
+class ProtocolError(FedProtoError):
+    """A protocol rule was broken, by us or by a peer."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We asked a machine to do something illegal (e.g. ``result()`` before it is done)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent something illegal: wrong round, unexpected message, bad content."""
+
+
+class DecodeError(RemoteProtocolError):
+    """A frame could not be decoded or failed validation (version, tag, fields, sizes)."""
+
+
+class InsufficientParticipants(RemoteProtocolError):
+    """Too few parties answered before a deadline.
+
+    Attributes:
+        missing: the parties that did not answer, sorted.
+    """
+
+    def __init__(self, message: str, *, missing: list[str] | tuple[str, ...] = (), **kwargs: Any):
+        self.missing = tuple(sorted(missing))
+        super().__init__(message, **kwargs)
+
+
+class TransportError(FedProtoError):
+    """Moving a frame failed."""
+
+
+class TransportClosed(TransportError):
+    """The transport was closed by us; no more frames can be sent or received."""
+
+
+class TransportBroken(TransportError):
+    """The transport failed for an external reason (the original error is ``__cause__``)."""
+
+
+class PeerUnreachable(TransportBroken):
+    """A peer cannot be reached (unknown address, refused or lost connection)."""

@@ -1,0 +1,253 @@
+"""The sans-IO protocol-machine base class.
+
+Each role of a protocol (server, client, coordinator, tree node...) is a subclass of
+:class:`ProtocolMachine` that never awaits, sleeps, reads a clock, touches a socket or draws from
+global randomness. The subclass supplies:
+
+* ``State``: an :class:`enum.Enum` with at least ``DONE`` and ``ERROR``, and ``INITIAL_STATE``;
+* ``TRANSITIONS``: one table ``{(state, message class): (handler name, next state)}``; a message
+  that is not in the table for the current state is a protocol error;
+* ``_start()``: the first messages; handlers ``handler(sender, message) -> list[Outgoing]``;
+* optionally ``_advance()``: called after every input, it performs the state-triggered work
+  ("all replies are in, now aggregate") and returns further messages;
+* ``pending()``: the parties whose input the machine is waiting for (used to name silent
+  parties when a deadline passes).
+
+The base class owns the lookup, the round check, and the failure rule: any exception raised while
+handling an input moves the machine to ``ERROR`` and every later call raises
+:class:`~fedproto.errors.LocalProtocolError` chained to the original error.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from fedproto.errors import (
+    InsufficientParticipants,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
+
+__all__ = ["ProtocolMachine"]
+
+
+class ProtocolMachine:
+    """Base class of every protocol role (sans-IO).
+
+    Args:
+        party: this machine's party name.
+
+    Attributes:
+        party: this machine's party name.
+        round_idx: the current 0-based round.
+        error: the error that moved the machine to ``ERROR``, else ``None``.
+    """
+
+    State: ClassVar[type[enum.Enum]]
+    INITIAL_STATE: ClassVar[enum.Enum]
+    TRANSITIONS: ClassVar[dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]]
+
+    def __init__(self, party: str) -> None:
+        if not isinstance(party, str) or not party:
+            raise TypeError("party must be a non-empty string")
+        self.party = party
+        self.round_idx = 0
+        self.error: BaseException | None = None
+        self._state: enum.Enum = self.INITIAL_STATE
+        self._started = False
+        self._result: Any = None
+
+    # -- public surface -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> enum.Enum:
+        """The current state (a member of ``State``)."""
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        """True once the machine reached ``DONE``."""
+        return self._state is self.State.DONE
+
+    @property
+    def failed(self) -> bool:
+        """True once the machine reached ``ERROR``."""
+        return self._state is self.State.ERROR
+
+    @property
+    def phase(self) -> str:
+        """The current protocol phase (by default the state's name in lower case)."""
+        return self._state.name.lower()
+
+    def pending(self) -> Sequence[str]:
+        """Parties whose input this machine is waiting for (override in coordinating roles)."""
+        return ()
+
+    def start(self) -> list[Outgoing]:
+        """Return the first messages to send.
+
+        Raises:
+            LocalProtocolError: ``start`` was already called, or the machine failed.
+        """
+        self._check_usable()
+        if self._started:
+            raise LocalProtocolError("start() called twice", party=self.party, state=self._state.name)
+        self._started = True
+        return self._guarded(lambda: self._start() + self._advance())
+
+    def receive(self, sender: str, message: Message, *, round_idx: int | None = None) -> list[Outgoing]:
+        """React to ``message`` from ``sender``.
+
+        Args:
+            sender: the sending party, as established by the transport.
+            message: the decoded message.
+            round_idx: the round stamped on the frame's envelope; checked against ``round_idx``.
+
+        Returns:
+            The messages to send in response.
+
+        Raises:
+            RemoteProtocolError: the message is not allowed in the current state or round; the
+                machine moves to ``ERROR``.
+            LocalProtocolError: the machine has not been started or has already failed.
+        """
+        self._check_usable()
+        if not self._started:
+            raise LocalProtocolError("receive() before start()", party=self.party, state=self._state.name)
+
+        def step() -> list[Outgoing]:
+            entry = self.TRANSITIONS.get((self._state, type(message)))
+            if entry is None:
+                raise RemoteProtocolError(
+                    f"unexpected {type(message).__name__} from {sender} in state {self._state.name}",
+                    party=sender,
+                    round_idx=self.round_idx,
+                    state=self._state.name,
+                    phase=self.phase,
+                )
+            if round_idx is not None and round_idx != self.round_idx:
+                raise RemoteProtocolError(
+                    f"{type(message).__name__} from {sender} is for round {round_idx}, "
+                    f"this machine is in round {self.round_idx}",
+                    party=sender,
+                    round_idx=self.round_idx,
+                    state=self._state.name,
+                    phase=self.phase,
+                )
+            handler_name, next_state = entry
+            before = self._state
+            out = getattr(self, handler_name)(sender, message)
+            if self._state is before:  # a handler may finish (DONE) on its own
+                self._state = next_state
+            return list(out) + self._advance()
+
+        return self._guarded(step)
+
+    def handle(self, event: Event) -> list[Outgoing]:
+        """React to a runtime event.
+
+        The default policy: a :class:`PhaseTimedOut` or :class:`PartyDropped` of a party we are
+        waiting for fails with :class:`InsufficientParticipants` naming the missing parties; a
+        :class:`SendFailed` fails with the transport error as cause. Roles with quorum rules
+        override :meth:`_on_event`.
+
+        Raises:
+            InsufficientParticipants: a deadline passed, or a pending party dropped.
+            LocalProtocolError: the machine has already failed.
+        """
+        self._check_usable()
+        return self._guarded(lambda: self._on_event(event) + self._advance())
+
+    def result(self) -> Any:
+        """The protocol's output.
+
+        Raises:
+            LocalProtocolError: the machine is not done (chained to the failure if it failed).
+        """
+        if self._state is self.State.ERROR:
+            raise LocalProtocolError(
+                f"{self.party} failed: {self.error}", party=self.party, state="ERROR"
+            ) from self.error
+        if not self.done:
+            raise LocalProtocolError(
+                "result() before the protocol is done", party=self.party, state=self._state.name
+            )
+        return self._result
+
+    # -- helpers for subclasses -----------------------------------------------------------------
+
+    def send(self, dest: str, message: Message, *, phase: str | None = None) -> Send:
+        """A :class:`Send` stamped with the current round and ``phase`` (default: :attr:`phase`)."""
+        return Send(dest, message, self.round_idx, phase or self.phase)
+
+    def broadcast(self, dests: Iterable[str], message: Message, *, phase: str | None = None) -> Broadcast:
+        """A :class:`Broadcast` stamped with the current round and ``phase``."""
+        return Broadcast(tuple(dests), message, self.round_idx, phase or self.phase)
+
+    def _finish(self, result: Any) -> None:
+        """Record the result and move to ``DONE``."""
+        self._result = result
+        self._state = self.State.DONE
+
+    def _start(self) -> list[Outgoing]:
+        return []
+
+    def _advance(self) -> list[Outgoing]:
+        return []
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if isinstance(event, PhaseTimedOut):
+            missing = list(self.pending())
+            raise InsufficientParticipants(
+                f"no progress within {event.deadline_s:g} s; still waiting for "
+                f"{', '.join(missing) if missing else 'nothing'}",
+                missing=missing,
+                party=missing[0] if len(missing) == 1 else None,
+                round_idx=self.round_idx,
+                state=self._state.name,
+                phase=self.phase,
+            )
+        if isinstance(event, PartyDropped):
+            if event.party in self.pending():
+                raise InsufficientParticipants(
+                    f"{event.party} dropped out while this machine waited for it",
+                    missing=[event.party],
+                    party=event.party,
+                    round_idx=self.round_idx,
+                    state=self._state.name,
+                    phase=self.phase,
+                )
+            return []
+        if isinstance(event, SendFailed):
+            raise ProtocolError(
+                f"sending to {event.dest} failed: {event.error}",
+                party=event.dest,
+                round_idx=self.round_idx,
+                state=self._state.name,
+                phase=self.phase,
+            ) from event.error
+        raise LocalProtocolError(f"unknown event {event!r}", party=self.party)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._state is self.State.ERROR:
+            raise LocalProtocolError(
+                f"{self.party} is in ERROR after: {self.error}", party=self.party, state="ERROR"
+            ) from self.error
+        if self._state is self.State.DONE:
+            raise LocalProtocolError("the protocol is already done", party=self.party, state="DONE")
+
+    def _guarded(self, step: Any) -> list[Outgoing]:
+        try:
+            return step()
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            self.error = exc
+            self._state = self.State.ERROR
+            raise

@@ -1,0 +1,188 @@
+"""Messages, actions and runtime events.
+
+A *message* is a frozen, keyword-only dataclass with a ``TAG`` class variable; defining a subclass
+registers its tag, and ``__post_init__`` validates the fields. Field types tell the codec how each
+field travels (see :mod:`fedproto.codec`):
+
+* ``numpy.ndarray`` fields declared with :func:`array_field` travel as dtype + shape + raw
+  little-endian bytes; the declared dtype and number of dimensions are enforced on decode;
+* ``tuple[int, ...]`` fields declared with :func:`bigints_field` hold integers of any size
+  (prime-field elements) and travel as fixed-width big-endian bytes with the width stated;
+* ``int``, ``float``, ``str``, ``bytes``, ``bool`` and tuples of them travel as msgpack natives.
+
+*Actions* (:class:`Send`, :class:`Broadcast`) are what a protocol machine asks the runtime to do;
+they carry the round and phase in which the message was produced. *Events*
+(:class:`PhaseTimedOut`, :class:`PartyDropped`, :class:`SendFailed`) are what the runtime tells
+a machine about time and I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = [
+    "Message",
+    "array_field",
+    "bigints_field",
+    "message_class",
+    "registered_tags",
+    "Send",
+    "Broadcast",
+    "Outgoing",
+    "Event",
+    "PhaseTimedOut",
+    "PartyDropped",
+    "SendFailed",
+]
+
+_REGISTRY: dict[str, type["Message"]] = {}
+
+#: dtypes that may travel on the wire (little-endian, fixed width).
+WIRE_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float32",
+        "float64",
+    )
+)
+
+
+def array_field(dtype: str | tuple[str, ...], ndim: int) -> Any:
+    """Declare an ``np.ndarray`` message field with allowed dtypes and a number of dimensions.
+
+    Args:
+        dtype: numpy dtype name, e.g. ``"uint32"``, or a tuple of allowed names; each must be one
+            of the wire dtypes.
+        ndim: number of dimensions the array must have.
+
+    Raises:
+        ValueError: a dtype cannot travel on the wire.
+    """
+    names = (dtype,) if isinstance(dtype, str) else tuple(dtype)
+    dtypes = frozenset(np.dtype(name) for name in names)
+    bad = [str(dt) for dt in dtypes if dt not in WIRE_DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"dtype(s) {bad or names} cannot travel on the wire")
+    return dataclasses.field(metadata={"kind": "array", "dtypes": dtypes, "ndim": int(ndim)})
+
+
+def bigints_field(width_bytes: int | None = None) -> Any:
+    """Declare a ``tuple[int, ...]`` field of non-negative integers of arbitrary size.
+
+    Args:
+        width_bytes: fixed width of each element on the wire; ``None`` uses the smallest width
+            that holds the largest element of each message (the width travels with the data).
+    """
+    return dataclasses.field(metadata={"kind": "bigints", "width": width_bytes})
+
+
+class Message:
+    """Base class of every protocol message.
+
+    Subclasses are declared as ``@dataclasses.dataclass(frozen=True, kw_only=True)`` with a unique
+    ``TAG`` (a short string such as ``"fl.masked"``) and validate their fields in
+    ``__post_init__``, raising ``ValueError``/``TypeError``.
+    """
+
+    TAG: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        tag = cls.__dict__.get("TAG")
+        if tag is None:
+            return
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"{cls.__name__}.TAG must be a non-empty string")
+        previous = _REGISTRY.get(tag)
+        if previous is not None and previous.__qualname__ != cls.__qualname__:
+            raise ValueError(f"message tag {tag!r} is used by both {previous.__name__} and {cls.__name__}")
+        _REGISTRY[tag] = cls
+
+
+def message_class(tag: str) -> type[Message] | None:
+    """The message class registered under ``tag``, or ``None``."""
+    return _REGISTRY.get(tag)
+
+
+def registered_tags() -> dict[str, type[Message]]:
+    """A copy of the tag registry."""
+    return dict(_REGISTRY)
+
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``message`` to party ``dest``; stamped with the round and phase it belongs to."""
+
+    dest: str
+    message: Message
+    round_idx: int
+    phase: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Broadcast:
+    """Send the same ``message`` to every party of ``dests`` (one frame per destination)."""
+
+    dests: tuple[str, ...]
+    message: Message
+    round_idx: int
+    phase: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dests, tuple):
+            object.__setattr__(self, "dests", tuple(self.dests))
+
+
+Outgoing = Send | Broadcast
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+
+class Event:
+    """Base class of runtime events fed to :meth:`ProtocolMachine.handle`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PhaseTimedOut(Event):
+    """The machine made no progress within its phase deadline."""
+
+    round_idx: int
+    phase: str
+    deadline_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartyDropped(Event):
+    """The transport reports that ``party`` is gone."""
+
+    party: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SendFailed(Event):
+    """Sending to ``dest`` failed; ``error`` is the transport error."""
+
+    dest: str
+    error: BaseException
+
+
+def as_tuple(values: Sequence[str]) -> tuple[str, ...]:
+    """Return ``values`` as a tuple of strings (helper for roster arguments)."""
+    return tuple(str(v) for v in values)

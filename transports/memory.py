@@ -1,0 +1,207 @@
+"""In-memory transport: one trio memory channel inbox per party, in one process.
+
+Used for simulations and tests. Every frame is real encoded bytes (the runtime encodes before it
+sends), so a simulation meters exactly the payload bytes a TCP or MPI run meters; this transport
+adds no framing (``framing_overhead_bytes == 0``).
+
+Optional fault injection (:class:`Faults`), driven by a seeded ``random.Random`` so runs repeat:
+drop a frame, delay it with ``trio.sleep``, duplicate it, or crash a party after it has sent N
+frames (its endpoint then behaves as closed and peers' sends to it are silently lost, as on a
+real network).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+
+import trio
+
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
+from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
+from fedproto.transport import Transport
+
+__all__ = ["Faults", "MemoryNetwork", "MemoryTransport"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """Seeded fault injection for the memory transport.
+
+    Attributes:
+        seed: seed of the fault RNG (faults repeat exactly for the same seed and traffic).
+        drop: probability that a frame is silently lost.
+        duplicate: probability that a frame is delivered twice.
+        delay_s: maximum extra delay per frame, drawn uniformly from ``[0, delay_s]``; delayed
+            frames are delivered by a background task, so they may overtake each other.
+        crash_after: ``{party: n}``: the party's endpoint breaks after it has sent ``n`` frames.
+    """
+
+    seed: int = 0
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay_s: float = 0.0
+    crash_after: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("drop", "duplicate"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"Faults.{name} must be a probability, got {p}")
+        if not (self.delay_s >= 0.0 and math.isfinite(self.delay_s)):
+            raise ValueError("Faults.delay_s must be a finite non-negative number of seconds")
+
+
+class MemoryNetwork:
+    """A set of connected in-memory endpoints for one roster.
+
+    Args:
+        roster: every party of the run (unique names).
+        max_frame_bytes: frames longer than this are refused by ``send``.
+        faults: optional fault injection.
+
+    Raises:
+        ValueError: the roster is empty or has duplicates.
+    """
+
+    name = "memory"
+
+    def __init__(
+        self,
+        roster: Sequence[str],
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        faults: Faults | None = None,
+    ) -> None:
+        roster = tuple(str(p) for p in roster)
+        if not roster or len(set(roster)) != len(roster):
+            raise ValueError("the roster must be a non-empty list of unique party names")
+        self.roster = roster
+        self.max_frame_bytes = max_frame_bytes
+        self.faults = faults
+        self._rng = random.Random(faults.seed if faults else 0)
+        self._channels = {p: trio.open_memory_channel[tuple[str, bytes]](math.inf) for p in roster}
+        self._endpoints: dict[str, MemoryTransport] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def endpoint(self, party: str) -> "MemoryTransport":
+        """The endpoint of ``party`` (created once).
+
+        Raises:
+            PeerUnreachable: ``party`` is not in the roster.
+        """
+        if party not in self._channels:
+            raise PeerUnreachable(f"{party!r} is not in the roster", party=party)
+        if party not in self._endpoints:
+            self._endpoints[party] = MemoryTransport(self, party)
+        return self._endpoints[party]
+
+    def endpoints(self) -> dict[str, "MemoryTransport"]:
+        """Endpoints of every party of the roster."""
+        return {p: self.endpoint(p) for p in self.roster}
+
+    def attach_nursery(self, nursery: trio.Nursery) -> None:
+        """Give the network a nursery for delayed deliveries (needed only with ``delay_s > 0``)."""
+        self._nursery = nursery
+
+    async def _deliver(self, sender: str, dest: str, frame: bytes) -> None:
+        endpoint = self._endpoints.get(dest)
+        if endpoint is not None and (endpoint._closed or endpoint._crashed):
+            return  # like a real network: the frame is lost
+        send_channel = self._channels[dest][0]
+        try:
+            send_channel.send_nowait((sender, frame))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return
+
+    async def _route(self, sender: str, dest: str, frame: bytes) -> None:
+        faults = self.faults
+        if faults is None:
+            await self._deliver(sender, dest, frame)
+            return
+        if faults.drop and self._rng.random() < faults.drop:
+            return
+        copies = 2 if faults.duplicate and self._rng.random() < faults.duplicate else 1
+        for _ in range(copies):
+            if faults.delay_s:
+                delay = self._rng.uniform(0.0, faults.delay_s)
+                if self._nursery is None:
+                    await trio.sleep(delay)
+                    await self._deliver(sender, dest, frame)
+                else:
+                    self._nursery.start_soon(self._delayed, delay, sender, dest, frame)
+            else:
+                await self._deliver(sender, dest, frame)
+
+    async def _delayed(self, delay: float, sender: str, dest: str, frame: bytes) -> None:
+        await trio.sleep(delay)
+        await self._deliver(sender, dest, frame)
+
+
+class MemoryTransport(Transport):
+    """One party's in-memory endpoint (see :class:`MemoryNetwork`)."""
+
+    framing_overhead_bytes = 0
+
+    def __init__(self, network: MemoryNetwork, party: str) -> None:
+        self.network = network
+        self.party = party
+        self.roster = network.roster
+        self._receive_channel = network._channels[party][1]
+        self._closed = False
+        self._crashed = False
+        self._sent = 0
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
+        if self._crashed:
+            raise TransportBroken(f"{self.party} crashed (fault injection)", party=self.party)
+
+    async def send(self, dest: str, frame: bytes) -> None:
+        """Deliver ``frame`` to ``dest`` (see :meth:`Transport.send`).
+
+        Raises:
+            PeerUnreachable: ``dest`` is not in the roster.
+            TransportClosed: this endpoint was closed.
+            TransportBroken: this party crashed (fault injection).
+            ValueError: the frame exceeds ``max_frame_bytes``.
+        """
+        self._check_open()
+        if dest not in self.network._channels:
+            raise PeerUnreachable(f"{dest!r} is not in the roster", party=dest)
+        frame = bytes(frame)
+        if len(frame) > self.network.max_frame_bytes:
+            raise ValueError(
+                f"frame of {len(frame)} bytes exceeds the maximum of {self.network.max_frame_bytes}"
+            )
+        crash_after = self.network.faults.crash_after.get(self.party) if self.network.faults else None
+        if crash_after is not None and self._sent >= crash_after:
+            self._crashed = True
+            self._check_open()
+        self._sent += 1
+        await trio.lowlevel.checkpoint()
+        await self.network._route(self.party, dest, frame)
+
+    async def receive(self) -> tuple[str, bytes]:
+        """Wait for the next ``(sender, frame)`` (see :meth:`Transport.receive`).
+
+        Raises:
+            TransportClosed: this endpoint was closed.
+            TransportBroken: this party crashed (fault injection).
+        """
+        self._check_open()
+        try:
+            return await self._receive_channel.receive()
+        except trio.ClosedResourceError:
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+
+    async def aclose(self) -> None:
+        """Close this endpoint; pending frames are discarded; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._receive_channel.aclose()
+        await trio.lowlevel.checkpoint()
