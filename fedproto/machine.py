@@ -48,6 +48,10 @@ class ProtocolMachine:
     """
 
     State: ClassVar[type[enum.Enum]]
+    #: The runtime's phase deadline is multiplied by this. Roles that wait on a coordinator whose
+    #: own phase includes a collect deadline use 2, so the coordinator's timeout (which names the
+    #: silent party) fires first.
+    DEADLINE_FACTOR: ClassVar[float] = 1.0
     INITIAL_STATE: ClassVar[enum.Enum]
     TRANSITIONS: ClassVar[dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]]
 

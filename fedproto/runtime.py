@@ -123,16 +123,17 @@ async def run_party(
     meter.start()
     roster = set(transport.roster)
     await _send_all(machine, transport, machine.start(), config, meter)
+    patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
-    deadline = trio.current_time() + config.deadline_s
+    deadline = trio.current_time() + patience
     while not machine.done:
         with trio.move_on_at(deadline) as scope:
             sender, frame = await transport.receive()
         if scope.cancelled_caught:
-            outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
+            outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
             await _send_all(machine, transport, outgoing, config, meter)
             progress = (machine.round_idx, machine.state)
-            deadline = trio.current_time() + config.deadline_s
+            deadline = trio.current_time() + patience
             continue
         if sender not in roster:
             meter.record_rejected(sender, "sender not in the roster")
@@ -156,7 +157,7 @@ async def run_party(
         now = (machine.round_idx, machine.state)
         if now != progress:
             progress = now
-            deadline = trio.current_time() + config.deadline_s
+            deadline = trio.current_time() + patience
             if observer is not None:
                 observer(machine.party, machine.round_idx, machine.state.name)
     meter.finish()

@@ -1,0 +1,243 @@
+"""Codec: round trips of every message shape, and corrupted, truncated and oversized frames."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fedproto.codec import WIRE_VERSION, array_payload_bytes, decode_frame, encode_frame
+from fedproto.errors import DecodeError
+from fedproto.messages import Message, array_field, bigints_field, registered_tags
+
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sample(Message):
+    TAG = "test.sample"
+    values: np.ndarray = array_field(DTYPES, 2)
+    elements: tuple[int, ...] = bigints_field()
+    name: str
+    count: int
+    scale: float
+    flag: bool
+    blob: bytes
+    ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError("count must be non-negative")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Vector(Message):
+    TAG = "test.vector"
+    masked: np.ndarray = array_field("uint32", 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FixedWidth(Message):
+    TAG = "test.fixed"
+    elements: tuple[int, ...] = bigints_field(width_bytes=16)
+
+
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=6))
+)
+samples = st.builds(
+    Sample,
+    values=arrays,
+    elements=st.lists(st.integers(min_value=0, max_value=2**300), max_size=5).map(tuple),
+    name=st.text(max_size=20),
+    count=st.integers(min_value=0, max_value=2**63 - 1),
+    scale=st.floats(allow_nan=False),
+    flag=st.booleans(),
+    blob=st.binary(max_size=40),
+    ids=st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=5).map(tuple),
+)
+
+
+def _equal(a: Sample, b: Sample) -> bool:
+    return (
+        a.values.dtype == b.values.dtype
+        and a.values.shape == b.values.shape
+        and a.values.tobytes() == b.values.tobytes()
+        and a.elements == b.elements
+        and (a.name, a.count, a.flag, a.blob, a.ids) == (b.name, b.count, b.flag, b.blob, b.ids)
+        and (a.scale == b.scale)
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples, st.integers(0, 2**64 - 1), st.integers(0, 2**32), st.text(max_size=12))
+def test_round_trip_every_field_kind(message, session, round_idx, phase):
+    frame = encode_frame(message, session=session, round_idx=round_idx, phase=phase)
+    envelope, decoded = decode_frame(frame)
+    assert (envelope.version, envelope.tag, envelope.session, envelope.round_idx, envelope.phase) == (
+        WIRE_VERSION,
+        "test.sample",
+        session,
+        round_idx,
+        phase,
+    )
+    assert _equal(message, decoded)
+
+
+@settings(max_examples=50, deadline=None)
+@given(hnp.arrays(np.uint32, st.integers(0, 3000)))
+def test_envelope_overhead_is_small(values):
+    frame = encode_frame(Vector(masked=values), session=2**32 - 1, round_idx=127, phase="update")
+    overhead = len(frame) - array_payload_bytes(Vector(masked=values))
+    # at most 34 bytes of structure (1-D arrays under 64 KiB) plus the tag and phase strings;
+    # FastLloyd's tags and phases total 15 characters (an .npy header alone is 128 bytes)
+    assert overhead <= 34 + len(Vector.TAG) + len("update")
+
+
+def test_big_endian_input_is_sent_little_endian():
+    values = np.arange(6, dtype=">u4")
+    _, decoded = decode_frame(encode_frame(Vector(masked=values), session=0, round_idx=0, phase="p"))
+    assert decoded.masked.dtype == np.dtype("<u4")
+    assert decoded.masked.tolist() == list(range(6))
+
+
+def test_fixed_width_big_integers_beyond_64_bits():
+    message = FixedWidth(elements=(0, 1, 2**64 + 5, 2**127))
+    frame = encode_frame(message, session=0, round_idx=0, phase="p")
+    assert decode_frame(frame)[1].elements == message.elements
+    with pytest.raises(ValueError, match="needs 17 bytes"):
+        encode_frame(FixedWidth(elements=(2**128,)), session=0, round_idx=0, phase="p")
+    with pytest.raises(ValueError, match="non-negative"):
+        encode_frame(FixedWidth(elements=(-1,)), session=0, round_idx=0, phase="p")
+
+
+def test_encode_refuses_wrong_dtype_and_rank():
+    with pytest.raises(TypeError, match="dtype"):
+        encode_frame(Vector(masked=np.zeros(3, np.int32)), session=0, round_idx=0, phase="p")
+    with pytest.raises(TypeError, match="dimensions"):
+        encode_frame(Vector(masked=np.zeros((3, 1), np.uint32)), session=0, round_idx=0, phase="p")
+
+
+def _frame(**overrides):
+    envelope = {"v": WIRE_VERSION, "t": "test.vector", "s": 1, "r": 0, "p": "x", "b": [["u4", [2], b"\0" * 8]]}
+    envelope.update(overrides)
+    return msgpack.packb(envelope, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"v": 2}, "version"),
+        ({"v": True}, "version"),
+        ({"t": "no.such"}, "unknown message tag"),
+        ({"t": 5}, "tag must be a string"),
+        ({"s": -1}, "session"),
+        ({"r": "0"}, "round_idx"),
+        ({"p": 3}, "phase"),
+        ({"b": []}, "exactly 1 fields"),
+        ({"b": [["u4", [3], b"\0" * 8]]}, "do not match shape"),
+        ({"b": [["i4", [2], b"\0" * 8]]}, "dtype"),
+        ({"b": [["zz", [2], b"\0" * 8]]}, "unknown dtype"),
+        ({"b": [["u4", [2, 1], b"\0" * 8]]}, "dimensions"),
+        ({"b": [["u4", [-2], b"\0" * 8]]}, "shape"),
+        ({"b": [["u4", [2], "text"]]}, "bytes"),
+        ({"b": [["u4", [2]]]}, r"\[dtype, shape, bytes\]"),
+    ],
+)
+def test_invalid_envelopes_and_bodies_raise_decode_error(overrides, match):
+    with pytest.raises(DecodeError, match=match):
+        decode_frame(_frame(**overrides))
+
+
+def test_missing_and_extra_envelope_keys():
+    good = msgpack.unpackb(_frame())
+    for key in list(good):
+        broken = dict(good)
+        del broken[key]
+        with pytest.raises(DecodeError, match="envelope"):
+            decode_frame(msgpack.packb(broken, use_bin_type=True))
+    with pytest.raises(DecodeError, match="envelope"):
+        decode_frame(msgpack.packb({**good, "x": 1}, use_bin_type=True))
+
+
+def test_post_init_validation_runs_on_decode():
+    frame = encode_frame(
+        Sample(values=np.zeros((1, 1)), elements=(), name="", count=0, scale=0.0, flag=False, blob=b"", ids=()),
+        session=0,
+        round_idx=0,
+        phase="p",
+    )
+    obj = msgpack.unpackb(frame)
+    obj["b"][3] = -5  # count
+    with pytest.raises(DecodeError, match="count must be non-negative"):
+        decode_frame(msgpack.packb(obj, use_bin_type=True))
+    obj["b"][3] = "five"
+    with pytest.raises(DecodeError, match="count"):
+        decode_frame(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_oversized_frame_refused_before_parsing():
+    frame = encode_frame(Vector(masked=np.zeros(1000, np.uint32)), session=0, round_idx=0, phase="p")
+    with pytest.raises(DecodeError, match="exceeds the maximum"):
+        decode_frame(frame, max_frame_bytes=len(frame) - 1)
+    assert decode_frame(frame, max_frame_bytes=len(frame))[1].masked.shape == (1000,)
+
+
+def test_every_truncation_is_a_decode_error():
+    frame = encode_frame(
+        Sample(values=np.arange(6.0).reshape(2, 3), elements=(2**70,), name="a", count=1, scale=0.5,
+               flag=True, blob=b"xy", ids=(1, -1)),
+        session=9,
+        round_idx=3,
+        phase="update",
+    )
+    for cut in range(len(frame)):
+        with pytest.raises(DecodeError):
+            decode_frame(frame[:cut])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_corrupted_bytes_never_escape_as_other_errors(data):
+    frame = bytearray(encode_frame(Vector(masked=np.arange(4, dtype=np.uint32)), session=1, round_idx=2, phase="u"))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(frame) - 1))
+        frame[i] = data.draw(st.integers(0, 255))
+    try:
+        decode_frame(bytes(frame))
+    except DecodeError:
+        pass
+
+
+@given(st.binary(max_size=200))
+def test_garbage_is_a_decode_error(blob):
+    try:
+        decode_frame(blob)
+    except DecodeError:
+        pass
+
+
+def test_not_bytes():
+    with pytest.raises(DecodeError, match="bytes"):
+        decode_frame("text")  # type: ignore[arg-type]
+
+
+def test_tags_are_unique_and_registered():
+    assert registered_tags()["test.vector"] is Vector
+    with pytest.raises(ValueError, match="used by both"):
+
+        @dataclasses.dataclass(frozen=True, kw_only=True)
+        class Clash(Message):
+            TAG = "test.vector"
+
+
+def test_array_field_rejects_unwireable_dtype():
+    with pytest.raises(ValueError, match="cannot travel"):
+        array_field("complex128", 1)
+    with pytest.raises(ValueError, match="cannot travel"):
+        array_field("object", 1)

@@ -1,0 +1,152 @@
+"""The protocol-machine base: table lookup, round checks, ERROR state, result()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
+from fedproto.messages import PartyDropped, PhaseTimedOut, SendFailed
+from fedproto.errors import PeerUnreachable
+from fedproto.testing.harness import Harness
+from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
+
+
+def make(n_workers=3, rounds=2, dim=2, **kw):
+    workers = [f"w{i}" for i in range(n_workers)]
+    machines = {"c": SumCoordinator("c", workers=workers, rounds=rounds, dim=dim, **kw)}
+    for i, w in enumerate(workers):
+        machines[w] = SumWorker(w, coordinator="c", values=np.full(dim, float(i + 1)))
+    return machines
+
+
+def test_harness_runs_toy_protocol_to_completion():
+    machines = make()
+    results = Harness(machines).run()
+    # round r: sum over workers of (i+1) * (r+1) = 6 (r+1)
+    np.testing.assert_array_equal(results["c"], [[6.0, 6.0], [12.0, 12.0]])
+    assert all(machines[w].done for w in ("w0", "w1", "w2"))
+
+
+def test_result_before_done_is_local_error():
+    machine = make()["c"]
+    with pytest.raises(LocalProtocolError, match="before the protocol is done"):
+        machine.result()
+
+
+def test_receive_before_start_and_double_start():
+    machine = make()["w0"]
+    with pytest.raises(LocalProtocolError, match="before start"):
+        machine.receive("c", Query())
+    machine.start()
+    with pytest.raises(LocalProtocolError, match="twice"):
+        machine.start()
+
+
+def test_unexpected_message_moves_to_error_and_later_calls_raise():
+    machine = make()["w0"]
+    machine.start()
+    with pytest.raises(RemoteProtocolError, match="unexpected Contribution"):
+        machine.receive("c", Contribution(values=np.zeros(2)))
+    assert machine.failed and machine.state.name == "ERROR"
+    with pytest.raises(LocalProtocolError, match="ERROR"):
+        machine.receive("c", Query())
+    with pytest.raises(LocalProtocolError) as info:
+        machine.result()
+    assert isinstance(info.value.__cause__, RemoteProtocolError)
+
+
+def test_wrong_round_is_remote_error_naming_party_and_round():
+    machine = make()["c"]
+    machine.start()
+    with pytest.raises(RemoteProtocolError) as info:
+        machine.receive("w1", Contribution(values=np.zeros(2)), round_idx=5)
+    assert info.value.party == "w1" and info.value.round_idx == 0
+    assert "round 5" in str(info.value)
+    assert machine.failed
+
+
+def test_handler_validation_errors_name_the_peer():
+    machine = make()["c"]
+    machine.start()
+    with pytest.raises(RemoteProtocolError, match="not an active worker"):
+        machine.receive("intruder", Contribution(values=np.zeros(2)), round_idx=0)
+
+
+def test_duplicate_contribution_is_an_error():
+    machine = make()["c"]
+    machine.start()
+    machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
+    with pytest.raises(RemoteProtocolError, match="duplicate"):
+        machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
+
+
+def test_timeout_without_quorum_names_silent_parties():
+    machine = make()["c"]
+    machine.start()
+    machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
+    with pytest.raises(InsufficientParticipants) as info:
+        machine.handle(PhaseTimedOut(0, "collect", 5.0))
+    assert info.value.missing == ("w1", "w2")
+    assert "w1, w2" in str(info.value)
+
+
+def test_timeout_with_quorum_continues_without_the_silent_party():
+    machines = make(min_responses=2)
+    coordinator = machines["c"]
+    out = coordinator.start()
+    assert len(out) == 1 and out[0].dests == ("w0", "w1", "w2")
+    coordinator.receive("w0", Contribution(values=np.ones(2)), round_idx=0)
+    coordinator.receive("w1", Contribution(values=np.ones(2)), round_idx=0)
+    out = coordinator.handle(PhaseTimedOut(0, "collect", 5.0))
+    assert coordinator.round_idx == 1
+    assert out[0].dests == ("w0", "w1")
+
+
+def test_default_event_policy():
+    machine = make()["w0"]
+    machine.start()
+    assert machine.handle(PartyDropped("someone-else")) == []
+    with pytest.raises(InsufficientParticipants, match="dropped out"):
+        machine.handle(PartyDropped("c"))
+    other = make()["w1"]
+    other.start()
+    with pytest.raises(Exception, match="sending to c failed"):
+        other.handle(SendFailed("c", PeerUnreachable("gone")))
+
+
+def test_stamped_actions_carry_round_and_phase():
+    machines = make(rounds=1)
+    harness = Harness(machines)
+    harness.start()
+    frame = harness.queue[0]
+    assert frame.sender == "c"
+    harness.run()
+    phases = {(link.round_idx, link.phase, link.tag) for link in harness.meter.report(
+        protocol="toy", transport="none", session=0, parties=list(machines)).links}
+    assert phases == {(0, "query", "toy.query"), (0, "answer", "toy.contrib"), (1, "finish", "toy.done")}
+
+
+def test_tampered_frame_is_a_decode_error_in_the_harness():
+    from fedproto.errors import DecodeError
+
+    harness = Harness(make(), tamper=lambda f: f.data[:-1])
+    harness.start()
+    with pytest.raises(DecodeError):
+        harness.deliver_one()
+
+
+def test_deadlock_detected():
+    machines = make(rounds=1)
+    harness = Harness(machines, tamper=lambda f: None if f.dest == "c" else f.data)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        harness.run()
+
+
+def test_finished_accepted_only_in_table():
+    worker = make()["w2"]
+    worker.start()
+    worker.receive("c", Finished())
+    assert worker.done
+    with pytest.raises(LocalProtocolError, match="already done"):
+        worker.receive("c", Query())
