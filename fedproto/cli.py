@@ -211,24 +211,27 @@ def _run_tcp_launcher(
     return {p: doc["result"] for p, doc in docs.items()}, report
 
 
-def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
-    tcp = registry.load_transport("tcp")
-    from transports.tcp import TcpAddress  # the CLI's registry is allowed to wire transports
-
+def _read_roster(path: str) -> tuple[list[str], dict[str, str], bytes, int]:
     try:
-        roster_doc = json.loads(Path(args.roster).read_text())
-        names = [entry["name"] for entry in roster_doc["parties"]]
-        addresses = {entry["name"]: TcpAddress.parse(entry["address"]) for entry in roster_doc["parties"]}
-        secret = bytes.fromhex(roster_doc["secret"])
-        session = int(roster_doc["session"])
+        doc = json.loads(Path(path).read_text())
+        names = [str(entry["name"]) for entry in doc["parties"]]
+        addresses = {str(entry["name"]): str(entry["address"]) for entry in doc["parties"]}
+        return names, addresses, bytes.fromhex(doc["secret"]), int(doc["session"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"cannot read roster {args.roster}: {exc}") from exc
+        raise ValueError(f"cannot read roster {path}: {exc}") from exc
+
+
+def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
+    names, addresses, secret, session = _read_roster(args.roster)
     if tuple(names) != plan.roster:
         raise ValueError(f"roster {args.roster} lists {names}, this run needs {list(plan.roster)}")
     if session != plan.session:
         raise ValueError(f"roster {args.roster} is for session {session}, these arguments make session {plan.session}")
     if args.party not in plan.roster:
         raise ValueError(f"--party {args.party!r} is not in the roster {list(plan.roster)}")
+    network = registry.load_transport("tcp")(
+        addresses, secret, session=plan.session, max_frame_bytes=args.max_frame_bytes
+    )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(
         session=plan.session, deadline_s=args.deadline, max_frame_bytes=args.max_frame_bytes, record_received=True
@@ -236,16 +239,8 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
     meter = Meter(trio.current_time)
 
     async def go() -> Any:
-        endpoint = tcp(
-            args.party, plan.roster, addresses, secret, session=plan.session, max_frame_bytes=args.max_frame_bytes
-        )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(endpoint.serve)
-            try:
-                return await run_party(machine, endpoint, config=config, meter=meter)
-            finally:
-                await endpoint.aclose()
-                nursery.cancel_scope.cancel()
+        async with network.endpoints(plan.roster, [args.party]) as endpoints:
+            return await run_party(machine, endpoints[args.party], config=config, meter=meter)
 
     result = trio.run(go)
     report = meter.report(protocol=args.protocol, transport="tcp", session=plan.session, parties=plan.roster)
@@ -275,7 +270,7 @@ def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
 
 
 def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], RunReport] | None:
-    mpi_transport = registry.load_transport("mpi")
+    network = registry.load_transport("mpi")(max_frame_bytes=args.max_frame_bytes)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -284,18 +279,14 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
             f"this run has {len(plan.roster)} parties; start it with mpiexec -n {len(plan.roster)} "
             f"(got {comm.Get_size()} ranks)"
         )
-    endpoint = mpi_transport(plan.roster, comm=comm, max_frame_bytes=args.max_frame_bytes)
-    party = endpoint.party
-    machine = plan.make_machine(party)
+    party = plan.roster[comm.Get_rank()]
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=args.max_frame_bytes)
     meter = Meter(trio.current_time)
     error: str | None = None
 
     async def go() -> Any:
-        try:
-            return await run_party(machine, endpoint, config=config, meter=meter)
-        finally:
-            await endpoint.aclose()
+        async with network.endpoints(plan.roster) as endpoints:
+            return await run_party(plan.make_machine(party), endpoints[party], config=config, meter=meter)
 
     try:
         result = trio.run(go)
@@ -303,6 +294,12 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
         doc = _party_json(plan, party, result, report)
     except (FedProtoError, ValueError) as exc:
         error = str(exc)
+        doc = {"party": party, "error": error}
+    except BaseExceptionGroup as group:
+        leaf = _single_leaf(group)
+        if not isinstance(leaf, FedProtoError | ValueError):
+            raise
+        error = str(leaf)
         doc = {"party": party, "error": error}
     docs = _mpi_gather(comm, json.dumps(doc).encode())
     if docs is None:

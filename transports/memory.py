@@ -4,7 +4,8 @@ Used for simulations and tests. Every frame is real encoded bytes (the runtime e
 sends), so a simulation meters exactly the payload bytes a TCP or MPI run meters; this transport
 adds no framing (``framing_overhead_bytes == 0``).
 
-Optional fault injection (:class:`Faults`), driven by a seeded ``random.Random`` so runs repeat:
+Optional fault injection (:class:`Faults`), driven by one seeded ``random.Random`` per
+``(sender, receiver)`` link, so the faults on a link repeat whatever order Trio runs tasks in:
 drop a frame, delay it with ``trio.sleep``, duplicate it, or crash a party after it has sent N
 frames (its endpoint then behaves as closed and peers' sends to it are silently lost, as on a
 real network).
@@ -34,8 +35,10 @@ class Faults:
         seed: seed of the fault RNG (faults repeat exactly for the same seed and traffic).
         drop: probability that a frame is silently lost.
         duplicate: probability that a frame is delivered twice.
-        delay_s: maximum extra delay per frame, drawn uniformly from ``[0, delay_s]``; delayed
-            frames are delivered by a background task, so they may overtake each other.
+        delay_s: maximum extra delay per frame, drawn uniformly from ``[0, delay_s]``. The sender
+            sleeps through the delay (order kept) unless the network has a nursery
+            (:meth:`MemoryNetwork.attach_nursery`); then delayed frames are delivered by background
+            tasks and may overtake each other.
         crash_after: ``{party: n}``: the party's endpoint breaks after it has sent ``n`` frames.
     """
 
@@ -81,7 +84,7 @@ class MemoryNetwork:
         self.roster = roster
         self.max_frame_bytes = max_frame_bytes
         self.faults = faults
-        self._rng = random.Random(faults.seed if faults else 0)
+        self._rngs: dict[tuple[str, str], random.Random] = {}
         self._channels = {p: trio.open_memory_channel[tuple[str, bytes]](math.inf) for p in roster}
         self._endpoints: dict[str, MemoryTransport] = {}
         self._nursery: trio.Nursery | None = None
@@ -121,12 +124,15 @@ class MemoryNetwork:
         if faults is None:
             await self._deliver(sender, dest, frame)
             return
-        if faults.drop and self._rng.random() < faults.drop:
+        rng = self._rngs.get((sender, dest))
+        if rng is None:
+            rng = self._rngs[(sender, dest)] = random.Random(f"{faults.seed}|{sender}|{dest}")
+        if faults.drop and rng.random() < faults.drop:
             return
-        copies = 2 if faults.duplicate and self._rng.random() < faults.duplicate else 1
+        copies = 2 if faults.duplicate and rng.random() < faults.duplicate else 1
         for _ in range(copies):
             if faults.delay_s:
-                delay = self._rng.uniform(0.0, faults.delay_s)
+                delay = rng.uniform(0.0, faults.delay_s)
                 if self._nursery is None:
                     await trio.sleep(delay)
                     await self._deliver(sender, dest, frame)

@@ -174,8 +174,11 @@ def _checking(ep: Transport, check: str, check_id: int | None) -> Iterator[None]
         _demux(ep).finished.add(check_id)
 
 
-def _as_check(check_id: int | None) -> Callable[[Callable[[Transport], Awaitable[None]]], Callable[[Transport], Awaitable[None]]]:
-    def decorate(body: Callable[[Transport], Awaitable[None]]) -> Callable[[Transport], Awaitable[None]]:
+Check = Callable[[Transport], Awaitable[None]]
+
+
+def _as_check(check_id: int | None) -> Callable[[Check], Check]:
+    def decorate(body: Check) -> Check:
         @functools.wraps(body)
         async def check(ep: Transport) -> None:
             with _checking(ep, body.__name__, check_id):
@@ -533,7 +536,18 @@ async def run_conformance(endpoints: Mapping[str, Transport], *, close: bool = T
                 for ep in endpoints.values():
                     nursery.start_soon(check, ep)
         except BaseExceptionGroup as group:
-            matched, _ = group.split(AssertionError)
-            if matched is not None and _leaf(matched) is not matched:
-                raise _leaf(matched) from group
+            first = _first_assertion(group)
+            if first is not None:
+                raise first from group
             raise
+
+
+def _first_assertion(exc: BaseException) -> AssertionError | None:
+    if isinstance(exc, AssertionError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_assertion(inner)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,443 @@
+"""FastLloyd: federated differentially private k-means with masked secure aggregation.
+
+Theory of operation (Diaa, Humphries, Kerschbaum, "FastLloyd", Sec. 5, Alg. 1 and Fig. 1;
+spec fastlloyd.md sections 2.4-2.10).
+
+Roles: one :class:`FastLloydServer` (semi-honest: it aggregates and adds the DP noise, and sees
+only masked values) and M :class:`FastLloydClient` s (each holds a horizontal slice of the data,
+already normalised to ``[-B, B]^d``).
+
+Setup (phases ``setup.*``, round 0, metered as setup): the clients need a mask seed the server
+never learns. Every client sends its X25519 public key (:class:`PublicKey`); the server sends all
+keys to client 0 (:class:`PublicKeys`); client 0 draws the seed and seals it for each other client
+under a ChaCha20-Poly1305 key derived (HKDF) from their X25519 shared secret
+(:class:`SealedSeeds`); the server relays each sealed seed (:class:`SealedSeed`). A semi-honest
+server relays faithfully; it cannot open the seeds.
+
+One Lloyd iteration t (round ``t``, 0-based), state-triggered:
+
+1. client i (phase ``update``): assign each local point to its nearest public centroid, keeping
+   it only if the distance is below the iteration's radius ``eta_t`` (Alg. 1 lines 6-9); compute
+   per-cluster relative sums ``R_ij = sum (x - mu_j)`` (or absolute sums for the baselines) and
+   counts (lines 11-13); encode in fixed point (q = 16, round-half-up) in Z_{2^w}; add the mask
+   r_i; send :class:`MaskedUpdate`.
+2. server (phase ``aggregate``), once every client's update is in: sum them mod 2^w, add
+   quantised noise ``round(2^q * N(0, std_t^2))`` per entry (Gaussian for FastLloyd/GLloyd,
+   Laplace for SuLloyd, none for Lloyd), broadcast :class:`NoisyAggregate`, move to round t+1.
+3. client i: subtract the total mask, decode, divide, shift by the previous centroid, clip the move
+   to ``eta_t`` and fold into the domain (lines 18-20); the result is the next public centroids.
+
+After T iterations every client holds the same centroids; the server holds none (it never sees
+an unmasked value). Messages per iteration: M uploads and M downloads of ``k (d+1)`` ring
+elements each, so the payload is ``2 M k (d+1) w/8`` bytes plus one envelope per frame.
+
+Dropout: FastLloyd has no dropout recovery (spec 1.2): the masks of all M clients are needed. A
+client that stays silent past the phase deadline makes the server fail with
+:class:`~fedproto.errors.InsufficientParticipants` naming it; a silent server makes each client
+fail naming the server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from algorithms import kmeans, secagg
+from algorithms.fastlloyd import _kernels
+from algorithms.fastlloyd.config import FastLloydConfig
+from algorithms.fastlloyd.messages import (
+    MaskedUpdate,
+    NoisyAggregate,
+    PublicKey,
+    PublicKeys,
+    SealedSeed,
+    SealedSeeds,
+)
+from fedproto.errors import RemoteProtocolError
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Outgoing
+
+__all__ = ["FastLloydClient", "FastLloydServer", "FastLloydResult", "ServerSummary", "initial_centroids"]
+
+_SEED_CONTEXT = b"fedproto/fastlloyd/mask-seed"
+_MASK_LABEL = b"fedproto/fastlloyd/mask"
+
+
+def initial_centroids(config: FastLloydConfig) -> np.ndarray:
+    """The public initial centroids ``[k, d]`` float64: sphere packing from ``config.init_seed``.
+
+    References:
+        FastLloyd Sec. 5.3.1 (after Su et al.); spec 2.4, halving variant.
+    """
+    centers, _ = _kernels.sphere_packing(config.k, config.d, config.init_seed, bound=config.bound)
+    return np.asarray(centers, dtype=np.float64)
+
+
+def _seal_context(session: int, client_idx: int) -> bytes:
+    return _SEED_CONTEXT + session.to_bytes(8, "big") + client_idx.to_bytes(4, "big")
+
+
+@dataclasses.dataclass(frozen=True)
+class FastLloydResult:
+    """A client's output.
+
+    Attributes:
+        centroids: final centroids ``[k, d]`` float64.
+        history: centroids after each iteration, ``[T+1, k, d]`` (index 0 = initialisation).
+        unassigned: this client's points left out by the radius test, per iteration ``[T]``.
+        noisy_counts: the decoded noisy global counts per iteration ``[T, k]``.
+    """
+
+    centroids: np.ndarray
+    history: np.ndarray
+    unassigned: np.ndarray
+    noisy_counts: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSummary:
+    """The server's output: what it did, nothing it learned (it sees only masked values).
+
+    Attributes:
+        iterations: iterations aggregated.
+        noise_sum: per-iteration noise std/scale per sum coordinate.
+        noise_count: per-iteration noise std/scale per count.
+    """
+
+    iterations: int
+    noise_sum: tuple[float, ...]
+    noise_count: tuple[float, ...]
+
+
+def _mask_shape(config: FastLloydConfig) -> tuple[int, int]:
+    return config.shape
+
+
+def _encode_update(config: FastLloydConfig, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    enc_sums = secagg.encode_fixed(sums, frac_bits=config.frac_bits, ring_bits=config.ring_bits)
+    enc_counts = secagg.encode_fixed(counts, frac_bits=config.count_frac_bits, ring_bits=config.ring_bits)
+    return np.concatenate([enc_sums, enc_counts[:, None]], axis=1)
+
+
+class ClientState(enum.Enum):
+    """States of a FastLloyd client."""
+
+    SETUP = enum.auto()
+    ITERATING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class ServerState(enum.Enum):
+    """States of the FastLloyd server."""
+
+    SETUP_KEYS = enum.auto()
+    SETUP_SEAL = enum.auto()
+    COLLECT = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class FastLloydClient(ProtocolMachine):
+    """A FastLloyd client (sans-IO).
+
+    Args:
+        party: this client's party name.
+        config: the run's public parameters.
+        server: the server's party name.
+        clients: every client's party name, in client order (this one included).
+        points: this client's points ``[n_i, d]`` float64 in ``[-B, B]^d`` (``n_i`` may be 0).
+        entropy: at least 32 secret random bytes: this client's X25519 key (and, for client 0,
+            the mask seed) are derived from it. Same entropy, same keys: runs are repeatable.
+        session: the run's session id (bound into the seed-sealing context).
+
+    Raises:
+        ValueError: ``points`` has the wrong shape, holds NaN/inf or leaves the domain; ``party``
+            is not in ``clients``; ``entropy`` is shorter than 32 bytes.
+    """
+
+    State = ClientState
+    DEADLINE_FACTOR = 2.0
+    INITIAL_STATE = ClientState.SETUP
+    TRANSITIONS = {
+        (ClientState.SETUP, PublicKeys): ("_on_public_keys", ClientState.ITERATING),
+        (ClientState.SETUP, SealedSeed): ("_on_sealed_seed", ClientState.ITERATING),
+        (ClientState.ITERATING, NoisyAggregate): ("_on_aggregate", ClientState.ITERATING),
+    }
+
+    def __init__(
+        self,
+        party: str,
+        *,
+        config: FastLloydConfig,
+        server: str,
+        clients: Sequence[str],
+        points: np.ndarray,
+        entropy: bytes,
+        session: int = 0,
+    ) -> None:
+        super().__init__(party)
+        clients = tuple(clients)
+        if party not in clients:
+            raise ValueError(f"{party!r} is not in the client list")
+        points = np.asarray(points, dtype=np.float64)
+        if points.ndim != 2 or points.shape[1] != config.d:
+            raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
+        if not np.all(np.isfinite(points)):
+            raise ValueError("points contain NaN or infinite values")
+        if points.size and np.max(np.abs(points)) > config.bound:
+            raise ValueError(f"points leave the domain [-{config.bound}, {config.bound}]^d; normalise first")
+        if len(entropy) < 32:
+            raise ValueError("entropy must be at least 32 bytes")
+        self.config = config
+        self.server = server
+        self.clients = clients
+        self.client_idx = clients.index(party)
+        self.session = session
+        self._points = jax.numpy.asarray(points)
+        self._entropy = bytes(entropy)
+        self._private_key, self._public_key = secagg.x25519_keypair(self._entropy)
+        self._masks: secagg.MaskGenerator | None = None
+        self._centroids = initial_centroids(config)
+        self._history = [self._centroids]
+        self._unassigned: list[int] = []
+        self._noisy_counts: list[np.ndarray] = []
+
+    @property
+    def phase(self) -> str:
+        return "setup.keys" if self._state is ClientState.SETUP else "update"
+
+    def _start(self) -> list[Outgoing]:
+        return [self.send(self.server, PublicKey(public_key=self._public_key), phase="setup.keys")]
+
+    def _install_seed(self, seed: bytes) -> None:
+        self._masks = secagg.MaskGenerator(
+            seed, len(self.clients), _mask_shape(self.config), ring_bits=self.config.ring_bits, label=_MASK_LABEL
+        )
+
+    def _check_from_server(self, sender: str) -> None:
+        if sender != self.server:
+            raise RemoteProtocolError(
+                f"{sender} is not the server", party=sender, round_idx=self.round_idx, state=self._state.name
+            )
+
+    def _on_public_keys(self, sender: str, message: PublicKeys) -> list[Outgoing]:
+        self._check_from_server(sender)
+        if self.client_idx != 0:
+            raise RemoteProtocolError("only client 0 receives the key roster", party=sender, round_idx=0)
+        if len(message.public_keys) != len(self.clients):
+            raise RemoteProtocolError(
+                f"key roster has {len(message.public_keys)} keys for {len(self.clients)} clients", party=sender
+            )
+        if message.public_keys[0] != self._public_key:
+            raise RemoteProtocolError("the key roster does not hold this client's key", party=sender)
+        seed = secagg.derive_bytes(self._entropy, b"fedproto/fastlloyd/seed", 32)
+        sealed = tuple(
+            secagg.seal_seed(self._private_key, key, seed, _seal_context(self.session, i))
+            for i, key in enumerate(message.public_keys)
+            if i != 0
+        )
+        self._install_seed(seed)
+        return [self.send(self.server, SealedSeeds(sealed=sealed), phase="setup.seal"), self._update()]
+
+    def _on_sealed_seed(self, sender: str, message: SealedSeed) -> list[Outgoing]:
+        self._check_from_server(sender)
+        if self.client_idx == 0:
+            raise RemoteProtocolError("client 0 draws the seed; it cannot receive one", party=sender)
+        try:
+            seed = secagg.open_seed(
+                self._private_key, message.sender_key, message.sealed, _seal_context(self.session, self.client_idx)
+            )
+        except ValueError as exc:
+            raise RemoteProtocolError(f"the sealed mask seed does not open: {exc}", party=sender) from exc
+        self._install_seed(seed)
+        return [self._update()]
+
+    def _update(self) -> Outgoing:
+        cfg = self.config
+        t = self.round_idx
+        radius = cfg.radii[t]
+        centroids = jax.numpy.asarray(self._centroids)
+        if cfg.relative:
+            sums, counts, unassigned = kmeans.relative_statistics(self._points, centroids, radius)
+        else:
+            labels, assigned, _ = kmeans.assign_clusters(self._points, centroids, radius)
+            sums, counts = kmeans.cluster_statistics(self._points, labels, assigned, cfg.k)
+            unassigned = int(self._points.shape[0] - int(np.sum(np.asarray(assigned))))
+        self._unassigned.append(int(unassigned))
+        encoded = _encode_update(cfg, np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64))
+        assert self._masks is not None
+        masked = encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
+        return self.send(self.server, MaskedUpdate(masked=masked), phase="update")
+
+    def _on_aggregate(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
+        self._check_from_server(sender)
+        cfg = self.config
+        if message.masked.shape != cfg.shape or message.masked.dtype != secagg.ring_dtype(cfg.ring_bits):
+            raise RemoteProtocolError(
+                f"aggregate of shape {message.masked.shape} and dtype {message.masked.dtype}, expected "
+                f"{cfg.shape} {secagg.ring_dtype(cfg.ring_bits)}",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        t = self.round_idx
+        assert self._masks is not None
+        unmasked = message.masked - self._masks.total_mask(t)
+        sums = secagg.decode_fixed(unmasked[:, : cfg.d], frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
+        counts = secagg.decode_fixed(unmasked[:, cfg.d], frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
+        self._noisy_counts.append(counts)
+        radius = cfg.radii[t] if cfg.clip else math.inf
+        new = _kernels.update_centroids(
+            sums, counts, self._centroids, radius, relative=cfg.relative, post=cfg.post, bound=cfg.bound
+        )
+        self._centroids = np.asarray(new, dtype=np.float64)
+        self._history.append(self._centroids)
+        self.round_idx += 1
+        if self.round_idx == cfg.iterations:
+            self._finish(
+                FastLloydResult(
+                    centroids=self._centroids,
+                    history=np.stack(self._history),
+                    unassigned=np.asarray(self._unassigned, dtype=np.int64),
+                    noisy_counts=np.stack(self._noisy_counts),
+                )
+            )
+            return []
+        return [self._update()]
+
+
+class FastLloydServer(ProtocolMachine):
+    """The FastLloyd server (sans-IO): relays the seed setup, aggregates and adds noise.
+
+    Args:
+        party: the server's party name.
+        config: the run's public parameters.
+        clients: every client's party name, in client order.
+        noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
+
+    Raises:
+        ValueError: no clients, duplicate names, or the server among the clients.
+    """
+
+    State = ServerState
+    INITIAL_STATE = ServerState.SETUP_KEYS
+    TRANSITIONS = {
+        (ServerState.SETUP_KEYS, PublicKey): ("_on_public_key", ServerState.SETUP_KEYS),
+        (ServerState.SETUP_SEAL, SealedSeeds): ("_on_sealed_seeds", ServerState.COLLECT),
+        (ServerState.COLLECT, MaskedUpdate): ("_on_update", ServerState.COLLECT),
+    }
+
+    def __init__(self, party: str, *, config: FastLloydConfig, clients: Sequence[str], noise_seed: int = 0) -> None:
+        super().__init__(party)
+        clients = tuple(clients)
+        if not clients or len(set(clients)) != len(clients) or party in clients:
+            raise ValueError("clients must be unique, non-empty and must not include the server")
+        self.config = config
+        self.clients = clients
+        self._key = jax.random.PRNGKey(noise_seed)
+        self._keys: dict[str, bytes] = {}
+        self._updates: dict[str, np.ndarray] = {}
+
+    @property
+    def phase(self) -> str:
+        return {
+            ServerState.SETUP_KEYS: "setup.keys",
+            ServerState.SETUP_SEAL: "setup.seal",
+        }.get(self._state, "aggregate")
+
+    def pending(self) -> Sequence[str]:
+        if self._state is ServerState.SETUP_KEYS:
+            return [c for c in self.clients if c not in self._keys]
+        if self._state is ServerState.SETUP_SEAL:
+            return [self.clients[0]]
+        if self._state is ServerState.COLLECT:
+            return [c for c in self.clients if c not in self._updates]
+        return []
+
+    def _check_client(self, sender: str, seen: dict) -> None:
+        if sender not in self.clients:
+            raise RemoteProtocolError(f"{sender} is not a client of this run", party=sender, round_idx=self.round_idx)
+        if sender in seen:
+            raise RemoteProtocolError(
+                f"second {self.phase} message from {sender} in round {self.round_idx}",
+                party=sender,
+                round_idx=self.round_idx,
+                phase=self.phase,
+            )
+
+    def _on_public_key(self, sender: str, message: PublicKey) -> list[Outgoing]:
+        self._check_client(sender, self._keys)
+        self._keys[sender] = message.public_key
+        return []
+
+    def _on_sealed_seeds(self, sender: str, message: SealedSeeds) -> list[Outgoing]:
+        if sender != self.clients[0]:
+            raise RemoteProtocolError(f"{sender} is not client 0", party=sender)
+        if len(message.sealed) != len(self.clients) - 1:
+            raise RemoteProtocolError(
+                f"{len(message.sealed)} sealed seeds for {len(self.clients) - 1} clients", party=sender
+            )
+        sender_key = self._keys[self.clients[0]]
+        return [
+            self.send(client, SealedSeed(sender_key=sender_key, sealed=sealed), phase="setup.relay")
+            for client, sealed in zip(self.clients[1:], message.sealed)
+        ]
+
+    def _on_update(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
+        self._check_client(sender, self._updates)
+        cfg = self.config
+        if message.masked.shape != cfg.shape or message.masked.dtype != secagg.ring_dtype(cfg.ring_bits):
+            raise RemoteProtocolError(
+                f"update of shape {message.masked.shape} and dtype {message.masked.dtype}, expected "
+                f"{cfg.shape} {secagg.ring_dtype(cfg.ring_bits)}",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        self._updates[sender] = message.masked
+        return []
+
+    def _advance(self) -> list[Outgoing]:
+        if self._state is ServerState.SETUP_KEYS and len(self._keys) == len(self.clients):
+            keys = tuple(self._keys[c] for c in self.clients)
+            out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
+            self._state = ServerState.SETUP_SEAL
+            return [out]
+        if self._state is ServerState.COLLECT and len(self._updates) == len(self.clients):
+            return [self._aggregate()]
+        return []
+
+    def _noise(self) -> np.ndarray:
+        cfg = self.config
+        t = self.round_idx
+        key_sum, key_count = jax.random.split(jax.random.fold_in(self._key, t))
+        k, d = cfg.k, cfg.d
+        if cfg.noise == "gaussian":
+            noise_sum = kmeans.gaussian_noise(key_sum, (k, d), cfg.noise_sum[t])
+            noise_count = kmeans.gaussian_noise(key_count, (k,), cfg.noise_count[t])
+        elif cfg.noise == "laplace":
+            noise_sum = kmeans.laplace_noise(key_sum, (k, d), cfg.noise_sum[t])
+            noise_count = kmeans.laplace_noise(key_count, (k,), cfg.noise_count[t])
+        else:
+            return np.zeros(cfg.shape, dtype=secagg.ring_dtype(cfg.ring_bits))
+        q_sum = secagg.quantize_noise(np.asarray(noise_sum), frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
+        q_count = secagg.quantize_noise(np.asarray(noise_count), frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
+        return np.concatenate([q_sum, q_count[:, None]], axis=1)
+
+    def _aggregate(self) -> Outgoing:
+        cfg = self.config
+        dtype = secagg.ring_dtype(cfg.ring_bits)
+        total = np.zeros(cfg.shape, dtype=dtype)
+        for client in self.clients:
+            total += self._updates[client]  # wraps mod 2^w
+        total += self._noise()
+        out = self.broadcast(self.clients, NoisyAggregate(masked=total), phase="aggregate")
+        self._updates = {}
+        self.round_idx += 1
+        if self.round_idx == cfg.iterations:
+            self._finish(ServerSummary(cfg.iterations, cfg.noise_sum, cfg.noise_count))
+        return out

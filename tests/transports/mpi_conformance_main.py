@@ -1,0 +1,178 @@
+"""Run the transport conformance suite over MPI, one party per rank.
+
+Usage: ``mpiexec -n 3 python tests/transports/mpi_conformance_main.py``. Every rank awaits each
+check of :data:`fedproto.testing.conformance.CHECKS` on its own endpoint inside ``trio.run``, then
+the close semantics, then the MPI-only checks (oversized frames are dropped and logged, a roster
+that does not match the communicator is refused). Each rank prints ``rank <r>: conformance ok``;
+any failure prints the traceback and aborts the whole job with exit code 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import traceback
+from typing import Any
+
+import trio
+
+from fedproto.testing.conformance import CHECKS, check_close_semantics
+from transports.mpi import MpiTransport
+
+ROSTER = ("alice", "bob", "carol")
+TIMEOUT_S = 120.0
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def _oversized_frames_are_dropped(rank: int) -> None:
+    # Only bob (rank 1) has a small maximum; alice sends him an eager-sized and a rendezvous-sized
+    # oversized frame, then a small one: he must get the small one and log two warnings.
+    limit = 1024 if rank == 1 else 4 * 1024 * 1024
+    ep = MpiTransport(ROSTER, max_frame_bytes=limit)
+    records = _Records()
+    logging.getLogger("fedproto.transports.mpi").addHandler(records)
+    try:
+        if rank == 0:
+            await ep.send("bob", b"x" * 2048)
+            await ep.send("bob", b"y" * (2 * 1024 * 1024))
+            await ep.send("bob", b"after")
+        elif rank == 1:
+            try:
+                await ep.send("alice", b"z" * 2048)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("an oversized send was not refused")
+            sender, frame = await ep.receive()
+            assert (sender, frame) == ("alice", b"after"), (sender, frame[:20], len(frame))
+            dropped = [m for m in records.messages if "dropped a frame" in m]
+            assert len(dropped) == 2, records.messages
+    finally:
+        logging.getLogger("fedproto.transports.mpi").removeHandler(records)
+        await ep.aclose()
+
+
+class _SlowRequest:
+    """A receive request that reports "not yet" for its first few polls, like a long transfer."""
+
+    def __init__(self, request: Any, slow_polls: int) -> None:
+        self.request = request
+        self.slow_polls = slow_polls
+
+    def Test(self) -> bool:
+        if self.slow_polls:
+            self.slow_polls -= 1
+            return False
+        return self.request.Test()
+
+
+class _SlowMessage:
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+    def Irecv(self, buf: Any) -> _SlowRequest:
+        return _SlowRequest(self.message.Irecv(buf), slow_polls=20)
+
+
+class _SlowComm:
+    """COMM_WORLD, except that every receive takes 20 polls to complete.
+
+    On one host MPICH completes a matched receive within the first poll, so without this the
+    cancellation of a receive between ``Imrecv`` and its completion would never be exercised.
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def Dup(self) -> "_SlowComm":
+        return _SlowComm(self.comm.Dup())
+
+    def Improbe(self, *args: Any) -> _SlowMessage | None:
+        message = self.comm.Improbe(*args)
+        return None if message is None else _SlowMessage(message)
+
+
+async def _receive_cancelled_mid_transfer(rank: int) -> None:
+    from mpi4py import MPI
+
+    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD))
+    frames = [bytes([i]) * (i * 100_000) for i in range(10)]
+    try:
+        if rank == 0:
+            for frame in frames:
+                await ep.send("bob", frame)
+        elif rank == 1:
+            got, mid_transfer = [], 0
+            timeouts = [1e-5, 1e-4, 3e-4, 1e-3]
+            while len(got) < len(frames):
+                with trio.move_on_after(timeouts[(len(got) + mid_transfer) % len(timeouts)]):
+                    got.append(await ep.receive())
+                    continue
+                mid_transfer += ep._pending_receive is not None
+            assert got == [("alice", f) for f in frames], "a cancelled receive lost or altered a frame"
+            assert mid_transfer > 0, "no receive was cancelled mid-transfer"
+            _say(f"rank {rank}: {mid_transfer} receives cancelled mid-transfer, no frame lost")
+    finally:
+        await ep.aclose()
+
+
+def _roster_size_is_checked() -> None:
+    try:
+        MpiTransport((*ROSTER, "dave"))
+    except ValueError as exc:
+        assert "mpiexec -n 4" in str(exc), exc
+    else:
+        raise AssertionError("a 4-party roster on 3 ranks was accepted")
+
+
+def _say(line: str) -> None:
+    # One write per line, so lines of different ranks do not interleave mid-line.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _main(rank: int) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        ep = MpiTransport(ROSTER)
+        assert ep.party == ROSTER[rank], (ep.party, rank)
+        for check in CHECKS:
+            started = time.perf_counter()
+            await check(ep)
+            _say(f"rank {rank}: {check.__name__} ok ({time.perf_counter() - started:.2f} s)")
+        await check_close_semantics(ep)
+        await _oversized_frames_are_dropped(rank)
+        await _receive_cancelled_mid_transfer(rank)
+        _roster_size_is_checked()
+
+
+def main() -> int:
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        trio.run(_main, rank)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        return 1
+    MPI.COMM_WORLD.Barrier()
+    _say(f"rank {rank}: conformance ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

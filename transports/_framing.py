@@ -1,0 +1,233 @@
+"""Length-prefixed framing over a trio byte stream.
+
+Wire layout of one frame::
+
+    +-------------------------------+------------------+
+    | length: uint32, big-endian    | frame: length B  |
+    +-------------------------------+------------------+
+
+The length is checked against the receiver's maximum as soon as the 4-byte prefix is in, before
+a single byte of the body is read, so a peer cannot make us buffer more than the maximum. A stream
+that ends exactly between two frames ends cleanly (:class:`trio.EndOfChannel`); one that ends
+inside a prefix or a body is broken (:class:`~fedproto.errors.TransportBroken`), since the bytes
+already read cannot be resynchronised.
+
+:func:`receive_frame` reads exactly what one frame needs (two or more ``receive_some`` calls per
+frame). :class:`FrameReader` keeps a small buffer so a burst of small frames costs one
+``receive_some`` for many frames; use it for a connection's whole lifetime, because the buffer
+may hold the beginning of the next frame.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import trio
+
+from fedproto.errors import DecodeError, TransportBroken, TransportClosed
+
+__all__ = [
+    "FRAMING_OVERHEAD_BYTES",
+    "MAX_WIRE_FRAME_BYTES",
+    "FrameTooLarge",
+    "FrameReader",
+    "send_frame",
+    "receive_frame",
+]
+
+#: Bytes added to every frame on the wire (the length prefix).
+FRAMING_OVERHEAD_BYTES = 4
+#: Largest frame the 4-byte prefix can announce (bytes).
+MAX_WIRE_FRAME_BYTES = 2**32 - 1
+
+_PREFIX = struct.Struct(">I")
+# Below this size the prefix and the frame go out in one send_all (one syscall, one TCP segment
+# with TCP_NODELAY); above it the copy to concatenate them costs more than the extra call.
+_COALESCE_BYTES = 64 * 1024
+# Size of one buffered read; large bodies are read in steps of up to _MAX_READ_BYTES.
+_READ_CHUNK_BYTES = 64 * 1024
+_MAX_READ_BYTES = 1024 * 1024
+
+
+class FrameTooLarge(DecodeError):
+    """A length prefix announced a frame longer than the receiver accepts.
+
+    The body was not read; the stream cannot be resynchronised and should be closed.
+
+    Attributes:
+        length_bytes: the announced frame length.
+        max_frame_bytes: the receiver's maximum.
+    """
+
+    def __init__(self, length_bytes: int, max_frame_bytes: int, **kwargs: object) -> None:
+        self.length_bytes = length_bytes
+        self.max_frame_bytes = max_frame_bytes
+        super().__init__(
+            f"announced frame of {length_bytes} bytes exceeds the maximum of {max_frame_bytes}",
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+async def send_frame(stream: trio.abc.SendStream, frame: bytes | bytearray | memoryview) -> None:
+    """Write one length-prefixed frame to ``stream``.
+
+    Args:
+        stream: the stream to write to (the caller serialises writers: two concurrent calls on one
+            stream would interleave bytes).
+        frame: the frame's bytes (may be empty).
+
+    Raises:
+        ValueError: the frame is longer than :data:`MAX_WIRE_FRAME_BYTES`.
+        TransportBroken: the stream failed (``__cause__`` is trio's error). The frame may have
+            been partly written; the stream must then be closed.
+        TransportClosed: the stream was closed by us.
+    """
+    length = len(frame)
+    if length > MAX_WIRE_FRAME_BYTES:
+        raise ValueError(f"frame of {length} bytes cannot be framed (maximum {MAX_WIRE_FRAME_BYTES})")
+    prefix = _PREFIX.pack(length)
+    try:
+        if length <= _COALESCE_BYTES:
+            await stream.send_all(prefix + frame)
+        else:
+            await stream.send_all(prefix)
+            await stream.send_all(frame)
+    except trio.BrokenResourceError as exc:
+        raise TransportBroken(f"stream broke while sending a frame of {length} bytes") from exc
+    except trio.ClosedResourceError as exc:
+        raise TransportClosed("stream was closed while sending a frame") from exc
+
+
+def _check_length(length: int, max_frame_bytes: int) -> None:
+    if length > max_frame_bytes:
+        raise FrameTooLarge(length, max_frame_bytes)
+
+
+async def _receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
+    try:
+        return await stream.receive_some(max_bytes)
+    except trio.BrokenResourceError as exc:
+        raise TransportBroken("stream broke while receiving a frame") from exc
+    except trio.ClosedResourceError as exc:
+        raise TransportClosed("stream was closed while receiving a frame") from exc
+
+
+def _truncated(what: str, got: int, wanted: int) -> TransportBroken:
+    return TransportBroken(f"stream ended inside a {what}: got {got} of {wanted} bytes")
+
+
+async def receive_frame(stream: trio.abc.ReceiveStream, max_frame_bytes: int) -> bytes:
+    """Read exactly one length-prefixed frame from ``stream`` (unbuffered).
+
+    Reads never go past the end of the frame, so the stream can be handed to other code
+    afterwards. For a long-lived connection prefer :class:`FrameReader`.
+
+    Args:
+        stream: the stream to read from.
+        max_frame_bytes: longest frame accepted (bytes).
+
+    Returns:
+        The frame's bytes.
+
+    Raises:
+        trio.EndOfChannel: the stream ended cleanly before the first byte of a frame.
+        FrameTooLarge: the prefix announced more than ``max_frame_bytes`` (the body is not read).
+        TransportBroken: the stream failed or ended inside a frame.
+        TransportClosed: the stream was closed by us.
+    """
+    prefix = await _read_exactly(stream, _PREFIX.size, "length prefix", at_boundary=True)
+    (length,) = _PREFIX.unpack(prefix)
+    _check_length(length, max_frame_bytes)
+    if length == 0:
+        return b""
+    return await _read_exactly(stream, length, "frame body", at_boundary=False)
+
+
+async def _read_exactly(
+    stream: trio.abc.ReceiveStream, n: int, what: str, *, at_boundary: bool
+) -> bytes:
+    parts: list[bytes | bytearray] = []
+    got = 0
+    while got < n:
+        chunk = await _receive_some(stream, min(n - got, _MAX_READ_BYTES))
+        if not chunk:
+            if at_boundary and got == 0:
+                raise trio.EndOfChannel
+            raise _truncated(what, got, n)
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+class FrameReader:
+    """Buffered reader of length-prefixed frames from one stream.
+
+    Args:
+        stream: the stream to read from; the reader owns its read side from now on.
+
+    Example::
+
+        reader = FrameReader(stream)
+        while True:
+            frame = await reader.receive_frame(max_frame_bytes=1 << 20)
+    """
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+        self._start = 0  # bytes of _buffer already consumed (compacted lazily)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes read from the stream but not yet returned in a frame."""
+        return len(self._buffer) - self._start
+
+    async def _fill(self, n: int, what: str, *, at_boundary: bool) -> None:
+        """Read until at least ``n`` unconsumed bytes are buffered."""
+        while self.buffered_bytes < n:
+            if self._start and self._start >= len(self._buffer) // 2:
+                del self._buffer[: self._start]
+                self._start = 0
+            missing = n - self.buffered_bytes
+            chunk = await _receive_some(
+                self._stream, max(_READ_CHUNK_BYTES, min(missing, _MAX_READ_BYTES))
+            )
+            if not chunk:
+                if at_boundary and self.buffered_bytes == 0:
+                    raise trio.EndOfChannel
+                raise _truncated(what, self.buffered_bytes, n)
+            self._buffer += chunk
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(self._buffer[self._start : self._start + n])
+        self._start += n
+        if self._start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        return data
+
+    async def receive_frame(self, max_frame_bytes: int) -> bytes:
+        """Read the next frame.
+
+        Args:
+            max_frame_bytes: longest frame accepted (bytes); may differ between calls (e.g. a
+                small limit during a handshake).
+
+        Returns:
+            The frame's bytes.
+
+        Raises:
+            trio.EndOfChannel: the stream ended cleanly between two frames.
+            FrameTooLarge: the prefix announced more than ``max_frame_bytes``; no further read is
+                made for it (the reader is then unusable: close the stream).
+            TransportBroken: the stream failed or ended inside a frame.
+            TransportClosed: the stream was closed by us.
+        """
+        await self._fill(_PREFIX.size, "length prefix", at_boundary=True)
+        (length,) = _PREFIX.unpack_from(self._buffer, self._start)
+        _check_length(length, max_frame_bytes)
+        # The prefix stays in the buffer until the whole body is in: a cancelled call then leaves
+        # the reader where it was, and the next call restarts this frame from its prefix.
+        await self._fill(_PREFIX.size + length, "frame", at_boundary=False)
+        self._start += _PREFIX.size
+        return self._take(length) if length else b""

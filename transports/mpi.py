@@ -1,0 +1,330 @@
+"""MPI transport: one party per rank, frames as MPI messages, polled from trio.
+
+Theory of operation
+-------------------
+Launch the run with ``mpiexec -n <len(roster)>``; rank ``i`` hosts party ``roster[i]``. Each
+endpoint works on its own duplicate of the communicator (``comm.Dup()``, collective: every rank
+constructs its endpoint), so other MPI traffic in the program cannot match our messages, and sets
+``MPI.ERRORS_RETURN`` on it so MPI errors surface as Python exceptions.
+
+* ``send`` posts an ``Isend`` of the frame's bytes and returns; the bytes and the request are kept
+  until MPI reports completion. Sends are not awaited to completion because two parties that
+  both send large frames before receiving (a common round shape) would otherwise deadlock under
+  MPI's rendezvous protocol; this matches the memory and TCP transports, whose ``send`` never
+  waits for the peer to read. Outstanding sends are advanced on every later call into the
+  endpoint and flushed by ``aclose``.
+* ``receive`` polls ``Improbe`` (a *matched* probe: the message cannot be taken by anyone else),
+  reads the frame length with ``Get_count``, then ``Imrecv``s it and polls that request. Polls
+  are spaced by ``trio.sleep``: a few bare checkpoints, then backing off from 50 us to 1 ms, so
+  the trio loop is never blocked and an idle endpoint costs about a thousand probes a second.
+  A matched receive in progress belongs to the endpoint, not to the ``receive`` call, so a
+  cancelled ``receive`` loses nothing: the next call finishes it.
+* MPI's non-overtaking rule (same source, communicator and tag) gives per-pair order; each frame
+  is one message, so frames from concurrent senders never interleave. Empty frames are empty
+  messages.
+* A frame above ``max_frame_bytes`` cannot be refused by MPI, so it is received into an empty
+  scratch buffer: MPI truncates it (``MPI_ERR_TRUNCATE``, nothing is stored), and it is dropped
+  with a WARNING on ``logging.getLogger("fedproto.transports.mpi")``.
+
+Bytes: MPI messages carry their own envelope, so ``framing_overhead_bytes == 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
+from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
+from fedproto.transport import Network, Transport
+
+__all__ = ["MpiTransport", "MpiNetwork"]
+
+log = logging.getLogger("fedproto.transports.mpi")
+
+_TAG = 0  # the communicator is our own duplicate, so one tag suffices
+_SPIN_POLLS = 8  # polls spaced by bare checkpoints before backing off
+_FIRST_SLEEP_S = 50e-6
+_MAX_SLEEP_S = 1e-3
+# Sends MPI never completed before aclose gave up: their buffers must outlive the requests.
+_ABANDONED: list[tuple[Any, bytes]] = []
+
+
+def _import_mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError(
+            "the MPI transport needs mpi4py and an MPI library: pip install 'fedproto[mpi]' "
+            "(mpi4py and mpich), then launch with mpiexec"
+        ) from exc
+    return MPI
+
+
+class _Backoff:
+    """Adaptive poll spacing: bare checkpoints first, then sleeps doubling up to 1 ms."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def reset(self) -> None:
+        self.polls = 0
+
+    async def wait(self) -> None:
+        if self.polls < _SPIN_POLLS:
+            await trio.sleep(0)
+        else:
+            await trio.sleep(min(_MAX_SLEEP_S, _FIRST_SLEEP_S * 2 ** (self.polls - _SPIN_POLLS)))
+        self.polls += 1
+
+
+@dataclasses.dataclass
+class _PendingReceive:
+    source: int
+    length_bytes: int
+    buffer: bytearray
+    request: Any
+    oversized: bool
+
+
+class MpiTransport(Transport):
+    """The endpoint of this rank's party (see the module docstring).
+
+    Args:
+        roster: every party of the run, rank order (``roster[i]`` runs on rank ``i``).
+        comm: the communicator to duplicate (``MPI.COMM_WORLD`` by default); its size must equal
+            ``len(roster)``. Construction is collective over it.
+        max_frame_bytes: longest frame sent or accepted (bytes).
+        close_timeout_s: how long ``aclose`` waits for outstanding sends to complete (seconds).
+
+    Attributes:
+        rank: this process's rank in ``comm``.
+
+    Raises:
+        ImportError: mpi4py (or its MPI library) is not installed.
+        ValueError: the roster is empty or has duplicates, or its length differs from the
+            communicator's size.
+    """
+
+    framing_overhead_bytes = 0
+
+    def __init__(
+        self,
+        roster: Sequence[str],
+        *,
+        comm: Any = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        close_timeout_s: float = 10.0,
+    ) -> None:
+        MPI = _import_mpi()
+        roster = tuple(roster)
+        if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
+            raise ValueError("the roster must be a non-empty sequence of unique party names (str)")
+        if not 0 < max_frame_bytes < 2**31:
+            # MPI counts of MPI_BYTE are C ints in the classic (non-"large count") calls.
+            raise ValueError(f"max_frame_bytes must be in 1..2**31-1, got {max_frame_bytes}")
+        if not (close_timeout_s >= 0 and math.isfinite(close_timeout_s)):
+            raise ValueError(
+                f"close_timeout_s must be a non-negative number of seconds, got {close_timeout_s}"
+            )
+        base = MPI.COMM_WORLD if comm is None else comm
+        size = base.Get_size()
+        if size != len(roster):
+            raise ValueError(
+                f"the roster has {len(roster)} parties but the communicator has {size} ranks "
+                f"(launch with mpiexec -n {len(roster)})"
+            )
+        self._MPI = MPI
+        self._comm = base.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank: int = self._comm.Get_rank()
+        self.roster = roster
+        self.party = roster[self.rank]
+        self.max_frame_bytes = max_frame_bytes
+        self.close_timeout_s = float(close_timeout_s)
+        self._rank_of = {p: i for i, p in enumerate(roster)}
+        self._pending_sends: list[tuple[Any, bytes]] = []
+        self._pending_receive: _PendingReceive | None = None
+        self._receive_lock = trio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<MpiTransport {self.party} (rank {self.rank}){' closed' if self._closed else ''}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
+
+    def _broken(self, what: str, exc: BaseException) -> TransportBroken:
+        return TransportBroken(f"MPI failed to {what}: {exc}", party=self.party)
+
+    def _progress_sends(self) -> None:
+        if not self._pending_sends:
+            return
+        try:
+            self._pending_sends = [(req, data) for req, data in self._pending_sends if not req.Test()]
+        except self._MPI.Exception as exc:
+            raise self._broken("complete a send", exc) from exc
+
+    async def send(self, dest: str, frame: bytes) -> None:
+        """Post ``frame`` to ``dest`` (see :meth:`Transport.send`).
+
+        Returns once MPI owns the message (it completes in the background and ``aclose``
+        flushes it). A cancelled send posts nothing.
+
+        Raises:
+            PeerUnreachable: ``dest`` is not in the roster.
+            TransportClosed: this endpoint was closed.
+            TransportBroken: MPI reported an error.
+            ValueError: the frame exceeds ``max_frame_bytes``.
+        """
+        self._check_open()
+        rank = self._rank_of.get(dest)
+        if rank is None:
+            raise PeerUnreachable(f"{dest!r} is not in the roster", party=dest)
+        data = bytes(frame)
+        if len(data) > self.max_frame_bytes:
+            raise ValueError(f"frame of {len(data)} bytes exceeds the maximum of {self.max_frame_bytes}")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            request = self._comm.Isend([data, self._MPI.BYTE], dest=rank, tag=_TAG)
+        except self._MPI.Exception as exc:
+            raise self._broken(f"send to {dest}", exc) from exc
+        self._pending_sends.append((request, data))
+        self._progress_sends()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _start_receive(self) -> bool:
+        """Match the next message, if any, and start receiving it."""
+        MPI = self._MPI
+        status = MPI.Status()
+        try:
+            message = self._comm.Improbe(MPI.ANY_SOURCE, _TAG, status)
+            if message is None:
+                return False
+            length = status.Get_count(MPI.BYTE)
+            oversized = length > self.max_frame_bytes
+            buffer = bytearray(0 if oversized else length)
+            request = message.Irecv([buffer, MPI.BYTE])
+        except MPI.Exception as exc:
+            raise self._broken("receive", exc) from exc
+        self._pending_receive = _PendingReceive(status.Get_source(), length, buffer, request, oversized)
+        return True
+
+    def _finish_receive(self) -> bool:
+        """Whether the matched receive in progress has completed (then it is cleared)."""
+        pending = self._pending_receive
+        assert pending is not None
+        try:
+            done = pending.request.Test()
+        except self._MPI.Exception as exc:
+            if not (pending.oversized and exc.Get_error_class() == self._MPI.ERR_TRUNCATE):
+                self._pending_receive = None
+                raise self._broken(f"receive from {self.roster[pending.source]}", exc) from exc
+            done = True
+        if done:
+            self._pending_receive = None
+        return done
+
+    async def receive(self) -> tuple[str, bytes]:
+        """Wait for the next ``(sender, frame)`` (see :meth:`Transport.receive`).
+
+        Cancelling it loses no frame. Oversized frames are dropped with a warning.
+
+        Raises:
+            TransportClosed: this endpoint was closed (also while waiting).
+            TransportBroken: MPI reported an error.
+        """
+        self._check_open()
+        async with self._receive_lock:
+            backoff = _Backoff()
+            while True:
+                self._check_open()
+                self._progress_sends()
+                if self._pending_receive is not None or self._start_receive():
+                    pending = self._pending_receive
+                    assert pending is not None
+                    if self._finish_receive():
+                        sender = self.roster[pending.source]
+                        if not pending.oversized:
+                            return sender, bytes(pending.buffer)
+                        log.warning(
+                            "%s: dropped a frame of %d bytes from %s (maximum %d)",
+                            self.party, pending.length_bytes, sender, self.max_frame_bytes,
+                        )
+                        backoff.reset()
+                        continue
+                await backoff.wait()
+
+    async def aclose(self) -> None:
+        """Flush outstanding sends (up to ``close_timeout_s``), then close; idempotent.
+
+        A matched receive in progress is completed and its frame discarded. MPI itself is not
+        finalized. Afterwards ``send`` and ``receive`` raise
+        :class:`~fedproto.errors.TransportClosed`.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        try:
+            with trio.move_on_after(self.close_timeout_s):
+                backoff = _Backoff()
+                while self._pending_sends or self._pending_receive is not None:
+                    self._progress_sends()
+                    if self._pending_receive is not None:
+                        self._finish_receive()
+                    await backoff.wait()
+            await trio.lowlevel.checkpoint()
+        finally:
+            if self._pending_sends:
+                log.warning(
+                    "%s: closing with %d sends MPI has not completed (their peers are not "
+                    "receiving)", self.party, len(self._pending_sends),
+                )
+                _ABANDONED.extend(self._pending_sends)
+                self._pending_sends = []
+            if self._pending_receive is not None:
+                _ABANDONED.append((self._pending_receive.request, self._pending_receive.buffer))
+                self._pending_receive = None
+
+
+class MpiNetwork(Network):
+    """MPI endpoints for the CLI registry: this rank's party only.
+
+    Args:
+        comm: communicator (``MPI.COMM_WORLD`` by default).
+        **kwargs: passed to :class:`MpiTransport`.
+    """
+
+    name = "mpi"
+
+    def __init__(self, *, comm: Any = None, **kwargs: Any) -> None:
+        self.comm = comm
+        self.kwargs = kwargs
+
+    @asynccontextmanager
+    async def endpoints(
+        self, roster: Sequence[str], local: Sequence[str] | None = None
+    ) -> AsyncIterator[dict[str, MpiTransport]]:
+        """``{party: endpoint}`` for this rank's party; flushed and closed on exit.
+
+        Raises:
+            ValueError: ``local`` names anything but this rank's party.
+        """
+        endpoint = MpiTransport(roster, comm=self.comm, **self.kwargs)
+        try:
+            if local is not None and tuple(local) != (endpoint.party,):
+                raise ValueError(
+                    f"under MPI rank {endpoint.rank} hosts exactly {endpoint.party!r}, not {list(local)}"
+                )
+            yield {endpoint.party: endpoint}
+        finally:
+            with trio.CancelScope(shield=True):
+                await endpoint.aclose()

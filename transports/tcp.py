@@ -1,0 +1,752 @@
+"""TCP transport: a full mesh of authenticated trio streams carrying length-prefixed frames.
+
+Theory of operation
+-------------------
+Every party listens on its own address (:meth:`TcpTransport.serve`). Frames from party A to
+party B travel on a connection that A dials to B's listener the first time A sends to B; B only
+reads from it and A only writes to it (after the handshake), so each ordered pair has its own
+stream and per-pair order is TCP's order. Dialling is retried with exponential backoff (20 ms
+doubling to 1 s) until ``connect_timeout_s`` has passed, so parties may start in any order; then
+:class:`~fedproto.errors.PeerUnreachable`. A connection that breaks is dropped; the next ``send``
+dials again.
+
+Handshake (every message is a length-prefixed msgpack array, at most 16 KiB)::
+
+    dialer D                                            listener L
+      hello [version, session, H(roster), D, L, nonce_D]  ->
+                                       <-  [nonce_L, MAC(secret, "listener" | ctx)]
+      [MAC(secret, "dialer" | ctx)]                       ->
+                                       <-  ["ok"]
+
+where ``ctx = (session, H(roster), D, L, nonce_D, nonce_L)``, ``MAC`` is HMAC-SHA256, ``H`` is
+SHA-256 over the msgpack-encoded roster and both nonces are 32 fresh random bytes. L proves its
+name first (so a dialer never reveals a MAC to an impostor listener), then D proves its own; each
+MAC covers the other side's fresh nonce, so neither can be replayed, and the role label keeps one
+side's MAC from being reflected as the other's. MACs are compared with :func:`hmac.compare_digest`.
+The listener refuses (closes the connection and logs a WARNING on
+``logging.getLogger("fedproto.transports.tcp")``) a wrong version, session or roster, a claimed
+name outside the roster, a connection meant for another party, a bad MAC, malformed bytes or a
+handshake longer than ``handshake_timeout_s``; the endpoint keeps serving everyone else.
+
+The sender of every received frame is the authenticated name of its connection, never anything
+in the frame. Frames above ``max_frame_bytes`` are refused from the length prefix, before their
+body is read; the stream cannot be resynchronised, so that connection is closed and logged.
+
+Security scope: the secret is shared by the whole run, so the handshake keeps out anyone who does
+not hold it and binds each connection to one roster name; it does not stop a holder of the secret
+from claiming another party's name, and frames after the handshake are neither encrypted nor
+MACed. On an untrusted network run it inside a VPN or TLS tunnel.
+
+Bytes: ``framing_overhead_bytes == 4`` per frame (the length prefix); handshake traffic is counted
+in :attr:`TcpTransport.handshake_bytes` (bytes this endpoint wrote during handshakes, framing
+included), so summing it over the parties counts every handshake byte once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import ipaddress
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgpack
+import trio
+
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
+from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
+from fedproto.transport import Network, Transport
+from transports._framing import (
+    FRAMING_OVERHEAD_BYTES,
+    MAX_WIRE_FRAME_BYTES,
+    FrameReader,
+    FrameTooLarge,
+    send_frame,
+)
+
+__all__ = [
+    "HANDSHAKE_VERSION",
+    "MIN_SECRET_BYTES",
+    "TcpAddress",
+    "TcpNetwork",
+    "TcpTransport",
+    "handshake_mac",
+    "open_tcp_network",
+    "roster_digest",
+]
+
+log = logging.getLogger("fedproto.transports.tcp")
+
+#: Version string of the handshake; a peer that speaks another version is refused.
+HANDSHAKE_VERSION = "fedproto-tcp/1"
+#: Shortest accepted per-run secret (bytes).
+MIN_SECRET_BYTES = 16
+
+_NONCE_BYTES = 32
+_MAC_BYTES = 32
+_HANDSHAKE_MAX_FRAME_BYTES = 16 * 1024
+_FIRST_RETRY_S = 0.02
+_MAX_RETRY_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TcpAddress:
+    """Where a party listens.
+
+    Attributes:
+        host: host name or IP address (IPv6 without brackets).
+        port: TCP port, 0 to 65535 (0 lets :meth:`TcpTransport.serve` pick a free port).
+
+    Raises:
+        ValueError: empty host or port out of range.
+        TypeError: host is not a string or port is not an int.
+    """
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str):
+            raise TypeError(f"TcpAddress.host must be a str, got {type(self.host).__name__}")
+        if not self.host:
+            raise ValueError("TcpAddress.host must not be empty")
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise TypeError(f"TcpAddress.port must be an int, got {type(self.port).__name__}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"TcpAddress.port must be in 0..65535, got {self.port}")
+
+    @classmethod
+    def parse(cls, text: str) -> "TcpAddress":
+        """Parse ``"host:port"`` (IPv6 as ``"[::1]:port"``).
+
+        Raises:
+            ValueError: the text is not ``host:port`` with a port in 0..65535.
+        """
+        text = text.strip()
+        if text.startswith("["):
+            host, sep, rest = text[1:].partition("]")
+            if not sep or not rest.startswith(":"):
+                raise ValueError(f"bad address {text!r}: expected '[ipv6]:port'")
+            port_text = rest[1:]
+        else:
+            host, sep, port_text = text.rpartition(":")
+            if not sep:
+                raise ValueError(f"bad address {text!r}: expected 'host:port'")
+            if ":" in host:
+                raise ValueError(f"bad address {text!r}: write IPv6 addresses as '[ipv6]:port'")
+        if not host:
+            raise ValueError(f"bad address {text!r}: the host is empty")
+        if not port_text.isdigit():
+            raise ValueError(f"bad address {text!r}: the port must be a number")
+        port = int(port_text)
+        if port > 65535:
+            raise ValueError(f"bad address {text!r}: the port must be in 0..65535")
+        return cls(host, port)
+
+    def __str__(self) -> str:
+        try:
+            is_v6 = ipaddress.ip_address(self.host).version == 6
+        except ValueError:
+            is_v6 = False
+        return f"[{self.host}]:{self.port}" if is_v6 else f"{self.host}:{self.port}"
+
+
+class _HandshakeFailed(Exception):
+    """The peer failed the handshake (the message says why)."""
+
+
+# What a failed dialer handshake raises (anything else propagates).
+_DIAL_FAILURES = (_HandshakeFailed, trio.TooSlowError, trio.EndOfChannel, FrameTooLarge, TransportBroken)
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack_list(data: bytes, length: int, what: str) -> list[Any]:
+    try:
+        obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise _HandshakeFailed(f"malformed {what} ({type(exc).__name__})") from exc
+    if not isinstance(obj, list) or len(obj) != length:
+        raise _HandshakeFailed(f"malformed {what} (expected an array of {length})")
+    return obj
+
+
+def _expect_bytes(value: Any, n: int, what: str) -> bytes:
+    if not isinstance(value, bytes) or len(value) != n:
+        raise _HandshakeFailed(f"malformed {what} (expected {n} bytes)")
+    return value
+
+
+def roster_digest(roster: Sequence[str]) -> bytes:
+    """SHA-256 of the msgpack-encoded roster (32 bytes), bound into every handshake MAC."""
+    return hashlib.sha256(_pack(list(roster))).digest()
+
+
+def handshake_mac(
+    secret: bytes,
+    role: str,
+    *,
+    session: int,
+    roster_hash: bytes,
+    dialer: str,
+    listener: str,
+    dialer_nonce: bytes,
+    listener_nonce: bytes,
+) -> bytes:
+    """HMAC-SHA256 (32 bytes) by which ``role`` proves its name in one handshake.
+
+    The MAC input is the msgpack encoding of every field, so no two distinct contexts encode to
+    the same bytes.
+
+    Args:
+        secret: the per-run secret.
+        role: ``"dialer"`` or ``"listener"`` (the side that proves itself).
+        session: the run's session id.
+        roster_hash: :func:`roster_digest` of the run's roster.
+        dialer: the dialling party's name.
+        listener: the listening party's name.
+        dialer_nonce: the dialer's 32 fresh random bytes.
+        listener_nonce: the listener's 32 fresh random bytes.
+    """
+    context = _pack(
+        [HANDSHAKE_VERSION, role, session, roster_hash, dialer, listener, dialer_nonce, listener_nonce]
+    )
+    return hmac.new(secret, context, hashlib.sha256).digest()
+
+
+def _peername(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError, TypeError):
+        return "<unknown peer>"
+    return str(TcpAddress(str(host), int(port)))
+
+
+class TcpTransport(Transport):
+    """One party's TCP endpoint (see the module docstring for the protocol).
+
+    Run the listener with ``await nursery.start(endpoint.serve)``; ``send`` dials peers on demand
+    and ``receive`` returns frames from every authenticated incoming connection. Frames received
+    but not yet returned by ``receive`` are buffered without bound (so two parties that both send
+    before they receive cannot deadlock); ``max_frame_bytes`` bounds each frame.
+
+    Args:
+        party: this endpoint's party name (must be in ``roster``).
+        roster: every party of the run, in order (unique names).
+        addresses: the address of every roster party (``TcpAddress`` or ``"host:port"``); this
+            party's own entry is where it listens (port 0: pick a free port when serving).
+        secret: the per-run shared secret, at least 16 bytes.
+        session: the run's session id (0 to 2**64 - 1); peers with another session are refused.
+        max_frame_bytes: longest frame sent or accepted (bytes, at most 2**32 - 1).
+        connect_timeout_s: how long ``send`` keeps dialling an unreachable peer (seconds).
+        handshake_timeout_s: longest handshake, on either side (seconds).
+
+    Attributes:
+        addresses: ``{party: TcpAddress}``; this party's entry holds the real port once serving.
+        handshake_bytes: bytes this endpoint wrote during handshakes (framing included).
+
+    Raises:
+        ValueError: bad roster, party, addresses, secret length, session or limits.
+        TypeError: the secret is not bytes.
+    """
+
+    framing_overhead_bytes = FRAMING_OVERHEAD_BYTES
+
+    def __init__(
+        self,
+        party: str,
+        roster: Sequence[str],
+        addresses: Mapping[str, TcpAddress | str],
+        secret: bytes,
+        *,
+        session: int = 0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        connect_timeout_s: float = 30.0,
+        handshake_timeout_s: float = 10.0,
+    ) -> None:
+        roster = tuple(roster)
+        if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
+            raise ValueError("the roster must be a non-empty sequence of unique party names (str)")
+        if party not in roster:
+            raise ValueError(f"party {party!r} is not in the roster {list(roster)}")
+        parsed = {
+            name: addr if isinstance(addr, TcpAddress) else TcpAddress.parse(addr)
+            for name, addr in addresses.items()
+        }
+        missing = [p for p in roster if p not in parsed]
+        if missing:
+            raise ValueError(f"no address for parties {missing}")
+        extra = sorted(set(parsed) - set(roster))
+        if extra:
+            raise ValueError(f"addresses given for parties outside the roster: {extra}")
+        if not isinstance(secret, (bytes, bytearray)):
+            raise TypeError(f"the secret must be bytes, got {type(secret).__name__}")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        if isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < 2**64:
+            raise ValueError(f"session must be an int in 0..2**64-1, got {session!r}")
+        if not 0 < max_frame_bytes <= MAX_WIRE_FRAME_BYTES:
+            raise ValueError(f"max_frame_bytes must be in 1..{MAX_WIRE_FRAME_BYTES}, got {max_frame_bytes}")
+        timeouts = {"connect_timeout_s": connect_timeout_s, "handshake_timeout_s": handshake_timeout_s}
+        for name, value in timeouts.items():
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+        self.party = party
+        self.roster = roster
+        self.addresses: dict[str, TcpAddress] = {p: parsed[p] for p in roster}
+        self.session = session
+        self.max_frame_bytes = max_frame_bytes
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.handshake_timeout_s = float(handshake_timeout_s)
+        self.handshake_bytes = 0
+        self._secret = bytes(secret)
+        self._roster_set = frozenset(roster)
+        self._roster_hash = roster_digest(roster)
+        self._inbox_send, self._inbox_receive = trio.open_memory_channel[tuple[str, bytes]](math.inf)
+        self._send_locks: dict[str, trio.Lock] = {}
+        self._outgoing: dict[str, trio.SocketStream] = {}
+        self._dialling: set[trio.SocketStream] = set()
+        self._incoming: set[trio.SocketStream] = set()
+        self._listeners: list[trio.SocketListener] = []
+        self._serve_scope: trio.CancelScope | None = None
+        self._serving = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<TcpTransport {self.party} at {self.addresses[self.party]}{state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
+
+    # ----------------------------------------------------------------------------------- serve
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on this party's address and accept peers until :meth:`aclose`.
+
+        Use ``port = await nursery.start(endpoint.serve)``: ``task_status.started`` reports the
+        bound port (also stored in ``self.addresses[self.party]``) once the listener accepts.
+
+        Raises:
+            TransportClosed: the endpoint is closed.
+            TransportBroken: the address cannot be bound (``__cause__`` is the OSError).
+            RuntimeError: ``serve`` is already running.
+        """
+        self._check_open()
+        if self._serving:
+            raise RuntimeError(f"the endpoint of {self.party} is already serving")
+        self._serving = True
+        address = self.addresses[self.party]
+        try:
+            listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+        except OSError as exc:
+            raise TransportBroken(f"{self.party} cannot listen on {address}", party=self.party) from exc
+        if address.port == 0:
+            # Port 0 binds each address family to a different free port; keep one.
+            for extra in listeners[1:]:
+                extra.socket.close()
+            listeners = listeners[:1]
+        self._listeners = listeners
+        try:
+            port = listeners[0].socket.getsockname()[1]
+            self.addresses[self.party] = TcpAddress(address.host, port)
+            with trio.CancelScope() as scope:
+                self._serve_scope = scope
+                if self._closed:
+                    scope.cancel()
+                task_status.started(port)
+                log.debug("%s: listening on %s", self.party, self.addresses[self.party])
+                await trio.serve_listeners(self._handle_connection, listeners)
+        finally:
+            for listener in listeners:
+                listener.socket.close()
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        peer_address = _peername(stream)
+        self._incoming.add(stream)
+        try:
+            if self._closed:
+                return
+            reader = FrameReader(stream)
+            try:
+                with trio.fail_after(self.handshake_timeout_s):
+                    peer = await self._listener_handshake(stream, reader)
+            except trio.TooSlowError:
+                self._refuse(peer_address, f"no handshake within {self.handshake_timeout_s} s")
+                return
+            except _HandshakeFailed as exc:
+                self._refuse(peer_address, str(exc))
+                return
+            except trio.EndOfChannel:
+                self._refuse(peer_address, "connection closed during the handshake")
+                return
+            except FrameTooLarge as exc:
+                self._refuse(peer_address, f"oversized handshake message ({exc})")
+                return
+            except TransportBroken as exc:
+                self._refuse(peer_address, f"connection broke during the handshake ({exc})")
+                return
+            except TransportClosed:
+                return
+            log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
+            await self._read_frames(stream, reader, peer, peer_address)
+        finally:
+            self._incoming.discard(stream)
+            stream.socket.close()
+
+    def _refuse(self, peer_address: str, reason: str) -> None:
+        if not self._closed:
+            log.warning("%s: refused connection from %s: %s", self.party, peer_address, reason)
+
+    async def _read_frames(
+        self, stream: trio.SocketStream, reader: FrameReader, peer: str, peer_address: str
+    ) -> None:
+        while True:
+            try:
+                frame = await reader.receive_frame(self.max_frame_bytes)
+            except trio.EndOfChannel:
+                log.debug("%s: %s (%s) closed its connection", self.party, peer, peer_address)
+                return
+            except FrameTooLarge as exc:
+                log.warning(
+                    "%s: closing the connection from %s (%s): %s", self.party, peer, peer_address, exc
+                )
+                return
+            except TransportBroken as exc:
+                if not self._closed:
+                    log.warning(
+                        "%s: the connection from %s (%s) broke: %s", self.party, peer, peer_address, exc
+                    )
+                return
+            except TransportClosed:
+                return
+            try:
+                self._inbox_send.send_nowait((peer, frame))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return
+
+    async def _send_handshake(self, stream: trio.SocketStream, message: list[Any]) -> None:
+        data = _pack(message)
+        await send_frame(stream, data)
+        self.handshake_bytes += FRAMING_OVERHEAD_BYTES + len(data)
+
+    async def _listener_handshake(self, stream: trio.SocketStream, reader: FrameReader) -> str:
+        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 6, "hello")
+        version, session, roster_hash, dialer, listener, dialer_nonce = hello
+        if version != HANDSHAKE_VERSION:
+            raise _HandshakeFailed(f"unsupported handshake version {version!r}")
+        if not isinstance(dialer, str):
+            raise _HandshakeFailed("malformed hello (party name is not a string)")
+        if dialer not in self._roster_set:
+            raise _HandshakeFailed(f"claimed party {dialer!r} is not in the roster")
+        if session != self.session:
+            raise _HandshakeFailed(f"{dialer!r} is in session {session!r}, this run is {self.session}")
+        if roster_hash != self._roster_hash:
+            raise _HandshakeFailed(f"{dialer!r} has a different roster")
+        if listener != self.party:
+            raise _HandshakeFailed(f"{dialer!r} wanted party {listener!r}, this is {self.party!r}")
+        dialer_nonce = _expect_bytes(dialer_nonce, _NONCE_BYTES, "hello nonce")
+        listener_nonce = secrets.token_bytes(_NONCE_BYTES)
+        context = dict(
+            session=self.session,
+            roster_hash=self._roster_hash,
+            dialer=dialer,
+            listener=self.party,
+            dialer_nonce=dialer_nonce,
+            listener_nonce=listener_nonce,
+        )
+        await self._send_handshake(
+            stream, [listener_nonce, handshake_mac(self._secret, "listener", **context)]
+        )
+        (proof,) = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 1, "proof")
+        proof = _expect_bytes(proof, _MAC_BYTES, "proof")
+        if not hmac.compare_digest(proof, handshake_mac(self._secret, "dialer", **context)):
+            raise _HandshakeFailed(f"bad MAC from claimed party {dialer!r} (wrong secret?)")
+        await self._send_handshake(stream, ["ok"])
+        return dialer
+
+    # ------------------------------------------------------------------------------------ send
+
+    async def send(self, dest: str, frame: bytes) -> None:
+        """Send ``frame`` to ``dest``, dialling it first if needed (see :meth:`Transport.send`).
+
+        Returns once the frame is handed to the operating system, not when ``dest`` has read it.
+        A cancelled send either wrote the whole frame or closes the connection, so the receiver
+        drops the partial frame.
+
+        Raises:
+            PeerUnreachable: ``dest`` is not in the roster, cannot be dialled within
+                ``connect_timeout_s``, failed the handshake, or the connection broke
+                (``__cause__`` is the underlying error).
+            TransportClosed: this endpoint was closed.
+            ValueError: the frame exceeds ``max_frame_bytes``.
+        """
+        self._check_open()
+        if dest not in self._roster_set:
+            raise PeerUnreachable(f"{dest!r} is not in the roster", party=dest)
+        if len(frame) > self.max_frame_bytes:
+            raise ValueError(f"frame of {len(frame)} bytes exceeds the maximum of {self.max_frame_bytes}")
+        lock = self._send_locks.get(dest)
+        if lock is None:
+            lock = self._send_locks[dest] = trio.Lock()
+        async with lock:
+            self._check_open()
+            stream = self._outgoing.get(dest)
+            if stream is None:
+                stream = await self._connect(dest)
+            try:
+                await send_frame(stream, frame)
+            except TransportBroken as exc:
+                self._drop_outgoing(dest, stream)
+                self._check_open()
+                raise PeerUnreachable(
+                    f"the connection to {dest} broke", party=dest
+                ) from (exc.__cause__ or exc)
+            except TransportClosed:
+                self._drop_outgoing(dest, stream)
+                self._check_open()
+                raise
+            except BaseException:
+                # Cancelled (or failed) mid-frame: the stream's state is unknown, so drop it.
+                self._drop_outgoing(dest, stream)
+                raise
+
+    def _drop_outgoing(self, dest: str, stream: trio.SocketStream) -> None:
+        if self._outgoing.get(dest) is stream:
+            del self._outgoing[dest]
+        stream.socket.close()
+
+    async def _connect(self, dest: str) -> trio.SocketStream:
+        address = self.addresses[dest]
+        if address.port == 0:
+            raise PeerUnreachable(f"the address of {dest} is unknown (port 0)", party=dest)
+        deadline = trio.current_time() + self.connect_timeout_s
+        retry_s = _FIRST_RETRY_S
+        last_error: OSError | None = None
+        while True:
+            self._check_open()
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise PeerUnreachable(
+                    f"cannot connect to {dest} at {address} within {self.connect_timeout_s} s",
+                    party=dest,
+                ) from last_error
+            stream: trio.SocketStream | None = None
+            with trio.move_on_after(remaining):
+                try:
+                    stream = await trio.open_tcp_stream(address.host, address.port)
+                except OSError as exc:
+                    last_error = exc
+            if stream is not None:
+                break
+            await trio.sleep(max(0.0, min(retry_s, deadline - trio.current_time())))
+            retry_s = min(2 * retry_s, _MAX_RETRY_S)
+
+        self._dialling.add(stream)
+        try:
+            try:
+                with trio.fail_after(self.handshake_timeout_s):
+                    await self._dialer_handshake(stream, dest)
+            except _DIAL_FAILURES as exc:
+                self._check_open()
+                reason = {
+                    trio.TooSlowError: f"no answer within {self.handshake_timeout_s} s",
+                    trio.EndOfChannel: "refused by the peer (check secret, session and roster)",
+                }.get(type(exc), str(exc))
+                raise PeerUnreachable(
+                    f"handshake with {dest} at {address} failed: {reason}", party=dest
+                ) from exc
+            except TransportClosed:
+                self._check_open()
+                raise
+            self._check_open()
+        except BaseException:
+            stream.socket.close()
+            raise
+        finally:
+            self._dialling.discard(stream)
+        self._outgoing[dest] = stream
+        log.debug("%s: connected to %s at %s", self.party, dest, address)
+        return stream
+
+    async def _dialer_handshake(self, stream: trio.SocketStream, dest: str) -> None:
+        reader = FrameReader(stream)
+        dialer_nonce = secrets.token_bytes(_NONCE_BYTES)
+        await self._send_handshake(
+            stream, [HANDSHAKE_VERSION, self.session, self._roster_hash, self.party, dest, dialer_nonce]
+        )
+        listener_nonce, proof = _unpack_list(
+            await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 2, "challenge"
+        )
+        listener_nonce = _expect_bytes(listener_nonce, _NONCE_BYTES, "challenge nonce")
+        proof = _expect_bytes(proof, _MAC_BYTES, "challenge proof")
+        context = dict(
+            session=self.session,
+            roster_hash=self._roster_hash,
+            dialer=self.party,
+            listener=dest,
+            dialer_nonce=dialer_nonce,
+            listener_nonce=listener_nonce,
+        )
+        if not hmac.compare_digest(proof, handshake_mac(self._secret, "listener", **context)):
+            raise _HandshakeFailed(f"the listener failed to prove it is {dest!r} (wrong secret?)")
+        await self._send_handshake(stream, [handshake_mac(self._secret, "dialer", **context)])
+        ack = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 1, "acknowledgement")
+        if ack != ["ok"]:
+            raise _HandshakeFailed("malformed acknowledgement")
+
+    # --------------------------------------------------------------------------------- receive
+
+    async def receive(self) -> tuple[str, bytes]:
+        """Wait for the next ``(sender, frame)`` from any authenticated peer.
+
+        Cancelling it loses no frame.
+
+        Raises:
+            TransportClosed: this endpoint was closed (also while waiting).
+        """
+        self._check_open()
+        try:
+            return await self._inbox_receive.receive()
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+
+    async def aclose(self) -> None:
+        """Stop serving and close the listener and every connection; idempotent.
+
+        Frames received but not yet returned by ``receive`` are discarded. Afterwards ``send``
+        and ``receive`` raise :class:`~fedproto.errors.TransportClosed`.
+        """
+        if not self._closed:
+            self._closed = True
+            # Everything is closed synchronously, so a cancelled aclose still releases it all.
+            if self._serve_scope is not None:
+                self._serve_scope.cancel()
+            for listener in self._listeners:
+                listener.socket.close()
+            for stream in [*self._incoming, *self._dialling, *self._outgoing.values()]:
+                stream.socket.close()
+            self._outgoing.clear()
+            self._inbox_receive.close()
+            self._inbox_send.close()
+        await trio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def _serving_all(endpoints: Mapping[str, TcpTransport]) -> AsyncIterator[None]:
+    """Serve every endpoint in an internal nursery; close them all on exit.
+
+    An error of the body comes out as itself, not wrapped in the nursery's exception group.
+    """
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                for endpoint in endpoints.values():
+                    await nursery.start(endpoint.serve)
+                yield
+            finally:
+                # aclose never blocks, so shielding it cannot hang; it must not be skipped.
+                with trio.CancelScope(shield=True):
+                    for endpoint in endpoints.values():
+                        await endpoint.aclose()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+@asynccontextmanager
+async def open_tcp_network(
+    roster: Sequence[str], secret: bytes, *, host: str = "127.0.0.1", **kwargs: Any
+) -> AsyncIterator[dict[str, TcpTransport]]:
+    """All parties of ``roster`` in this process, each serving on a free port of ``host``.
+
+    For tests and examples. Every endpoint knows every other's bound address on entry; all are
+    closed (and their listeners stopped) on exit.
+
+    Args:
+        roster: every party of the run.
+        secret: the per-run secret (at least 16 bytes).
+        host: the address every party listens on (loopback by default).
+        **kwargs: passed to :class:`TcpTransport` (``session``, ``max_frame_bytes``, timeouts).
+
+    Yields:
+        ``{party: TcpTransport}`` in roster order.
+    """
+    roster = tuple(roster)
+    addresses = {p: TcpAddress(host, 0) for p in roster}
+    endpoints = {p: TcpTransport(p, roster, addresses, secret, **kwargs) for p in roster}
+    async with _serving_all(endpoints):
+        bound = {p: endpoint.addresses[p] for p, endpoint in endpoints.items()}
+        for endpoint in endpoints.values():
+            endpoint.addresses.update(bound)
+        yield endpoints
+
+
+class TcpNetwork(Network):
+    """TCP endpoints for the CLI registry.
+
+    Without ``addresses`` every party runs in this process on loopback (:func:`open_tcp_network`,
+    with a fresh random secret unless one is given). With ``addresses`` and ``secret``, this
+    process hosts the ``local`` parties at their given addresses and reaches the others at theirs.
+
+    Args:
+        addresses: ``{party: TcpAddress | "host:port"}`` for every party, or None.
+        secret: the per-run secret (required with ``addresses``).
+        host: listening host when ``addresses`` is None.
+        **kwargs: passed to :class:`TcpTransport`.
+
+    Raises:
+        ValueError: ``addresses`` without ``secret``.
+    """
+
+    name = "tcp"
+
+    def __init__(
+        self,
+        addresses: Mapping[str, TcpAddress | str] | None = None,
+        secret: bytes | None = None,
+        *,
+        host: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> None:
+        if addresses is not None and secret is None:
+            raise ValueError("a TCP network with explicit addresses needs the run's secret")
+        self.addresses = addresses
+        self.secret = secret
+        self.host = host
+        self.kwargs = kwargs
+
+    @asynccontextmanager
+    async def endpoints(
+        self, roster: Sequence[str], local: Sequence[str] | None = None
+    ) -> AsyncIterator[dict[str, TcpTransport]]:
+        """Serving endpoints of the ``local`` parties (all of them by default); closed on exit.
+
+        Raises:
+            ValueError: only some parties are local but no addresses were given.
+        """
+        roster = tuple(roster)
+        local = roster if local is None else tuple(local)
+        if self.addresses is None:
+            if set(local) != set(roster):
+                raise ValueError("hosting only some parties needs the addresses of all of them")
+            secret = self.secret if self.secret is not None else secrets.token_bytes(32)
+            async with open_tcp_network(roster, secret, host=self.host, **self.kwargs) as endpoints:
+                yield endpoints
+            return
+        assert self.secret is not None
+        endpoints = {
+            p: TcpTransport(p, roster, self.addresses, self.secret, **self.kwargs) for p in local
+        }
+        async with _serving_all(endpoints):
+            yield endpoints
