@@ -64,6 +64,8 @@ class MemoryNetwork:
         roster: every party of the run (unique names).
         max_frame_bytes: frames longer than this are refused by ``send``.
         faults: optional fault injection.
+        latency_s: a fixed delay every ``send`` sleeps before delivering (to model a network,
+            e.g. FastLloyd's 0.25 ms per send, spec 4.3); order is kept.
 
     Raises:
         ValueError: the roster is empty or has duplicates.
@@ -77,13 +79,17 @@ class MemoryNetwork:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         faults: Faults | None = None,
+        latency_s: float = 0.0,
     ) -> None:
+        if not (latency_s >= 0.0 and math.isfinite(latency_s)):
+            raise ValueError("latency_s must be a finite non-negative number of seconds")
         roster = tuple(str(p) for p in roster)
         if not roster or len(set(roster)) != len(roster):
             raise ValueError("the roster must be a non-empty list of unique party names")
         self.roster = roster
         self.max_frame_bytes = max_frame_bytes
         self.faults = faults
+        self.latency_s = latency_s
         self._rngs: dict[tuple[str, str], random.Random] = {}
         self._channels = {p: trio.open_memory_channel[tuple[str, bytes]](math.inf) for p in roster}
         self._endpoints: dict[str, MemoryTransport] = {}
@@ -188,7 +194,10 @@ class MemoryTransport(Transport):
             self._crashed = True
             self._check_open()
         self._sent += 1
-        await trio.lowlevel.checkpoint()
+        if self.network.latency_s:
+            await trio.sleep(self.network.latency_s)
+        else:
+            await trio.lowlevel.checkpoint()
         await self.network._route(self.party, dest, frame)
 
     async def receive(self) -> tuple[str, bytes]:
