@@ -325,14 +325,15 @@ def _print_run(plan: RunPlan, args: argparse.Namespace, results: dict[str, Any],
         shown["measured payload bytes per iteration (with envelopes)"] = per_iteration
     render_summary(console, f"{args.protocol} on {summary.get('data set', args.data)}", shown)
     if not args.quiet:
-        render_report(console, report, plan.role_of)
+        render_report(console, report, plan.role_of, phases=plan.phases)
     final = RunReport.from_dict({**report.to_dict(), "results": summary})
     if args.report:
         final.to_json(args.report)
         console.print(f"report written to {args.report}")
     plot_path = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
     if plot_path:
-        plot_report(final, plot_path)
+        extra = (lambda ax: plan.plot_results(ax, summary)) if plan.plot_results else None
+        plot_report(final, plot_path, phases=plan.phases, extra=extra)
         console.print(f"plot written to {plot_path}")
 
 

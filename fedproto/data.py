@@ -3,8 +3,8 @@
 Sources:
 
 * scikit-learn's bundled sets by name: ``iris``, ``wine``, ``breast_cancer``, ``digits``;
-* any file by path: whitespace-separated or CSV text (one point per line; lines with letters,
-  e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``).
+* any file by path: whitespace-separated or CSV text (one point per line; non-numeric lines
+  before the first row, e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``).
   The FastLloyd files in ``../shared/data`` (``s1.txt``, ``lsun.txt``, ...) load this way.
 
 Every set is min-max normalised per feature to ``[-B, B]`` (FastLloyd spec 2.2; constant features
@@ -91,12 +91,14 @@ def _load_text(path: Path) -> np.ndarray:
     with path.open("r", encoding="utf-8", errors="strict") as handle:
         for lineno, line in enumerate(handle, start=1):
             line = line.strip()
-            if not line or line.startswith("#") or _HAS_LETTER.search(line):
+            if not line or line.startswith("#"):
                 continue
             fields = [f for f in re.split(r"[,\s;]+", line) if f]
             try:
                 row = [float(f) for f in fields]
             except ValueError:
+                if not rows and _HAS_LETTER.search(line):
+                    continue  # a header line (e.g. R's "x1 x2 ...")
                 raise ValueError(f"{path}:{lineno}: not a row of numbers: {line[:60]!r}") from None
             if width is None:
                 width = len(row)

@@ -38,6 +38,9 @@ class RunPlan:
         role_of: party name -> role name (for bytes per role).
         iterations: algorithm rounds expected (for progress bars).
         analytic: analytic costs to print beside the measured ones, e.g. bytes per iteration.
+        phases: the protocol's phases in message order (for tables and plots).
+        plot_results: ``(axis, summary) -> None`` draws the protocol's results (e.g. clusters)
+            on a matplotlib axis, or ``None``.
     """
 
     roster: tuple[str, ...]
@@ -48,6 +51,8 @@ class RunPlan:
     role_of: Callable[[str], str]
     iterations: int
     analytic: dict[str, Any] = dataclasses.field(default_factory=dict)
+    phases: tuple[str, ...] = ()
+    plot_results: Callable[[Any, Mapping[str, Any]], None] | None = None
 
 
 class ProtocolPlugin(Protocol):

@@ -5,7 +5,7 @@ The report itself (:class:`~fedproto.metering.RunReport`) is data; this module o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ __all__ = ["render_report", "render_summary", "plot_report"]
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, int):
@@ -36,7 +38,12 @@ def render_summary(console: Console, title: str, rows: Mapping[str, Any]) -> Non
 
 
 def render_report(
-    console: Console, report: RunReport, role_of: Callable[[str], str], *, max_links: int = 12
+    console: Console,
+    report: RunReport,
+    role_of: Callable[[str], str],
+    *,
+    phases: Sequence[str] = (),
+    max_links: int = 12,
 ) -> None:
     """Print rounds, bytes per role, per round and per link.
 
@@ -44,6 +51,7 @@ def render_report(
         console: where to print.
         report: the run report.
         role_of: party -> role name.
+        phases: the protocol's phases in message order (others sort after them by name).
         max_links: print at most this many links (the busiest); the JSON report has them all.
     """
     render_summary(
@@ -75,7 +83,13 @@ def render_report(
         c = grouped.setdefault((link.round_idx, link.phase), [0, 0])
         c[0] += link.messages
         c[1] += link.payload_bytes
-    for (round_idx, phase), (messages, nbytes) in sorted(grouped.items(), key=lambda kv: (kv[0][0], not is_setup_phase(kv[0][1]))):
+    order = {phase: i for i, phase in enumerate(phases)}
+
+    def position(item: tuple[tuple[int, str], list[int]]) -> tuple[int, int, str]:
+        (round_idx, phase), _ = item
+        return (round_idx, order.get(phase, len(order) + (0 if is_setup_phase(phase) else 1)), phase)
+
+    for (round_idx, phase), (messages, nbytes) in sorted(grouped.items(), key=position):
         per_round.add_row(_fmt(round_idx), phase, _fmt(messages), _fmt(nbytes))
     console.print(per_round)
 
@@ -89,13 +103,21 @@ def render_report(
     console.print(per_link)
 
 
-def plot_report(report: RunReport, path: str | Path, *, extra: Callable[[Any], None] | None = None) -> Path:
+def plot_report(
+    report: RunReport,
+    path: str | Path,
+    *,
+    phases: Sequence[str] = (),
+    extra: Callable[[Any], None] | None = None,
+) -> Path:
     """Save a figure of bytes per round (stacked by phase) and bytes sent per party.
 
     Args:
         report: the run report.
         path: output file (PNG, SVG or PDF by suffix).
-        extra: optional callback that receives a third axis to draw protocol-specific results.
+        phases: the protocol's phases in message order (for the legend and stacking).
+        extra: optional callback that receives a third axis to draw protocol-specific results
+            (e.g. the clusters found).
 
     Returns:
         The path written.
@@ -107,16 +129,18 @@ def plot_report(report: RunReport, path: str | Path, *, extra: Callable[[Any], N
 
     n_axes = 3 if extra else 2
     fig, axes = plt.subplots(1, n_axes, figsize=(5.2 * n_axes, 4.0))
-    phases = sorted({link.phase for link in report.links})
+    seen = {link.phase for link in report.links}
+    ordered = [p for p in phases if p in seen] + sorted(seen - set(phases))
     rounds = sorted({link.round_idx for link in report.links})
     bottom = [0] * len(rounds)
-    for phase in phases:
+    for phase in ordered:
         heights = [
             sum(link.payload_bytes for link in report.links if link.round_idx == r and link.phase == phase)
             for r in rounds
         ]
         axes[0].bar(rounds, heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    axes[0].set_xticks(rounds)
     axes[0].set_xlabel("round")
     axes[0].set_ylabel("payload bytes")
     axes[0].set_title("bytes per round")

@@ -170,6 +170,8 @@ class FastLloydPlugin:
             summarize=summarize,
             role_of=lambda p: "server" if p == SERVER else "client",
             iterations=config.iterations,
+            phases=("setup.keys", "setup.roster", "setup.seal", "setup.relay", "update", "aggregate"),
+            plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
             analytic={
                 "ring element bytes": config.element_bytes,
                 "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)": config.payload_bytes_per_iteration(
@@ -221,8 +223,33 @@ class FastLloydPlugin:
             "ring bits": config.ring_bits,
             "clients agree on centroids": agree,
             "centroids": centroids.tolist(),
+            "reference centroids": reference.cluster_centers_.tolist(),
         }
         return summary
+
+
+def plot_clusters(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
+    """Draw the points (first two principal components) coloured by nearest centroid, with the
+    run's centroids (black crosses) and scikit-learn's (red circles)."""
+    from sklearn.decomposition import PCA
+
+    centroids = np.asarray(summary["centroids"])
+    reference = np.asarray(summary["reference centroids"])
+    if x.shape[1] > 2:
+        pca = PCA(n_components=2, random_state=0).fit(x)
+        project = pca.transform
+    else:
+        project = lambda a: a  # noqa: E731
+    labels = np.asarray(kmeans.assign_clusters(jnp.asarray(x), jnp.asarray(centroids), jnp.inf)[0])
+    px = project(x)
+    ax.scatter(px[:, 0], px[:, 1] if px.shape[1] > 1 else np.zeros(len(px)), c=labels, s=6, cmap="tab10", alpha=0.5)
+    pc, pr = project(centroids), project(reference)
+    ax.scatter(pr[:, 0], pr[:, 1] if pr.shape[1] > 1 else np.zeros(len(pr)), marker="o", facecolors="none",
+               edgecolors="red", s=80, label="scikit-learn")
+    ax.scatter(pc[:, 0], pc[:, 1] if pc.shape[1] > 1 else np.zeros(len(pc)), marker="x", color="black", s=60,
+               label=str(summary.get("variant", "run")))
+    ax.set_title("clusters" + (" (PCA)" if x.shape[1] > 2 else ""))
+    ax.legend(fontsize="small")
 
 
 PROTOCOL = FastLloydPlugin()

@@ -1,0 +1,110 @@
+"""Data loading, normalisation and partitioning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedproto.data import BUNDLED, load_dataset, normalize, partition
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bundled_sets_load_with_labels(name):
+    ds = load_dataset(name)
+    assert ds.x.ndim == 2 and ds.x.dtype == np.float64
+    assert ds.y is not None and ds.y.shape == (ds.n,)
+    assert ds.paper_k is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "k"),
+    [("iris", (150, 4), 3), ("lsun", (400, 2), 3), ("s1", (5000, 2), 15), ("house", (1837, 3), 3)],
+)
+def test_shared_text_files_load_by_path(name, shape, k):
+    path = SHARED / f"{name}.txt"
+    if not path.exists():
+        pytest.skip(f"{path} is not present")
+    ds = load_dataset(str(path))
+    assert ds.x.shape == shape and ds.paper_k == k and ds.y is None
+
+
+def test_formats(tmp_path):
+    x = np.arange(12.0).reshape(4, 3)
+    np.save(tmp_path / "a.npy", x)
+    np.savez(tmp_path / "b.npz", X=x, y=np.array([0, 1, 0, 1]))
+    (tmp_path / "c.csv").write_text("x1,x2,x3\n" + "\n".join(",".join(map(str, r)) for r in x) + "\n")
+    (tmp_path / "d.txt").write_text("\n".join(" ".join(f"{v:e}" for v in r) for r in x) + "\n")
+    for name in ("a.npy", "b.npz", "c.csv", "d.txt"):
+        np.testing.assert_array_equal(load_dataset(str(tmp_path / name)).x, x)
+    assert load_dataset(str(tmp_path / "b.npz")).y.tolist() == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("1 2\n3\n", "columns"),
+        ("1 2\nnan 3\n", "NaN"),
+        ("", "no rows"),
+        ("1 2\n3 4 %\n", "not a row of numbers"),
+    ],
+)
+def test_bad_text_files(tmp_path, content, match):
+    path = tmp_path / "bad.txt"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_dataset(str(path))
+
+
+def test_unknown_name_and_unreadable(tmp_path):
+    with pytest.raises(ValueError, match="neither a bundled name"):
+        load_dataset("no-such-set")
+    (tmp_path / "bin.npy").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_dataset(str(tmp_path / "bin.npy"))
+    np.save(tmp_path / "one.npy", np.zeros(5))
+    with pytest.raises(ValueError, match="2-D"):
+        load_dataset(str(tmp_path / "one.npy"))
+
+
+def test_normalize_maps_to_domain_and_constant_columns_to_zero():
+    x = np.array([[1.0, 5.0, 7.0], [3.0, 5.0, -1.0], [2.0, 5.0, 3.0]])
+    out = normalize(x)
+    np.testing.assert_allclose(out[:, 0], [-1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(out[:, 1], 0.0)
+    assert out.min() >= -1 and out.max() <= 1
+    np.testing.assert_allclose(normalize(x, bound=2.0), 2 * out)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 12), st.sampled_from(["iid", "uneven"]), st.integers(0, 10))
+def test_partitions_cover_every_point_once(n, parties, scheme, seed):
+    if parties > n:
+        with pytest.raises(ValueError, match="at least one point"):
+            partition(n, parties, scheme=scheme, seed=seed)
+        return
+    parts = partition(n, parties, scheme=scheme, seed=seed)
+    assert len(parts) == parties and all(len(p) >= 1 for p in parts)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+    again = partition(n, parties, scheme=scheme, seed=seed)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_iid_sizes_differ_by_at_most_one_and_label_skew_is_skewed():
+    sizes = [len(p) for p in partition(103, 4)]
+    assert max(sizes) - min(sizes) <= 1
+    labels = np.repeat(np.arange(4), 100)
+    parts = partition(400, 4, scheme="label-skew", labels=labels, seed=1, concentration=0.1)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(400))
+    # with a small concentration most parties are dominated by one label
+    dominant = [np.bincount(labels[p], minlength=4).max() / max(len(p), 1) for p in parts if len(p)]
+    assert np.mean(dominant) > 0.5
+    with pytest.raises(ValueError, match="needs labels"):
+        partition(10, 2, scheme="label-skew")
+    with pytest.raises(ValueError, match="unknown partition"):
+        partition(10, 2, scheme="zipf")
