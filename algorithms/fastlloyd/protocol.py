@@ -114,8 +114,15 @@ class ServerSummary:
     noise_count: tuple[float, ...]
 
 
-def _mask_shape(config: FastLloydConfig) -> tuple[int, int]:
-    return config.shape
+def _check_ring_values(config: FastLloydConfig, values: np.ndarray, what: str, sender: str, round_idx: int) -> None:
+    """Refuse a peer's ring array whose shape or element width does not match the run's."""
+    expected = secagg.ring_dtype(config.ring_bits)
+    if values.shape != config.shape or values.dtype != expected:
+        raise RemoteProtocolError(
+            f"{what} of shape {values.shape} and dtype {values.dtype}, expected {config.shape} {expected}",
+            party=sender,
+            round_idx=round_idx,
+        )
 
 
 def _encode_update(config: FastLloydConfig, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -217,7 +224,7 @@ class FastLloydClient(ProtocolMachine):
 
     def _install_seed(self, seed: bytes) -> None:
         self._masks = secagg.MaskGenerator(
-            seed, len(self.clients), _mask_shape(self.config), ring_bits=self.config.ring_bits, label=_MASK_LABEL
+            seed, len(self.clients), self.config.shape, ring_bits=self.config.ring_bits, label=_MASK_LABEL
         )
 
     def _check_from_server(self, sender: str) -> None:
@@ -278,13 +285,7 @@ class FastLloydClient(ProtocolMachine):
     def _on_aggregate(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
         self._check_from_server(sender)
         cfg = self.config
-        if message.masked.shape != cfg.shape or message.masked.dtype != secagg.ring_dtype(cfg.ring_bits):
-            raise RemoteProtocolError(
-                f"aggregate of shape {message.masked.shape} and dtype {message.masked.dtype}, expected "
-                f"{cfg.shape} {secagg.ring_dtype(cfg.ring_bits)}",
-                party=sender,
-                round_idx=self.round_idx,
-            )
+        _check_ring_values(cfg, message.masked, "aggregate", sender, self.round_idx)
         t = self.round_idx
         assert self._masks is not None
         unmasked = message.masked - self._masks.total_mask(t)
@@ -390,14 +391,7 @@ class FastLloydServer(ProtocolMachine):
 
     def _on_update(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
         self._check_client(sender, self._updates)
-        cfg = self.config
-        if message.masked.shape != cfg.shape or message.masked.dtype != secagg.ring_dtype(cfg.ring_bits):
-            raise RemoteProtocolError(
-                f"update of shape {message.masked.shape} and dtype {message.masked.dtype}, expected "
-                f"{cfg.shape} {secagg.ring_dtype(cfg.ring_bits)}",
-                party=sender,
-                round_idx=self.round_idx,
-            )
+        _check_ring_values(self.config, message.masked, "update", sender, self.round_idx)
         self._updates[sender] = message.masked
         return []
 
