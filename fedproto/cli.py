@@ -44,6 +44,14 @@ class UsageError(Exception):
     """A bad command line."""
 
 
+class _QuietExit(Exception):
+    """Exit with ``code`` without printing (an MPI rank whose error rank 0 reports)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -255,6 +263,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
 def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
     """Gather one byte string per rank at rank 0 (raw buffers: nothing is pickled)."""
     import numpy as np
+    from mpi4py import MPI
 
     size = comm.Get_size()
     sizes = np.zeros(size, dtype=np.int64)
@@ -263,7 +272,7 @@ def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
     send = np.frombuffer(payload, dtype=np.uint8)
     if comm.Get_rank() == 0:
         recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-        comm.Gatherv(send, [recv, sizes, displs], root=0)
+        comm.Gatherv(send, [recv, sizes.tolist(), displs.tolist(), MPI.BYTE], root=0)
         return [recv[o : o + s].tobytes() for o, s in zip(displs, sizes)]
     comm.Gatherv(send, None, root=0)
     return None
@@ -275,6 +284,8 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() != len(plan.roster):
+        if comm.Get_rank() != 0:
+            raise _QuietExit(1)  # rank 0 says why, once
         raise ValueError(
             f"this run has {len(plan.roster)} parties; start it with mpiexec -n {len(plan.roster)} "
             f"(got {comm.Get_size()} ranks)"
@@ -304,7 +315,7 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
     docs = _mpi_gather(comm, json.dumps(doc).encode())
     if docs is None:
         if error:
-            raise FedProtoError(error, party=party)
+            raise _QuietExit(1)  # rank 0 reports every rank's error
         return None
     parsed = [json.loads(d) for d in docs]
     errors = [d for d in parsed if "error" in d]
@@ -380,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "party":
             return _command_party(args)
         return _command_run(args, argv)
+    except _QuietExit as exc:
+        return exc.code
     except UsageError as exc:
         print(f"fedproto: usage error: {exc} (see fedproto --help)", file=sys.stderr)
         return 2

@@ -80,7 +80,8 @@ class _Backoff:
         if self.polls < _SPIN_POLLS:
             await trio.sleep(0)
         else:
-            await trio.sleep(min(_MAX_SLEEP_S, _FIRST_SLEEP_S * 2 ** (self.polls - _SPIN_POLLS)))
+            # the exponent is capped: an idle rank polls for a long time and 2**n must stay a float
+            await trio.sleep(min(_MAX_SLEEP_S, _FIRST_SLEEP_S * 2.0 ** min(self.polls - _SPIN_POLLS, 30)))
         self.polls += 1
 
 

@@ -219,6 +219,10 @@ class FastLloydClient(ProtocolMachine):
     def phase(self) -> str:
         return "setup.keys" if self._state is ClientState.SETUP else "update"
 
+    def pending(self) -> Sequence[str]:
+        # a client only ever waits for the server
+        return () if self.done or self.failed else (self.server,)
+
     def _start(self) -> list[Outgoing]:
         return [self.send(self.server, PublicKey(public_key=self._public_key), phase="setup.keys")]
 
