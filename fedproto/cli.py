@@ -219,12 +219,14 @@ def _run_tcp_launcher(
     return {p: doc["result"] for p, doc in docs.items()}, report
 
 
-def _read_roster(path: str) -> tuple[list[str], dict[str, str], bytes, int]:
+def _read_roster(path: str) -> tuple[list[str], dict[str, str], bytes, int | None]:
+    """Parse a roster file: parties with addresses, the run's secret, optionally the session."""
     try:
         doc = json.loads(Path(path).read_text())
         names = [str(entry["name"]) for entry in doc["parties"]]
         addresses = {str(entry["name"]): str(entry["address"]) for entry in doc["parties"]}
-        return names, addresses, bytes.fromhex(doc["secret"]), int(doc["session"])
+        session = int(doc["session"]) if "session" in doc else None
+        return names, addresses, bytes.fromhex(doc["secret"]), session
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read roster {path}: {exc}") from exc
 
@@ -233,7 +235,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
     names, addresses, secret, session = _read_roster(args.roster)
     if tuple(names) != plan.roster:
         raise ValueError(f"roster {args.roster} lists {names}, this run needs {list(plan.roster)}")
-    if session != plan.session:
+    if session is not None and session != plan.session:
         raise ValueError(f"roster {args.roster} is for session {session}, these arguments make session {plan.session}")
     if args.party not in plan.roster:
         raise ValueError(f"--party {args.party!r} is not in the roster {list(plan.roster)}")
