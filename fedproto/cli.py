@@ -335,7 +335,7 @@ def _print_run(plan: RunPlan, args: argparse.Namespace, results: dict[str, Any],
     shown.update(plan.analytic)
     if report.algorithm_rounds:
         per_iteration = (report.payload_bytes - report.setup_bytes) / report.algorithm_rounds
-        shown["measured payload bytes per iteration (with envelopes)"] = per_iteration
+        shown["measured payload bytes per algorithm round (envelopes included)"] = per_iteration
     render_summary(console, f"{args.protocol} on {summary.get('data set', args.data)}", shown)
     if not args.quiet:
         render_report(console, report, plan.role_of, phases=plan.phases)

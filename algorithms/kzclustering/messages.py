@@ -1,0 +1,312 @@
+"""Wire messages of distributed (k,z)-clustering (spec kz-clustering.md, sections 2.5, 3.3 and 4).
+
+Distributed (k,z)-center (`algorithms.kzclustering.protocol`), in message order:
+
+* :class:`LocalExtent` machine -> coordinator: ``n_i``, the machine's smallest nonzero distance,
+  an anchor point and the radius around it (only when no radius bounds are configured; spec 2.4);
+* :class:`RadiusGrid` coordinator -> machines: the grid of radius guesses;
+* :class:`AggregatedCounts` machine -> coordinator: ``|P'_i(L)|`` and ``|U_i(L)|`` for every guess
+  (Phase 1, with the discarded counts of the GAP 1 fix), plus ``n_i``;
+* :class:`RadiusGuesses` coordinator -> machines: which guesses to send the data of (Phase 2);
+* :class:`WeightedPoints` machine -> coordinator: the representatives and weights of those guesses
+  (Phase 3);
+* :class:`FinalCentres` coordinator -> machines: the centres and the certified radius L_out
+  (Phase 5);
+* :class:`OutlierCount` machine -> coordinator: how many local points lie beyond L_out (Phase 6).
+
+The baselines (`algorithms.kzclustering.baselines`) and the median/means protocol
+(`algorithms.kzclustering.means`) add :class:`LocalSummary`, :class:`CostCurve`,
+:class:`OutlierBudget`, :class:`LocalCosts`, :class:`CostTotals` and :class:`Coresets`.
+
+"Words" are scalars on the wire (array elements plus plain fields), the paper's unit of
+communication (spec 1.2 and 5.3): see :func:`message_words`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from fedproto.messages import Message, array_field
+
+__all__ = [
+    "AggregatedCounts",
+    "Coresets",
+    "CostCurve",
+    "CostTotals",
+    "FinalCentres",
+    "LocalCosts",
+    "LocalExtent",
+    "LocalSummary",
+    "OutlierBudget",
+    "OutlierCount",
+    "RadiusGrid",
+    "RadiusGuesses",
+    "WeightedPoints",
+    "message_words",
+]
+
+
+def message_words(message: Message) -> int:
+    """Scalars a message carries: every array element, every tuple item, every plain field.
+
+    Args:
+        message: any message.
+
+    Returns:
+        The number of words (a point of R^d is d words; a weight or count is 1).
+    """
+    total = 0
+    for field in dataclasses.fields(message):
+        value = getattr(message, field.name)
+        if isinstance(value, np.ndarray):
+            total += int(value.size)
+        elif isinstance(value, tuple | list):
+            total += len(value)
+        else:
+            total += 1
+    return total
+
+
+def _check_points(points: np.ndarray, what: str) -> None:
+    if points.ndim != 2 or points.shape[1] < 1:
+        raise ValueError(f"{what} must have shape [n, d] with d >= 1, got {points.shape}")
+    if not np.all(np.isfinite(points)):
+        raise ValueError(f"{what} contain NaN or infinite values")
+
+
+def _check_nonnegative(values: np.ndarray, what: str) -> None:
+    if values.size and int(values.min()) < 0:
+        raise ValueError(f"{what} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalExtent(Message):
+    """A machine's extent: ``n_i``, its smallest nonzero pairwise distance (``inf`` if none), an
+    anchor ``[a, d]`` (``a = 1``, or 0 for a machine without points) and the largest distance to
+    the anchor."""
+
+    TAG = "kz.extent"
+    n_points: int
+    min_distance: float
+    radius: float
+    anchor: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        if self.n_points < 0 or self.anchor.shape[0] != min(self.n_points, 1):
+            raise ValueError("n_points must be >= 0, with one anchor exactly when n_points > 0")
+        if not (self.min_distance > 0):
+            raise ValueError("min_distance must be positive (inf when there is no nonzero distance)")
+        if not (math.isfinite(self.radius) and self.radius >= 0):
+            raise ValueError("radius must be finite and >= 0")
+        if self.anchor.shape[0] > 1:
+            raise ValueError(f"anchor must hold at most one point, got {self.anchor.shape[0]}")
+        _check_points(self.anchor, "anchor")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RadiusGrid(Message):
+    """The radius guesses ``[T]`` float64: non-decreasing, ``>= 0`` and finite."""
+
+    TAG = "kz.grid"
+    radii: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        r = self.radii
+        if r.shape[0] < 1:
+            raise ValueError("the grid is empty")
+        if not (np.all(np.isfinite(r)) and np.all(r >= 0) and np.all(np.diff(r) > 0)):
+            raise ValueError("grid radii must be finite, >= 0 and strictly increasing")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AggregatedCounts(Message):
+    """Phase 1: ``n_i`` and, per guess, ``|P'_i(L_t)|`` and ``|U_i(L_t)|`` (int64 ``[T]`` each)."""
+
+    TAG = "kz.counts"
+    n_points: int
+    counts: np.ndarray = array_field("int64", 1)
+    discarded: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        if self.n_points < 0:
+            raise ValueError("n_points must be >= 0")
+        if self.counts.shape != self.discarded.shape:
+            raise ValueError("counts and discarded must have the same length")
+        _check_nonnegative(self.counts, "counts")
+        _check_nonnegative(self.discarded, "discarded counts")
+        if self.discarded.size and int(self.discarded.max()) > self.n_points:
+            raise ValueError("a discarded count exceeds n_points")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RadiusGuesses(Message):
+    """Phase 2: grid indices whose data to send, int64 ``[b]``, strictly increasing, ``b >= 1``."""
+
+    TAG = "kz.fetch"
+    indices: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        if self.indices.shape[0] < 1:
+            raise ValueError("at least one guess must be requested")
+        _check_nonnegative(self.indices, "indices")
+        if np.any(np.diff(self.indices) <= 0):
+            raise ValueError("indices must be strictly increasing")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightedPoints(Message):
+    """Phase 3: for each requested guess (``indices [b]``), ``sizes[j]`` representatives; their
+    coordinates ``points [sum(sizes), d]`` float64 and weights ``[sum(sizes)]`` int64 (>= 1),
+    concatenated in the order of ``indices``."""
+
+    TAG = "kz.points"
+    indices: np.ndarray = array_field("int64", 1)
+    sizes: np.ndarray = array_field("int64", 1)
+    points: np.ndarray = array_field("float64", 2)
+    weights: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        if self.indices.shape != self.sizes.shape:
+            raise ValueError("indices and sizes must have the same length")
+        _check_nonnegative(self.indices, "indices")
+        _check_nonnegative(self.sizes, "sizes")
+        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
+            raise ValueError("sizes, points and weights do not agree")
+        _check_points(self.points, "points")
+        if self.weights.size and int(self.weights.min()) < 1:
+            raise ValueError("weights must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinalCentres(Message):
+    """Phase 5: the centres ``[c, d]`` float64 and the certified radius ``L_out`` (outliers are the
+    points farther than it)."""
+
+    TAG = "kz.centres"
+    radius: float
+    centres: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.radius) and self.radius >= 0):
+            raise ValueError("radius must be finite and >= 0")
+        _check_points(self.centres, "centres")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutlierCount(Message):
+    """Phase 6: the number of the machine's points labelled as outliers."""
+
+    TAG = "kz.outliers"
+    outliers: int
+
+    def __post_init__(self) -> None:
+        if self.outliers < 0:
+            raise ValueError("outliers must be >= 0")
+
+
+# --- baselines ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalSummary(Message):
+    """A machine's summary for a baseline: points ``[s, d]`` float64 and weights ``[s]`` int64
+    (>= 1), or ``[0]`` for unweighted samples (every weight 1, no words spent on them)."""
+
+    TAG = "kz.summary"
+    points: np.ndarray = array_field("float64", 2)
+    weights: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        _check_points(self.points, "points")
+        if self.weights.shape not in ((self.points.shape[0],), (0,)):
+            raise ValueError("one weight per point, or none for unweighted samples")
+        if self.weights.size and int(self.weights.min()) < 1:
+            raise ValueError("weights must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostCurve(Message):
+    """GLZ round 1: local covering radii ``f_i(q)`` at outlier counts ``q`` (int64 ``[s]``, strictly
+    increasing) as float64 ``[s]`` (non-increasing)."""
+
+    TAG = "kz.curve"
+    outliers: np.ndarray = array_field("int64", 1)
+    radii: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        if self.outliers.shape != self.radii.shape:
+            raise ValueError("one radius per outlier count")
+        _check_nonnegative(self.outliers, "outlier counts")
+        if np.any(np.diff(self.outliers) <= 0):
+            raise ValueError("outlier counts must be strictly increasing")
+        if not np.all(self.radii >= 0):
+            raise ValueError("radii must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutlierBudget(Message):
+    """GLZ: the local outlier budget ``t_i`` the coordinator assigns to a machine."""
+
+    TAG = "kz.budget"
+    outliers: int
+
+    def __post_init__(self) -> None:
+        if self.outliers < 0:
+            raise ValueError("outliers must be >= 0")
+
+
+# --- median / means ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalCosts(Message):
+    """BEL phase 1: ``n_i`` and the local truncated costs ``c_i(L)`` float64 ``[T]`` (>= 0)."""
+
+    TAG = "kz.costs"
+    n_points: int
+    costs: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        if self.n_points < 0:
+            raise ValueError("n_points must be >= 0")
+        if not (np.all(np.isfinite(self.costs)) and np.all(self.costs >= 0)):
+            raise ValueError("costs must be finite and >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostTotals(Message):
+    """BEL phase 2: the totals ``T(L) = sum_i c_i(L)`` float64 ``[T]`` (>= 0) and the coreset size
+    t (samples per radius over all machines)."""
+
+    TAG = "kz.totals"
+    samples: int
+    totals: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError("samples must be >= 0")
+        if not (np.all(np.isfinite(self.totals)) and np.all(self.totals >= 0)):
+            raise ValueError("totals must be finite and >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Coresets(Message):
+    """BEL phase 3: one weighted coreset per radius, concatenated: ``sizes [T]`` int64, points
+    ``[sum(sizes), d]`` float64 and real weights ``[sum(sizes)]`` float64 (centre weights may be
+    negative)."""
+
+    TAG = "kz.coresets"
+    sizes: np.ndarray = array_field("int64", 1)
+    points: np.ndarray = array_field("float64", 2)
+    weights: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_nonnegative(self.sizes, "sizes")
+        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
+            raise ValueError("sizes, points and weights do not agree")
+        _check_points(self.points, "points")
+        if not np.all(np.isfinite(self.weights)):
+            raise ValueError("weights must be finite")
