@@ -1,0 +1,57 @@
+"""Every protocol gives the same results and the same payload bytes over memory, TCP and MPI.
+
+(FastLloyd's case, with more detail, is in tests/test_cli.py.) Each run goes through the
+command line, so TCP runs have every party in its own OS process and MPI runs one party per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FEDPROTO = [sys.executable, "-m", "fedproto"]
+CASES = {
+    "kzcenter": ["run", "kzcenter", "--data", "iris", "--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5"],
+}
+
+
+def _mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _comparable(path: Path) -> tuple[dict, list]:
+    doc = json.loads(path.read_text())
+    timeless = {k: v for k, v in doc["results"].items() if "time" not in k and not k.endswith("_s")}
+    return timeless, doc["links"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_memory_tcp_and_mpi_agree(tmp_path, case):
+    argv = CASES[case]
+    mpiexec = _mpiexec()
+    runs = {"memory": FEDPROTO, "tcp": FEDPROTO}
+    if mpiexec is not None:
+        n_parties = int(argv[argv.index("--machines") + 1]) + 1
+        runs["mpi"] = [mpiexec, "-n", str(n_parties), *FEDPROTO]
+    reports = {}
+    for transport, prefix in runs.items():
+        out = tmp_path / f"{transport}.json"
+        _run([*prefix, *argv, "--transport", transport, "--quiet", "--report", str(out)], tmp_path)
+        reports[transport] = _comparable(out)
+    reference = reports["memory"]
+    for transport, got in reports.items():
+        assert got[0] == reference[0], f"{case}: results over {transport} differ from memory"
+        assert got[1] == reference[1], f"{case}: payload bytes over {transport} differ from memory"
+    if mpiexec is None:
+        pytest.skip("mpiexec not found: memory and TCP agree; MPI not checked")
