@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from collections.abc import Sequence
 
@@ -69,13 +70,22 @@ _MASK_LABEL = b"fedproto/fastlloyd/mask"
 
 
 def initial_centroids(config: FastLloydConfig) -> np.ndarray:
-    """The public initial centroids ``[k, d]`` float64: sphere packing from ``config.init_seed``.
+    """The public initial centroids ``[k, d]`` float64 (read-only): sphere packing from
+    ``config.init_seed``. Computed once per ``(k, d, seed, B)`` and shared by every party of a
+    process (it is deterministic, and 10,000 clients would otherwise repeat it).
 
     References:
         FastLloyd Sec. 5.3.1 (after Su et al.); spec 2.4, halving variant.
     """
-    centers, _ = _kernels.sphere_packing(config.k, config.d, config.init_seed, bound=config.bound)
-    return np.asarray(centers, dtype=np.float64)
+    return _sphere_packed(config.k, config.d, config.init_seed, config.bound)
+
+
+@functools.lru_cache(maxsize=32)
+def _sphere_packed(k: int, d: int, seed: int, bound: float) -> np.ndarray:
+    centers, _ = _kernels.sphere_packing(k, d, seed, bound=bound)
+    centers = np.array(centers, dtype=np.float64)
+    centers.setflags(write=False)
+    return centers
 
 
 def _seal_context(session: int, client_idx: int) -> bytes:

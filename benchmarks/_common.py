@@ -1,0 +1,281 @@
+"""Shared helpers of the benchmark scripts (not a benchmark itself).
+
+What lives here:
+
+* machine facts (Python, NumPy, JAX, Trio, msgpack versions, CPU count, load average at start),
+  printed once at the top of every script;
+* a rich console that keeps tables on one line when the output is not a terminal;
+* timing helpers (best-of-N, median) and ratio formatting with a target;
+* FastLloyd-sized payload shapes (``uint32 [rows, cols]`` arrays of 24 B, 1 KiB and 64 KiB);
+* two tiny sans-IO protocols used by the message-rate benchmarks: a request/response
+  :class:`PingMachine`/:class:`PongMachine` pair, and a :class:`StreamSource`/:class:`StreamSink`
+  pair that streams bursts of messages with one acknowledgement per burst. The requests are
+  FastLloyd's own :class:`~algorithms.fastlloyd.messages.MaskedUpdate`, the responses its
+  :class:`~algorithms.fastlloyd.messages.NoisyAggregate`, so the codec path is the real one.
+
+The scripts are run from the repository root as ``python benchmarks/<name>.py``; the script's own
+directory is then first on ``sys.path``, which is how they import this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gc
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.errors import RemoteProtocolError
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Message, Outgoing
+
+__all__ = [
+    "PAYLOAD_SHAPES",
+    "PingMachine",
+    "PongMachine",
+    "StreamAck",
+    "StreamSink",
+    "StreamSource",
+    "best_of",
+    "fmt_bytes",
+    "fmt_ratio",
+    "machine_facts",
+    "make_console",
+    "median",
+    "payload_array",
+    "print_machine_facts",
+    "timed",
+]
+
+#: FastLloyd-sized payloads: ``uint32 [rows, cols]``. 24 B is one update of k = 2, d = 2
+#: (``[k, d+1]``); 1 KiB and 64 KiB are larger k or d.
+PAYLOAD_SHAPES: dict[str, tuple[int, int]] = {
+    "24 B": (2, 3),
+    "1 KiB": (16, 16),
+    "64 KiB": (1024, 16),
+}
+
+
+def payload_array(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
+    """A deterministic ``uint32`` array of ``shape`` (random ring elements, as masked updates are)."""
+    return np.random.default_rng(seed).integers(0, 2**32, size=shape, dtype=np.uint32)
+
+
+# --- facts, console, formatting ---------------------------------------------------------------------
+
+
+def machine_facts() -> dict[str, str]:
+    """Versions and CPU facts of this machine (what the numbers were measured on)."""
+    import jax
+    import msgpack
+    import trio
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 0
+    return {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu count (os / usable)": f"{os.cpu_count()} / {usable}",
+        "numpy": np.__version__,
+        "jax": f"{jax.__version__} ({jax.default_backend()})",
+        "trio": trio.__version__,
+        "msgpack": ".".join(str(p) for p in msgpack.version),
+        "load average (1/5/15 min)": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def make_console() -> Console:
+    """A rich console; 160 columns wide when stdout is not a terminal, so tables do not wrap."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    return console
+
+
+def print_machine_facts(console: Console, title: str, settings: dict[str, Any] | None = None) -> None:
+    """Print the benchmark's title, the machine facts and the run's settings."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    for name, value in machine_facts().items():
+        table.add_row(name, value)
+    for name, value in (settings or {}).items():
+        table.add_row(name, str(value))
+    console.print(table)
+
+
+def fmt_ratio(ratio: float, target: float | None = None, *, at_least: bool = True) -> str:
+    """``"0.62"``, with `` ok``/`` MISS`` against ``target`` (``>= target`` unless ``at_least=False``)."""
+    text = f"{ratio:.2f}"
+    if target is None:
+        return text
+    good = ratio >= target if at_least else ratio <= target
+    return f"{text} {'ok' if good else 'MISS'}"
+
+
+def fmt_bytes(n: float) -> str:
+    """Thousands-separated integer bytes."""
+    return f"{int(round(n)):,}"
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Run ``fn`` once after a full garbage collection; return ``(seconds, result)``."""
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def best_of(fn: Callable[[], float], repeats: int) -> float:
+    """The smallest of ``repeats`` values returned by ``fn`` (each call returns its own seconds)."""
+    values = []
+    for _ in range(max(1, repeats)):
+        gc.collect()
+        values.append(fn())
+    return min(values)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values``."""
+    return float(statistics.median(values))
+
+
+# --- benchmark protocols -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamAck(Message):
+    """Sink -> source: the burst of this round is in."""
+
+    TAG = "bench.ack"
+
+
+class _State(enum.Enum):
+    RUNNING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class PingMachine(ProtocolMachine):
+    """Sends ``MaskedUpdate(payload)``, waits for the ``NoisyAggregate`` answer, ``rounds`` times.
+
+    One round = one request and one response (2 messages). Its result is the number of rounds.
+    """
+
+    State = _State
+    INITIAL_STATE = _State.RUNNING
+    TRANSITIONS = {(_State.RUNNING, NoisyAggregate): ("_on_pong", _State.RUNNING)}
+
+    def __init__(self, party: str, *, peer: str, payload: np.ndarray, rounds: int) -> None:
+        super().__init__(party)
+        if rounds < 1:
+            raise ValueError("rounds must be >= 1")
+        self.peer = peer
+        self.payload = payload
+        self.rounds = rounds
+
+    def _start(self) -> list[Outgoing]:
+        return [self.send(self.peer, MaskedUpdate(masked=self.payload), phase="ping")]
+
+    def _on_pong(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
+        if sender != self.peer:
+            raise RemoteProtocolError(f"{sender} is not the peer", party=sender)
+        self.round_idx += 1
+        if self.round_idx == self.rounds:
+            self._finish(self.round_idx)
+            return []
+        return [self.send(self.peer, MaskedUpdate(masked=self.payload), phase="ping")]
+
+
+class PongMachine(ProtocolMachine):
+    """Answers each ``MaskedUpdate`` with a ``NoisyAggregate`` of the same array, ``rounds`` times."""
+
+    State = _State
+    INITIAL_STATE = _State.RUNNING
+    TRANSITIONS = {(_State.RUNNING, MaskedUpdate): ("_on_ping", _State.RUNNING)}
+
+    def __init__(self, party: str, *, peer: str, rounds: int) -> None:
+        super().__init__(party)
+        self.peer = peer
+        self.rounds = rounds
+
+    def _on_ping(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
+        if sender != self.peer:
+            raise RemoteProtocolError(f"{sender} is not the peer", party=sender)
+        out = self.send(self.peer, NoisyAggregate(masked=message.masked), phase="pong")
+        self.round_idx += 1
+        if self.round_idx == self.rounds:
+            self._finish(self.round_idx)
+        return [out]
+
+
+class StreamSource(ProtocolMachine):
+    """Streams ``messages`` ``MaskedUpdate`` s in bursts of ``burst``; waits for an ack per burst."""
+
+    State = _State
+    INITIAL_STATE = _State.RUNNING
+    TRANSITIONS = {(_State.RUNNING, StreamAck): ("_on_ack", _State.RUNNING)}
+
+    def __init__(self, party: str, *, peer: str, payload: np.ndarray, messages: int, burst: int) -> None:
+        super().__init__(party)
+        if messages < 1 or burst < 1 or messages % burst:
+            raise ValueError("messages must be a positive multiple of burst")
+        self.peer = peer
+        self.payload = payload
+        self.bursts = messages // burst
+        self.burst = burst
+
+    def _emit(self) -> list[Outgoing]:
+        return [self.send(self.peer, MaskedUpdate(masked=self.payload), phase="stream") for _ in range(self.burst)]
+
+    def _start(self) -> list[Outgoing]:
+        return self._emit()
+
+    def _on_ack(self, sender: str, message: StreamAck) -> list[Outgoing]:
+        self.round_idx += 1
+        if self.round_idx == self.bursts:
+            self._finish(self.round_idx)
+            return []
+        return self._emit()
+
+
+class StreamSink(ProtocolMachine):
+    """Receives bursts of ``burst`` messages and acknowledges each burst."""
+
+    State = _State
+    INITIAL_STATE = _State.RUNNING
+    TRANSITIONS = {(_State.RUNNING, MaskedUpdate): ("_on_update", _State.RUNNING)}
+
+    def __init__(self, party: str, *, peer: str, messages: int, burst: int) -> None:
+        super().__init__(party)
+        self.peer = peer
+        self.bursts = messages // burst
+        self.burst = burst
+        self.received = 0
+        self.received_bytes = 0
+
+    def _on_update(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
+        self.received += 1
+        self.received_bytes += message.masked.nbytes
+        if self.received % self.burst:
+            return []
+        out = self.send(self.peer, StreamAck(), phase="ack")
+        self.round_idx += 1
+        if self.round_idx == self.bursts:
+            self._finish(self.received)
+        return [out]

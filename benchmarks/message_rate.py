@@ -1,0 +1,338 @@
+"""In-memory message rate of fedproto's runtime, as a ratio of a bare trio memory channel.
+
+What it measures
+----------------
+Messages per second between two parties in one process, for FastLloyd-sized payloads
+(``uint32`` arrays of 24 B, 1 KiB and 64 KiB), in two traffic patterns:
+
+* ``ping-pong``: request/response; the requester sends a ``MaskedUpdate``, the responder answers
+  with a ``NoisyAggregate`` of the same array, ``--rounds`` times (2 messages per round);
+* ``stream``: one-way bursts of ``--burst`` ``MaskedUpdate`` s, one small acknowledgement per
+  burst (the acknowledgements are not counted as messages, in either measurement).
+
+Each pattern runs through fedproto (:func:`fedproto.runtime.run_parties` driving two sans-IO
+machines over :class:`transports.memory.MemoryNetwork`: every message is encoded, sent, received,
+decoded and validated, metered and fed to a protocol machine), and, in the same run, through the
+baseline: **a bare trio memory channel** per direction moving ``bytes`` objects of the same raw
+sizes, with the same two tasks and the same send/receive order. The table gives messages/s of both
+(best of ``--repeats``; the two are interleaved run by run) and the ratio fedproto/bare (target
+from the issue: >= 0.5).
+
+A second table splits the per-message cost of ping-pong into stages, each measured on its own:
+bare channel; ``MemoryTransport`` alone (pre-encoded frames); the runtime's send path without
+machines (``encode_frame -> transport.send -> transport.receive -> decode_frame ->
+meter.record_sent``); and the full runtime. ``--profile`` adds the top functions of a cProfile
+run of the full runtime (24 B ping-pong).
+
+Run::
+
+    python benchmarks/message_rate.py            # full run (about a minute)
+    python benchmarks/message_rate.py --quick    # smoke test, a few seconds
+    python benchmarks/message_rate.py --profile  # also print where the time goes
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import pstats
+import time
+
+import numpy as np
+import trio
+from _common import (
+    PAYLOAD_SHAPES,
+    PingMachine,
+    PongMachine,
+    StreamSink,
+    StreamSource,
+    fmt_ratio,
+    make_console,
+    payload_array,
+    print_machine_facts,
+)
+from rich.table import Table
+
+from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.codec import decode_frame, encode_frame
+from fedproto.metering import Meter
+from fedproto.runtime import RuntimeConfig, run_parties
+from transports.memory import MemoryNetwork
+
+TARGET_RATIO = 0.5
+SESSION = 0x5EED_0001
+TITLE = "fedproto message rate over the memory transport vs a bare trio memory channel"
+
+
+# --- baseline: bare trio memory channels -------------------------------------------------------------
+
+
+async def bare_pingpong(payload: bytes, rounds: int) -> float:
+    """Two tasks, one unbounded channel per direction, ``rounds`` request/response pairs."""
+    to_b_send, to_b_recv = trio.open_memory_channel[bytes](math.inf)
+    to_a_send, to_a_recv = trio.open_memory_channel[bytes](math.inf)
+
+    async def requester() -> None:
+        for _ in range(rounds):
+            await to_b_send.send(payload)
+            await to_a_recv.receive()
+
+    async def responder() -> None:
+        for _ in range(rounds):
+            request = await to_b_recv.receive()
+            await to_a_send.send(request)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+async def bare_stream(payload: bytes, messages: int, burst: int) -> float:
+    """Two tasks: bursts of ``burst`` payloads one way, one empty ack per burst back."""
+    data_send, data_recv = trio.open_memory_channel[bytes](math.inf)
+    ack_send, ack_recv = trio.open_memory_channel[bytes](math.inf)
+
+    async def source() -> None:
+        for _ in range(messages // burst):
+            for _ in range(burst):
+                await data_send.send(payload)
+            await ack_recv.receive()
+
+    async def sink() -> None:
+        for _ in range(messages // burst):
+            for _ in range(burst):
+                await data_recv.receive()
+            await ack_send.send(b"")
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sink)
+        nursery.start_soon(source)
+    return time.perf_counter() - t0
+
+
+# --- fedproto ----------------------------------------------------------------------------------------
+
+
+async def runtime_pingpong(array: np.ndarray, rounds: int) -> float:
+    """``run_parties`` with a :class:`PingMachine` and a :class:`PongMachine` over memory."""
+    machines = {
+        "a": PingMachine("a", peer="b", payload=array, rounds=rounds),
+        "b": PongMachine("b", peer="a", rounds=rounds),
+    }
+    network = MemoryNetwork(list(machines))
+    meter = Meter(trio.current_time)
+    t0 = time.perf_counter()
+    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=SESSION), meter=meter)
+    elapsed = time.perf_counter() - t0
+    assert results == {"a": rounds, "b": rounds}
+    assert sum(link.messages for link in meter.report(
+        protocol="ping", transport="memory", session=SESSION, parties=list(machines)
+    ).links) == 2 * rounds
+    return elapsed
+
+
+async def runtime_stream(array: np.ndarray, messages: int, burst: int) -> float:
+    """``run_parties`` with a :class:`StreamSource` and a :class:`StreamSink` over memory."""
+    machines = {
+        "a": StreamSource("a", peer="b", payload=array, messages=messages, burst=burst),
+        "b": StreamSink("b", peer="a", messages=messages, burst=burst),
+    }
+    network = MemoryNetwork(list(machines))
+    t0 = time.perf_counter()
+    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=SESSION))
+    elapsed = time.perf_counter() - t0
+    assert results == {"a": messages // burst, "b": messages}
+    return elapsed
+
+
+async def transport_pingpong(array: np.ndarray, rounds: int) -> float:
+    """``MemoryTransport`` alone: pre-encoded frames, no codec, meter or machine."""
+    network = MemoryNetwork(["a", "b"])
+    a, b = network.endpoint("a"), network.endpoint("b")
+    request = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=0, phase="ping")
+    response = encode_frame(NoisyAggregate(masked=array), session=SESSION, round_idx=0, phase="pong")
+
+    async def requester() -> None:
+        for _ in range(rounds):
+            await a.send("b", request)
+            await a.receive()
+
+    async def responder() -> None:
+        for _ in range(rounds):
+            await b.receive()
+            await b.send("a", response)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+async def send_path_pingpong(array: np.ndarray, rounds: int) -> float:
+    """The runtime's per-message path without machines or the runtime loop.
+
+    ``encode_frame -> transport.send -> meter.record_sent`` on the sending side and
+    ``transport.receive -> decode_frame`` on the receiving side, as ``_send_all`` and
+    ``run_party`` do.
+    """
+    network = MemoryNetwork(["a", "b"])
+    a, b = network.endpoint("a"), network.endpoint("b")
+    meter = Meter(trio.current_time)
+
+    async def requester() -> None:
+        for i in range(rounds):
+            frame = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=i, phase="ping")
+            await a.send("b", frame)
+            meter.record_sent(i, "ping", "a", "b", MaskedUpdate.TAG, len(frame), a.framing_overhead_bytes)
+            _, reply = await a.receive()
+            decode_frame(reply)
+
+    async def responder() -> None:
+        for i in range(rounds):
+            _, frame = await b.receive()
+            _, message = decode_frame(frame)
+            reply = encode_frame(NoisyAggregate(masked=message.masked), session=SESSION, round_idx=i, phase="pong")
+            await b.send("a", reply)
+            meter.record_sent(i, "pong", "b", "a", NoisyAggregate.TAG, len(reply), b.framing_overhead_bytes)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+# --- driver ------------------------------------------------------------------------------------------
+
+
+def interleaved_best(runs: dict[str, tuple], repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` seconds of each ``name -> (async_fn, *args)``, interleaved per repeat."""
+    best = {name: math.inf for name in runs}
+    for _ in range(max(1, repeats)):
+        for name, (fn, *args) in runs.items():
+            best[name] = min(best[name], trio.run(fn, *args))
+    return best
+
+
+def profile_runtime(console, rounds: int, top: int) -> None:
+    """cProfile of the full runtime, 24 B ping-pong; print the top functions by own time."""
+    array = payload_array(PAYLOAD_SHAPES["24 B"])
+    profiler = cProfile.Profile()
+    profiler.enable()
+    trio.run(runtime_pingpong, array, rounds)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())  # total own time (profiled)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    table = Table(
+        title=f"cProfile: full runtime, 24 B ping-pong, {2 * rounds:,} messages (profiler overhead inflates all)",
+        title_justify="left",
+    )
+    for col in ("function", "calls", "own s", "own %", "cumulative s", "own us/message"):
+        table.add_column(col, justify="left" if col == "function" else "right")
+    for (filename, line, name), (_, ncalls, own, cumulative, _) in rows:
+        short = filename.split("site-packages/")[-1].split("/work/main/")[-1]
+        table.add_row(
+            f"{name} ({short}:{line})", f"{ncalls:,}", f"{own:.3f}", f"{100 * own / total:.1f}",
+            f"{cumulative:.3f}", f"{1e6 * own / (2 * rounds):.2f}",
+        )
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10_000, help="ping-pong rounds per run (2 messages each)")
+    parser.add_argument("--messages", type=int, default=20_000, help="stream messages per run")
+    parser.add_argument("--burst", type=int, default=100, help="stream messages per acknowledgement")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (best is kept)")
+    parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of the full runtime")
+    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.messages, args.burst, args.repeats = 300, 600, 100, 2
+    if args.messages % args.burst:
+        parser.error("--messages must be a multiple of --burst")
+
+    console = make_console()
+    print_machine_facts(
+        console,
+        TITLE,
+        {
+            "ping-pong rounds per run": f"{args.rounds:,} ({2 * args.rounds:,} messages)",
+            "stream messages per run": f"{args.messages:,} in bursts of {args.burst}",
+            "repeats (best kept)": args.repeats,
+            "target ratio": f">= {TARGET_RATIO}",
+        },
+    )
+
+    rate = Table(title="Message rate (messages/s, best of repeats)", title_justify="left")
+    for col in ("pattern", "payload", "raw bytes", "frame bytes", "bare channel msg/s", "fedproto msg/s", "ratio"):
+        rate.add_column(col, justify="left" if col in ("pattern", "payload") else "right")
+    stages = Table(
+        title="Ping-pong cost per message by stage (us/message, best of repeats; + = added by the stage)",
+        title_justify="left",
+    )
+    for col in (
+        "payload", "bare channel", "MemoryTransport", "+ codec & meter", "full runtime", "runtime/bare",
+        "send-path/bare",
+    ):
+        stages.add_column(col, justify="left" if col == "payload" else "right")
+
+    misses = []
+    for i, name in enumerate(args.payloads):
+        array = payload_array(PAYLOAD_SHAPES[name], seed=args.seed + i)
+        raw = array.tobytes()
+        frame = len(encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=0, phase="ping"))
+        pp = interleaved_best(
+            {
+                "bare": (bare_pingpong, raw, args.rounds),
+                "transport": (transport_pingpong, array, args.rounds),
+                "path": (send_path_pingpong, array, args.rounds),
+                "runtime": (runtime_pingpong, array, args.rounds),
+            },
+            args.repeats,
+        )
+        st = interleaved_best(
+            {
+                "bare": (bare_stream, raw, args.messages, args.burst),
+                "runtime": (runtime_stream, array, args.messages, args.burst),
+            },
+            args.repeats,
+        )
+        n_pp = 2 * args.rounds
+        for pattern, best, n in (("ping-pong", pp, n_pp), ("stream", st, args.messages)):
+            ratio = best["bare"] / best["runtime"]
+            if ratio < TARGET_RATIO:
+                misses.append(f"{pattern} {name}: {ratio:.2f}")
+            rate.add_row(
+                pattern, name, f"{len(raw):,}", f"{frame:,}", f"{n / best['bare']:,.0f}",
+                f"{n / best['runtime']:,.0f}", fmt_ratio(ratio, TARGET_RATIO),
+            )
+        us = {k: 1e6 * v / n_pp for k, v in pp.items()}
+        stages.add_row(
+            name,
+            f"{us['bare']:.2f}",
+            f"{us['transport']:.2f} (+{us['transport'] - us['bare']:.2f})",
+            f"{us['path']:.2f} (+{us['path'] - us['transport']:.2f})",
+            f"{us['runtime']:.2f} (+{us['runtime'] - us['path']:.2f})",
+            f"{pp['bare'] / pp['runtime']:.2f}",
+            f"{pp['bare'] / pp['path']:.2f}",
+        )
+    console.print(rate)
+    console.print(stages)
+    if args.profile:
+        profile_runtime(console, rounds=min(args.rounds, 5_000), top=25)
+    if misses:
+        console.print(f"Below the target ratio {TARGET_RATIO}: " + "; ".join(misses))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""TCP loopback request/response rate of fedproto, as a ratio of a bare trio TCP echo.
+
+What it measures
+----------------
+Request/response round trips per second between two endpoints on 127.0.0.1, for FastLloyd-sized
+payloads (``uint32`` arrays of 24 B, 1 KiB and 64 KiB), ``--rounds`` round trips per run:
+
+* **bare echo** (the baseline): ``trio.open_tcp_listeners`` / ``trio.open_tcp_stream``, one
+  connection, the same 4-byte big-endian length prefix, the client sends a payload of the raw
+  array size and the server echoes it back;
+* **fedproto codec + TcpTransport**: two endpoints from :func:`transports.tcp.open_tcp_network`
+  (the HMAC handshake is done before timing, by one warm-up frame each way); per round trip the
+  requester encodes a ``MaskedUpdate``, sends it, meters it, receives the ``NoisyAggregate`` answer
+  and decodes it; the responder decodes, encodes the answer, sends and meters it;
+* **TcpTransport alone** (a diagnostic column): pre-encoded frames through the two endpoints, no
+  codec, meter or machine; it separates the transport's own cost from the codec's;
+* **fedproto full runtime**: the same over :func:`fedproto.runtime.run_parties` with a ping and a
+  pong protocol machine (adds the runtime loop, phase deadlines and the machines).
+
+All three run in the same process and the same trio run, interleaved repeat by repeat; the table
+gives round trips/s (best of ``--repeats``) and the ratio fedproto/bare (target from the issue:
+>= 0.7).
+
+A second table gives the **envelope overhead** of FastLloyd's messages: encoded frame length minus
+the raw array bytes, for ``MaskedUpdate`` and ``NoisyAggregate`` of a few ``(k, d)``, beside the
+header of an ``.npy`` file of the same array (``np.save`` to ``BytesIO`` minus raw bytes); target
+<= 48 bytes. The session id and round stamped on the frames are stated (larger values take more
+msgpack bytes).
+
+Run::
+
+    python benchmarks/tcp_rate.py            # full run (about a minute)
+    python benchmarks/tcp_rate.py --quick    # smoke test, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import secrets
+import struct
+import time
+
+import numpy as np
+import trio
+from _common import (
+    PAYLOAD_SHAPES,
+    PingMachine,
+    PongMachine,
+    fmt_ratio,
+    make_console,
+    payload_array,
+    print_machine_facts,
+)
+from rich.table import Table
+
+from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.codec import decode_frame, encode_frame
+from fedproto.metering import Meter
+from fedproto.runtime import RuntimeConfig, run_parties
+from transports.tcp import open_tcp_network
+
+TARGET_RATIO = 0.7
+TARGET_ENVELOPE_BYTES = 48
+#: Session and round stamped on the frames of the envelope table: the largest 32-bit session id
+#: (what :func:`fedproto.data.session_id` can return) and a round below 128.
+ENVELOPE_SESSION = 2**32 - 1
+ENVELOPE_ROUND = 6
+SESSION = 0x5EED_0002
+TITLE = "fedproto TCP loopback request/response rate vs a bare trio TCP echo"
+_PREFIX = struct.Struct(">I")
+
+
+# --- baseline: bare trio TCP echo with a 4-byte length prefix ---------------------------------------
+
+
+class _BareReader:
+    """Minimal buffered reader of length-prefixed frames."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def frame(self) -> bytes | None:
+        while len(self.buffer) < 4:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        (n,) = _PREFIX.unpack_from(self.buffer)
+        while len(self.buffer) < 4 + n:
+            chunk = await self.stream.receive_some(max(65536, 4 + n - len(self.buffer)))
+            if not chunk:
+                return None
+            self.buffer += chunk
+        data = bytes(self.buffer[4 : 4 + n])
+        del self.buffer[: 4 + n]
+        return data
+
+
+async def _echo_handler(stream: trio.SocketStream) -> None:
+    reader = _BareReader(stream)
+    async with stream:
+        while (frame := await reader.frame()) is not None:
+            await stream.send_all(_PREFIX.pack(len(frame)) + frame)
+
+
+class BareEcho:
+    """A bare trio TCP echo server and one connected client."""
+
+    async def open(self, nursery: trio.Nursery) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        await nursery.start(trio.serve_listeners, _echo_handler, listeners)
+        self.stream = await trio.open_tcp_stream("127.0.0.1", port)
+        self.reader = _BareReader(self.stream)
+        await self.round_trips(b"warm-up", 1)
+
+    async def round_trips(self, payload: bytes, rounds: int) -> float:
+        frame = _PREFIX.pack(len(payload)) + payload
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            await self.stream.send_all(frame)
+            reply = await self.reader.frame()
+            assert reply is not None and len(reply) == len(payload)
+        return time.perf_counter() - t0
+
+
+# --- fedproto ----------------------------------------------------------------------------------------
+
+
+async def transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:
+    """TcpTransport alone: pre-encoded frames, no codec, meter or machine."""
+    a, b = endpoints["a"], endpoints["b"]
+    request = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=0, phase="ping")
+    response = encode_frame(NoisyAggregate(masked=array), session=SESSION, round_idx=0, phase="pong")
+
+    async def requester() -> None:
+        for _ in range(rounds):
+            await a.send("b", request)
+            await a.receive()
+
+    async def responder() -> None:
+        for _ in range(rounds):
+            await b.receive()
+            await b.send("a", response)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+async def codec_transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:
+    """Codec + TcpTransport + meter, no machines: the runtime's per-message path."""
+    a, b = endpoints["a"], endpoints["b"]
+    meter = Meter(trio.current_time)
+
+    async def requester() -> None:
+        for i in range(rounds):
+            frame = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=i, phase="ping")
+            await a.send("b", frame)
+            meter.record_sent(i, "ping", "a", "b", MaskedUpdate.TAG, len(frame), a.framing_overhead_bytes)
+            _, reply = await a.receive()
+            _, message = decode_frame(reply)
+            assert message.masked.shape == array.shape
+
+    async def responder() -> None:
+        for i in range(rounds):
+            _, frame = await b.receive()
+            _, message = decode_frame(frame)
+            reply = encode_frame(NoisyAggregate(masked=message.masked), session=SESSION, round_idx=i, phase="pong")
+            await b.send("a", reply)
+            meter.record_sent(i, "pong", "b", "a", NoisyAggregate.TAG, len(reply), b.framing_overhead_bytes)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+async def runtime_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:
+    """``run_parties`` with a ping and a pong machine over the TCP endpoints."""
+    machines = {
+        "a": PingMachine("a", peer="b", payload=array, rounds=rounds),
+        "b": PongMachine("b", peer="a", rounds=rounds),
+    }
+    t0 = time.perf_counter()
+    results = await run_parties(machines, endpoints, config=RuntimeConfig(session=SESSION))
+    elapsed = time.perf_counter() - t0
+    assert results == {"a": rounds, "b": rounds}
+    return elapsed
+
+
+async def measure(payload_names: list[str], rounds: int, repeats: int, seed: int) -> dict[str, dict[str, float]]:
+    """Best-of-``repeats`` seconds per payload for the bare echo and the two fedproto paths."""
+    out: dict[str, dict[str, float]] = {}
+    async with trio.open_nursery() as nursery:
+        bare = BareEcho()
+        await bare.open(nursery)
+        async with open_tcp_network(["a", "b"], secrets.token_bytes(32)) as endpoints:
+            # Handshake both directions before timing.
+            await endpoints["a"].send("b", b"")
+            await endpoints["b"].send("a", b"")
+            await endpoints["a"].receive()
+            await endpoints["b"].receive()
+            for i, name in enumerate(payload_names):
+                array = payload_array(PAYLOAD_SHAPES[name], seed=seed + i)
+                raw = array.tobytes()
+                best = {"bare": math.inf, "transport": math.inf, "codec": math.inf, "runtime": math.inf}
+                for _ in range(max(1, repeats)):
+                    best["bare"] = min(best["bare"], await bare.round_trips(raw, rounds))
+                    best["transport"] = min(best["transport"], await transport_round_trips(endpoints, array, rounds))
+                    best["codec"] = min(best["codec"], await codec_transport_round_trips(endpoints, array, rounds))
+                    best["runtime"] = min(best["runtime"], await runtime_round_trips(endpoints, array, rounds))
+                out[name] = best
+        await bare.stream.aclose()
+        nursery.cancel_scope.cancel()
+    return out
+
+
+# --- envelope overhead -------------------------------------------------------------------------------
+
+
+def npy_header_bytes(array: np.ndarray) -> int:
+    """Bytes an ``.npy`` file adds to ``array``'s raw bytes (``np.save`` to ``BytesIO``)."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return len(buffer.getvalue()) - array.nbytes
+
+
+def envelope_bytes(message_cls: type, shape: tuple[int, int], dtype: str, *, session: int, round_idx: int,
+                   phase: str) -> tuple[int, int]:
+    """``(frame bytes, frame bytes - raw array bytes)`` of one message of ``shape`` and ``dtype``."""
+    array = np.zeros(shape, dtype=dtype)
+    frame = encode_frame(message_cls(masked=array), session=session, round_idx=round_idx, phase=phase)
+    return len(frame), len(frame) - array.nbytes
+
+
+def envelope_table(kds: list[tuple[int, int]]) -> tuple[Table, list[str]]:
+    table = Table(
+        title=(
+            f"Envelope overhead of FastLloyd frames (session {ENVELOPE_SESSION:#x}, round {ENVELOPE_ROUND}; "
+            f"target <= {TARGET_ENVELOPE_BYTES} B) vs the .npy header of the same array"
+        ),
+        title_justify="left",
+    )
+    for col in (
+        "k", "d", "ring bits", "raw bytes", "MaskedUpdate frame", "envelope", "NoisyAggregate frame", "envelope",
+        ".npy header", "npy/envelope",
+    ):
+        table.add_column(col, justify="right")
+    misses = []
+    for k, d in kds:
+        for bits, dtype in ((32, "uint32"), (64, "uint64")):
+            shape = (k, d + 1)
+            up_frame, up_env = envelope_bytes(
+                MaskedUpdate, shape, dtype, session=ENVELOPE_SESSION, round_idx=ENVELOPE_ROUND, phase="update"
+            )
+            agg_frame, agg_env = envelope_bytes(
+                NoisyAggregate, shape, dtype, session=ENVELOPE_SESSION, round_idx=ENVELOPE_ROUND, phase="aggregate"
+            )
+            npy = npy_header_bytes(np.zeros(shape, dtype=dtype))
+            for env, what in ((up_env, "MaskedUpdate"), (agg_env, "NoisyAggregate")):
+                if env > TARGET_ENVELOPE_BYTES:
+                    misses.append(f"{what} k={k} d={d} w={bits}: {env} B")
+            table.add_row(
+                str(k), str(d), str(bits), f"{k * (d + 1) * bits // 8:,}", f"{up_frame:,}",
+                f"{up_env} {'ok' if up_env <= TARGET_ENVELOPE_BYTES else 'MISS'}", f"{agg_frame:,}",
+                f"{agg_env} {'ok' if agg_env <= TARGET_ENVELOPE_BYTES else 'MISS'}", str(npy),
+                f"{npy / max(up_env, agg_env):.1f}x",
+            )
+    return table, misses
+
+
+# --- driver ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5_000, help="round trips per run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (best is kept)")
+    parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
+    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.repeats = 200, 2
+
+    console = make_console()
+    print_machine_facts(
+        console,
+        TITLE,
+        {
+            "round trips per run": f"{args.rounds:,}",
+            "repeats (best kept)": args.repeats,
+            "target ratio": f">= {TARGET_RATIO}",
+        },
+    )
+    best = trio.run(measure, args.payloads, args.rounds, args.repeats, args.seed)
+
+    table = Table(
+        title="Round trips/s over TCP loopback (best of repeats; codec+tcp = codec + TcpTransport + meter, "
+        "tcp only = pre-encoded frames)",
+        title_justify="left",
+    )
+    for col in (
+        "payload", "raw B", "bare rt/s", "codec+tcp rt/s", "ratio", "runtime rt/s", "ratio",
+        "bare us/rt", "tcp only us/rt", "codec+tcp us/rt", "runtime us/rt",
+    ):
+        table.add_column(col, justify="left" if col == "payload" else "right")
+    misses = []
+    for name, b in best.items():
+        raw = int(np.prod(PAYLOAD_SHAPES[name])) * 4
+        r_codec = b["bare"] / b["codec"]
+        r_runtime = b["bare"] / b["runtime"]
+        for what, r in (("codec+transport", r_codec), ("full runtime", r_runtime)):
+            if r < TARGET_RATIO:
+                misses.append(f"{what} {name}: {r:.2f}")
+        table.add_row(
+            name, f"{raw:,}", f"{args.rounds / b['bare']:,.0f}", f"{args.rounds / b['codec']:,.0f}",
+            fmt_ratio(r_codec, TARGET_RATIO), f"{args.rounds / b['runtime']:,.0f}", fmt_ratio(r_runtime, TARGET_RATIO),
+            f"{1e6 * b['bare'] / args.rounds:.1f}", f"{1e6 * b['transport'] / args.rounds:.1f}",
+            f"{1e6 * b['codec'] / args.rounds:.1f}",
+            f"{1e6 * b['runtime'] / args.rounds:.1f}",
+        )
+    console.print(table)
+
+    envelopes, env_misses = envelope_table([(2, 2), (2, 5), (5, 2), (5, 5), (15, 2), (100, 2)])
+    console.print(envelopes)
+    if misses:
+        console.print(f"Below the target ratio {TARGET_RATIO}: " + "; ".join(misses))
+    if env_misses:
+        console.print(f"Envelope above {TARGET_ENVELOPE_BYTES} B: " + "; ".join(env_misses))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
