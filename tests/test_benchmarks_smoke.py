@@ -16,10 +16,15 @@ SCRIPTS = {
     "tcp_rate.py": "Round trips/s over TCP loopback",
     "fastlloyd_timing.py": "FastLloyd, M = 2, epsilon = 0.1",
     "scale.py": "One FastLloyd iteration, all parties in one process",
+    "kz_communication.py": "(k,z)-center: communication and radius (z points removed) against z",
 }
+#: scripts whose quick run still takes tens of seconds: run with ``-m slow``.
+SLOW = {"kz_communication.py"}
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize(
+    "script", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in sorted(SCRIPTS)]
+)
 def test_benchmark_runs_quick_and_prints_its_table(script):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
