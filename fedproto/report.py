@@ -140,7 +140,8 @@ def plot_report(
         ]
         axes[0].bar(rounds, heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    axes[0].set_xticks(rounds)
+    if len(rounds) <= 20:
+        axes[0].set_xticks(rounds)
     axes[0].set_xlabel("round")
     axes[0].set_ylabel("payload bytes")
     axes[0].set_title("bytes per round")

@@ -17,9 +17,10 @@ SCRIPTS = {
     "fastlloyd_timing.py": "FastLloyd, M = 2, epsilon = 0.1",
     "scale.py": "One FastLloyd iteration, all parties in one process",
     "kz_communication.py": "(k,z)-center: communication and radius (z points removed) against z",
+    "kz_scale.py": "dist-kzc over the memory transport: time per round as n grows",
 }
 #: scripts whose quick run still takes tens of seconds: run with ``-m slow``.
-SLOW = {"kz_communication.py"}
+SLOW = {"kz_communication.py", "kz_scale.py"}
 
 
 @pytest.mark.parametrize(

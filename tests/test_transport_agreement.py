@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 FEDPROTO = [sys.executable, "-m", "fedproto"]
+#: case -> (number of parties, command line)
 CASES = {
-    "kzcenter": ["run", "kzcenter", "--data", "iris", "--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5"],
+    "kzcenter": (4, ["run", "kzcenter", "--data", "iris", "--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5"]),
+    "dckmeans": (5, ["run", "dckmeans", "--data", "iris", "--deletions", "20", "--no-timing"]),
+    "qkmeans": (3, ["run", "qkmeans", "--data", "iris", "--clients", "2", "--deletions", "20", "--no-timing"]),
 }
 
 
@@ -32,17 +35,18 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 def _comparable(path: Path) -> tuple[dict, list]:
     doc = json.loads(path.read_text())
-    timeless = {k: v for k, v in doc["results"].items() if "time" not in k and not k.endswith("_s")}
+    timeless = {
+        k: v for k, v in doc["results"].items() if not any(w in k for w in ("time", "speed", "second")) and not k.endswith("_s")
+    }
     return timeless, doc["links"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_memory_tcp_and_mpi_agree(tmp_path, case):
-    argv = CASES[case]
+    n_parties, argv = CASES[case]
     mpiexec = _mpiexec()
     runs = {"memory": FEDPROTO, "tcp": FEDPROTO}
     if mpiexec is not None:
-        n_parties = int(argv[argv.index("--machines") + 1]) + 1
         runs["mpi"] = [mpiexec, "-n", str(n_parties), *FEDPROTO]
     reports = {}
     for transport, prefix in runs.items():
@@ -50,6 +54,7 @@ def test_memory_tcp_and_mpi_agree(tmp_path, case):
         _run([*prefix, *argv, "--transport", transport, "--quiet", "--report", str(out)], tmp_path)
         reports[transport] = _comparable(out)
     reference = reports["memory"]
+    assert len(json.loads((tmp_path / "memory.json").read_text())["parties"]) == n_parties
     for transport, got in reports.items():
         assert got[0] == reference[0], f"{case}: results over {transport} differ from memory"
         assert got[1] == reference[1], f"{case}: payload bytes over {transport} differ from memory"

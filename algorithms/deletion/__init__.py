@@ -1,0 +1,11 @@
+"""Deletion-efficient k-means (Ginart, Guan, Valiant, Zou, NeurIPS 2019): Q-k-means and DC-k-means.
+
+* `algorithms.deletion.qkmeans`: Q-k-means (quantised Lloyd's) with exact deletion;
+* `algorithms.deletion.dckmeans`: DC-k-means (a w-ary tree of k-means++ nodes) with exact deletion;
+* `algorithms.deletion.protocol`: both as message-passing parties, deletion requests as messages;
+* `algorithms.deletion.streams`: deletion streams, amortised time and quality metrics;
+* `algorithms.deletion.cli`: the ``qkmeans`` and ``dckmeans`` plugins of the command line.
+
+Exactness: after any stream of deletions the model *equals* a from-scratch run on the remaining
+data with the same key (spec deletion-kmeans.md, oracles O-Q-1 and O-DC-1).
+"""
