@@ -18,9 +18,10 @@ SCRIPTS = {
     "scale.py": "One FastLloyd iteration, all parties in one process",
     "kz_communication.py": "(k,z)-center: communication and radius (z points removed) against z",
     "kz_scale.py": "dist-kzc over the memory transport: time per round as n grows",
+    "deletion_streams.py": "Amortised seconds per deletion",
 }
 #: scripts whose quick run still takes tens of seconds: run with ``-m slow``.
-SLOW = {"kz_communication.py", "kz_scale.py"}
+SLOW = {"kz_communication.py", "kz_scale.py", "deletion_streams.py"}
 
 
 @pytest.mark.parametrize(
