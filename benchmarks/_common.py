@@ -65,6 +65,33 @@ PAYLOAD_SHAPES: dict[str, tuple[int, int]] = {
 }
 
 
+async def pingpong_encoded(a: Any, b: Any, array: np.ndarray, rounds: int, session: int) -> float:
+    """Seconds for ``rounds`` request/response pairs between endpoints ``a`` and ``b`` carrying
+    pre-encoded FastLloyd frames (the transport alone: no codec, meter or machine)."""
+    import trio
+
+    from fedproto.codec import encode_frame
+
+    request = encode_frame(MaskedUpdate(masked=array), session=session, round_idx=0, phase="ping")
+    response = encode_frame(NoisyAggregate(masked=array), session=session, round_idx=0, phase="pong")
+
+    async def requester() -> None:
+        for _ in range(rounds):
+            await a.send(b.party, request)
+            await a.receive()
+
+    async def responder() -> None:
+        for _ in range(rounds):
+            await b.receive()
+            await b.send(a.party, response)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
 def payload_array(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
     """A deterministic ``uint32`` array of ``shape`` (random ring elements, as masked updates are)."""
     return np.random.default_rng(seed).integers(0, 2**32, size=shape, dtype=np.uint32)

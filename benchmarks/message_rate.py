@@ -42,6 +42,7 @@ import time
 import numpy as np
 import trio
 from _common import (
+    pingpong_encoded,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
@@ -152,25 +153,7 @@ async def runtime_stream(array: np.ndarray, messages: int, burst: int) -> float:
 async def transport_pingpong(array: np.ndarray, rounds: int) -> float:
     """``MemoryTransport`` alone: pre-encoded frames, no codec, meter or machine."""
     network = MemoryNetwork(["a", "b"])
-    a, b = network.endpoint("a"), network.endpoint("b")
-    request = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=0, phase="ping")
-    response = encode_frame(NoisyAggregate(masked=array), session=SESSION, round_idx=0, phase="pong")
-
-    async def requester() -> None:
-        for _ in range(rounds):
-            await a.send("b", request)
-            await a.receive()
-
-    async def responder() -> None:
-        for _ in range(rounds):
-            await b.receive()
-            await b.send("a", response)
-
-    t0 = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder)
-        nursery.start_soon(requester)
-    return time.perf_counter() - t0
+    return await pingpong_encoded(network.endpoint("a"), network.endpoint("b"), array, rounds, SESSION)
 
 
 async def send_path_pingpong(array: np.ndarray, rounds: int) -> float:

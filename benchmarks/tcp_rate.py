@@ -45,6 +45,7 @@ import time
 import numpy as np
 import trio
 from _common import (
+    pingpong_encoded,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
@@ -132,25 +133,7 @@ class BareEcho:
 
 async def transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:
     """TcpTransport alone: pre-encoded frames, no codec, meter or machine."""
-    a, b = endpoints["a"], endpoints["b"]
-    request = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=0, phase="ping")
-    response = encode_frame(NoisyAggregate(masked=array), session=SESSION, round_idx=0, phase="pong")
-
-    async def requester() -> None:
-        for _ in range(rounds):
-            await a.send("b", request)
-            await a.receive()
-
-    async def responder() -> None:
-        for _ in range(rounds):
-            await b.receive()
-            await b.send("a", response)
-
-    t0 = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder)
-        nursery.start_soon(requester)
-    return time.perf_counter() - t0
+    return await pingpong_encoded(endpoints["a"], endpoints["b"], array, rounds, SESSION)
 
 
 async def codec_transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:

@@ -72,7 +72,7 @@ from algorithms.kzclustering.messages import (
     RadiusGrid,
     message_words,
 )
-from algorithms.kzclustering.protocol import COORDINATOR, MachineResult
+from algorithms.kzclustering.protocol import COORDINATOR, label_outliers
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
@@ -404,15 +404,7 @@ class KzMeansMachine(ProtocolMachine):
         return [self.send(self.coordinator, coresets, phase="coresets")]
 
     def _on_centres(self, sender: str, message: FinalCentres) -> list[Outgoing]:
-        self._check_sender(sender)
-        if message.centres.shape[1] != self.config.d:
-            raise RemoteProtocolError("centres of the wrong width", party=sender, round_idx=self.round_idx)
-        dist, _ = _kernels.nearest_centres(self.points, message.centres)
-        outliers = dist > message.radius
-        self.round_idx += 1
-        out = self.send(self.coordinator, OutlierCount(outliers=int(outliers.sum())), phase="outliers")
-        self._finish(MachineResult(outliers=outliers, centres=np.array(message.centres), radius=message.radius))
-        return [out]
+        return label_outliers(self, sender, message)
 
 
 class MeansCoordinatorState(enum.Enum):

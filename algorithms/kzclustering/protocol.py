@@ -354,19 +354,29 @@ class KzMachine(ProtocolMachine):
         return [self.send(self.coordinator, reply, phase="points")]
 
     def _on_centres(self, sender: str, message: FinalCentres) -> list[Outgoing]:
-        self._check_sender(sender)
-        if message.centres.shape[1] != self.config.d:
-            raise RemoteProtocolError(
-                f"centres have {message.centres.shape[1]} features, expected {self.config.d}",
-                party=sender,
-                round_idx=self.round_idx,
-            )
-        dist, _ = _kernels.nearest_centres(self.points, message.centres)
-        outliers = dist > message.radius
-        self.round_idx += 1
-        out = self.send(self.coordinator, OutlierCount(outliers=int(outliers.sum())), phase="outliers")
-        self._finish(MachineResult(outliers=outliers, centres=np.array(message.centres), radius=message.radius))
-        return [out]
+        return label_outliers(self, sender, message)
+
+
+def label_outliers(machine: ProtocolMachine, sender: str, message: FinalCentres) -> list[Outgoing]:
+    """A machine's last step (k-center and median/means alike): label its points farther than
+    the certified radius from every final centre as outliers, report how many, and finish.
+
+    Raises:
+        RemoteProtocolError: the sender is not the coordinator, or the centres have the wrong width.
+    """
+    machine._check_sender(sender)
+    if message.centres.shape[1] != machine.config.d:
+        raise RemoteProtocolError(
+            f"centres have {message.centres.shape[1]} features, expected {machine.config.d}",
+            party=sender,
+            round_idx=machine.round_idx,
+        )
+    dist, _ = _kernels.nearest_centres(machine.points, message.centres)
+    outliers = dist > message.radius
+    machine.round_idx += 1
+    out = machine.send(machine.coordinator, OutlierCount(outliers=int(outliers.sum())), phase="outliers")
+    machine._finish(MachineResult(outliers=outliers, centres=np.array(message.centres), radius=message.radius))
+    return [out]
 
 
 # --- coordinator --------------------------------------------------------------------------------
