@@ -350,13 +350,21 @@ def _print_run(plan: RunPlan, args: argparse.Namespace, results: dict[str, Any],
         console.print(f"plot written to {plot_path}")
 
 
+def _dataset(plugin: Any, args: argparse.Namespace) -> Any:
+    """The run's data: a set the plugin generates by name (``plugin.generated_datasets``, e.g. a
+    paper's synthetic Gaussian mixture, built from ``--seed``), else :func:`load_dataset`."""
+    generators = getattr(plugin, "generated_datasets", None) or {}
+    if args.data in generators:
+        return generators[args.data](args.seed)
+    return load_dataset(args.data)
+
+
 def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
     console = Console()
     plugin = registry.load_protocol(args.protocol)
-    dataset = load_dataset(args.data)
-    plan = plugin.plan(args, dataset)
+    plan = plugin.plan(args, _dataset(plugin, args))
     if args.transport == "memory":
         results, report = _run_memory(plan, args, console)
     elif args.transport == "tcp":
@@ -375,8 +383,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _command_party(args: argparse.Namespace) -> int:
     plugin = registry.load_protocol(args.protocol)
-    dataset = load_dataset(args.data)
-    plan = plugin.plan(args, dataset)
+    plan = plugin.plan(args, _dataset(plugin, args))
     return _run_party_tcp(plan, args)
 
 

@@ -3,6 +3,9 @@
 Sources:
 
 * scikit-learn's bundled sets by name: ``iris``, ``wine``, ``breast_cancer``, ``digits``;
+* a file in a data directory by its stem (``celltype``, ``s1``, ...): the directories named in
+  ``FEDPROTO_DATA`` (``os.pathsep``-separated), then ``shared/data`` in the working directory and
+  in each of its parents (the project's ``../shared/data`` beside a checkout);
 * any file by path: whitespace-separated or CSV text (one point per line; non-numeric lines
   before the first row, e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``).
   The FastLloyd files in ``../shared/data`` (``s1.txt``, ``lsun.txt``, ...) load this way.
@@ -14,6 +17,7 @@ map to 0) before it is split. Partitions are deterministic given their seed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -24,6 +28,7 @@ __all__ = [
     "BUNDLED",
     "PAPER_K",
     "load_dataset",
+    "find_data_file",
     "normalize",
     "partition",
     "PARTITIONS",
@@ -110,12 +115,34 @@ def _load_text(path: Path) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64)
 
 
+DATA_SUFFIXES = (".npz", ".npy", ".txt", ".csv")
+
+
+def find_data_file(name: str) -> Path | None:
+    """The data file for a bare name (``celltype`` -> ``.../shared/data/celltype.npz``), or ``None``.
+
+    Looks in the directories of ``FEDPROTO_DATA`` (``os.pathsep``-separated), then in
+    ``shared/data`` under the working directory and under each of its parents.
+    """
+    if not name or any(sep in name for sep in ("/", "\\", os.sep)) or name.startswith("."):
+        return None
+    dirs = [Path(p) for p in os.environ.get("FEDPROTO_DATA", "").split(os.pathsep) if p]
+    here = Path.cwd()
+    dirs += [base / "shared" / "data" for base in (here, *here.parents)]
+    for directory in dirs:
+        for suffix in DATA_SUFFIXES:
+            candidate = directory / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
 def load_dataset(source: str) -> Dataset:
     """Load a data set by bundled name or by file path (not normalised).
 
     Args:
-        source: ``iris``, ``wine``, ``breast_cancer``, ``digits``, or a path to a text, ``.npy``
-            or ``.npz`` file.
+        source: ``iris``, ``wine``, ``breast_cancer``, ``digits``, the stem of a file in a data
+            directory (see :func:`find_data_file`), or a path to a text, ``.npy`` or ``.npz`` file.
 
     Returns:
         The :class:`Dataset` with raw values.
@@ -128,6 +155,8 @@ def load_dataset(source: str) -> Dataset:
         name = source
     else:
         path = Path(source)
+        if not path.is_file():
+            path = find_data_file(source) or path
         if not path.is_file():
             raise ValueError(
                 f"data set {source!r} is neither a bundled name ({', '.join(BUNDLED)}) nor a readable file"

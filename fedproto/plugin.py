@@ -6,7 +6,9 @@ group and is an object with:
 * ``name`` and ``description``;
 * ``add_arguments(parser)``: its own command-line options;
 * ``plan(args, dataset) -> RunPlan``: the roster, how to build each party's machine, and how to
-  turn results into JSON and a summary.
+  turn results into JSON and a summary;
+* optionally ``generated_datasets``: ``{name: (seed) -> Dataset}``, data sets the plugin builds
+  itself (a paper's synthetic mixture); ``--data NAME`` picks them before any file lookup.
 
 The core never imports a plugin module directly, so new protocols plug in without touching it.
 """
