@@ -86,6 +86,7 @@ class _FieldPlan:
     dtypes: frozenset[np.dtype] = frozenset()
     ndim: int | None = None
     width: int | None = None
+    width_from: str | None = None  # big integers: the plain int field that states their width
     check: Any = None  # for plain fields: a callable returning True when the value is acceptable
 
 
@@ -128,7 +129,9 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
         if kind == "array":
             items.append(_FieldPlan(f.name, _ARRAY, dtypes=f.metadata["dtypes"], ndim=f.metadata["ndim"]))
         elif kind == "bigints":
-            items.append(_FieldPlan(f.name, _BIGINTS, width=f.metadata["width"]))
+            items.append(
+                _FieldPlan(f.name, _BIGINTS, width=f.metadata["width"], width_from=f.metadata.get("width_from"))
+            )
         else:
             items.append(_FieldPlan(f.name, _PLAIN, check=_plain_checker(hints.get(f.name, Any))))
     plan = tuple(items)
@@ -154,12 +157,13 @@ def _names(dtypes: frozenset[np.dtype]) -> str:
     return ", ".join(sorted(str(dt) for dt in dtypes))
 
 
-def _encode_bigints(values: Any, spec: _FieldPlan, tag: str) -> list[Any]:
+def _encode_bigints(values: Any, spec: _FieldPlan, tag: str, message: Any = None) -> list[Any]:
     ints = [int(v) for v in values]
     if any(v < 0 for v in ints):
         raise ValueError(f"{tag}.{spec.name}: big integers must be non-negative")
     needed = max((max(ints).bit_length() + 7) // 8 if ints else 1, 1)
-    width = spec.width or needed
+    stated = getattr(message, spec.width_from) if spec.width_from and message is not None else None
+    width = spec.width or stated or needed
     if needed > width:
         raise ValueError(f"{tag}.{spec.name}: a value needs {needed} bytes, the field allows {width}")
     return [width, b"".join(v.to_bytes(width, "big") for v in ints)]
@@ -192,7 +196,7 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
         if spec.kind == _ARRAY:
             body.append(_encode_array(value, spec, tag))
         elif spec.kind == _BIGINTS:
-            body.append(_encode_bigints(value, spec, tag))
+            body.append(_encode_bigints(value, spec, tag, message))
         else:
             body.append(value)
     return msgpack.packb(
@@ -281,16 +285,22 @@ def decode_frame(frame: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     plan = _plan(cls)
     if not isinstance(body, list) or len(body) != len(plan):
         raise DecodeError(f"{tag}: body must hold exactly {len(plan)} fields")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    widths: dict[str, int] = {}
     for spec, raw in zip(plan, body):
         if spec.kind == _ARRAY:
             kwargs[spec.name] = _decode_array(raw, spec, tag)
         elif spec.kind == _BIGINTS:
             kwargs[spec.name] = _decode_bigints(raw, spec, tag)
+            if spec.width_from:
+                widths[spec.width_from] = raw[0]
         else:
             if not spec.check(raw):
                 raise DecodeError(f"{tag}.{spec.name}: value of type {type(raw).__name__} is not allowed")
             kwargs[spec.name] = tuple(raw) if isinstance(raw, list) else raw
+    for name, width in widths.items():
+        if kwargs.get(name) != width:
+            raise DecodeError(f"{tag}: big integers travel with width {width}, the message states {kwargs.get(name)!r}")
     try:
         message = cls(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -306,5 +316,5 @@ def array_payload_bytes(message: Message) -> int:
         if spec.kind == _ARRAY:
             total += np.asarray(value).nbytes
         elif spec.kind == _BIGINTS:
-            total += len(_encode_bigints(value, spec, type(message).TAG)[1])
+            total += len(_encode_bigints(value, spec, type(message).TAG, message)[1])
     return total

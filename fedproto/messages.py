@@ -79,14 +79,17 @@ def array_field(dtype: str | tuple[str, ...], ndim: int) -> Any:
     return dataclasses.field(metadata={"kind": "array", "dtypes": dtypes, "ndim": int(ndim)})
 
 
-def bigints_field(width_bytes: int | None = None) -> Any:
+def bigints_field(width_bytes: int | None = None, *, width_from: str | None = None) -> Any:
     """Declare a ``tuple[int, ...]`` field of non-negative integers of arbitrary size.
 
     Args:
         width_bytes: fixed width of each element on the wire; ``None`` uses the smallest width
             that holds the largest element of each message (the width travels with the data).
+        width_from: name of a plain ``int`` field of the same message that states the width
+            (e.g. the byte width of a prime field fixed at run time); the decoder refuses a frame
+            whose data width differs from it.
     """
-    return dataclasses.field(metadata={"kind": "bigints", "width": width_bytes})
+    return dataclasses.field(metadata={"kind": "bigints", "width": width_bytes, "width_from": width_from})
 
 
 class Message:
