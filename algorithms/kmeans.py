@@ -1,4 +1,5 @@
-"""Shared k-means kernels: assignment, cluster statistics, Lloyd steps, costs and DP noise.
+"""Shared k-means kernels: assignment, cluster statistics, Lloyd steps, costs, keyed k-means++
+seeding and DP noise.
 
 Every function here is a pure `jax.jit` kernel compiled at module level: no hidden state, no
 printing, no global randomness. Configuration that changes array shapes (``k``, ``shape``,
@@ -16,10 +17,23 @@ form cancels catastrophically for points close to a centroid, which would move p
 radius boundary and break exact ties. Under `jit` XLA fuses the broadcast into the reduction, so
 the ``[n, k, d]`` difference tensor is not materialised.
 
+Seeding (`kmeanspp_seeding`) is plain D^2 sampling made *coupling-friendly*: every categorical
+draw is a Gumbel-max over keys folded with **stable point ids** (`gumbel_by_id`), and per-row
+quantities are computed row by row, so running on a data set without a point that was never
+chosen, with the same keys, reproduces every draw exactly. Points travel padded to a
+`capacity` with a validity mask (`pad_rows`), so a shrinking data set reuses a few compiled
+shapes. Exact unlearning of k-means++ seeds (Ginart et al. 2019; Pan et al. 2023, Algorithm 3)
+builds on both properties.
+
 References:
     Diaa, Humphries, Kerschbaum. FastLloyd: Federated, Accurate, Secure, and Tunable k-Means
     Clustering with Differential Privacy (arXiv 2405.02437), Algorithm 1 and Sec. 6.
     Lloyd. Least squares quantization in PCM. IEEE Trans. Inf. Theory 28(2), 1982.
+    Arthur, Vassilvitskii. k-means++: the advantages of careful seeding. SODA 2007.
+    Ginart, Guan, Valiant, Zou. Making AI Forget You (NeurIPS 2019), Alg. 7; spec
+    deletion-kmeans.md, section 3.3 (coupling-friendly Gumbel-max).
+    Pan, Sima, Prakash, Rana, Milenkovic. Machine Unlearning of Federated Clusters (ICLR 2023),
+    App. B, Algorithm 3, Lemma 5.1; spec mufc.md, sections 1.3, 1.6 and 3.2.
 """
 
 from __future__ import annotations
@@ -28,16 +42,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "assign_clusters",
+    "capacity",
     "cluster_statistics",
     "gaussian_noise",
+    "gumbel_by_id",
     "kmeans_cost",
+    "kmeanspp_seed_and_assign",
+    "kmeanspp_seeding",
     "laplace_noise",
     "lloyd_step",
     "nicv",
+    "pad_rows",
     "relative_statistics",
+    "seeding_keys",
 ]
 
 
@@ -220,6 +241,242 @@ def lloyd_step(x: jax.Array, centroids: jax.Array) -> jax.Array:
     nonempty = counts > 0
     means = sums / jnp.where(nonempty, counts, jnp.ones((), dtype))[:, None]
     return jnp.where(nonempty[:, None], means, centroids)
+
+
+# ------------------------------------------------------------------ keyed k-means++ seeding
+
+
+def capacity(n: int) -> int:
+    """The padded row count used for ``n`` points: at least 64, at most 12.5% above ``n``.
+
+    Sizes are ``m * 2^e`` with ``8 <= m <= 16``, so a stream of deletions meets about eight shapes
+    per halving of n, and each compiled kernel is reused.
+
+    Args:
+        n: number of points, ``n >= 0``.
+
+    Returns:
+        The capacity ``c >= max(n, 64)``.
+    """
+    if n <= 64:
+        return 64
+    e = n.bit_length() - 4
+    return -(-n // (1 << e)) * (1 << e)
+
+
+def pad_rows(x: np.ndarray, ids: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Pad points and ids to `capacity` rows.
+
+    Args:
+        x: points ``[n, d]`` float64.
+        ids: stable point ids ``[n]``, non-negative integers below 2^32.
+
+    Returns:
+        ``(x_padded [c, d] float64, ids_padded [c] uint32, valid [c] bool)`` with
+        ``c = capacity(n)``; padding rows are zero with id 0 and ``valid = False``.
+    """
+    n, d = x.shape
+    cap = capacity(n)
+    xp = np.zeros((cap, d), dtype=np.float64)
+    xp[:n] = x
+    ip = np.zeros(cap, dtype=np.uint32)
+    ip[:n] = ids
+    valid = np.zeros(cap, dtype=bool)
+    valid[:n] = True
+    return jnp.asarray(xp), jnp.asarray(ip), jnp.asarray(valid)
+
+
+def _gumbel_one(key: jax.Array, point_id: jax.Array) -> jax.Array:
+    return jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64)
+
+
+@jax.jit
+def gumbel_by_id(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """Standard Gumbel noise keyed by point id: ``g_j = Gumbel(fold_in(key, ids[j]))``.
+
+    Args:
+        key: a `jax.random` key (one per categorical draw).
+        ids: ``[n]`` uint32 stable point ids.
+
+    Returns:
+        ``[n]`` float64; entry j depends only on ``key`` and ``ids[j]``.
+
+    References:
+        Spec deletion-kmeans.md, section 3.3 (coupling-friendly Gumbel-max).
+    """
+    return jax.vmap(_gumbel_one, in_axes=(None, 0))(key, ids)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def seeding_keys(key: jax.Array, k: int) -> jax.Array:
+    """The per-step keys of `kmeanspp_seeding`: ``[fold_in(key, s) for s in range(k)]``.
+
+    Passing this stack instead of ``key`` gives bit-identical draws; replacing some of its
+    entries gives fresh randomness for those steps only (re-seeding in exact unlearning).
+
+    Args:
+        key: a `jax.random` key (typed or raw ``uint32[2]``).
+        k: number of seeding steps (static).
+
+    Returns:
+        ``[k]`` stack of keys of ``key``'s kind (``[k, 2]`` uint32 for raw keys).
+    """
+    return jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.arange(k, dtype=jnp.uint32))
+
+
+def _is_key_stack(key: jax.Array) -> bool:
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key.ndim == 1
+    return key.ndim == 2
+
+
+def _row_sq_dist(x: jax.Array, c: jax.Array) -> jax.Array:
+    diff = x - c[None, :]
+    return jnp.sum(diff * diff, axis=-1)
+
+
+def _seed_and_assign(
+    key: jax.Array,
+    x: jax.Array,
+    ids: jax.Array,
+    valid: jax.Array,
+    k: int,
+    weights: jax.Array | None,
+    prefix: jax.Array | None,
+    start: int | jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    f64 = jnp.float64
+    ninf = jnp.asarray(-jnp.inf, f64)
+    x = jnp.asarray(x, f64)
+    w = valid.astype(f64) if weights is None else jnp.where(valid, jnp.asarray(weights, f64), 0.0)
+    stacked = _is_key_stack(key)
+    if prefix is None:
+        prefix = jnp.full((k,), -1, jnp.int32)
+    prefix = jnp.asarray(prefix, jnp.int32)
+
+    def place(s, j, rows, mind, labels):
+        # One pass over the rows both updates the D^2 weights and tracks the nearest seed; the
+        # strict '<' keeps the lowest position on ties.
+        rows = rows.at[s].set(j)
+        d2 = _row_sq_dist(x, x[j])
+        closer = valid & (d2 < mind)
+        return rows, jnp.where(closer, d2, mind), jnp.where(closer, s, labels).astype(jnp.int32)
+
+    def keep(s, carry):
+        rows, mind, labels, count = carry
+        rows, mind, labels = place(s, prefix[s], rows, mind, labels)
+        return rows, mind, labels, count + 1
+
+    def draw(s, carry):
+        rows, mind, labels, count = carry
+        step_key = key[s] if stacked else jax.random.fold_in(key, s)
+        g = gumbel_by_id(step_key, ids)
+        # Weights act as multiplicities: P(j) = w_j / sum w at step 0, w_j d2_j / sum w d2 after.
+        weight = jnp.where(s == 0, w, jnp.where(w > 0, w * mind, 0.0))
+        score = jnp.where(weight > 0, jnp.log(jnp.where(weight > 0, weight, 1.0)) + g, ninf)
+        j = jnp.argmax(score).astype(jnp.int32)
+        ok = score[j] > ninf
+        new_rows, new_mind, new_labels = place(s, j, rows, mind, labels)
+        rows = jnp.where(ok, new_rows, rows)
+        mind = jnp.where(ok, new_mind, mind)
+        labels = jnp.where(ok, new_labels, labels)
+        return rows, mind, labels, count + ok.astype(jnp.int32)
+
+    init = (
+        jnp.full((k,), -1, jnp.int32),
+        jnp.where(valid, jnp.inf, 0.0).astype(f64),
+        jnp.zeros(valid.shape, jnp.int32),
+        jnp.zeros((), jnp.int32),
+    )
+    carry = jax.lax.fori_loop(0, start, keep, init)
+    rows, mind, labels, count = jax.lax.fori_loop(start, k, draw, carry)
+    return rows, count, labels, jnp.where(valid, mind, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def kmeanspp_seeding(
+    key: jax.Array,
+    x: jax.Array,
+    ids: jax.Array,
+    valid: jax.Array,
+    k: int,
+    *,
+    weights: jax.Array | None = None,
+    prefix: jax.Array | None = None,
+    start: int | jax.Array = 0,
+) -> tuple[jax.Array, jax.Array]:
+    """Exact (weighted) k-means++ D^2 seeding by Gumbel-max over point ids.
+
+    Step s draws ``argmax_j (log u_j + g_j)`` with ``g_j = Gumbel(fold_in(key_s, id_j))``, where
+    ``key_s = fold_in(key, s)`` (or ``key[s]`` for a stack of per-step keys), ``u_j = w_j`` at
+    step 0 and ``u_j = w_j * d2(x_j, chosen)`` afterwards; this is an exact draw with probability
+    ``u_j / sum u``. Weights act as multiplicities (weighted seeding on ``(x_j, w_j)`` has the
+    distribution of plain seeding on the multiset with ``w_j`` copies of ``x_j``). This is plain
+    D^2 sampling, one draw per step, not scikit-learn's greedy variant. Seeding stops early (the
+    remaining entries are -1) once every valid row has ``u_j = 0``, i.e. when there are fewer
+    than ``k`` distinct (positively weighted) points.
+
+    The first ``start`` steps are not drawn: they re-place ``prefix[:start]`` (already chosen
+    rows, e.g. the seeds kept by Algorithm 3) and only rebuild the D^2 weights; drawing resumes
+    at step ``start`` with ``key_start``. With the same keys, removing a row that was never chosen
+    changes no draw (the argmax of every step is unchanged).
+
+    Args:
+        key: the seeding key, or a ``[k]`` stack of per-step keys (`seeding_keys`; a raw-key
+            stack is ``[k, 2]`` uint32).
+        x: points ``[c, d]`` float64 (padded, see `pad_rows`).
+        ids: ``[c]`` uint32 stable point ids.
+        valid: ``[c]`` bool, False on padding and removed rows.
+        k: number of seeds (static).
+        weights: optional ``[c]`` non-negative float64 multiplicities (default 1 on valid rows).
+        prefix: optional ``[k]`` int32 rows already chosen (required when ``start > 0``; must be
+            valid rows); entries from ``start`` on are ignored.
+        start: number of prefix rows to keep, ``0 <= start <= k`` (traced).
+
+    Returns:
+        ``(rows, count)``: ``rows`` int32 ``[k]``, the chosen row of each step (-1 after
+        ``count``); ``count`` int32, the number of seeds chosen.
+
+    References:
+        Arthur & Vassilvitskii 2007; Ginart et al. 2019, Alg. 7 and spec deletion-kmeans.md 3.1,
+        3.3; Pan et al. ICLR 2023, App. B and Algorithm 3, spec mufc.md 1.3 step 1 and 1.6 step 2.
+    """
+    rows, count, _, _ = _seed_and_assign(key, x, ids, valid, k, weights, prefix, start)
+    return rows, count
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def kmeanspp_seed_and_assign(
+    key: jax.Array,
+    x: jax.Array,
+    ids: jax.Array,
+    valid: jax.Array,
+    k: int,
+    *,
+    weights: jax.Array | None = None,
+    prefix: jax.Array | None = None,
+    start: int | jax.Array = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """`kmeanspp_seeding` that also returns each row's nearest seed, from the same pass.
+
+    Every seed's distances to all rows are evaluated once (to update the D^2 weights); keeping
+    the position of the running minimum gives the nearest-seed assignment at no extra cost.
+    Ties go to the lowest position (the earlier seed).
+
+    Args:
+        key, x, ids, valid, k, weights, prefix, start: as in `kmeanspp_seeding`.
+
+    Returns:
+        ``(rows, count, positions, sq_dist)``: ``rows`` int32 ``[k]`` and ``count`` int32 as in
+        `kmeanspp_seeding`; ``positions`` int32 ``[c]``, the seed position (index into ``rows``)
+        nearest to each row (0 on invalid rows); ``sq_dist`` float64 ``[c]``, the squared
+        distance to that seed (0 on invalid rows).
+
+    References:
+        Pan et al. ICLR 2023, Sec. 4 / Algorithm 1 line 3 ("local clustering" = nearest seed,
+        ties to the lowest index); spec mufc.md 1.3 step 2.
+    """
+    return _seed_and_assign(key, x, ids, valid, k, weights, prefix, start)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype"))

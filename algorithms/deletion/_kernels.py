@@ -9,6 +9,9 @@ Randomness is coupling-friendly (spec 3.3): every categorical draw is a Gumbel-m
 folded with the **stable point id** (`gumbel_by_id`), so running on ``D`` without point i with
 the same key draws exactly the same values for every other point. Per-row quantities (distances,
 D^2 weights) are computed row by row, so they do not depend on which other rows are present.
+`capacity`, `pad_rows`, `gumbel_by_id` and `kmeanspp_seeding` are the shared building blocks of
+`algorithms.kmeans`, re-exported here under the same names (called as ``kmeanspp_seeding(key, x,
+ids, valid, k)`` they draw exactly as before).
 
 Dtypes: float64 throughout (``algorithms`` enables JAX's x64 mode). Counts are float64 holding
 exact integers. Lattice indices are int64.
@@ -26,9 +29,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from algorithms import kmeans
+from algorithms.kmeans import capacity, gumbel_by_id, kmeanspp_seeding, pad_rows
 
 __all__ = [
     "REASONS",
@@ -50,110 +53,6 @@ __all__ = [
 #: Outcome codes of `replay_removal` (index -> reason); 0 means the deletion is certified.
 REASONS = ("certified", "empty cluster", "lattice index changed", "near a lattice boundary",
            "stop decision changed", "stop decision within margin")
-
-
-def capacity(n: int) -> int:
-    """The padded row count used for ``n`` points: at least 64, at most 12.5% above ``n``.
-
-    Sizes are ``m * 2^e`` with ``8 <= m <= 16``, so a stream of deletions meets about eight shapes
-    per halving of n, and each compiled kernel is reused.
-    """
-    if n <= 64:
-        return 64
-    e = n.bit_length() - 4
-    return -(-n // (1 << e)) * (1 << e)
-
-
-def pad_rows(x: np.ndarray, ids: np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Pad points and ids to `capacity` rows.
-
-    Args:
-        x: points ``[n, d]`` float64.
-        ids: stable point ids ``[n]``, non-negative integers below 2^32.
-
-    Returns:
-        ``(x_padded [c, d] float64, ids_padded [c] uint32, valid [c] bool)`` with ``c = capacity(n)``.
-    """
-    n, d = x.shape
-    cap = capacity(n)
-    xp = np.zeros((cap, d), dtype=np.float64)
-    xp[:n] = x
-    ip = np.zeros(cap, dtype=np.uint32)
-    ip[:n] = ids
-    valid = np.zeros(cap, dtype=bool)
-    valid[:n] = True
-    return jnp.asarray(xp), jnp.asarray(ip), jnp.asarray(valid)
-
-
-def _gumbel_one(key: jax.Array, point_id: jax.Array) -> jax.Array:
-    return jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64)
-
-
-@jax.jit
-def gumbel_by_id(key: jax.Array, ids: jax.Array) -> jax.Array:
-    """Standard Gumbel noise keyed by point id: ``g_j = Gumbel(fold_in(key, ids[j]))``.
-
-    Args:
-        key: a `jax.random` key (one per categorical draw).
-        ids: ``[n]`` uint32 stable point ids.
-
-    Returns:
-        ``[n]`` float64; entry j depends only on ``key`` and ``ids[j]``.
-
-    References:
-        Spec deletion-kmeans.md, section 3.3 (coupling-friendly Gumbel-max).
-    """
-    return jax.vmap(_gumbel_one, in_axes=(None, 0))(key, ids)
-
-
-def _row_sq_dist(x: jax.Array, c: jax.Array) -> jax.Array:
-    diff = x - c[None, :]
-    return jnp.sum(diff * diff, axis=-1)
-
-
-@functools.partial(jax.jit, static_argnames=("k",))
-def kmeanspp_seeding(
-    key: jax.Array, x: jax.Array, ids: jax.Array, valid: jax.Array, k: int
-) -> tuple[jax.Array, jax.Array]:
-    """Exact k-means++ (D^2) seeding by Gumbel-max over point ids.
-
-    Step s draws ``argmax_j (log u_j + g_j)`` with ``g_j = Gumbel(fold_in(fold_in(key, s), id_j))``,
-    ``u_j = 1`` at step 0 and ``u_j`` = squared distance to the nearest chosen centre afterwards;
-    this is an exact draw with probability ``u_j / sum u``. Seeding stops early (the remaining
-    entries are -1) once every valid point has ``u_j = 0``, i.e. when there are fewer than ``k``
-    distinct points.
-
-    Args:
-        key: the seeding key.
-        x: points ``[c, d]`` float64 (padded).
-        ids: ``[c]`` uint32 point ids.
-        valid: ``[c]`` bool, False on padding.
-        k: number of centres (static).
-
-    Returns:
-        ``(rows, count)``: ``rows`` int32 ``[k]``, the chosen row of each step (-1 after
-        ``count``); ``count`` int32, the number of centres chosen.
-
-    References:
-        Ginart et al., Alg. 7 (App. B.3); spec 3.1 and 3.3.
-    """
-    ninf = jnp.asarray(-jnp.inf, jnp.float64)
-
-    def step(s, carry):
-        rows, mind, count = carry
-        g = gumbel_by_id(jax.random.fold_in(key, s), ids)
-        weight = jnp.where(s == 0, valid.astype(jnp.float64), mind)
-        score = jnp.where(weight > 0, jnp.log(jnp.where(weight > 0, weight, 1.0)) + g, ninf)
-        j = jnp.argmax(score).astype(jnp.int32)
-        ok = score[j] > ninf
-        rows = rows.at[s].set(jnp.where(ok, j, -1))
-        d2 = _row_sq_dist(x, x[j])
-        mind = jnp.where(ok & valid, jnp.minimum(mind, d2), mind)
-        return rows, mind, count + ok.astype(jnp.int32)
-
-    init = (jnp.full((k,), -1, jnp.int32), jnp.where(valid, jnp.inf, 0.0), jnp.zeros((), jnp.int32))
-    rows, _, count = jax.lax.fori_loop(0, k, step, init)
-    return rows, count
 
 
 @jax.jit

@@ -322,3 +322,95 @@ def test_eager_execution_matches_jit():
     np.testing.assert_array_equal(np.asarray(eager["assign"][1]), ra)
     np.testing.assert_allclose(np.asarray(eager["lloyd"]), ref_lloyd(x, c), rtol=1e-13)
     assert np.asarray(eager["lloyd"])[-1].tolist() == [50.0, 50.0]
+
+
+# ------------------------------------------------------------------ keyed k-means++ seeding
+
+
+# One keyed Gumbel variate, jitted on its own (the references call it point by point).
+_gumbel = jax.jit(lambda key, point_id: jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64))
+
+
+def ref_seeding(step_keys, x, ids, valid, k, weights, prefix, start):
+    """Slow reference of weighted D^2 seeding with a kept prefix, drawing with the same keyed
+    Gumbel noise: step s picks argmax_j log(u_j) + Gumbel(fold_in(step_keys[s], ids[j]))."""
+    w = np.where(valid, weights, 0.0)
+    mind = np.where(valid, np.inf, 0.0)
+    rows = []
+    for s in range(k):
+        if s < start:
+            j = int(prefix[s])
+        else:
+            u = w if s == 0 else np.where(w > 0, w * mind, 0.0)
+            if not np.any(u > 0):
+                break
+            score = np.full(len(ids), -np.inf)
+            for r in np.flatnonzero(u > 0):
+                g = float(_gumbel(step_keys[s], int(ids[r])))
+                score[r] = math.log(u[r]) + g
+            j = int(np.argmax(score))
+        rows.append(j)
+        mind = np.where(valid, np.minimum(mind, np.sum((x - x[j]) ** 2, axis=1)), 0.0)
+    positions = np.array([min(range(len(rows)), key=lambda i: (float(np.sum((p - x[rows[i]]) ** 2)), i)) for p in x])
+    return rows, positions, mind
+
+
+def _seeding_case(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 5, size=(12, 2)) / 4.0  # exact squared distances, many ties
+    ids = jnp.asarray(rng.choice(10_000, size=12, replace=False), jnp.uint32)
+    valid = np.ones(12, bool)
+    valid[[3, 7]] = False
+    weights = rng.integers(1, 4, size=12).astype(np.float64)
+    weights[5] = 0.0  # a zero-weight row is never chosen
+    return x, ids, valid, weights
+
+
+def test_seeding_matches_slow_reference_with_weights_and_prefix():
+    k = 4
+    for trial in range(3):
+        x, ids, valid, weights = _seeding_case(trial)
+        keys = kmeans.seeding_keys(jax.random.key(trial), k)
+        start = trial  # 0: plain seeding; 1, 2: keep a prefix of earlier seeds
+        prefix = np.array([0, 1, 2, 4], np.int32)
+        rows, count, positions, sq = kmeans.kmeanspp_seed_and_assign(
+            keys, x, ids, valid, k, weights=weights, prefix=prefix, start=start
+        )
+        ref_rows, ref_pos, ref_mind = ref_seeding(keys, x, np.asarray(ids), valid, k, weights, prefix, start)
+        assert np.asarray(rows).tolist() == ref_rows + [-1] * (k - len(ref_rows))
+        assert int(count) == len(ref_rows) and np.asarray(rows)[:start].tolist() == prefix[:start].tolist()
+        assert 5 not in ref_rows[start:] and not any(r in (3, 7) for r in ref_rows)
+        np.testing.assert_array_equal(np.asarray(positions)[valid], ref_pos[valid])
+        np.testing.assert_array_equal(np.asarray(sq), ref_mind)
+        plain = kmeans.kmeanspp_seeding(keys, x, ids, valid, k, weights=weights, prefix=prefix, start=start)
+        np.testing.assert_array_equal(np.asarray(plain[0]), np.asarray(rows))
+
+
+def test_seeding_key_stack_equals_single_key_and_coupling_by_id():
+    x, ids, valid, _ = _seeding_case(5)
+    k = 4
+    key = jax.random.key(9)
+    rows, count = kmeans.kmeanspp_seeding(key, x, ids, valid, k)
+    stacked, _ = kmeans.kmeanspp_seeding(kmeans.seeding_keys(key, k), x, ids, valid, k)
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(stacked))
+    assert int(count) == k
+    # Removing a row that was never chosen, and permuting the rows, changes no draw.
+    chosen = set(np.asarray(rows).tolist())
+    drop = next(r for r in range(12) if valid[r] and r not in chosen)
+    less = valid.copy()
+    less[drop] = False
+    rows2, _ = kmeans.kmeanspp_seeding(key, x, ids, less, k)
+    np.testing.assert_array_equal(np.asarray(rows2), np.asarray(rows))
+    perm = np.random.default_rng(0).permutation(12)
+    rows3, _ = kmeans.kmeanspp_seeding(key, x[perm], ids[perm], valid[perm], k)
+    np.testing.assert_array_equal(np.asarray(ids)[perm][np.asarray(rows3)], np.asarray(ids)[np.asarray(rows)])
+
+
+def test_seeding_stops_when_fewer_distinct_points_than_k():
+    x = np.array([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])
+    xp, ip, valid = kmeans.pad_rows(x, np.arange(4))
+    rows, count = kmeans.kmeanspp_seeding(jax.random.key(0), xp, ip, valid, 3)
+    assert int(count) == 2 and np.asarray(rows)[2] == -1
+    assert {tuple(x[r]) for r in np.asarray(rows)[:2]} == {(0.0, 0.0), (1.0, 1.0)}
+    assert kmeans.capacity(64) == 64 and kmeans.capacity(65) == 72 and kmeans.capacity(1134) == 1152
+    assert all(n <= kmeans.capacity(n) <= max(64, 1.125 * n) for n in range(1, 3000, 7))
