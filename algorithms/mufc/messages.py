@@ -1,0 +1,139 @@
+"""Wire messages of MUFC (spec mufc.md, sections 1.10, 2.3 and 3.5).
+
+Setup (phase ``setup``, round 0):
+
+* :class:`PublicKey` client -> server: the client's X25519 public key for pairwise mask seeds;
+* :class:`PeerKeys` server -> every client: all clients' public keys in client order; it also
+  opens the training aggregation (round 0) with every client active.
+
+Aggregation (phase ``aggregate``):
+
+* :class:`AggregationRequest` server -> active clients: open round ``round_idx`` (attempt
+  ``attempt``) among the clients listed in ``active`` (masks are drawn over exactly that set);
+* :class:`MaskedSyndromes` client -> server: the client's ``T = 2KL`` power-sum syndromes plus
+  its zero-sum mask, as fixed-width big-endian field elements.
+
+Unlearning (phases ``removal`` and ``model``):
+
+* :class:`RemovalRequest` client -> server: the client removed some of its points (which and how
+  many stays with the client), or leaves the federation (``whole_client``);
+* :class:`ModelUpdate` server -> active clients: the server's centroids after training
+  (``version`` 0) and after each removal request; the optional downlink of spec 1.7, metered in
+  its own phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedproto.messages import Message, array_field, bigints_field
+
+__all__ = ["AggregationRequest", "MaskedSyndromes", "ModelUpdate", "PeerKeys", "PublicKey", "RemovalRequest"]
+
+_X25519_BYTES = 32
+
+
+def _check_count(value: object, what: str, *, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublicKey(Message):
+    """A client's raw 32-byte X25519 public key."""
+
+    TAG = "mufc.key"
+    public_key: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.public_key, bytes) or len(self.public_key) != _X25519_BYTES:
+            raise ValueError("public_key must be 32 raw bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PeerKeys(Message):
+    """Every client's public key, in client order (index = client index)."""
+
+    TAG = "mufc.peers"
+    keys: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("keys must not be empty")
+        if any(not isinstance(k, bytes) or len(k) != _X25519_BYTES for k in self.keys):
+            raise ValueError("every key must be 32 raw bytes")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError("two clients announced the same public key")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AggregationRequest(Message):
+    """Open an aggregation among the clients ``active`` (sorted client indices); ``attempt``
+    counts re-openings of the same round after dropouts (masks are fresh per attempt)."""
+
+    TAG = "mufc.open"
+    active: tuple[int, ...]
+    attempt: int
+
+    def __post_init__(self) -> None:
+        if not self.active:
+            raise ValueError("active must name at least one client")
+        for c in self.active:
+            _check_count(c, "a client index")
+        if list(self.active) != sorted(set(self.active)):
+            raise ValueError("active must be strictly increasing")
+        _check_count(self.attempt, "attempt")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaskedSyndromes(Message):
+    """``T`` masked syndromes, elements of F_p, each ``width = ceil(bitlength(p) / 8)`` bytes on
+    the wire (spec 1.10: payload ``T * width`` bytes), for aggregation attempt ``attempt``."""
+
+    TAG = "mufc.syndromes"
+    attempt: int
+    width: int
+    values: tuple[int, ...] = bigints_field(width_from="width")
+
+    def __post_init__(self) -> None:
+        _check_count(self.attempt, "attempt")
+        _check_count(self.width, "width", minimum=1)
+        if not self.values:
+            raise ValueError("values must not be empty")
+        limit = 1 << (8 * self.width)
+        if any(not 0 <= v < limit for v in self.values):
+            raise ValueError(f"every value must fit {self.width} bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RemovalRequest(Message):
+    """The sender removed some of its points (``whole_client`` False) or leaves (True)."""
+
+    TAG = "mufc.remove"
+    whole_client: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.whole_client, bool):
+            raise TypeError("whole_client must be a bool")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelUpdate(Message):
+    """The server's model after ``version`` removal requests: ``centroids`` ``float64 [k, d]``;
+    ``reclustered`` says whether the server re-ran K-means++ for this version."""
+
+    TAG = "mufc.model"
+    version: int
+    reclustered: bool
+    centroids: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_count(self.version, "version")
+        if not isinstance(self.reclustered, bool):
+            raise TypeError("reclustered must be a bool")
+        if self.centroids.ndim != 2 or self.centroids.shape[1] < 1:
+            raise ValueError(f"centroids must have shape [k, d], got {self.centroids.shape}")
+        if not np.all(np.isfinite(self.centroids)):
+            raise ValueError("centroids contain NaN or infinite values")

@@ -1,0 +1,802 @@
+"""MUFC as protocol machines: one-shot secure federated clustering and federated unlearning.
+
+Theory of operation (Pan et al., ICLR 2023, Algorithms 1, 2 and 4; spec mufc.md 1.10, 2, 3.5):
+
+Roles: one :class:`MUFCServer` and ``L`` :class:`MUFCClient` machines (``client-0`` ...). All
+public parameters (K, the grid, the prime p, T = 2KL, the modes) are in :class:`MUFCConfig`,
+which every party is built with.
+
+Round 0, phase ``setup``: each client sends its X25519 :class:`PublicKey`; the server sends every
+client :class:`PeerKeys` (all keys). Each pair of clients now shares a mask seed the server does
+not know (Diffie-Hellman + HKDF, :func:`algorithms.scma.pairwise_seed`).
+
+Round 0, phase ``aggregate`` (Algorithm 1): each client has run K-means++ seeding on its data
+(:class:`~algorithms.mufc.seeding.LocalSeeding`), assigned its points to the nearest seed and
+written each cluster's size into the grid bin of its seed (the sparse count vector q^(l), at most
+K non-zeros); it sends the ``T`` power-sum syndromes of q^(l) over F_p plus its zero-sum pairwise
+mask (:class:`MaskedSyndromes`, ``T * ceil(bitlength(p) / 8)`` payload bytes). The server sums
+the shares (the masks cancel), decodes q = sum_l q^(l) exactly (Berlekamp-Massey, roots,
+Forney; :func:`algorithms.scma.decode_syndromes`), builds the weighted bin centres (or uniform
+samples inside the bins) and runs K-means++ with Lloyd's iterations. Phase ``model``: the server
+sends the centroids to every active client (:class:`ModelUpdate`, version 0).
+
+Removal request ``s`` (round ``s``, Algorithm 4): the client holding the points runs Algorithm 3
+(re-seeds only from the first removed seed onward) and sends a :class:`RemovalRequest` (phase
+``removal``; no data), or leaves the federation (``whole_client``: no computation, it simply stops
+contributing). The server opens round ``s`` among the remaining clients
+(:class:`AggregationRequest`); every active client uploads its syndromes with fresh masks
+(unaffected clients resend their cached q^(l), so their unmasked syndromes are unchanged); the
+server decodes q' and re-clusters iff the mode asks for it, then sends version ``s``.
+
+Unlearning modes (spec 3.5): ``exact`` (default: the requesting client always refreshes q^(l),
+so q' != q and the server always re-clusters; the pipeline's output is distributed exactly as a
+retrain on the remaining data), ``literal`` (the paper's wording: q^(l) is refreshed only when the
+client re-seeds; the server keeps C_s when q' = q, so its model may still count removed points) and
+``lazy`` (the authors' code: the server re-clusters only when the support of q changes, i.e. when
+a seed moved). Only ``exact`` is exact.
+
+Randomness: client ``c`` seeds with ``fold_in(key, c + 1)``, the server clusters with
+``fold_in(key, 0)``. By default removals reuse these keys (coupled randomness: the model after any
+removal stream equals a from-scratch run on the remaining data with the same key, which is
+checkable exactly); ``fresh_randomness`` draws the re-seeded positions and the server's run from
+keys folded with the round, which is exact in distribution (Lemma 5.1).
+
+Dropout: a client silent past the phase deadline during an aggregation is named in an
+:class:`~fedproto.errors.InsufficientParticipants` error, unless ``min_clients`` allows going on:
+then the server drops the silent clients and re-opens the round among the others with fresh masks
+(``attempt`` + 1); the dropped clients' data are no longer in the model (their late shares are
+refused). Pairwise masks cannot be unmasked without every active share (no Shamir recovery, spec
+2.3), which is why the round is re-run rather than completed. A share that fails decoding (a
+corrupted or overloaded share) ends the run with :class:`~algorithms.scma.SyndromeDecodingError`;
+a wrong sum is never returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from algorithms import scma
+from algorithms.mufc.clustering import server_points, weighted_kmeans
+from algorithms.mufc.messages import (
+    AggregationRequest,
+    MaskedSyndromes,
+    ModelUpdate,
+    PeerKeys,
+    PublicKey,
+    RemovalRequest,
+)
+from algorithms.mufc.quantize import Grid, make_grid
+from algorithms.mufc.seeding import LocalSeeding
+from algorithms.secagg import derive_bytes, x25519_keypair
+from fedproto.errors import RemoteProtocolError
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Event, Outgoing, PhaseTimedOut
+
+__all__ = [
+    "MODES",
+    "SERVER",
+    "MUFCClient",
+    "MUFCClientResult",
+    "MUFCConfig",
+    "MUFCParties",
+    "MUFCServer",
+    "MUFCServerResult",
+    "make_config",
+]
+
+SERVER = "server"
+MODES = ("exact", "literal", "lazy")
+SERVER_MODES = ("weighted", "uniform")
+#: Attempts per round are folded into the mask stream id below this many bits.
+_ATTEMPT_BITS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class MUFCConfig:
+    """The public parameters of one MUFC run (agreed before it starts; spec 1.2).
+
+    Attributes:
+        k: clusters at the server (K).
+        k_client: seeds per client (the paper's K; the authors' ``k_prime`` in non-i.i.d. runs).
+        n_clients: L, the clients at the start.
+        grid: the quantization grid (gamma, box, bins per dimension B, B^d bins).
+        prime: p > max(n, B^d), the field of the syndromes.
+        n_syndromes: T = 2 * k_client * L.
+        server_mode: ``weighted`` (bin centres with weights) or ``uniform`` (samples in the bins).
+        unlearning: ``exact``, ``literal`` or ``lazy`` (see the module docstring).
+        n_init: K-means++ restarts at the server (best weighted cost wins).
+        max_iter: Lloyd iterations cap at the server.
+        lloyd_iterations: Lloyd iterations at the clients after seeding (0 = MUFC; > 0 = the
+            "complete client training" variant of App. M.3, where every removal retrains).
+        fresh_randomness: re-seeding and re-clustering draw fresh keys per round.
+        min_clients: fewest clients an aggregation may go on with after dropouts (default: all).
+    """
+
+    k: int
+    k_client: int
+    n_clients: int
+    grid: Grid
+    prime: int
+    n_syndromes: int
+    server_mode: str = "weighted"
+    unlearning: str = "exact"
+    n_init: int = 10
+    max_iter: int = 300
+    lloyd_iterations: int = 0
+    fresh_randomness: bool = False
+    min_clients: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.k_client < 1 or self.n_clients < 1:
+            raise ValueError("k, k_client and n_clients must be at least 1")
+        if self.n_syndromes != 2 * self.k_client * self.n_clients:
+            raise ValueError("n_syndromes must be 2 * k_client * n_clients")
+        if self.server_mode not in SERVER_MODES:
+            raise ValueError(f"server_mode must be one of {SERVER_MODES}")
+        if self.unlearning not in MODES:
+            raise ValueError(f"unlearning must be one of {MODES}")
+        if self.prime <= self.grid.n_bins:
+            raise ValueError("the prime must exceed the number of bins B^d")
+        if self.n_init < 1 or self.max_iter < 1 or self.lloyd_iterations < 0:
+            raise ValueError("n_init and max_iter must be positive, lloyd_iterations non-negative")
+        if self.min_clients is not None and not 1 <= self.min_clients <= self.n_clients:
+            raise ValueError("min_clients must lie in [1, n_clients]")
+
+    @property
+    def width(self) -> int:
+        """Bytes per field element on the wire, ceil(bitlength(p) / 8)."""
+        return scma.field_width(self.prime)
+
+    @property
+    def quorum(self) -> int:
+        """Fewest clients an aggregation may finish with."""
+        return self.n_clients if self.min_clients is None else self.min_clients
+
+    def syndrome_bytes(self) -> int:
+        """Analytic payload of one :class:`MaskedSyndromes`: ``T * width`` bytes (spec 1.10)."""
+        return self.n_syndromes * self.width
+
+
+def make_config(
+    n: int,
+    d: int,
+    k: int,
+    n_clients: int,
+    *,
+    k_client: int | None = None,
+    gamma: float | None = None,
+    lo: float = 0.0,
+    hi: float = 1.0,
+    **options: Any,
+) -> MUFCConfig:
+    """The public parameters for ``n`` points in ``[lo, hi]^d`` over ``n_clients`` clients.
+
+    gamma defaults to 1/sqrt(n) (spec 1.2) and p to the smallest prime above max(n, B^d).
+
+    Raises:
+        ValueError: a parameter out of range.
+    """
+    if n < 1 or d < 1:
+        raise ValueError("n and d must be positive")
+    grid = make_grid(n, d, lo=lo, hi=hi, gamma=gamma)
+    kc = k if k_client is None else k_client
+    return MUFCConfig(
+        k=k,
+        k_client=kc,
+        n_clients=n_clients,
+        grid=grid,
+        prime=scma.field_prime(n, grid.n_bins),
+        n_syndromes=2 * kc * n_clients,
+        **options,
+    )
+
+
+def _remote(message: str, sender: str, machine: ProtocolMachine) -> RemoteProtocolError:
+    return RemoteProtocolError(message, party=sender, round_idx=machine.round_idx, state=machine.state.name)
+
+
+def _mask_stream(round_idx: int, attempt: int) -> int:
+    """The mask stream id of one aggregation attempt (masks are never reused across attempts)."""
+    if not 0 <= attempt < 1 << _ATTEMPT_BITS:
+        raise ValueError("too many attempts in one round")
+    return (round_idx << _ATTEMPT_BITS) | attempt
+
+
+# ------------------------------------------------------------------------------------- server
+
+
+@dataclasses.dataclass(frozen=True)
+class MUFCServerResult:
+    """The server's output.
+
+    Attributes:
+        centroids: the final model ``[k, d]`` float64.
+        history: the model after training and after each removal request.
+        counts: the final decoded count vector ``{bin index: count}``.
+        totals: sum of the decoded counts per version (n, then n minus the removed points).
+        support_sizes: non-zero bins per version.
+        reclustered: per version, whether the server re-ran K-means++.
+        active: the clients active at the end (indices).
+        dropped: clients dropped after missing an aggregation deadline.
+    """
+
+    centroids: np.ndarray
+    history: tuple[np.ndarray, ...]
+    counts: dict[int, int]
+    totals: tuple[int, ...]
+    support_sizes: tuple[int, ...]
+    reclustered: tuple[bool, ...]
+    active: tuple[int, ...]
+    dropped: tuple[int, ...]
+
+
+class ServerState(enum.Enum):
+    """States of the MUFC server."""
+
+    KEYS = enum.auto()
+    AGGREGATE = enum.auto()
+    SERVING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class MUFCServer(ProtocolMachine):
+    """The MUFC server: relays public keys, decodes the aggregate, clusters, serves removals.
+
+    Args:
+        party: the server's name; clients: every client's name, in client-index order.
+        config: the public parameters; key: the server's `jax.random` key.
+        n_requests: the removal requests the run serves (it ends after the last).
+        n_points: the public total n (checked against the first decoded sum).
+
+    Raises:
+        ValueError: clients do not match ``config.n_clients`` or repeat, or negative counts.
+    """
+
+    State = ServerState
+    INITIAL_STATE = ServerState.KEYS
+    TRANSITIONS = {
+        (ServerState.KEYS, PublicKey): ("_on_key", ServerState.KEYS),
+        (ServerState.AGGREGATE, MaskedSyndromes): ("_on_share", ServerState.AGGREGATE),
+        (ServerState.AGGREGATE, RemovalRequest): ("_on_early_request", ServerState.AGGREGATE),
+        (ServerState.SERVING, RemovalRequest): ("_on_request", ServerState.SERVING),
+    }
+
+    def __init__(
+        self,
+        party: str,
+        *,
+        clients: Sequence[str],
+        config: MUFCConfig,
+        key: jax.Array,
+        n_requests: int,
+        n_points: int,
+    ) -> None:
+        super().__init__(party)
+        clients = tuple(clients)
+        if len(clients) != config.n_clients or len(set(clients)) != len(clients) or party in clients:
+            raise ValueError("clients must be config.n_clients unique names, not including the server")
+        if n_requests < 0 or n_points < 1:
+            raise ValueError("n_requests must be non-negative and n_points positive")
+        self.clients, self.config, self.key = clients, config, key
+        self.n_requests, self.n_points = n_requests, n_points
+        self._index = {name: i for i, name in enumerate(clients)}
+        self._keys: dict[str, bytes] = {}
+        self._active: tuple[int, ...] = tuple(range(len(clients)))
+        self._dropped: list[int] = []
+        self._attempt = 0
+        self._shares: dict[int, tuple[int, ...]] = {}
+        self._queued: list[tuple[str, RemovalRequest]] = []
+        self._counts: dict[int, int] | None = None
+        self._sums: list[int] = []
+        self._centroids: np.ndarray | None = None
+        self._history: list[np.ndarray] = []
+        self._totals: list[int] = []
+        self._supports: list[int] = []
+        self._reclustered: list[bool] = []
+
+    @property
+    def phase(self) -> str:
+        return {ServerState.KEYS: "setup", ServerState.AGGREGATE: "aggregate"}.get(self._state, "removal")
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        """Indices of the clients currently in the federation."""
+        return self._active
+
+    def pending(self) -> Sequence[str]:
+        if self._state is ServerState.KEYS:
+            return [c for c in self.clients if c not in self._keys]
+        if self._state is ServerState.AGGREGATE:
+            return [self.clients[c] for c in self._active if c not in self._shares]
+        if self._state is ServerState.SERVING:
+            return [self.clients[c] for c in self._active]
+        return []
+
+    def _client_index(self, sender: str) -> int:
+        c = self._index.get(sender)
+        if c is None:
+            raise _remote(f"{sender} is not a client of this run", sender, self)
+        return c
+
+    def _on_key(self, sender: str, message: PublicKey) -> list[Outgoing]:
+        self._client_index(sender)
+        if sender in self._keys:
+            raise _remote(f"second public key from {sender}", sender, self)
+        self._keys[sender] = message.public_key
+        if len(self._keys) < len(self.clients):
+            return []
+        keys = tuple(self._keys[c] for c in self.clients)
+        if len(set(keys)) != len(keys):
+            raise _remote("two clients announced the same public key", sender, self)
+        self._state = ServerState.AGGREGATE
+        return [self.broadcast(self.clients, PeerKeys(keys=keys), phase="setup")]
+
+    def _on_share(self, sender: str, message: MaskedSyndromes) -> list[Outgoing]:
+        c = self._client_index(sender)
+        if c in self._dropped:
+            return []  # a late share of a client dropped after the deadline: refused, round goes on
+        if c not in self._active:
+            raise _remote(f"{sender} is not active in this aggregation", sender, self)
+        if message.attempt != self._attempt:
+            raise _remote(f"{sender}'s share is for attempt {message.attempt}, not {self._attempt}", sender, self)
+        if c in self._shares:
+            raise _remote(f"second share from {sender} in this aggregation", sender, self)
+        cfg = self.config
+        if message.width != cfg.width or len(message.values) != cfg.n_syndromes:
+            raise _remote(
+                f"{sender} sent {len(message.values)} elements of {message.width} bytes; "
+                f"expected {cfg.n_syndromes} of {cfg.width}",
+                sender,
+                self,
+            )
+        if any(v >= cfg.prime for v in message.values):
+            raise _remote(f"{sender} sent a value outside F_p", sender, self)
+        self._shares[c] = message.values
+        return []
+
+    def _on_early_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
+        # A request that arrives while an aggregation runs is served after it (never merged
+        # into the running round, whose shares were computed before the removal).
+        self._client_index(sender)
+        self._queued.append((sender, message))
+        return []
+
+    def _advance(self) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        while True:
+            if self._state is ServerState.AGGREGATE and self._shares and len(self._shares) == len(self._active):
+                out += self._aggregate()
+            elif self._state is ServerState.SERVING and self._queued:
+                out += self._on_request(*self._queued.pop(0))
+            else:
+                return out
+
+    def _aggregate(self) -> list[Outgoing]:
+        cfg = self.config
+        sums = scma.aggregate_syndromes((self._shares[c] for c in self._active), cfg.prime, cfg.n_syndromes)
+        previous = self._totals[-1] if self._totals else self.n_points
+        bounds = dict(max_support=cfg.k_client * len(self._active), max_index=cfg.grid.n_bins, max_total=previous)
+        if self._counts is None:
+            counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
+        else:  # one client changed: decode q' - q (at most 2K non-zeros), never a different result
+            counts = scma.decode_update(
+                sums, self._sums, self._counts, cfg.prime, change_hint=2 * cfg.k_client, **bounds
+            )
+        self._sums = sums
+        total = sum(counts.values())
+        if total > previous or (not self._totals and not self._dropped and total != self.n_points):
+            raise RemoteProtocolError(
+                f"decoded {total} points, expected {'at most ' if self._totals else ''}{previous}",
+                round_idx=self.round_idx,
+                state=self._state.name,
+            )
+        if total == 0:
+            raise RemoteProtocolError("no points remain in the federation", round_idx=self.round_idx)
+        self._shares = {}
+        self._attempt = 0
+        recluster = self._counts is None or self._should_recluster(counts)
+        if recluster:
+            key = jax.random.fold_in(self.key, self.round_idx if cfg.fresh_randomness else 0)
+            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
+            self._centroids, _ = weighted_kmeans(
+                key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter
+            )
+        self._counts = counts
+        self._history.append(np.asarray(self._centroids))
+        self._totals.append(total)
+        self._supports.append(len(counts))
+        self._reclustered.append(recluster)
+        version = len(self._history) - 1
+        dests = [self.clients[c] for c in self._active]
+        out: list[Outgoing] = [
+            self.broadcast(
+                dests, ModelUpdate(version=version, reclustered=recluster, centroids=self._history[-1]), phase="model"
+            )
+        ]
+        if version == self.n_requests:
+            if self._queued:
+                raise _remote("more removal requests than the run serves", self._queued[0][0], self)
+            self._finish(
+                MUFCServerResult(
+                    self._history[-1],
+                    tuple(self._history),
+                    dict(counts),
+                    tuple(self._totals),
+                    tuple(self._supports),
+                    tuple(self._reclustered),
+                    self._active,
+                    tuple(self._dropped),
+                )
+            )
+            return out
+        self.round_idx += 1
+        self._state = ServerState.SERVING
+        return out
+
+    def _should_recluster(self, counts: dict[int, int]) -> bool:
+        assert self._counts is not None
+        if self.config.unlearning == "lazy":
+            return counts.keys() != self._counts.keys()
+        return counts != self._counts
+
+    def _on_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
+        c = self._client_index(sender)
+        if c not in self._active:
+            raise _remote(f"{sender} has left the federation and cannot request removals", sender, self)
+        if message.whole_client:
+            if len(self._active) == 1:
+                raise _remote(f"{sender} is the last client; the federation would be empty", sender, self)
+            self._active = tuple(i for i in self._active if i != c)
+        self._state = ServerState.AGGREGATE
+        return [self._open()]
+
+    def _open(self) -> Outgoing:
+        dests = [self.clients[c] for c in self._active]
+        return self.broadcast(dests, AggregationRequest(active=self._active, attempt=self._attempt), phase="aggregate")
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if isinstance(event, PhaseTimedOut) and self._state is ServerState.AGGREGATE:
+            missing = [c for c in self._active if c not in self._shares]
+            remaining = len(self._active) - len(missing)
+            if missing and remaining >= max(self.config.quorum, 1):
+                self._dropped.extend(missing)
+                self._active = tuple(c for c in self._active if c not in missing)
+                self._shares = {}
+                self._attempt += 1
+                return [self._open()]
+        return super()._on_event(event)
+
+
+# ------------------------------------------------------------------------------------- client
+
+
+@dataclasses.dataclass(frozen=True)
+class MUFCClientResult:
+    """A client's output.
+
+    Attributes:
+        centroids: the server's last model the client received ``[k, d]``.
+        version: its version.
+        ids: the client's remaining point ids ``[n_l]``.
+        positions: each remaining point's local cluster (position in ``seeds``) ``[n_l]``.
+        local_centroids: the client's local centroids ``[r, d]`` (r <= K).
+        seeds: the seed ids in selection order.
+        reseeded: per own removal request, whether Algorithm 3 re-seeded.
+        left: the client left the federation (whole-client removal).
+    """
+
+    centroids: np.ndarray | None
+    version: int
+    ids: np.ndarray
+    positions: np.ndarray
+    local_centroids: np.ndarray
+    seeds: tuple[int, ...]
+    reseeded: tuple[bool, ...]
+    left: bool
+
+
+class ClientState(enum.Enum):
+    """States of a MUFC client."""
+
+    KEYS = enum.auto()
+    SERVING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class MUFCClient(ProtocolMachine):
+    """A MUFC client: seeds locally, uploads masked syndromes, serves its own removal requests.
+
+    Args:
+        party: the client's name; server: the server's name.
+        index: the client's index (0-based, its position in the public client order).
+        config: the public parameters.
+        x: the client's points ``[n_l, d]`` float64 inside the grid's box; ids: stable ids ``[n_l]``.
+        key: the client's `jax.random` key.
+        requests: position in the global request stream -> the ids this client removes at that
+            position (a batch), or ``None`` to leave the federation.
+        n_requests: length of the global stream.
+        key_entropy: 32+ bytes for the X25519 key pair (a simulation passes bytes derived from
+            the run seed so runs repeat; deployments pass ``os.urandom(32)``).
+
+    Raises:
+        ValueError: a request for a point the client does not hold, a repeated id, a position
+            outside the stream, a request after leaving, or a stream that empties the client.
+    """
+
+    State = ClientState
+    INITIAL_STATE = ClientState.KEYS
+    DEADLINE_FACTOR = 2.0
+    TRANSITIONS = {
+        (ClientState.KEYS, PeerKeys): ("_on_peer_keys", ClientState.SERVING),
+        (ClientState.SERVING, ModelUpdate): ("_on_model", ClientState.SERVING),
+        (ClientState.SERVING, AggregationRequest): ("_on_open", ClientState.SERVING),
+    }
+
+    def __init__(
+        self,
+        party: str,
+        *,
+        server: str,
+        index: int,
+        config: MUFCConfig,
+        x: np.ndarray,
+        ids: np.ndarray,
+        key: jax.Array,
+        requests: Mapping[int, Sequence[int] | None] | None = None,
+        n_requests: int = 0,
+        key_entropy: bytes,
+    ) -> None:
+        super().__init__(party)
+        if not 0 <= index < config.n_clients:
+            raise ValueError("index must lie in [0, n_clients)")
+        x = np.asarray(x, dtype=np.float64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if x.ndim != 2 or x.shape[1] != config.grid.d or ids.shape != (x.shape[0],) or x.shape[0] < 1:
+            raise ValueError("x must be [n_l, d] with d the grid's dimension, ids one per row, n_l >= 1")
+        self.server, self.index, self.config, self.key = server, index, config, key
+        self.n_requests = n_requests
+        self.requests = self._check_requests(requests or {}, set(ids.tolist()), n_requests)
+        self._local = LocalSeeding(x, ids, config.k_client, key, lloyd_iterations=config.lloyd_iterations)
+        self._private, self._public = x25519_keypair(key_entropy)
+        self._pair_seeds: dict[int, bytes] = {}
+        self._counts = self._local.counts(config.grid)
+        self._syndromes = scma.rs_syndromes(self._counts, config.prime, config.n_syndromes)
+        self._reseeded: list[bool] = []
+        self._centroids: np.ndarray | None = None
+        self._version = -1
+        self._left = False
+
+    @staticmethod
+    def _check_requests(
+        requests: Mapping[int, Sequence[int] | None], held: set[int], n_requests: int
+    ) -> dict[int, tuple[int, ...] | None]:
+        out: dict[int, tuple[int, ...] | None] = {}
+        seen: set[int] = set()
+        leave_at = None
+        for pos in sorted(requests):
+            if not 1 <= pos <= n_requests:
+                raise ValueError(f"request position {pos} is outside the stream 1..{n_requests}")
+            if leave_at is not None:
+                raise ValueError(f"a request at position {pos} after leaving at position {leave_at}")
+            batch = requests[pos]
+            if batch is None:
+                leave_at, out[pos] = pos, None
+                continue
+            batch = tuple(int(i) for i in batch)
+            if not batch:
+                raise ValueError(f"the request at position {pos} removes nothing")
+            unknown = [i for i in batch if i not in held]
+            if unknown:
+                raise ValueError(f"removal of point ids this client does not hold: {unknown[:5]}")
+            repeated = [i for i in batch if i in seen] or ([batch[0]] if len(set(batch)) != len(batch) else [])
+            if repeated:
+                raise ValueError(f"point id {repeated[0]} is removed twice")
+            seen.update(batch)
+            out[pos] = batch
+        if leave_at is None and len(seen) >= len(held):
+            raise ValueError("the requests would remove every point of the client (ask to leave instead)")
+        return out
+
+    @property
+    def phase(self) -> str:
+        return "setup" if self._state is ClientState.KEYS else "aggregate"
+
+    def pending(self) -> Sequence[str]:
+        return [self.server] if self._state in (ClientState.KEYS, ClientState.SERVING) else []
+
+    @property
+    def public_key(self) -> bytes:
+        """This client's X25519 public key."""
+        return self._public
+
+    def _start(self) -> list[Outgoing]:
+        return [self.send(self.server, PublicKey(public_key=self._public), phase="setup")]
+
+    def _check_server(self, sender: str) -> None:
+        if sender != self.server:
+            raise _remote(f"{sender} is not the server", sender, self)
+
+    def _on_peer_keys(self, sender: str, message: PeerKeys) -> list[Outgoing]:
+        self._check_server(sender)
+        if len(message.keys) != self.config.n_clients or message.keys[self.index] != self._public:
+            raise _remote("the key list does not hold this client's key at its index", sender, self)
+        context = hashlib.sha256(b"".join(message.keys)).digest()
+        self._pair_seeds = {
+            m: scma.pairwise_seed(self._private, self._public, peer, context)
+            for m, peer in enumerate(message.keys)
+            if m != self.index
+        }
+        return [self._share(tuple(range(self.config.n_clients)), 0)]
+
+    def _share(self, active: tuple[int, ...], attempt: int) -> Outgoing:
+        cfg = self.config
+        seeds = {m: self._pair_seeds[m] for m in active if m != self.index}
+        mask = scma.pairwise_masks(
+            self.index, seeds, cfg.prime, cfg.n_syndromes, _mask_stream(self.round_idx, attempt)
+        )
+        values = scma.mask_syndromes(self._syndromes, mask, cfg.prime)
+        share = MaskedSyndromes(attempt=attempt, width=cfg.width, values=tuple(values))
+        return self.send(self.server, share, phase="aggregate")
+
+    def _on_open(self, sender: str, message: AggregationRequest) -> list[Outgoing]:
+        self._check_server(sender)
+        if self.index not in message.active:
+            raise _remote("an aggregation this client is not part of", sender, self)
+        if any(c >= self.config.n_clients for c in message.active):
+            raise _remote("an aggregation over unknown clients", sender, self)
+        return [self._share(message.active, message.attempt)]
+
+    def _on_model(self, sender: str, message: ModelUpdate) -> list[Outgoing]:
+        self._check_server(sender)
+        if message.version != self.round_idx or message.version <= self._version:
+            raise _remote(f"model version {message.version} in round {self.round_idx}", sender, self)
+        self._version, self._centroids = message.version, message.centroids
+        if message.version == self.n_requests:
+            self._finish(self._outcome())
+            return []
+        self.round_idx += 1
+        if self.round_idx not in self.requests:
+            return []
+        batch = self.requests[self.round_idx]
+        if batch is None:
+            self._left = True
+            out = [self.send(self.server, RemovalRequest(whole_client=True), phase="removal")]
+            self._finish(self._outcome())
+            return out
+        self._remove(batch)
+        return [self.send(self.server, RemovalRequest(whole_client=False), phase="removal")]
+
+    def _remove(self, batch: tuple[int, ...]) -> None:
+        cfg = self.config
+        key = None
+        if cfg.fresh_randomness:
+            key = jax.random.fold_in(jax.random.fold_in(self.key, 1 << 20), self.round_idx)
+        outcome = self._local.remove(batch, key=key)
+        self._reseeded.append(outcome.reseeded)
+        if cfg.unlearning == "literal" and not outcome.reseeded:
+            return  # the paper's wording: q^(l) is refreshed only when the client re-seeds
+        self._counts = self._local.counts(cfg.grid)
+        self._syndromes = scma.rs_syndromes(self._counts, cfg.prime, cfg.n_syndromes)
+
+    def _outcome(self) -> MUFCClientResult:
+        ids, positions = self._local.assignment()
+        return MUFCClientResult(
+            self._centroids,
+            self._version,
+            np.asarray(ids),
+            np.asarray(positions),
+            np.asarray(self._local.centroids),
+            tuple(self._local.seeds),
+            tuple(self._reseeded),
+            self._left,
+        )
+
+
+# ------------------------------------------------------------------------------------ parties
+
+
+class MUFCParties:
+    """The parties of one MUFC run: ``server`` and ``client-<c>``.
+
+    Args:
+        parts: each client's ``(points [n_l, d], ids [n_l])``; ids unique across clients.
+        config: the public parameters (``config.n_clients == len(parts)``).
+        key: the run's `jax.random` key (server: ``fold_in(key, 0)``; client c: ``fold_in(key, c + 1)``).
+        requests: the global removal stream, in order: ``(client index, ids)`` to remove a batch of
+            that client's points, ``(client index, None)`` for the client to leave.
+        seed: derives every client's X25519 key-pair entropy (simulation; see :class:`MUFCClient`).
+
+    Raises:
+        ValueError: overlapping ids, a request that does not fit the data, a client count that
+            does not match the config, or a stream that would leave no client.
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[tuple[np.ndarray, np.ndarray]],
+        config: MUFCConfig,
+        *,
+        key: jax.Array,
+        requests: Sequence[tuple[int, Sequence[int] | None]] = (),
+        seed: int = 0,
+    ) -> None:
+        if len(parts) != config.n_clients:
+            raise ValueError(f"{len(parts)} clients' data for a config of {config.n_clients} clients")
+        self.parts = [(np.asarray(x, np.float64), np.asarray(ids, np.int64)) for x, ids in parts]
+        seen: set[int] = set()
+        for _, ids in self.parts:
+            if seen.intersection(ids.tolist()) or len(set(ids.tolist())) != len(ids):
+                raise ValueError("point ids must be unique across clients")
+            seen.update(ids.tolist())
+        self.config, self.key, self.seed = config, key, seed
+        self.clients = tuple(f"client-{c}" for c in range(config.n_clients))
+        self.roster = (SERVER, *self.clients)
+        self.requests = tuple((int(c), None if b is None else tuple(int(i) for i in b)) for c, b in requests)
+        self.per_client: list[dict[int, tuple[int, ...] | None]] = [{} for _ in self.parts]
+        leaving = set()
+        for pos, (c, batch) in enumerate(self.requests, start=1):
+            if not 0 <= c < config.n_clients:
+                raise ValueError(f"removal request {pos} names unknown client {c}")
+            if c in leaving:
+                raise ValueError(f"removal request {pos}: client {c} has already left")
+            if batch is None:
+                leaving.add(c)
+            self.per_client[c][pos] = batch
+        if len(leaving) >= config.n_clients:
+            raise ValueError("the removal stream would leave no client in the federation")
+        self.n_points = sum(x.shape[0] for x, _ in self.parts)
+
+    def role_of(self, party: str) -> str:
+        """``server`` or ``client``."""
+        return "server" if party == SERVER else "client"
+
+    def key_entropy(self, c: int) -> bytes:
+        """Client c's key-pair entropy, derived from the run seed (simulation)."""
+        material = hashlib.sha256(b"fedproto/mufc/run-seed" + self.seed.to_bytes(8, "big", signed=True)).digest()
+        return derive_bytes(material, b"fedproto/mufc/x25519/client %d" % c)
+
+    def make_machine(self, party: str) -> ProtocolMachine:
+        """The machine of ``party``.
+
+        Raises:
+            ValueError: not a party of this run, or the client's requests do not fit its data.
+        """
+        m = len(self.requests)
+        if party == SERVER:
+            return MUFCServer(
+                SERVER,
+                clients=self.clients,
+                config=self.config,
+                key=jax.random.fold_in(self.key, 0),
+                n_requests=m,
+                n_points=self.n_points,
+            )
+        if party not in self.clients:
+            raise ValueError(f"{party!r} is not a party of this run")
+        c = self.clients.index(party)
+        x, ids = self.parts[c]
+        return MUFCClient(
+            party,
+            server=SERVER,
+            index=c,
+            config=self.config,
+            x=x,
+            ids=ids,
+            key=jax.random.fold_in(self.key, c + 1),
+            requests=self.per_client[c],
+            n_requests=m,
+            key_entropy=self.key_entropy(c),
+        )
+
+    def machines(self) -> dict[str, ProtocolMachine]:
+        """Every party's machine, in roster order."""
+        return {p: self.make_machine(p) for p in self.roster}

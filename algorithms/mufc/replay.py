@@ -1,0 +1,250 @@
+"""A timed, centralised replay of a MUFC run: the same computations as the parties, one process.
+
+The protocol machines never read a clock (sans-IO), so the time of each removal against complete
+retraining is measured here, by redoing each party's computation in turn and timing it. Clients
+work in parallel in a federation, so a step's time is the slowest client's plus the server's
+(spec 4.3); a removal request makes only the requesting client compute (Algorithm 3), every other
+client only resends its cached syndromes.
+
+Timed work per removal (exact and literal modes): the requesting client's Algorithm 3 and its
+syndromes; the server's sum of the L shares, SCMA decoding and (when the mode asks) K-means++ on
+the decoded bins. Complete retraining: every client's seeding from scratch on its remaining data
+and its syndromes (the slowest client counts), then the same server work. Mask generation is not
+timed (the paper excludes it; it is the same in both).
+
+References:
+    Pan et al., ICLR 2023, Sec. 6 and App. M (timing protocol); spec mufc.md 4.3, 3.5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from algorithms import scma
+from algorithms.mufc.clustering import federated_loss, server_points, weighted_kmeans
+from algorithms.mufc.protocol import MUFCConfig
+from algorithms.mufc.seeding import LocalSeeding
+
+__all__ = ["RemovalStep", "Replay", "replay"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovalStep:
+    """One removal request of the replay.
+
+    Attributes:
+        client: the requesting client; whole_client: it left the federation.
+        reseeded: Algorithm 3 re-seeded (False when the client left).
+        client_s: the requesting client's time (Algorithm 3 and syndromes).
+        server_s: the server's time (sum of shares, decoding, clustering if needed).
+        reclustered: the server re-ran K-means++.
+        loss: phi_f on the remaining data after the step (``None`` if not evaluated).
+    """
+
+    client: int
+    whole_client: bool
+    reseeded: bool
+    client_s: float
+    server_s: float
+    reclustered: bool
+    loss: float | None
+
+    @property
+    def total_s(self) -> float:
+        """Time of the removal round: client plus server."""
+        return self.client_s + self.server_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """The outcome of :func:`replay`.
+
+    Attributes:
+        train_client_s: the slowest client's training time (seeding and syndromes).
+        train_server_s: the server's training time.
+        retrain_s: median time of a complete retraining (slowest client + server), measured
+            ``retrains`` times along the stream.
+        steps: one :class:`RemovalStep` per request.
+        centroids: the final server model ``[k, d]``.
+        initial_loss: phi_f after training.
+    """
+
+    train_client_s: float
+    train_server_s: float
+    retrain_s: float
+    steps: tuple[RemovalStep, ...]
+    centroids: np.ndarray
+    initial_loss: float
+
+    @property
+    def mean_removal_s(self) -> float:
+        """Mean time per removal request (nan without requests)."""
+        return float(np.mean([s.total_s for s in self.steps])) if self.steps else float("nan")
+
+    @property
+    def speedup(self) -> float:
+        """Complete retraining time over the mean removal time (accumulated over the stream)."""
+        return self.retrain_s / self.mean_removal_s if self.steps else float("nan")
+
+
+def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+class _Server:
+    def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int) -> None:
+        self.config, self.key, self.total = config, key, n_points
+        self.sums: list[int] = []
+        self.counts: dict[int, int] | None = None
+        self.centroids: np.ndarray | None = None
+
+    def step(self, syndromes: Sequence[Sequence[int]], round_idx: int, *, force: bool = False) -> bool:
+        cfg = self.config
+        sums = scma.aggregate_syndromes(syndromes, cfg.prime, cfg.n_syndromes)
+        bounds = dict(max_support=cfg.k_client * len(syndromes), max_index=cfg.grid.n_bins, max_total=self.total)
+        if self.counts is None or force:
+            counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
+        else:
+            counts = scma.decode_update(sums, self.sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
+                                        **bounds)
+        self.sums, self.total = sums, sum(counts.values())
+        if self.counts is None or force:
+            recluster = True
+        elif cfg.unlearning == "lazy":
+            recluster = counts.keys() != self.counts.keys()
+        else:
+            recluster = counts != self.counts
+        if recluster:
+            key = jax.random.fold_in(self.key, round_idx if cfg.fresh_randomness else 0)
+            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
+            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
+            self.centroids = np.asarray(centroids)
+        self.counts = counts
+        return recluster
+
+
+def replay(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]],
+    config: MUFCConfig,
+    key: jax.Array,
+    requests: Sequence[tuple[int, Sequence[int] | None]],
+    *,
+    retrains: int = 3,
+    evaluate: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Replay:
+    """Replay training and a removal stream with the parties' keys, timing every step.
+
+    Args:
+        parts: each client's ``(points [n_l, d], ids [n_l])``.
+        config: the public parameters; key: the run key (as :class:`~algorithms.mufc.protocol.MUFCParties`).
+        requests: ``(client, ids)`` batches or ``(client, None)`` departures, in order.
+        retrains: complete retrainings timed along the stream (at evenly spaced steps).
+        evaluate: compute phi_f after every step.
+        progress: called with the number of requests served so far.
+
+    Returns:
+        The :class:`Replay`; its centroids equal the protocol's (same keys, same order).
+
+    Raises:
+        ValueError: ``retrains < 1``.
+    """
+    if retrains < 1:
+        raise ValueError("retrains must be at least 1")
+    cfg = config
+    active = list(range(len(parts)))
+    locals_: list[LocalSeeding] = []
+    syndromes: list[list[int]] = []
+    client_times = []
+    for c, (x, ids) in enumerate(parts):
+        def train(c=c, x=x, ids=ids):
+            local = LocalSeeding(x, ids, cfg.k_client, jax.random.fold_in(key, c + 1),
+                                 lloyd_iterations=cfg.lloyd_iterations)
+            return local, scma.rs_syndromes(local.counts(cfg.grid), cfg.prime, cfg.n_syndromes)
+
+        (local, syn), seconds = _timed(train)
+        locals_.append(local)
+        syndromes.append(syn)
+        client_times.append(seconds)
+    server = _Server(cfg, jax.random.fold_in(key, 0), sum(x.shape[0] for x, _ in parts))
+    _, train_server_s = _timed(lambda: server.step(syndromes, 0))
+
+    def loss() -> float:
+        xs, cents, poss = [], [], []
+        for c in active:
+            x, ids = parts[c]
+            kept_ids, positions = locals_[c].assignment()
+            row = {int(i): r for r, i in enumerate(ids.tolist())}
+            xs.append(x[[row[int(i)] for i in np.asarray(kept_ids).tolist()]])
+            cents.append(np.asarray(locals_[c].centroids))
+            poss.append(np.asarray(positions))
+        return float(federated_loss(xs, cents, poss, cfg.grid, server.centroids))
+
+    initial = loss() if evaluate else float("nan")
+    removed: list[set[int]] = [set() for _ in parts]
+    retrain_at = set(np.linspace(0, max(len(requests) - 1, 0), retrains).round().astype(int).tolist())
+    retrain_times: list[float] = []
+    steps = []
+    for s, (c, batch) in enumerate(requests, start=1):
+        if batch is None:
+            active.remove(c)
+            reseeded, client_s = False, 0.0
+        else:
+            batch = tuple(int(i) for i in batch)
+
+            def unlearn(c=c, batch=batch):
+                outcome = locals_[c].remove(batch, key=(
+                    jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c + 1), 1 << 20), s)
+                    if cfg.fresh_randomness else None))
+                if cfg.unlearning != "literal" or outcome.reseeded:
+                    syndromes[c] = scma.rs_syndromes(locals_[c].counts(cfg.grid), cfg.prime, cfg.n_syndromes)
+                return outcome.reseeded
+
+            reseeded, client_s = _timed(unlearn)
+            removed[c].update(batch)
+        recluster, server_s = _timed(lambda: server.step([syndromes[a] for a in active], s))
+        steps.append(RemovalStep(c, batch is None, bool(reseeded), client_s, server_s, bool(recluster),
+                                 loss() if evaluate else None))
+        if s - 1 in retrain_at:
+            retrain_times.append(_complete_retraining(parts, active, removed, cfg, key))
+        if progress is not None:
+            progress(s)
+    if not requests:
+        retrain_times.append(_complete_retraining(parts, active, removed, cfg, key))
+    assert server.centroids is not None
+    return Replay(max(client_times), train_server_s, float(np.median(retrain_times)), tuple(steps),
+                  server.centroids, initial)
+
+
+def _complete_retraining(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]],
+    active: Sequence[int],
+    removed: Sequence[set[int]],
+    cfg: MUFCConfig,
+    key: jax.Array,
+) -> float:
+    """Time of retraining from scratch on the remaining data: slowest client + server."""
+    slowest, syndromes = 0.0, []
+    for c in active:
+        x, ids = parts[c]
+        keep = np.array([int(i) not in removed[c] for i in ids.tolist()], dtype=bool)
+
+        def train(c=c, x=x[keep], ids=ids[keep]):
+            local = LocalSeeding(x, ids, cfg.k_client, jax.random.fold_in(key, c + 1),
+                                 lloyd_iterations=cfg.lloyd_iterations)
+            return scma.rs_syndromes(local.counts(cfg.grid), cfg.prime, cfg.n_syndromes)
+
+        syn, seconds = _timed(train)
+        slowest = max(slowest, seconds)
+        syndromes.append(syn)
+    n_left = sum(int(np.sum(~np.isin(ids, list(removed[c])))) for c, (_, ids) in enumerate(parts) if c in active)
+    server = _Server(cfg, jax.random.fold_in(key, 0), n_left)
+    _, server_s = _timed(lambda: server.step(syndromes, 0, force=True))
+    return slowest + server_s

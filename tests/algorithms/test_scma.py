@@ -1,0 +1,801 @@
+"""Tests for algorithms.scma: field choice, encoding, masks, Berlekamp-Massey, roots, decoding.
+
+Oracles 1-9 of spec mufc.md section 6. Reference implementations written here (naive power sums,
+a textbook Berlekamp-Massey, brute-force roots and primes) are independent of the module's FLINT
+code paths.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import flint
+import numpy as np
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from algorithms import scma
+from algorithms.scma import SyndromeDecodingError
+from algorithms.secagg import x25519_keypair
+from fedproto.errors import RemoteProtocolError
+
+# ------------------------------------------------------------------ independent references
+
+
+def ref_syndromes(counts, p, n_syndromes):
+    """S_i = sum_j q_j j^(i-1) mod p, straight from the definition."""
+    return [sum(q * pow(j, i, p) for j, q in counts.items()) % p for i in range(n_syndromes)]
+
+
+def ref_berlekamp_massey(seq, p):
+    """Textbook Berlekamp-Massey over F_p: ``(C, L)`` with C padded/truncated to L + 1 coefficients."""
+    c, b = [1], [1]
+    length, shift, last = 0, 1, 1
+    for n, s in enumerate(seq):
+        d = s
+        for i in range(1, length + 1):
+            if i < len(c):
+                d += c[i] * seq[n - i]
+        d %= p
+        if d == 0:
+            shift += 1
+            continue
+        coef = d * pow(last, -1, p) % p
+        old = list(c)
+        c = c + [0] * max(0, len(b) + shift - len(c))
+        for i, bi in enumerate(b):
+            c[i + shift] = (c[i + shift] - coef * bi) % p
+        if 2 * length <= n:
+            length, b, last, shift = n + 1 - length, old, d, 1
+        else:
+            shift += 1
+    assert all(v == 0 for v in c[length + 1 :])
+    return (c + [0] * (length + 1))[: length + 1], length
+
+
+def generates(conn, seq, p):
+    """Whether s_n = -sum_{k>=1} C_k s_{n-k} holds for all n >= L = len(conn) - 1."""
+    taps = len(conn) - 1
+    return all(sum(conn[k] * seq[n - k] for k in range(taps + 1)) % p == 0 for n in range(taps, len(seq)))
+
+
+def poly_eval(coeffs, x, p):
+    acc = 0
+    for c in reversed(coeffs):
+        acc = (acc * x + c) % p
+    return acc
+
+
+def is_prime_trial(n):
+    if n < 2:
+        return False
+    return all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def add_counts(vectors):
+    total = {}
+    for vec in vectors:
+        for j, q in vec.items():
+            total[j] = total.get(j, 0) + q
+    return {j: q for j, q in sorted(total.items()) if q}
+
+
+def keys(n_parties, tag=0):
+    return [x25519_keypair(bytes([tag, i]) * 16) for i in range(n_parties)]
+
+
+def pair_seeds(keypairs, party, active, context=b"run-1"):
+    private, public = keypairs[party]
+    return {m: scma.pairwise_seed(private, public, keypairs[m][1], context) for m in active if m != party}
+
+
+def run_scma(vectors, p, n_syndromes, *, masks):
+    """Encode, mask, aggregate: the server's sums."""
+    messages = [
+        scma.mask_syndromes(scma.rs_syndromes(q, p, n_syndromes), z, p) for q, z in zip(vectors, masks, strict=True)
+    ]
+    return messages, scma.aggregate_syndromes(messages, p, n_syndromes)
+
+
+def pairwise_for_all(n_parties, p, n_syndromes, round_idx, tag=0):
+    kp = keys(n_parties, tag)
+    active = range(n_parties)
+    return [scma.pairwise_masks(l, pair_seeds(kp, l, active), p, n_syndromes, round_idx) for l in active]
+
+
+# ------------------------------------------------------------------ oracle 1: worked example
+
+
+def test_worked_example_of_spec_2_6_reproduces_every_number():
+    p, n_syndromes = scma.field_prime(12, 4), 8
+    assert p == 13
+    q1, q2 = {1: 5, 3: 2}, {3: 3, 4: 2}
+    s1, s2 = scma.rs_syndromes(q1, p, n_syndromes), scma.rs_syndromes(q2, p, n_syndromes)
+    assert s1 == [7, 11, 10, 7, 11, 10, 7, 11]
+    assert s2 == [5, 4, 7, 1, 1, 8, 5, 4]
+    z1 = [3, 7, 1, 12, 5, 9, 0, 4]
+    z2 = [10, 6, 12, 1, 8, 4, 0, 9]
+    assert [(a + b) % p for a, b in zip(z1, z2)] == [0] * 8
+    m1, m2 = scma.mask_syndromes(s1, z1, p), scma.mask_syndromes(s2, z2, p)
+    assert m1 == [10, 5, 11, 6, 3, 6, 7, 2]
+    assert m2 == [2, 10, 6, 2, 9, 12, 5, 0]
+    sums = scma.aggregate_syndromes([m1, m2], p, n_syndromes)
+    assert sums == [12, 2, 4, 8, 12, 5, 12, 2]
+    g = scma.error_locator(sums, p)
+    assert g == [1, 5, 6, 1]  # 1 + 5x + 6x^2 + x^3 = (1 - x)(1 - 3x)(1 - 4x) mod 13
+    roots = scma.field_roots(g, p)
+    assert roots == [1, 9, 10]
+    assert sorted(pow(r, -1, p) for r in roots) == [1, 3, 4]
+    assert scma.decode_syndromes(sums, p, max_support=4, max_index=4, max_total=12) == {1: 5, 3: 5, 4: 2}
+    assert list(scma.decode_syndromes(sums, p, max_support=4, max_index=4)) == [1, 3, 4]  # keys ascending
+
+
+# ------------------------------------------------------------------ encoding against the definition
+
+
+def test_rs_syndromes_match_the_definition_including_huge_indices_and_counts():
+    rng = random.Random(7)
+    for bits in (5, 20, 70, 200):
+        p = scma.field_prime(0, 1 << bits)
+        for _ in range(15):
+            k = rng.randrange(0, 12)
+            counts = {rng.randrange(1, p): rng.randrange(0, p) for _ in range(k)}
+            n_syndromes = rng.randrange(1, 40)
+            assert scma.rs_syndromes(counts, p, n_syndromes) == ref_syndromes(counts, p, n_syndromes)
+    assert scma.rs_syndromes({}, 13, 5) == [0] * 5
+    assert scma.rs_syndromes({5: 0}, 13, 3) == [0, 0, 0]  # zero counts are ignored
+    assert scma.rs_syndromes({np.int64(3): np.int64(2)}, 13, 2) == [2, 6]  # NumPy ints are ints
+
+
+@pytest.mark.parametrize(
+    ("counts", "match"),
+    [({0: 1}, "bin index 0"), ({13: 1}, "bin index 13"), ({-1: 1}, "bin index -1"),
+     ({2: -1}, "count -1"), ({2: 13}, "count 13")],
+)
+def test_rs_syndromes_rejects_bad_counts(counts, match):
+    with pytest.raises(ValueError, match=match):
+        scma.rs_syndromes(counts, 13, 4)
+
+
+def test_bad_types_and_sizes_are_rejected():
+    with pytest.raises(TypeError):
+        scma.rs_syndromes([(1, 2)], 13, 4)
+    with pytest.raises(TypeError):
+        scma.rs_syndromes({1.0: 2}, 13, 4)
+    with pytest.raises(TypeError):
+        scma.rs_syndromes({True: 2}, 13, 4)
+    with pytest.raises(ValueError, match="n_syndromes"):
+        scma.rs_syndromes({1: 1}, 13, 0)
+    with pytest.raises(ValueError, match="not prime"):
+        scma.rs_syndromes({1: 1}, 15, 4)
+    with pytest.raises(ValueError, match="p must be"):
+        scma.field_width(1)
+    with pytest.raises(TypeError):
+        scma.mask_syndromes([1, 2.0], [0, 0], 13)
+    with pytest.raises(TypeError):
+        scma.decode_syndromes(b"\x01\x02", 13, max_support=1, max_index=4)
+
+
+# ------------------------------------------------------------------ masking and aggregation checks
+
+
+def test_mask_and_aggregate_check_lengths_and_ranges():
+    p = 13
+    assert scma.mask_syndromes([12, 0], [1, 5], p) == [0, 5]
+    with pytest.raises(ValueError, match="mask must have 2"):
+        scma.mask_syndromes([1, 2], [1], p)
+    with pytest.raises(ValueError, match=r"syndromes\[1\] = 13"):
+        scma.mask_syndromes([1, 13], [1, 1], p)
+    with pytest.raises(ValueError, match=r"mask\[0\] = -1"):
+        scma.mask_syndromes([1, 1], [-1, 1], p)
+    assert scma.aggregate_syndromes([[12, 1], [1, 12], [5, 5]], p, 2) == [5, 5]
+    assert scma.aggregate_syndromes(iter([[3, 4]]), p, 2) == [3, 4]
+    with pytest.raises(ValueError, match=r"messages\[1\] must have 2"):
+        scma.aggregate_syndromes([[1, 2], [1, 2, 3]], p, 2)
+    with pytest.raises(ValueError, match=r"messages\[0\]\[1\] = 13"):
+        scma.aggregate_syndromes([[1, 13]], p, 2)
+    with pytest.raises(ValueError, match="no messages"):
+        scma.aggregate_syndromes([], p, 2)
+    with pytest.raises(TypeError):
+        scma.aggregate_syndromes([[1, True]], p, 2)
+
+
+# ------------------------------------------------------------------ oracle 2: random round trips
+
+
+CONFIGS = [
+    # (K, L, n_bins, n): small field, 2^64 < B^d, counts beyond 2^64, a 400-bit field
+    (2, 2, 4, 12),
+    (3, 4, 16**3, 1000),
+    (4, 5, 16**20, 2**70),
+    (5, 3, 2**400, 2**90),
+]
+
+
+def random_vectors(rng, k, n_parties, n_bins, n, pool=None):
+    """Each client gets 0..K non-zeros (from ``pool`` when given, so clients share bins)."""
+    vectors = []
+    for _ in range(n_parties):
+        nnz = rng.randrange(0, k + 1)
+        bins = [rng.choice(pool) if pool else rng.randrange(1, n_bins + 1) for _ in range(nnz)]
+        vectors.append({j: rng.randrange(1, max(2, n // (k * n_parties))) for j in bins})
+    return vectors
+
+
+@pytest.mark.parametrize(("k", "n_parties", "n_bins", "n"), CONFIGS, ids=["p13", "p2^12", "Bd2^80", "Bd2^400"])
+def test_random_round_trips_decode_the_exact_sum(k, n_parties, n_bins, n):
+    rng = random.Random(k * 1000 + n_parties)
+    p = scma.field_prime(n, n_bins)
+    n_syndromes = 2 * k * n_parties
+    for trial in range(25):
+        pool = [rng.randrange(1, n_bins + 1) for _ in range(3)] if trial % 2 else None
+        vectors = random_vectors(rng, k, n_parties, n_bins, n, pool)
+        if trial % 3 == 0:
+            masks = pairwise_for_all(n_parties, p, n_syndromes, trial, tag=k)
+        else:
+            masks = scma.dealer_masks(n_parties, p, n_syndromes, rng.randbytes(32))
+        _, sums = run_scma(vectors, p, n_syndromes, masks=masks)
+        expected = add_counts(vectors)
+        got = scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins, max_total=n)
+        assert got == expected
+        assert all(type(j) is int and type(q) is int for j, q in got.items())
+
+
+def test_all_zero_and_full_support_and_shared_bins():
+    rng = random.Random(3)
+    k, n_parties, n_bins = 3, 4, 2**80
+    p = scma.field_prime(2**66, n_bins)
+    n_syndromes = 2 * k * n_parties
+    # all clients empty: sums are masks only, which cancel -> g = 1, empty support
+    zeros = [{} for _ in range(n_parties)]
+    masks = scma.dealer_masks(n_parties, p, n_syndromes, b"z" * 32)
+    messages, sums = run_scma(zeros, p, n_syndromes, masks=masks)
+    assert any(any(m) for m in messages) and sums == [0] * n_syndromes
+    assert scma.error_locator(sums, p) == [1]
+    assert scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins) == {}
+    # full support: KL distinct bins, counts beyond 2^64
+    bins = list({rng.randrange(1, n_bins + 1) for _ in range(k * n_parties)})
+    assert len(bins) == k * n_parties
+    full = [{j: rng.randrange(2**64, 2**65) for j in bins[l * k : (l + 1) * k]} for l in range(n_parties)]
+    _, sums = run_scma(full, p, n_syndromes, masks=pairwise_for_all(n_parties, p, n_syndromes, 0))
+    assert scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins) == add_counts(full)
+    # every client uses the same K bins: counts add up
+    same = [{5: 1 + l, n_bins: 10, 7: 2**64} for l in range(n_parties)]
+    _, sums = run_scma(same, p, n_syndromes, masks=pairwise_for_all(n_parties, p, n_syndromes, 1))
+    assert scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins) == {
+        5: 10, 7: 4 * 2**64, n_bins: 40
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(1, 10_000), st.integers(1, 50), max_size=8),
+    st.integers(0, 4),
+)
+def test_decode_inverts_encoding_hypothesis(counts, extra):
+    p = scma.field_prime(10_000, 10_000)
+    n_syndromes = 2 * len(counts) + extra
+    if n_syndromes == 0:
+        n_syndromes = 1
+    sums = scma.rs_syndromes(counts, p, n_syndromes)
+    assert scma.decode_syndromes(sums, p, max_support=len(counts), max_index=10_000) == dict(sorted(counts.items()))
+
+
+def test_medium_support_decodes_with_a_celltype_sized_field():
+    rng = random.Random(11)
+    n_bins = 111**10
+    p = scma.field_prime(12009, n_bins)
+    assert p.bit_length() == 68
+    counts = {rng.randrange(1, n_bins + 1): rng.randrange(1, 40) for _ in range(300)}
+    sums = scma.rs_syndromes(counts, p, 2 * len(counts))
+    assert scma.decode_syndromes(sums, p, max_support=len(counts), max_index=n_bins) == dict(sorted(counts.items()))
+
+
+def test_small_support_decodes_with_a_4423_bit_field():
+    p = 2**4423 - 1  # a Mersenne prime: no 30 s prime search in the fast suite
+    vectors = [{3**2000: 7}, {3**2000: 1, 2**4000 + 1: 11}]
+    _, sums = run_scma(vectors, p, 4, masks=scma.dealer_masks(2, p, 4, b"x" * 32))
+    assert scma.decode_syndromes(sums, p, max_support=2, max_index=2**4422) == {3**2000: 8, 2**4000 + 1: 11}
+
+
+@pytest.mark.slow
+def test_ten_thousand_nonzeros_with_a_69_bit_field():
+    rng = random.Random(5)
+    n_bins = 111**10
+    p = scma.field_prime(12009, n_bins)
+    counts = {}
+    while len(counts) < 10_000:
+        counts[rng.randrange(1, n_bins + 1)] = rng.randrange(1, 100)
+    sums = scma.rs_syndromes(counts, p, 20_000)
+    assert scma.decode_syndromes(sums, p, max_support=10_000, max_index=n_bins) == dict(sorted(counts.items()))
+
+
+@pytest.mark.slow
+def test_tmi_sized_field_small_support():
+    p = scma.field_prime(0, 35**984)
+    assert p.bit_length() == 5048 and flint.fmpz(p).is_probable_prime()
+    rng = random.Random(8)
+    counts = {rng.randrange(1, 35**984 + 1): rng.randrange(1, 1000) for _ in range(8)}
+    sums = scma.rs_syndromes(counts, p, 80)
+    assert scma.decode_syndromes(sums, p, max_support=40, max_index=35**984) == dict(sorted(counts.items()))
+
+
+# ------------------------------------------------------------------ oracle 3: mask invariance, negative control
+
+
+def test_decoded_sum_does_not_depend_on_the_masks():
+    rng = random.Random(21)
+    k, n_parties, n_bins = 3, 4, 10**6
+    p = scma.field_prime(5000, n_bins)
+    n_syndromes = 2 * k * n_parties
+    vectors = random_vectors(rng, k, n_parties, n_bins, 5000)
+    runs = [
+        run_scma(vectors, p, n_syndromes, masks=scma.dealer_masks(n_parties, p, n_syndromes, b"a" * 32)),
+        run_scma(vectors, p, n_syndromes, masks=scma.dealer_masks(n_parties, p, n_syndromes, b"b" * 32)),
+        run_scma(vectors, p, n_syndromes, masks=pairwise_for_all(n_parties, p, n_syndromes, 0)),
+        run_scma(vectors, p, n_syndromes, masks=pairwise_for_all(n_parties, p, n_syndromes, 1)),
+    ]
+    for i, (messages, _) in enumerate(runs):
+        for other, _ in runs[i + 1 :]:
+            assert all(a != b for a, b in zip(messages, other))  # every client's message changed
+    assert len({tuple(sums) for _, sums in runs}) == 1
+    decoded = [scma.decode_syndromes(s, p, max_support=k * n_parties, max_index=n_bins) for _, s in runs]
+    assert all(d == add_counts(vectors) for d in decoded)
+
+
+def test_perturbed_or_mismatched_masks_make_decoding_fail():
+    rng = random.Random(31)
+    k, n_parties, n_bins = 2, 3, 2**62
+    p = scma.field_prime(2**40, n_bins)
+    assert p.bit_length() >= 62
+    n_syndromes = 2 * k * n_parties
+    kp = keys(n_parties, tag=9)
+    active = list(range(n_parties))
+    for trial in range(40):
+        vectors = random_vectors(rng, k, n_parties, n_bins, 2**40)
+        if trial == 0:  # full support: the case where BM alone cannot tell (degree T/2)
+            vectors = [{rng.randrange(1, n_bins): rng.randrange(1, 1000) for _ in range(k)} for _ in active]
+        masks = [scma.pairwise_masks(l, pair_seeds(kp, l, active), p, n_syndromes, trial) for l in active]
+        _, sums = run_scma(vectors, p, n_syndromes, masks=masks)
+        assert scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins) == add_counts(vectors)
+        # one client's mask perturbed in one position, without the compensating change
+        bad = [list(z) for z in masks]
+        bad[trial % n_parties][rng.randrange(n_syndromes)] = rng.randrange(p)
+        if bad != masks:
+            _, sums = run_scma(vectors, p, n_syndromes, masks=bad)
+            with pytest.raises(SyndromeDecodingError, match="syndrome decoding failed"):
+                scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins, max_total=2**40)
+        # one client uses the wrong round, another drops a peer from its active set
+        wrong = list(masks)
+        if trial % 2:
+            wrong[0] = scma.pairwise_masks(0, pair_seeds(kp, 0, active), p, n_syndromes, trial + 1)
+        else:
+            wrong[1] = scma.pairwise_masks(1, pair_seeds(kp, 1, [0, 1]), p, n_syndromes, trial)
+        _, sums = run_scma(vectors, p, n_syndromes, masks=wrong)
+        with pytest.raises(SyndromeDecodingError):
+            scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins, max_total=2**40)
+    # a missing client's message: the others' masks do not cancel
+    masks = [scma.pairwise_masks(l, pair_seeds(kp, l, active), p, n_syndromes, 99) for l in active]
+    messages, _ = run_scma(random_vectors(rng, k, n_parties, n_bins, 2**40), p, n_syndromes, masks=masks)
+    with pytest.raises(SyndromeDecodingError):
+        scma.decode_syndromes(
+            scma.aggregate_syndromes(messages[:-1], p, n_syndromes), p, max_support=k * n_parties, max_index=n_bins
+        )
+    assert issubclass(SyndromeDecodingError, RemoteProtocolError)
+
+
+# ------------------------------------------------------------------ oracle 4: zero-sum pairwise masks
+
+
+def test_pairwise_masks_sum_to_zero_on_every_active_set_and_are_fresh_per_round():
+    p = scma.field_prime(10**6, 2**100)
+    n_syndromes = 16
+    kp = keys(6, tag=4)
+    for active in ([0, 1, 2, 3, 4, 5], [0, 2, 3], [1, 5], [4, 0, 5, 3]):
+        by_round = []
+        for round_idx in (0, 1, 2**70):
+            masks = [scma.pairwise_masks(l, pair_seeds(kp, l, active), p, n_syndromes, round_idx) for l in active]
+            assert [sum(col) % p for col in zip(*masks)] == [0] * n_syndromes
+            assert all(len(z) == n_syndromes and all(0 <= v < p for v in z) for z in masks)
+            assert all(len(set(z)) == n_syndromes for z in masks)  # 100-bit values: no repeats
+            by_round.append(masks)
+        for i in range(len(active)):  # no entry is reused across rounds
+            assert not set(by_round[0][i]) & set(by_round[1][i])
+            assert not set(by_round[1][i]) & set(by_round[2][i])
+    # determinism, and a different field size or T gives an unrelated mask
+    seeds = pair_seeds(kp, 2, range(6))
+    z = scma.pairwise_masks(2, seeds, p, n_syndromes, 3)
+    assert z == scma.pairwise_masks(2, dict(reversed(list(seeds.items()))), p, n_syndromes, 3)
+    assert scma.pairwise_masks(2, seeds, p, n_syndromes + 1, 3)[:4] != z[:4]
+    assert scma.pairwise_masks(2, seeds, scma.field_prime(0, 2**101), n_syndromes, 3)[:4] != z[:4]
+
+
+def test_pairwise_masks_reject_bad_arguments():
+    seeds = {1: b"s" * 32}
+    with pytest.raises(ValueError, match="at least one other"):
+        scma.pairwise_masks(0, {}, 13, 4, 0)
+    with pytest.raises(ValueError, match="itself"):
+        scma.pairwise_masks(1, seeds, 13, 4, 0)
+    with pytest.raises(ValueError, match="round_idx"):
+        scma.pairwise_masks(0, seeds, 13, 4, -1)
+    with pytest.raises(ValueError, match="32 bytes"):
+        scma.pairwise_masks(0, {1: b"short"}, 13, 4, 0)
+
+
+def test_dealer_masks_sum_to_zero_and_depend_on_the_seed():
+    p = scma.field_prime(0, 2**80)
+    masks = scma.dealer_masks(5, p, 12, b"d" * 32)
+    assert len(masks) == 5 and all(len(z) == 12 for z in masks)
+    assert [sum(col) % p for col in zip(*masks)] == [0] * 12
+    assert masks == scma.dealer_masks(5, p, 12, b"d" * 32)
+    other = scma.dealer_masks(5, p, 12, b"e" * 32)
+    assert all(a != b for a, b in zip(masks, other))
+    assert scma.dealer_masks(1, p, 3, b"d" * 32) == [[0, 0, 0]]
+    with pytest.raises(ValueError, match="at least 32"):
+        scma.dealer_masks(2, p, 3, b"short")
+
+
+def test_pairwise_seed_is_symmetric_and_distinct_per_pair_and_context():
+    kp = keys(4, tag=1)
+    seeds = {}
+    for a in range(4):
+        for b in range(4):
+            if a != b:
+                seeds[a, b] = scma.pairwise_seed(kp[a][0], kp[a][1], kp[b][1], b"session-7")
+    for (a, b), seed in seeds.items():
+        assert len(seed) == 32
+        assert seed == seeds[b, a]
+    assert len(set(seeds.values())) == 6  # one per unordered pair
+    assert scma.pairwise_seed(kp[0][0], kp[0][1], kp[1][1], b"session-8") != seeds[0, 1]
+    with pytest.raises(ValueError, match="not the public key"):
+        scma.pairwise_seed(kp[0][0], kp[1][1], kp[2][1], b"")
+    with pytest.raises(ValueError, match="itself"):
+        scma.pairwise_seed(kp[0][0], kp[0][1], kp[0][1], b"")
+    with pytest.raises(ValueError, match="invalid X25519"):
+        scma.pairwise_seed(kp[0][0], kp[0][1], bytes(32), b"")  # a low-order point
+    with pytest.raises(TypeError):
+        scma.pairwise_seed(b"not a key", kp[0][1], kp[1][1], b"")
+
+
+# ------------------------------------------------------------------ oracle 5: privacy smoke test
+
+
+def _histogram(messages, p):
+    cells = np.zeros(p * p, dtype=np.int64)
+    for a, b in messages:
+        cells[a * p + b] += 1
+    return cells
+
+
+def test_a_masked_message_is_uniform_and_independent_of_the_counts():
+    """L = 2, p = 7, T = 2: client 0's message over 3,500 rounds, for two different q^(0)."""
+    p, n_syndromes, rounds = 7, 2, 3500
+    kp = keys(2, tag=5)
+    seeds = pair_seeds(kp, 0, [0, 1])
+    histograms = []
+    for q, offset in (({1: 3}, 0), ({2: 1, 5: 6}, rounds)):
+        syndromes = scma.rs_syndromes(q, p, n_syndromes)
+        messages = [
+            scma.mask_syndromes(syndromes, scma.pairwise_masks(0, seeds, p, n_syndromes, offset + r), p)
+            for r in range(rounds)
+        ]
+        histograms.append(_histogram(messages, p))
+    critical = scipy.stats.chi2.ppf(0.999, p * p - 1)
+    for hist in histograms:
+        assert scipy.stats.chisquare(hist).statistic < critical
+    table = np.stack(histograms)
+    assert scipy.stats.chi2_contingency(table).statistic < scipy.stats.chi2.ppf(0.999, p * p - 1)
+    # the test has power: reusing one mask (round 0) for every message is far from uniform, and
+    # so are unmasked syndromes
+    reused = [scma.mask_syndromes(syndromes, scma.pairwise_masks(0, seeds, p, n_syndromes, 0), p)] * rounds
+    assert scipy.stats.chisquare(_histogram(reused, p)).statistic > critical
+
+
+def test_uniform_elements_are_uniform_and_prefix_stable():
+    key = bytes(range(32))
+    p = 17  # 5 bits: 15 of 32 draws are rejected
+    draws = scma.uniform_elements(key, p, 17_000)
+    hist = np.bincount(draws, minlength=p)
+    assert scipy.stats.chisquare(hist).statistic < scipy.stats.chi2.ppf(0.999, p - 1)
+    big = 2**89 + 1  # acceptance just above 1/2: exercises the keystream extension
+    long = scma.uniform_elements(key, big, 3000)
+    for count in (0, 1, 10, 1000, 2999):
+        assert scma.uniform_elements(key, big, count) == long[:count]
+    assert all(0 <= v < big for v in long) and max(long) > big // 2
+    with pytest.raises(ValueError, match="32 bytes"):
+        scma.uniform_elements(b"k", p, 3)
+
+
+# ------------------------------------------------------------------ oracle 6: overload detection
+
+
+def test_overload_beyond_max_support_raises():
+    """Support 5..15 > KL = 4 with T = 8, p > 2^62.
+
+    In MUFC either the bin range (``B^d << p``) or the count range (``n << p``) is tiny compared
+    with p; each alone makes a false acceptance negligible, so both are exercised separately.
+    """
+    rng = random.Random(41)
+    k, n_parties, n_bins = 2, 2, 2**40
+    p = scma.field_prime(2**62, n_bins)
+    n_syndromes = 2 * k * n_parties
+    for trial in range(40):
+        support = rng.randrange(k * n_parties + 1, 4 * k * n_parties)
+        total = {rng.randrange(1, n_bins): rng.randrange(1, 1000) for _ in range(support)}
+        items = list(total.items())
+        # split across the clients: some client holds more than K non-zeros
+        vectors = [dict(items[: len(items) // 2]), dict(items[len(items) // 2 :])]
+        masks = scma.dealer_masks(n_parties, p, n_syndromes, rng.randbytes(32))
+        _, sums = run_scma(vectors, p, n_syndromes, masks=masks)
+        with pytest.raises(SyndromeDecodingError):  # small bin range, no count bound
+            scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=n_bins)
+        with pytest.raises(SyndromeDecodingError):  # bin range = the whole field, counts <= n
+            scma.decode_syndromes(sums, p, max_support=k * n_parties, max_index=p - 1, max_total=2**20)
+    # a client above K whose excess is absorbed (total support still <= KL) decodes exactly
+    vectors = [{1: 1, 2: 2, 3: 3}, {3: 4}]
+    _, sums = run_scma(vectors, p, n_syndromes, masks=scma.dealer_masks(2, p, n_syndromes, b"o" * 32))
+    assert scma.decode_syndromes(sums, p, max_support=4, max_index=n_bins) == {1: 1, 2: 2, 3: 7}
+
+
+def test_each_validity_check_fires():
+    p = scma.field_prime(1000, 1000)
+    sums = scma.rs_syndromes({10: 4, 900: 6}, p, 8)
+    assert scma.decode_syndromes(sums, p, max_support=4, max_index=1000) == {10: 4, 900: 6}
+    with pytest.raises(SyndromeDecodingError, match="more than max_support = 1"):
+        scma.decode_syndromes(sums, p, max_support=1, max_index=1000)
+    with pytest.raises(SyndromeDecodingError, match="exceeds max_index = 899"):
+        scma.decode_syndromes(sums, p, max_support=4, max_index=899)
+    with pytest.raises(SyndromeDecodingError, match="max_total = 9"):
+        scma.decode_syndromes(sums, p, max_support=4, max_index=1000, max_total=9)
+    # 3 syndromes of a 2-sparse vector: degree 2 > T/2
+    with pytest.raises(SyndromeDecodingError, match="at most 1 non-zero"):
+        scma.decode_syndromes(sums[:3], p, max_support=4, max_index=1000)
+    # an impulse at position 0 is a "bin 0" term: the locator gets the root 0
+    impulse = [(s + (i == 0)) % p for i, s in enumerate(sums)]
+    with pytest.raises(SyndromeDecodingError, match="root at 0"):
+        scma.decode_syndromes(impulse, p, max_support=4, max_index=1000)
+    # a locator without roots in F_p: x^2 - a for a non-residue a (syndromes of the LFSR)
+    non_residue = next(a for a in range(2, p) if pow(a, (p - 1) // 2, p) == p - 1)
+    seq = [1, 0]
+    while len(seq) < 8:
+        seq.append(non_residue * seq[-2] % p)
+    assert scma.error_locator(seq, p) == [1, 0, p - non_residue]
+    with pytest.raises(SyndromeDecodingError, match="distinct roots"):
+        scma.decode_syndromes(seq, p, max_support=4, max_index=p - 1)
+    # a double root: s_n = n * r^n has the locator (1 - r x)^2
+    seq = [n * pow(5, n, p) % p for n in range(8)]
+    with pytest.raises(SyndromeDecodingError, match="distinct roots"):
+        scma.decode_syndromes(seq, p, max_support=4, max_index=p - 1)
+    # counts that wrap around p: q = {1: p - 1, 2: 2} has S_1 = 1 but integer total p + 1
+    wrap = scma.rs_syndromes({1: p - 1, 2: 2}, p, 4)
+    with pytest.raises(SyndromeDecodingError, match="wrapped around"):
+        scma.decode_syndromes(wrap, p, max_support=2, max_index=2)
+
+
+def test_reencoding_check_catches_a_locator_that_does_not_generate_all_syndromes(monkeypatch):
+    """The last safety net: BM's output always generates the sums, so fake a locator that does not.
+
+    The sums are those of {10: 4, 900: 6} with the last syndrome changed; the fake locator is the
+    true one, so roots, Forney counts and the total all look right and only re-encoding differs.
+    """
+    p = scma.field_prime(1000, 1000)
+    good = scma.rs_syndromes({10: 4, 900: 6}, p, 8)
+    bad = good[:-1] + [(good[-1] + 1) % p]
+    ctx = flint.fmpz_mod_poly_ctx(p)
+    true_locator = ctx.minpoly(good)
+    assert [int(c) for c in true_locator.coeffs()] == [9000 % p, (-910) % p, 1]
+    monkeypatch.setattr(scma, "_locator", lambda _ctx, _sums: true_locator)
+    assert scma.decode_syndromes(good, p, max_support=4, max_index=1000) == {10: 4, 900: 6}
+    with pytest.raises(SyndromeDecodingError, match="do not reproduce all syndromes"):
+        scma.decode_syndromes(bad, p, max_support=4, max_index=1000)
+
+
+def test_decode_rejects_bad_configuration():
+    p = 13
+    with pytest.raises(ValueError, match="max_index"):
+        scma.decode_syndromes([1, 1], p, max_support=1, max_index=13)
+    with pytest.raises(ValueError, match="max_index"):
+        scma.decode_syndromes([1, 1], p, max_support=1, max_index=0)
+    with pytest.raises(ValueError, match="max_support"):
+        scma.decode_syndromes([1, 1], p, max_support=-1, max_index=4)
+    with pytest.raises(ValueError, match="empty"):
+        scma.decode_syndromes([], p, max_support=1, max_index=4)
+    with pytest.raises(ValueError, match=r"sums\[1\] = 13"):
+        scma.decode_syndromes([1, 13], p, max_support=1, max_index=4)
+    with pytest.raises(ValueError, match="not prime"):
+        scma.decode_syndromes([1, 1], 15, max_support=1, max_index=4)
+
+
+# ------------------------------------------------------------------ oracle 7: prime choice
+
+
+def test_field_prime_is_the_smallest_prime_strictly_above_the_maximum():
+    assert [scma.field_prime(n, 0) for n in range(8)] == [2, 2, 3, 5, 5, 7, 7, 11]
+    for n in range(0, 400, 7):
+        for n_bins in (0, 1, 4, 97, 211, 390):
+            p = scma.field_prime(n, n_bins)
+            bound = max(n, n_bins)
+            assert p > bound and is_prime_trial(p)
+            assert not any(is_prime_trial(c) for c in range(bound + 1, p))
+    assert scma.field_prime(12, 4) == 13 and scma.field_prime(13, 4) == 17  # strict: 13 -> 17
+    assert scma.field_prime(0, 2**127 - 2) == 2**127 - 1  # Mersenne prime
+    assert scma.field_prime(2**127 - 1, 0) > 2**127 - 1
+    assert scma.field_prime(2**521 - 2, 7) == 2**521 - 1  # above PROVEN_PRIME_BITS: BPSW path
+
+
+@pytest.mark.parametrize(
+    "bound", [2**64 - 60, 2**64, 111**10, 45**57, 2**600 + 12345], ids=["2^64-60", "2^64", "111^10", "45^57", "2^600"]
+)
+def test_field_prime_large_bounds_against_flint(bound):
+    p = scma.field_prime(bound, 3)
+    assert p > bound
+    assert flint.fmpz(p).is_probable_prime()
+    if p.bit_length() <= scma.PROVEN_PRIME_BITS:
+        assert flint.fmpz(p).is_prime()
+    assert not any(flint.fmpz(c).is_probable_prime() for c in range(bound + 1, p))
+
+
+def test_field_prime_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        scma.field_prime(-1, 4)
+    with pytest.raises(TypeError):
+        scma.field_prime(4.0, 4)
+
+
+# ------------------------------------------------------------------ oracle 8: message size
+
+
+def test_message_size_grows_linearly_in_d_and_in_k_and_l():
+    n, b = 12009, 111
+    widths = {}
+    for d in (1, 2, 5, 10, 20, 40):
+        p = scma.field_prime(n, b**d)
+        widths[d] = scma.field_width(p)
+        assert widths[d] == math.ceil(p.bit_length() / 8)
+        assert p.bit_length() == max(n, b**d).bit_length() or p.bit_length() == max(n, b**d).bit_length() + 1
+        # within one byte of the information content d log2(B) / 8 (d = 1: n dominates)
+        assert widths[d] * 8 - 8 < max(d * math.log2(b), math.log2(n)) + 1 <= widths[d] * 8 + 1
+    assert widths[1] == 2 and widths[10] == 9
+    slope = (widths[40] - widths[20]) / 20
+    assert abs(slope - math.log2(b) / 8) < 0.06  # linear in d, i.e. logarithmic in B^d
+    # T = 2KL elements per message: bytes are linear in K and in L
+    w = widths[10]
+    for k, n_parties in ((1, 1), (4, 100), (8, 100), (4, 200)):
+        assert 2 * k * n_parties * w == (2 * k * n_parties) * w
+    # every element of a masked message fits in w bytes, and p - 1 needs all of them
+    p = scma.field_prime(n, b**10)
+    msg = scma.mask_syndromes(scma.rs_syndromes({7: 3}, p, 8), scma.dealer_masks(2, p, 8, b"w" * 32)[0], p)
+    assert len(b"".join(v.to_bytes(w, "big") for v in msg)) == 8 * w
+    assert (p - 1).bit_length() > 8 * (w - 1)
+    assert [scma.field_width(v) for v in (2, 255, 256, 257, 2**64 + 13)] == [1, 1, 2, 2, 9]
+
+
+# ------------------------------------------------------------------ oracle 9: BM and roots cross-checks
+
+
+def test_error_locator_matches_an_independent_berlekamp_massey():
+    rng = random.Random(51)
+    compared = unique = 0
+    for p in (13, 101, 2**61 - 1, scma.field_prime(0, 2**70)):
+        for trial in range(40):
+            n = rng.randrange(1, 24)
+            kind = trial % 4
+            if kind == 0:  # arbitrary sequences
+                seq = [rng.randrange(p) for _ in range(n)]
+            elif kind == 1:  # syndromes of sparse vectors (SCMA's case)
+                counts = {rng.randrange(1, p): rng.randrange(1, p) for _ in range(rng.randrange(0, 6))}
+                seq = ref_syndromes(counts, p, n)
+            elif kind == 2:  # mostly zeros with a late impulse
+                seq = [0] * n
+                seq[rng.randrange(n)] = rng.randrange(1, p)
+            else:  # an LFSR with a random connection polynomial (possibly short taps)
+                taps = [rng.randrange(p) for _ in range(rng.randrange(1, 5))]
+                seq = [rng.randrange(p) for _ in range(len(taps))]
+                while len(seq) < n + len(taps):
+                    seq.append(sum(t * seq[-1 - i] for i, t in enumerate(taps)) % p)
+                seq = seq[:n]
+            ours = scma.error_locator(seq, p)
+            ref, length = ref_berlekamp_massey(seq, p)
+            assert len(ours) == length + 1 and ours[0] == 1
+            assert generates(ours, seq, p)
+            compared += 1
+            if 2 * length <= n:  # the shortest LFSR is unique
+                assert ours == ref
+                unique += 1
+    assert unique > 80 and compared == 160
+
+
+def test_field_roots_match_brute_force():
+    rng = random.Random(61)
+    p = 31
+    for trial in range(150):
+        if trial % 3 == 0:  # products of linear factors, with repeats and the root 0
+            coeffs = [1]
+            for _ in range(rng.randrange(1, 7)):
+                r = rng.randrange(p)
+                coeffs = [(a - r * b) % p for a, b in zip([0] + coeffs, coeffs + [0])]
+            coeffs = [c * rng.randrange(1, p) % p for c in coeffs]
+        else:
+            coeffs = [rng.randrange(p) for _ in range(rng.randrange(1, 9))]
+            if not any(coeffs):
+                coeffs[0] = 1
+        expected = [x for x in range(p) if poly_eval(coeffs, x, p) == 0]
+        assert scma.field_roots(coeffs, p) == expected
+    assert scma.field_roots([5], p) == []
+    with pytest.raises(ValueError, match="zero polynomial"):
+        scma.field_roots([0, 0], p)
+
+
+# ---------------------------------------------------------------------------------- unlearning
+P69 = scma.field_prime(12009, 111**10)
+
+
+def _random_counts(rng: random.Random, m: int, bins: int, top: int = 50) -> dict[int, int]:
+    return {rng.randrange(1, bins + 1): rng.randrange(1, top) for _ in range(m)}
+
+
+@pytest.mark.parametrize("hint", [None, 1, 8, 400])
+def test_signed_decoding_of_a_difference_with_any_hint(hint):
+    rng = random.Random(7)
+    before = _random_counts(rng, 40, 111**10)
+    after = dict(before)
+    gone = sorted(after)[:3]
+    for j in gone:
+        del after[j]
+    after[sorted(after)[0]] += 5
+    new = _random_counts(rng, 2, 111**10)
+    after.update(new)
+    diff = {j: after.get(j, 0) - before.get(j, 0) for j in set(before) | set(after)}
+    diff = {j: c for j, c in sorted(diff.items()) if c}
+    t = 200
+    d = [(a - b) % P69 for a, b in zip(scma.rs_syndromes(after, P69, t), scma.rs_syndromes(before, P69, t))]
+    decoded = scma.decode_syndromes(d, P69, max_support=t // 2, max_index=111**10, signed=True, support_hint=hint)
+    assert decoded == diff and any(c < 0 for c in decoded.values())
+
+
+def test_decode_update_equals_decoding_from_scratch_and_falls_back_when_misled():
+    rng = random.Random(11)
+    t, bins = 160, 111**10
+    before = _random_counts(rng, 60, bins)
+    previous = scma.rs_syndromes(before, P69, t)
+    for trial in range(20):
+        after = {j: c for j, c in before.items() if rng.random() > 0.05}
+        if trial % 2:
+            after.update(_random_counts(rng, 3, bins))
+        sums = scma.rs_syndromes(after, P69, t)
+        kwargs = dict(max_support=t // 2, max_index=bins, max_total=10**6)
+        assert scma.decode_update(sums, previous, before, P69, change_hint=8, **kwargs) == after
+        # wrong previous counts: the fast path's result fails its checks or its syndromes, and
+        # the full decode still gives the truth
+        misled = dict(before)
+        misled[next(iter(misled))] += 1
+        assert scma.decode_update(sums, previous, misled, P69, **kwargs) == after
+
+
+def test_decode_update_raises_on_a_corrupted_round():
+    rng = random.Random(3)
+    t, bins = 80, 111**10
+    before = _random_counts(rng, 30, bins)
+    previous = scma.rs_syndromes(before, P69, t)
+    after = dict(before)
+    after.pop(next(iter(after)))
+    sums = scma.rs_syndromes(after, P69, t)
+    sums[5] = (sums[5] + 1) % P69
+    with pytest.raises(SyndromeDecodingError):
+        scma.decode_update(sums, previous, before, P69, max_support=t // 2, max_index=bins, max_total=10**6)
+
+
+def test_packed_pair_masks_equal_the_element_by_element_definition():
+    """The packed big-integer sum gives exactly sum_{m > l} r_lm - sum_{m < l} r_ml mod p."""
+    seeds = {m: bytes([m]) * 32 for m in (0, 2, 3, 5)}
+    for p in (13, P69, scma.field_prime(10, 2**300)):
+        mask = scma.pairwise_masks(1, seeds, p, 17, 4)
+        vectors = {m: scma._pair_vector(s, p, 17, 4) for m, s in seeds.items()}
+        expected = [
+            (sum(vectors[m][i] for m in seeds if m > 1) - sum(vectors[m][i] for m in seeds if m < 1)) % p
+            for i in range(17)
+        ]
+        assert mask == expected
