@@ -19,9 +19,11 @@ SCRIPTS = {
     "kz_communication.py": "(k,z)-center: communication and radius (z points removed) against z",
     "kz_scale.py": "dist-kzc over the memory transport: time per round as n grows",
     "deletion_streams.py": "Amortised seconds per deletion",
+    "scma.py": "SCMA decoding time as the support m = K*L grows",
+    "mufc_unlearning.py": "Unlearning: mean seconds per random removal",
 }
 #: scripts whose quick run still takes tens of seconds: run with ``-m slow``.
-SLOW = {"kz_communication.py", "kz_scale.py", "deletion_streams.py"}
+SLOW = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "mufc_unlearning.py"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,175 @@
+"""MUFC: loss ratios beside the paper's Table 1 and unlearning time against complete retraining.
+
+What it measures
+----------------
+For Celltype (``../shared/data/celltype.npz``, its own 100-client non-i.i.d. split, K = 4) and the
+paper's Gaussian set (10 components in [0, 1]^10, variance 0.5, 3,000 points each; split over 100
+clients non-i.i.d. with K' = 4 clusters per client; K = 10), per replicate r (5; 2 with
+``--quick``) with key ``PRNGKey(r)``:
+
+* **Loss ratio** phi_f / phi_c* of MUFC (clients seed only, weighted server, K seeds per client,
+  gamma = 1/sqrt(n)), K-FED and DC-KM over the same clients; phi_f uses the induced assignment
+  (Definition 3.1), phi_c* is scikit-learn's KMeans (10 restarts) inertia. Printed beside Table 1.
+* **Unlearning time**: a stream of random single-point removals (100; 20 with ``--quick``),
+  uniform over the remaining points, served by a timed replay of the parties' computations
+  (`algorithms.mufc.replay`, which the test suite holds equal to the protocol's model): per
+  request the requesting client's Algorithm 3 and syndromes plus the server's aggregation, SCMA
+  decoding and K-means++ (exact mode re-clusters on every request). Complete retraining (every
+  client re-seeds its remaining data, the slowest client counts, then the same server work) is
+  timed along the stream in the same run. Speed-up = retraining time / mean removal time,
+  beside the paper's 84x (its average over seven data sets, Sec. 6). The ``lazy`` rows replay
+  the authors' server policy (re-cluster only when a seed moved; not exact) for comparison with
+  the paper's own measurement.
+
+Compilation is excluded (one warm-up replay per data set). Mask generation is not timed in either
+column (the paper excludes it; it is the same work in both).
+
+Run::
+
+    python benchmarks/mufc_unlearning.py            # full (minutes)
+    python benchmarks/mufc_unlearning.py --quick    # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import _common
+from algorithms.mufc import baselines
+from algorithms.mufc.cli import PAPER_MEAN_SPEEDUP, PAPER_TABLE1, removal_stream
+from algorithms.mufc.clustering import reference_loss
+from algorithms.mufc.data import client_split, file_clients, gaussian_mixture
+from algorithms.mufc.protocol import make_config
+from algorithms.mufc.replay import replay
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def datasets(quick: bool):
+    """(name, x, client rows, K, K_client)."""
+    out = []
+    path = DATA / "celltype.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as archive:
+            x = np.asarray(archive["X"], dtype=np.float64)
+        out.append(("celltype", x, file_clients(path, x), 4, 4))
+    else:
+        print(f"(celltype skipped: {path} not found)")
+    gauss = gaussian_mixture(0, n_per=300 if quick else 3000)
+    rows = client_split(gauss.x, 100, k=10, k_prime=4, seed=0)
+    out.append(("gaussian", gauss.x, rows, 10, 10))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small run for smoke tests")
+    parser.add_argument("--replicates", type=int, default=None)
+    parser.add_argument("--removals", type=int, default=None)
+    parser.add_argument("--plot", default=str(Path(tempfile.gettempdir()) / "mufc_unlearning.png"))
+    args = parser.parse_args()
+    reps = args.replicates or (2 if args.quick else 5)
+    removals = args.removals or (20 if args.quick else 100)
+    console = _common.make_console()
+    _common.print_machine_facts(console, "MUFC unlearning and loss ratios", {
+        "replicates": reps, "removals per replicate": removals, "quick": args.quick})
+
+    from rich.table import Table
+
+    quality = Table(title="MUFC loss ratio phi_f / phi_c* beside the paper's Table 1 (mean ± std over replicates)")
+    for col in ("data", "n", "d", "L", "K", "MUFC", "paper MUFC", "K-FED", "paper K-FED", "DC-KM", "paper DC-KM"):
+        quality.add_column(col, justify="right")
+    speed = Table(title="Unlearning: mean seconds per random removal against complete retraining (same run)")
+    for col in ("data", "mode", "removals", "re-seeds", "client ms/removal", "server ms/removal",
+                "removal ms", "retrain ms", "speed-up", "paper", "ratio to paper", "syndrome B/client"):
+        speed.add_column(col, justify="right")
+    curves = {}
+    for name, x, rows, k, k_client in datasets(args.quick):
+        n, d = x.shape
+        ids = np.arange(n, dtype=np.int64)
+        parts = [(x[r], ids[r]) for r in rows]
+        config = make_config(n, d, k, len(rows), k_client=k_client)
+        lazy = make_config(n, d, k, len(rows), k_client=k_client, unlearning="lazy")
+        reference = reference_loss(x, k, 0)
+        ratios = {"MUFC": [], "K-FED": [], "DC-KM": []}
+        timing = {"exact": [], "lazy": []}
+        # warm-up: compile every shape the replay meets (excluded from the timings)
+        warm = removal_stream([len(r) for r in rows], [ids[r] for r in rows], min(removals, 5), 1, 0, k_client, 99)
+        replay(parts, config, jax.random.PRNGKey(99), warm, retrains=1, evaluate=False)
+        for r in range(reps):
+            key = jax.random.PRNGKey(r)
+            stream = removal_stream([len(rr) for rr in rows], [ids[rr] for rr in rows], removals, 1, 0, k_client, 1000 + r)
+            t0 = time.perf_counter()
+            exact = replay(parts, config, key, stream, retrains=3 if args.quick else 5)
+            ratios["MUFC"].append(exact.initial_loss / reference)
+            timing["exact"].append(exact)
+            timing["lazy"].append(replay(parts, lazy, key, stream, retrains=2, evaluate=False))
+            xs = [x[rr] for rr in rows]
+            kf = baselines.kfed(r, xs, k, k_client)
+            ratios["K-FED"].append(baselines.induced_loss(xs, kf.local_positions, kf.local_labels, kf.centroids) / reference)
+            dc = baselines.ClientDCKMeans(r, xs, None, k)
+            ratios["DC-KM"].append(baselines.induced_loss(xs, dc.local_positions, dc.local_labels, dc.centroids) / reference)
+            console.print(f"{name} replicate {r}: {time.perf_counter() - t0:.1f} s", style="dim")
+            if r == 0:
+                curves[name] = exact
+        paper = PAPER_TABLE1[name]
+
+        def fmt(values):
+            return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+        quality.add_row(name, f"{n:,}", str(d), str(len(rows)), str(k), fmt(ratios["MUFC"]),
+                        f"{paper['MUFC'][0]} ± {paper['MUFC'][1]}", fmt(ratios["K-FED"]),
+                        f"{paper['K-FED'][0]} ± {paper['K-FED'][1]}", fmt(ratios["DC-KM"]),
+                        f"{paper['DC-KM'][0]} ± {paper['DC-KM'][1]}")
+        for mode, runs in timing.items():
+            steps = [s for run in runs for s in run.steps]
+            removal_s = float(np.mean([s.total_s for s in steps]))
+            retrain_s = float(np.median([run.retrain_s for run in runs]))
+            factor = retrain_s / removal_s
+            speed.add_row(
+                name, mode, str(len(steps)), str(sum(s.reseeded for s in steps)),
+                f"{1e3 * np.mean([s.client_s for s in steps]):.3f}",
+                f"{1e3 * np.mean([s.server_s for s in steps]):.3f}",
+                f"{1e3 * removal_s:.3f}", f"{1e3 * retrain_s:.2f}", f"{factor:.1f}x",
+                f"{PAPER_MEAN_SPEEDUP:.0f}x", _common.fmt_ratio(factor / PAPER_MEAN_SPEEDUP, 1.0),
+                f"{config.syndrome_bytes():,}",
+            )
+    console.print(quality)
+    console.print(speed)
+    console.print("speed-up = complete retraining (slowest client's re-seeding + server) / mean removal "
+                  "(requesting client's Algorithm 3 + server); ratio to paper >= 1 beats its 84x.")
+    _plot(curves, args.plot)
+    console.print(f"plot written to {args.plot}")
+    return 0
+
+
+def _plot(curves, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(curves), 1), figsize=(6 * max(len(curves), 1), 4), squeeze=False)
+    for ax, (name, run) in zip(axes[0], curves.items()):
+        steps = np.arange(1, len(run.steps) + 1)
+        ax.plot(steps, np.cumsum([s.total_s for s in run.steps]), label="MUFC unlearning (exact)")
+        ax.plot(steps, run.retrain_s * steps, label="complete retraining")
+        ax.set_yscale("log")
+        ax.set_xlabel("removal requests")
+        ax.set_ylabel("cumulative seconds")
+        ax.set_title(name)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
