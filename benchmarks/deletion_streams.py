@@ -62,9 +62,9 @@ def load(name: str, quick: bool) -> tuple[np.ndarray, np.ndarray, int, str]:
     if name == "celltype":
         with np.load(CELLTYPE, allow_pickle=False) as archive:
             return np.asarray(archive["X"], dtype=np.float64), archive["y"].astype(np.int64), 4, "celltype"
-    if name == "gaussian":
-        x, y = streams.gaussian_mixture(10_000 if quick else 100_000, seed=0)
-        return x, y, 5, "gaussian"
+    if name == "gaussian":  # the builder behind ``fedproto run ... --data gaussian`` / ``gaussian-small``
+        ds = streams.gaussian_dataset(0, 2_000 if quick else 20_000)
+        return ds.x, ds.y, 5, "gaussian"
     if name == "digits":
         ds = load_dataset("digits")
         return ds.x / 16.0, ds.y, 10, "mnist"

@@ -10,7 +10,17 @@ replay of the same stream (the plot's third panel is the cumulative time over th
 
 ``fedproto run qkmeans ...`` runs Q-k-means as a server (the data curator, which holds the
 pooled points: Q-k-means is a centralised algorithm) and ``--clients`` clients that own the points
-and send the removal requests; the model goes to every client after each deletion.
+and send the removal requests; the model goes to every client after each deletion. With
+``--federated`` the points stay at the clients: a coordinator runs keyed k-means++ (two exchanges
+per seed) and one round per Lloyd iteration on the clients' statistics, and decides each deletion
+exactly (`algorithms.deletion.federated`); the summary checks that the result equals the
+centralised Q-k-means on the same stream.
+
+``fedproto run dckmeans --weighted ...`` runs the weighted variant: nodes also send their cluster
+masses, internal nodes cluster mass-weighted.
+
+Both plugins generate the paper's synthetic Gaussian set by name: ``--data gaussian`` (5 x 20,000
+points in 25 dimensions) or ``--data gaussian-small`` (5 x 2,000), drawn with ``--seed``.
 
 Data are min-max scaled to ``[0, 1]^d`` (``--scale minmax``, the paper's preprocessing; Celltype
 is already scaled, so it is unchanged); ``--scale none`` keeps the values. The deletion stream is
@@ -39,7 +49,14 @@ from algorithms.deletion.protocol import (
     QKMeansParties,
     QKMeansServerResult,
 )
-from algorithms.deletion.qkmeans import QKMeansConfig, default_epsilon, train_qkmeans
+from algorithms.deletion.federated import (
+    COORDINATOR,
+    FederatedPartyResult,
+    FederatedQKMeansResult,
+    QKMeansFederation,
+    training_payload_bytes,
+)
+from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.plugin import RunPlan
 
@@ -164,16 +181,23 @@ def plot_cumulative(ax: Any, summary: Mapping[str, Any]) -> None:
 
 
 class QKMeansPlugin:
-    """Q-k-means with deletion requests as a ``fedproto`` protocol plugin."""
+    """Q-k-means with deletion requests as a ``fedproto`` protocol plugin (curated or federated)."""
 
     name = "qkmeans"
     description = "Q-k-means (quantised Lloyd's) with exact deletion: clients request deletions of their points"
+    generated_datasets = streams.GENERATED_DATASETS
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("qkmeans")
         _common_arguments(group)
         group.add_argument("--eps", type=float, default=None, help="lattice granularity (default: the paper's rule)")
         group.add_argument("--gamma", type=float, default=0.2, help="balance parameter (default 0.2)")
+        group.add_argument(
+            "--federated",
+            action="store_true",
+            help="keep the points at the clients: a coordinator runs keyed k-means++ and one round per Lloyd "
+            "iteration on their statistics (spec 2.3); default: the server curates the uploaded points",
+        )
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
         x, ids, k, stream = _setup(args, dataset)
@@ -182,30 +206,44 @@ class QKMeansPlugin:
         config = QKMeansConfig(k=k, iterations=args.iterations, gamma=args.gamma, eps=args.eps)
         key = jax.random.PRNGKey(args.seed)
         parts = partition(len(x), args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
-        parties = QKMeansParties([(x[p], ids[p]) for p in parts], config, key=key, deletions=stream)
+        split = [(x[p], ids[p]) for p in parts]
+        federated = bool(getattr(args, "federated", False))
+        parties: QKMeansParties | QKMeansFederation
+        if federated:
+            parties = QKMeansFederation(split, config, key=key, deletions=stream)
+            head = COORDINATOR
+        else:
+            parties = QKMeansParties(split, config, key=key, deletions=stream)
+            head = "server"
         n, d = x.shape
-        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, len(stream), args.eps)
+        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, len(stream), args.eps,
+                             *(("federated",) if federated else ()))
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
-            if isinstance(result, QKMeansServerResult):
-                return {"centroids": result.centroids.tolist(), "reasons": list(result.reasons),
-                        "certified": result.certified, "retrained": result.retrained}
-            if isinstance(result, QKMeansClientResult):
+            if isinstance(result, QKMeansServerResult | FederatedQKMeansResult):
+                out = {"centroids": result.centroids.tolist(), "reasons": list(result.reasons),
+                       "certified": result.certified, "retrained": result.retrained}
+                if isinstance(result, FederatedQKMeansResult):
+                    out["trainings"] = result.trainings
+                    out["iterations executed"] = result.model.executed
+                return out
+            if isinstance(result, QKMeansClientResult | FederatedPartyResult):
                 return {"centroids": result.centroids.tolist(), "version": result.version}
             raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            server = results["server"]
-            centroids = np.asarray(server["centroids"])
+            head_result = results[head]
+            centroids = np.asarray(head_result["centroids"])
             keep = np.ones(n, dtype=bool)
             keep[list(stream)] = False
             fresh = train_qkmeans(x[keep], ids[keep], config, key).centroids
             eps = config.resolve_eps(int(keep.sum()), d)
             summary: dict[str, Any] = {
-                "data set": dataset.name, "method": "Q-k-means", "N": n, "d": d, "k": k, "clients": args.clients,
+                "data set": dataset.name, "method": "Q-k-means (federated)" if federated else "Q-k-means",
+                "N": n, "d": d, "k": k, "clients": args.clients,
                 "deletions": len(stream), "eps (after the stream)": eps, "gamma": config.gamma,
-                "iterations T": config.iterations, "certified deletions": server["certified"],
-                "retrained deletions": server["retrained"],
+                "iterations T": config.iterations, "certified deletions": head_result["certified"],
+                "retrained deletions": head_result["retrained"],
                 "model equals training on the remaining data (same key)": bool(np.array_equal(centroids, fresh)),
                 "clients agree on the model": all(
                     np.array_equal(np.asarray(results[c]["centroids"]), centroids)
@@ -213,6 +251,13 @@ class QKMeansPlugin:
                     if c in results
                 ),
             }
+            if federated:
+                central = QKMeans(config, key=key).fit(x, ids)
+                reasons = [central.delete(i).reason for i in stream]
+                summary["federated trainings (1 + retrains)"] = head_result["trainings"]
+                summary["federated equals centralised Q-k-means on the stream (same key)"] = bool(
+                    np.array_equal(centroids, central.centroids) and reasons == list(head_result["reasons"])
+                )
             summary.update(_quality_rows("Q-k-means", x, dataset.y, keep, centroids, key, k))
             if not args.no_timing and stream:
                 streams.warm_up(x, k, len(stream), method="q", iterations=config.iterations)
@@ -222,7 +267,21 @@ class QKMeansPlugin:
             summary["centroids"] = centroids.tolist()
             return summary
 
-        m = len(stream)
+        m, clients = len(stream), args.clients
+        analytic: dict[str, Any] = {"default eps for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d)}
+        if federated:
+            payload = training_payload_bytes(clients, k, d, 0)
+            analytic.update({
+                "analytic seeding bytes per training (P·8d·(k-1) + 8d·k, plus framing)": payload["seeding"],
+                "analytic bytes per Lloyd round (P·8·(2kd + k), plus framing)": payload["lloyd per round"],
+                "analytic bytes per certified deletion (8d + P·8kd, plus framing)": 8 * d + payload["model"],
+            })
+            phases: tuple[str, ...] = ("seed", "seed-point", "lloyd", "model", "request")
+            iterations = k + config.iterations + 1 + m
+        else:
+            analytic["analytic model bytes per deletion (M·k·d·8, plus framing)"] = clients * k * d * 8
+            phases = ("upload", "request", "model")
+            iterations = m + 1
         return RunPlan(
             roster=parties.roster,
             session=session,
@@ -230,13 +289,10 @@ class QKMeansPlugin:
             result_to_json=result_to_json,
             summarize=summarize,
             role_of=parties.role_of,
-            iterations=m + 1,
-            phases=("upload", "request", "model"),
+            iterations=iterations,
+            phases=phases,
             plot_results=plot_cumulative,
-            analytic={
-                "analytic model bytes per deletion (M·k·d·8, plus framing)": args.clients * k * d * 8,
-                "default eps for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d),
-            },
+            analytic=analytic,
         )
 
 
@@ -245,6 +301,7 @@ class DCKMeansPlugin:
 
     name = "dckmeans"
     description = "DC-k-means as a tree of parties: a deletion recomputes only its leaf-to-root path"
+    generated_datasets = streams.GENERATED_DATASETS
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("dckmeans")
@@ -257,6 +314,12 @@ class DCKMeansPlugin:
             default="random",
             help="random: keyed uniform leaf per point (paper); partition: the --clients/--partition split; "
             "file: the client split stored in the .npz (client_X, client_sizes)",
+        )
+        group.add_argument(
+            "--weighted",
+            action="store_true",
+            help="nodes also send their cluster masses (k·8 bytes more per message) and internal nodes cluster "
+            "mass-weighted (spec 2.3's optional variant; default: the paper's unweighted merge)",
         )
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
@@ -281,12 +344,14 @@ class DCKMeansPlugin:
             width = int(leaves.max()) + 1
         if width is None and args.height != 1:
             raise ValueError("--height above 1 needs --width")
-        config = DCKMeansConfig(k=k, iterations=args.iterations, width=width, height=args.height)
+        weighted = bool(getattr(args, "weighted", False))
+        config = DCKMeansConfig(k=k, iterations=args.iterations, width=width, height=args.height, weighted=weighted)
         key = jax.random.PRNGKey(args.seed)
         tree = DCTree(x, ids, config, key=key, deletions=stream, leaves=leaves)
         w, h = tree.tree.width, tree.tree.height
-        fixed = DCKMeansConfig(k=k, iterations=args.iterations, width=w, height=h)
-        session = session_id("dckmeans", dataset.name, n, d, k, w, h, args.leaves, args.seed, len(stream))
+        fixed = DCKMeansConfig(k=k, iterations=args.iterations, width=w, height=h, weighted=weighted)
+        session = session_id("dckmeans", dataset.name, n, d, k, w, h, args.leaves, args.seed, len(stream),
+                             *(("weighted",) if weighted else ()))
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
             if isinstance(result, DCRootResult):
@@ -305,7 +370,8 @@ class DCKMeansPlugin:
             fresh = DCKMeans(fixed, key=key).fit(x[keep], ids[keep], leaves=tree.leaf_of[keep])
             sizes = np.bincount(tree.leaf_of, minlength=tree.tree.n_leaves)
             summary: dict[str, Any] = {
-                "data set": dataset.name, "method": "DC-k-means", "N": n, "d": d, "k": k,
+                "data set": dataset.name, "method": "DC-k-means (weighted)" if weighted else "DC-k-means",
+                "N": n, "d": d, "k": k,
                 "deletions": len(stream), "width w": w, "height h": h, "leaves": args.leaves,
                 "leaf sizes (min / mean / max)": f"{sizes.min()} / {sizes.mean():.1f} / {sizes.max()}",
                 "iterations T": config.iterations,
@@ -337,8 +403,10 @@ class DCKMeansPlugin:
             phases=("local", "merge", "request", "model"),
             plot_results=plot_cumulative,
             analytic={
-                "analytic training upload bytes (w^h·k·d·8 at the leaves, plus framing)": w**h * k * d * 8,
-                "analytic upward bytes per deletion (h·k·d·8, plus framing and the request)": h * k * d * 8,
+                "analytic training upload bytes (w^h·k·(d + weighted)·8 at the leaves, plus framing)":
+                    w**h * k * (d + weighted) * 8,
+                "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)":
+                    h * k * (d + weighted) * 8,
             },
         )
 

@@ -24,6 +24,14 @@ accepts a variable number of rows. Width: ``width=None`` follows the paper's rul
 (App. C.2.2). A given partition (``fit(..., leaves=...)``: the data each client already holds)
 fixes the leaves; exactness then holds given the partition, but the paper's size-biased runtime
 analysis no longer applies (spec 2.3, federated reality check).
+
+Weighted variant (``DCKMeansConfig(weighted=True)``; spec 2.3 "optional weighted variant", not in
+the paper, whose default is unweighted): every node also outputs the mass of each of its
+centroids (a leaf: how many of its points are nearest to it; above: the summed masses of the
+child centroids nearest to it), and an internal node clusters its children's centroids weighted
+by those masses: k-means++ draws with probability proportional to ``mass * D^2`` and Lloyd's
+moves each centroid to the mass-weighted mean (`node_output`). Leaves compute exactly what they
+compute unweighted. Deletion is unchanged (the leaf-to-root path), and so is exactness.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.deletion import _kernels
+from algorithms import kmeans
+from algorithms.deletion import _kernels, _variant_kernels
 from algorithms.deletion._store import DeletionError, DeletionOutcome, PointStore, check_points
 
 __all__ = [
@@ -46,6 +55,7 @@ __all__ = [
     "default_width",
     "node_key",
     "node_kmeans",
+    "node_output",
     "stack_children",
 ]
 
@@ -76,6 +86,8 @@ class DCKMeansConfig:
         width: branching factor w, or ``None`` for `default_width` (then h must be 1).
         height: tree height h (paper: 1); there are ``w^h`` leaves.
         rho: exponent of the width rule.
+        weighted: internal nodes cluster their children's centroids weighted by cluster mass
+            (spec 2.3's optional variant); ``False`` (default) is the paper's unweighted merge.
     """
 
     k: int
@@ -83,6 +95,7 @@ class DCKMeansConfig:
     width: int | None = None
     height: int = 1
     rho: float = 0.3
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -97,6 +110,8 @@ class DCKMeansConfig:
             raise ValueError("the width rule is defined for height 1; give a width for taller trees")
         if not 0 < self.rho < 1:
             raise ValueError("rho must lie in (0, 1)")
+        if not isinstance(self.weighted, bool):
+            raise TypeError("weighted must be a bool")
 
     def resolve_width(self, n: int) -> int:
         """The branching factor used for ``n`` points."""
@@ -224,6 +239,68 @@ def node_kmeans(key: jax.Array, points: np.ndarray, ids: np.ndarray, k: int, ite
     return np.asarray(_kernels.lloyd_iterations(xp, valid, jnp.asarray(points[rows]), k, iterations))
 
 
+def node_output(
+    key: jax.Array,
+    points: np.ndarray,
+    ids: np.ndarray,
+    k: int,
+    iterations: int,
+    weights: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One node's output in the weighted variant: centroids and the mass of each.
+
+    A leaf (``weights=None``) computes `node_kmeans` on its points, unchanged, and counts the
+    points nearest to each centroid. An internal node clusters its dataset (its children's
+    centroids) weighted by ``weights`` (their masses): keyed k-means++ with probability
+    proportional to ``mass * D^2`` (`algorithms.kmeans.kmeanspp_seeding` with weights), then T weighted
+    Lloyd iterations; with at most k distinct rows of positive mass it outputs those rows.
+
+    Args:
+        key: the node's key.
+        points: ``[m, d]`` float64 dataset; ids: ``[m]`` stable ids (point ids or child slots).
+        k: clusters; iterations: T.
+        weights: ``[m]`` non-negative float64 masses, or ``None`` for a leaf (unit weights).
+
+    Returns:
+        ``(centroids [r, d] float64, masses [r] float64)`` with ``r <= k``; the masses sum to the
+        total weight (the leaf's point count).
+
+    Raises:
+        ValueError: weights of the wrong shape, negative or not finite.
+
+    References:
+        Ginart et al., Alg. 2 (node computation) and Sec. 4.2 (mass weighting as an extension);
+        spec 2.3.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    m, d = points.shape
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (m,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError(f"weights must be [{m}] finite non-negative masses")
+    if m == 0:
+        return np.zeros((0, d)), np.zeros(0)
+    xp, ip, valid = _kernels.pad_rows(points, ids)
+    wp = np.zeros(xp.shape[0])
+    wp[:m] = 1.0 if weights is None else weights
+    wj = jnp.asarray(wp)
+    if weights is None:
+        centroids = node_kmeans(key, points, ids, k, iterations)
+    else:
+        rows, count = kmeans.kmeanspp_seeding(key, xp, ip, valid, k, weights=wj)
+        rows, count = np.asarray(rows), int(count)
+        if count < k:
+            centroids = points[rows[:count]]
+        else:
+            centroids = np.asarray(
+                _variant_kernels.weighted_lloyd_iterations(xp, wj, jnp.asarray(points[rows]), k, iterations)
+            )
+    if centroids.shape[0] == 0:
+        return centroids, np.zeros(0)
+    masses = _variant_kernels.cluster_masses(xp, wj, jnp.asarray(centroids), centroids.shape[0])
+    return centroids, np.asarray(masses)
+
+
 class DCKMeans:
     """DC-k-means with exact deletion: train the tree once, then serve deletion requests.
 
@@ -236,6 +313,7 @@ class DCKMeans:
         tree: the current `Tree`.
         leaves: one `PointStore` per leaf.
         centroids_of: node id -> its output centroids ``[r, d]``.
+        counts_of: node id -> the mass of each output centroid ``[r]`` (weighted variant only).
         version: node id -> how many times the node was computed.
         node_runs: node computations since `fit` (training included).
         retrained: deletions that rebuilt the whole tree (width changes).
@@ -248,6 +326,7 @@ class DCKMeans:
         self.tree: Tree | None = None
         self.leaves: list[PointStore] = []
         self.centroids_of: dict[int, np.ndarray] = {}
+        self.counts_of: dict[int, np.ndarray] = {}
         self.version: dict[int, int] = {}
         self.node_runs = 0
         self.retrained = 0
@@ -296,7 +375,7 @@ class DCKMeans:
         self.tree = tree
         self.leaves = [PointStore(x[leaf_of == j], ids[leaf_of == j]) for j in range(tree.n_leaves)]
         self._leaf_of = dict(zip(ids.tolist(), leaf_of.tolist()))
-        self.centroids_of, self.version, self.node_runs = {}, {}, 0
+        self.centroids_of, self.counts_of, self.version, self.node_runs = {}, {}, {}, 0
         for leaf in range(tree.n_leaves):
             self._compute(tree.leaf_node(leaf))
         for node in tree.internal_nodes():
@@ -312,13 +391,33 @@ class DCKMeans:
             return store.x, store.ids
         return stack_children([self.centroids_of[child] for child in self.tree.children(node)], self.config.k)
 
+    def weights_of(self, node: int) -> np.ndarray | None:
+        """A node's row masses in the weighted variant (``None`` at a leaf: unit weights): its
+        children's masses stacked in child order, like `dataset_of`.
+
+        Raises:
+            ValueError: the model is not weighted.
+        """
+        if not self.config.weighted:
+            raise ValueError("weights exist only in the weighted variant")
+        assert self.tree is not None
+        if self.tree.level_of(node) == self.tree.height:
+            return None
+        return np.concatenate([self.counts_of[child] for child in self.tree.children(node)])
+
     def _compute(self, node: int) -> None:
         points, ids = self.dataset_of(node)
         if points.shape[0] == 0:
             points = np.zeros((0, self.d))
         if node not in self._node_keys:
             self._node_keys[node] = node_key(self.key, node)
-        self.centroids_of[node] = node_kmeans(self._node_keys[node], points, ids, self.config.k, self.config.iterations)
+        cfg = self.config
+        if cfg.weighted:
+            self.centroids_of[node], self.counts_of[node] = node_output(
+                self._node_keys[node], points, ids, cfg.k, cfg.iterations, self.weights_of(node)
+            )
+        else:
+            self.centroids_of[node] = node_kmeans(self._node_keys[node], points, ids, cfg.k, cfg.iterations)
         self.version[node] = self.version.get(node, 0) + 1
         self.node_runs += 1
 

@@ -7,11 +7,26 @@ DC-k-means (a tree of parties):
 * :class:`RemovalRequest` root (coordinator) -> the leaf holding the point: delete ``point_id``;
 * :class:`ModelUpdate` root -> every party, once at the end: the final model.
 
+Weighted DC-k-means (``--weighted``): :class:`WeightedNodeCentroids` replaces
+:class:`NodeCentroids`; it also carries the k cluster masses (``k * 8`` more payload bytes).
+
 Q-k-means (a server holding the pooled data, clients owning their points):
 
 * :class:`PointUpload` client -> server: the client's points and their stable ids;
 * :class:`ModelUpdate` server -> every client: the model after training and after each deletion;
 * :class:`RemovalRequest` client -> server: delete one of the client's own points.
+
+Federated Q-k-means (a coordinator without data, parties holding their points; spec 2.3):
+
+* :class:`SeedStep` coordinator -> every party: step s of k-means++ (with the centre chosen at
+  step s - 1);
+* :class:`SeedScore` party -> coordinator: the party's best Gumbel score at step s and its id;
+* :class:`SeedPick` coordinator -> the winning party: send that point;
+* :class:`SeedPoint` winning party -> coordinator: the point's coordinates;
+* :class:`IterationCentroids` coordinator -> every party: the centroids of Lloyd round j;
+* :class:`ClusterStatistics` party -> coordinator: per-cluster sums, counts and the local loss;
+* :class:`PointRemoval` owning party -> coordinator: delete this point (id and coordinates);
+* :class:`ModelUpdate` coordinator -> every party: the model after training and each deletion.
 """
 
 from __future__ import annotations
@@ -22,7 +37,20 @@ import numpy as np
 
 from fedproto.messages import Message, array_field
 
-__all__ = ["ModelUpdate", "NodeCentroids", "PointUpload", "RemovalRequest"]
+__all__ = [
+    "ClusterStatistics",
+    "IterationCentroids",
+    "ModelUpdate",
+    "NodeCentroids",
+    "PointRemoval",
+    "PointUpload",
+    "RemovalRequest",
+    "SeedPick",
+    "SeedPoint",
+    "SeedScore",
+    "SeedStep",
+    "WeightedNodeCentroids",
+]
 
 _MAX_ID = 2**32
 
@@ -30,6 +58,16 @@ _MAX_ID = 2**32
 def _check_id(value: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_ID:
         raise ValueError(f"{what} must be an integer in [0, 2^32)")
+
+
+def _check_count(value: int, what: str, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}")
+
+
+def _check_finite(array: np.ndarray, what: str) -> None:
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{what} contain NaN or infinite values")
 
 
 def _check_centroids(centroids: np.ndarray) -> None:
@@ -101,3 +139,144 @@ class PointUpload(Message):
             raise ValueError("ids must lie in [0, 2^32)")
         if not np.all(np.isfinite(self.points)):
             raise ValueError("points contain NaN or infinite values")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightedNodeCentroids(Message):
+    """A tree node's output in the weighted variant: ``centroids`` ``float64 [r, d]`` and the mass
+    of each (``counts`` ``float64 [r]``: points at a leaf, summed child masses above)."""
+
+    TAG = "del.wnode"
+    node: int
+    version: int
+    centroids: np.ndarray = array_field("float64", 2)
+    counts: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_count(self.node, "node", 1)
+        _check_count(self.version, "version", 1)
+        _check_centroids(self.centroids)
+        if self.counts.shape != (self.centroids.shape[0],):
+            raise ValueError("counts must have one entry per centroid")
+        _check_finite(self.counts, "counts")
+        if np.any(self.counts < 0):
+            raise ValueError("counts must be non-negative")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedStep(Message):
+    """Step ``step`` of keyed k-means++: first add ``centre`` (``float64 [1, d]``, the point
+    chosen at step ``step - 1``; ``[0, d]`` at step 0) to the chosen centres, then score."""
+
+    TAG = "del.qseed"
+    step: int
+    centre: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_count(self.step, "step")
+        if self.centre.shape[0] != (1 if self.step else 0) or self.centre.shape[1] < 1:
+            raise ValueError("centre must have shape [1, d] after step 0 and [0, d] at step 0")
+        _check_finite(self.centre, "centre")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedScore(Message):
+    """A party's best score ``log u_j + g_j`` at step ``step`` and the id of that point;
+    ``score = -inf`` when the party has no point of positive weight (``point_id`` is then 0)."""
+
+    TAG = "del.qscore"
+    step: int
+    point_id: int
+    score: float
+
+    def __post_init__(self) -> None:
+        _check_count(self.step, "step")
+        _check_id(self.point_id, "point_id")
+        if isinstance(self.score, bool) or not isinstance(self.score, float | int):
+            raise TypeError("score must be a float")
+        if self.score != self.score or self.score == float("inf"):
+            raise ValueError("score must be finite or -inf")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedPick(Message):
+    """The coordinator chose point ``point_id`` at step ``step``: its owner sends it."""
+
+    TAG = "del.qpick"
+    step: int
+    point_id: int
+
+    def __post_init__(self) -> None:
+        _check_count(self.step, "step")
+        _check_id(self.point_id, "point_id")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedPoint(Message):
+    """The chosen point of step ``step``: ``point`` ``float64 [d]``."""
+
+    TAG = "del.qpoint"
+    step: int
+    point_id: int
+    point: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_count(self.step, "step")
+        _check_id(self.point_id, "point_id")
+        if self.point.shape[0] < 1:
+            raise ValueError("point must have d >= 1 coordinates")
+        _check_finite(self.point, "point")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IterationCentroids(Message):
+    """The centroids ``chat_j`` of Lloyd round ``iteration`` (j = 0: the un-quantised seeds),
+    ``float64 [k, d]``: assign your points to them and reply with :class:`ClusterStatistics`."""
+
+    TAG = "del.qcent"
+    iteration: int
+    centroids: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_count(self.iteration, "iteration")
+        _check_centroids(self.centroids)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterStatistics(Message):
+    """A party's statistics of round ``iteration``: per-cluster ``sums`` ``float64 [k, d]``,
+    ``counts`` ``int64 [k]`` and the local loss (sum of squared distances, float)."""
+
+    TAG = "del.qstats"
+    iteration: int
+    loss: float
+    sums: np.ndarray = array_field("float64", 2)
+    counts: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        _check_count(self.iteration, "iteration")
+        if isinstance(self.loss, bool) or not isinstance(self.loss, float | int):
+            raise TypeError("loss must be a float")
+        if not (self.loss >= 0 and self.loss != float("inf")):
+            raise ValueError("loss must be finite and non-negative")
+        if self.counts.shape != (self.sums.shape[0],):
+            raise ValueError("counts must have one entry per row of sums")
+        _check_finite(self.sums, "sums")
+        if np.any(self.counts < 0):
+            raise ValueError("counts must be non-negative")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PointRemoval(Message):
+    """Delete the sender's point ``point_id``; ``point`` ``float64 [d]`` are its coordinates,
+    which the coordinator's exact replay subtracts from the stored sums (spec 1.5, 2.3)."""
+
+    TAG = "del.qremove"
+    point_id: int
+    point: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_id(self.point_id, "point_id")
+        if self.point.shape[0] < 1:
+            raise ValueError("point must have d >= 1 coordinates")
+        _check_finite(self.point, "point")

@@ -27,7 +27,9 @@ rounds of its inputs forward (`_FollowsRounds`). A leaf holds no other party's p
 (``root model == DCKMeans on the remaining data with the same key and leaves``) follows from
 every party computing its node with `dckmeans.node_kmeans` and the node's own key. The tree is the
 roster, so its width is fixed for a run: the width rule's retrain (App. C.2.2) is the centralised
-class's (`dckmeans.DCKMeans`).
+class's (`dckmeans.DCKMeans`). In the weighted variant (``DCKMeansConfig(weighted=True)``) every
+upload is a :class:`WeightedNodeCentroids`: the centroids plus their masses, ``k * 8`` payload
+bytes more per message, and internal nodes cluster mass-weighted (`dckmeans.node_output`).
 
 **Q-k-means.** Q-k-means is a centralised algorithm; as a protocol it is a data curator
 (:class:`QKMeansServer`) and the clients whose points it holds (:class:`QKMeansClient`). Round 0:
@@ -35,8 +37,8 @@ every client sends its points (:class:`PointUpload`, phase ``upload``); the serv
 every client the model (:class:`ModelUpdate`, phase ``model``). Round r: the client that owns the
 r-th requested point sends :class:`RemovalRequest` (phase ``request``); the server deletes it
 exactly (certified or retrained, `qkmeans.QKMeans.delete`) and sends every client the new model.
-The federated variant of spec 2.3 (distributed k-means++ in k rounds, per-iteration sufficient
-statistics) is not built.
+The federated variant of spec 2.3, where the points stay at the clients, is
+`algorithms.deletion.federated`.
 
 Dropout and errors: no quorum, every party is needed. A silent party makes the party waiting for
 it fail with :class:`~fedproto.errors.InsufficientParticipants` naming it. Parties that serve a
@@ -64,9 +66,16 @@ from algorithms.deletion.dckmeans import (
     assign_leaves,
     node_key,
     node_kmeans,
+    node_output,
     stack_children,
 )
-from algorithms.deletion.messages import ModelUpdate, NodeCentroids, PointUpload, RemovalRequest
+from algorithms.deletion.messages import (
+    ModelUpdate,
+    NodeCentroids,
+    PointUpload,
+    RemovalRequest,
+    WeightedNodeCentroids,
+)
 from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
@@ -171,12 +180,14 @@ class DCRootResult:
         history: the model after training and after each deletion (``m + 1`` arrays).
         deletions: the deleted ids, in order.
         version: computations of the root.
+        counts: the mass of each final centroid ``[r]`` (weighted variant), else ``None``.
     """
 
     centroids: np.ndarray
     history: tuple[np.ndarray, ...]
     deletions: tuple[int, ...]
     version: int
+    counts: np.ndarray | None = None
 
 
 class LeafState(enum.Enum):
@@ -205,6 +216,7 @@ class DCLeaf(_FollowsRounds):
         points: ``[n_j, d]`` float64 (may be empty); ids: their stable ids.
         k, iterations: the node computation; key: the run's `jax.random` key.
         patience: phase deadlines to wait without input while serving.
+        weighted: also send the cluster masses (:class:`WeightedNodeCentroids`).
 
     Raises:
         ValueError: bad points or ids.
@@ -232,10 +244,12 @@ class DCLeaf(_FollowsRounds):
         iterations: int,
         key: jax.Array,
         patience: int = 1,
+        weighted: bool = False,
     ) -> None:
         super().__init__(party, patience=patience)
         self.node, self.parent, self.coordinator = node, parent, coordinator
         self.k, self.iterations, self._key = k, iterations, node_key(key, node)
+        self.weighted = weighted
         self._store = PointStore(points, ids)
         self._centroids = np.zeros((0, self._store.d))
         self._version = 0
@@ -246,11 +260,17 @@ class DCLeaf(_FollowsRounds):
         return "local"
 
     def _upload(self) -> Outgoing:
-        self._centroids = node_kmeans(self._key, self._store.x, self._store.ids, self.k, self.iterations)
+        store = self._store
         self._version += 1
-        return self.send(
-            self.parent, NodeCentroids(node=self.node, version=self._version, centroids=self._centroids), phase="local"
-        )
+        if self.weighted:
+            self._centroids, counts = node_output(self._key, store.x, store.ids, self.k, self.iterations)
+            message: NodeCentroids | WeightedNodeCentroids = WeightedNodeCentroids(
+                node=self.node, version=self._version, centroids=self._centroids, counts=counts
+            )
+        else:
+            self._centroids = node_kmeans(self._key, store.x, store.ids, self.k, self.iterations)
+            message = NodeCentroids(node=self.node, version=self._version, centroids=self._centroids)
+        return self.send(self.parent, message, phase="local")
 
     def _start(self) -> list[Outgoing]:
         return [self._upload()]
@@ -289,6 +309,8 @@ class DCNode(_FollowsRounds):
         route: root only: leaf party -> the root's child whose subtree holds that leaf.
         parties: root only: every other party (told the final model).
         patience: phase deadlines to wait without input while serving.
+        weighted: children send, and this node sends, :class:`WeightedNodeCentroids`; the node
+            clusters its children's centroids weighted by their masses.
 
     Raises:
         ValueError: bad children, or (root) a deletion stream that does not fit the data.
@@ -299,7 +321,9 @@ class DCNode(_FollowsRounds):
     SERVING_STATES = (NodeState.SERVING,)
     TRANSITIONS = {
         (NodeState.COLLECT, NodeCentroids): ("_on_child", NodeState.COLLECT),
+        (NodeState.COLLECT, WeightedNodeCentroids): ("_on_child", NodeState.COLLECT),
         (NodeState.SERVING, NodeCentroids): ("_on_child_update", NodeState.SERVING),
+        (NodeState.SERVING, WeightedNodeCentroids): ("_on_child_update", NodeState.SERVING),
         (NodeState.SERVING, ModelUpdate): ("_on_model", NodeState.DONE),
     }
 
@@ -319,15 +343,18 @@ class DCNode(_FollowsRounds):
         route: Mapping[str, str] | None = None,
         parties: Sequence[str] = (),
         patience: int = 1,
+        weighted: bool = False,
     ) -> None:
         super().__init__(party, patience=patience)
+        self.weighted = weighted
+        self._counts: np.ndarray | None = None
         children = tuple((str(p), int(c)) for p, c in children)
         if not children or len({p for p, _ in children}) != len(children):
             raise ValueError("children must be non-empty and unique")
         self.node, self.children, self.parent, self.coordinator = node, children, parent, coordinator
         self.k, self.iterations, self._key = k, iterations, node_key(key, node)
         self._node_of = dict(children)
-        self._latest: dict[str, tuple[int, np.ndarray]] = {}
+        self._latest: dict[str, tuple[int, np.ndarray, np.ndarray | None]] = {}
         self._centroids: np.ndarray | None = None
         self._version = 0
         self.is_root = parent is None
@@ -358,9 +385,12 @@ class DCNode(_FollowsRounds):
             return [self._awaiting]
         return []
 
-    def _check_child(self, sender: str, message: NodeCentroids, version: int) -> None:
+    def _check_child(self, sender: str, message: NodeCentroids | WeightedNodeCentroids, version: int) -> None:
         if sender not in self._node_of:
             raise _remote(f"{sender} is not a child of {self.party}", sender, self)
+        if isinstance(message, WeightedNodeCentroids) != self.weighted:
+            kind = "a weighted" if self.weighted else "an unweighted"
+            raise _remote(f"{sender} sent {type(message).__name__} to {kind} tree", sender, self)
         if message.node != self._node_of[sender]:
             raise _remote(f"{sender} sent centroids of node {message.node}, it is node {self._node_of[sender]}",
                           sender, self)
@@ -374,14 +404,24 @@ class DCNode(_FollowsRounds):
 
     def _recompute(self) -> None:
         points, ids = stack_children([self._latest[p][1] for p, _ in self.children], self.k)
-        self._centroids = node_kmeans(self._key, points, ids, self.k, self.iterations)
+        if self.weighted:
+            weights = np.concatenate([self._latest[p][2] for p, _ in self.children])  # type: ignore[misc]
+            self._centroids, self._counts = node_output(self._key, points, ids, self.k, self.iterations, weights)
+        else:
+            self._centroids = node_kmeans(self._key, points, ids, self.k, self.iterations)
         self._version += 1
 
-    def _on_child(self, sender: str, message: NodeCentroids) -> list[Outgoing]:
+    @staticmethod
+    def _entry(
+        version: int, message: NodeCentroids | WeightedNodeCentroids
+    ) -> tuple[int, np.ndarray, np.ndarray | None]:
+        return version, message.centroids, getattr(message, "counts", None)
+
+    def _on_child(self, sender: str, message: NodeCentroids | WeightedNodeCentroids) -> list[Outgoing]:
         if sender in self._latest:
             raise _remote(f"second training upload from {sender}", sender, self)
         self._check_child(sender, message, 1)
-        self._latest[sender] = (1, message.centroids)
+        self._latest[sender] = self._entry(1, message)
         return []
 
     def _advance(self) -> list[Outgoing]:
@@ -394,7 +434,12 @@ class DCNode(_FollowsRounds):
     def _forward(self) -> list[Outgoing]:
         if not self.is_root:
             assert self._centroids is not None
-            update = NodeCentroids(node=self.node, version=self._version, centroids=self._centroids)
+            update: NodeCentroids | WeightedNodeCentroids
+            if self.weighted:
+                update = WeightedNodeCentroids(node=self.node, version=self._version, centroids=self._centroids,
+                                               counts=self._counts)
+            else:
+                update = NodeCentroids(node=self.node, version=self._version, centroids=self._centroids)
             return [self.send(self.parent, update, phase="merge")]  # type: ignore[arg-type]
         self._history.append(self._centroids)  # type: ignore[arg-type]
         self.round_idx += 1
@@ -406,15 +451,15 @@ class DCNode(_FollowsRounds):
             return [self.send(leaf, RemovalRequest(point_id=point_id), phase="request")]
         assert self._centroids is not None
         final = ModelUpdate(version=len(self.deletions), retrained=False, centroids=self._centroids)
-        self._finish(DCRootResult(self._centroids, tuple(self._history), self.deletions, self._version))
+        self._finish(DCRootResult(self._centroids, tuple(self._history), self.deletions, self._version, self._counts))
         return [self.broadcast(self.parties, final, phase="model")] if self.parties else []
 
-    def _on_child_update(self, sender: str, message: NodeCentroids) -> list[Outgoing]:
+    def _on_child_update(self, sender: str, message: NodeCentroids | WeightedNodeCentroids) -> list[Outgoing]:
         if self.is_root and sender != self._awaiting:
             raise _remote(f"unexpected update from {sender}: no deletion is in progress below it", sender, self)
-        version = self._latest.get(sender, (0, None))[0] + 1
+        version = self._latest.get(sender, (0, None, None))[0] + 1
         self._check_child(sender, message, version)
-        self._latest[sender] = (version, message.centroids)
+        self._latest[sender] = self._entry(version, message)
         self._awaiting = None
         self._recompute()
         return self._forward()
@@ -497,7 +542,7 @@ class DCTree:
         tree, cfg = self.tree, self.config
         node = self.roster.index(party)
         parent = tree.parent(node)
-        common = dict(k=cfg.k, iterations=cfg.iterations, key=self.key, patience=self.patience)
+        common = dict(k=cfg.k, iterations=cfg.iterations, key=self.key, patience=self.patience, weighted=cfg.weighted)
         if tree.level_of(node) == tree.height:
             leaf = node - tree.offset(tree.height)
             mask = self.leaf_of == leaf

@@ -26,6 +26,19 @@ purpose (spec 6.4): the first seed is tracked; p's cluster is its nearest previo
 centroid; the perturbation is exact; M's dependence on n is honoured; stop decisions are
 re-checked; the early stop compares against the seeding loss; deleted rows are removed.
 
+Fresh randomness (``QKMeans(retrain_keys="fresh")``, oracle O-Q-8): retrains draw a new key
+instead of the run's, as in the paper's Alg. 5. The output is then ``A(D; K) = A(D_{-i}; K)`` on
+the certified event S and a fresh ``A(D_{-i}; K')`` otherwise. The paper (App. C.1) and the spec
+(1.5, 3.2) conclude that the mixture has the law of ``A(D_{-i})``. That holds only if S is
+independent of ``A(D_{-i}; K)``, and it is not. (1) Seeding: the D^2 normaliser of D contains
+i's weight, which depends on the seeds drawn, so the seeds of ``D_{-i}`` do not have the law of
+D's seeds given that i was not drawn. (2) Quantisation: given that ``Q(c) = Q(c')``, the phase is
+no longer uniform, so ``Q(c') - c'`` is biased towards c (by ``delta / 2`` in 1-D). The O-Q-8 chi-square
+test rejects equality in distribution for fresh retrains (and accepts it for coupled ones); see
+``tests/algorithms/deletion/test_qkmeans.py``. The default, coupled retrains under the same key,
+is pathwise equal to ``A(D_{-i}; K)``. It is therefore exact in distribution for deletion
+requests that do not depend on K (Def. 3.1). The fresh option exists to exhibit that difference.
+
 Empty clusters follow option (ii) of App. B.1: an empty cluster keeps its previous centroid (no
 re-seeding), so the seed set is exactly the k-means++ seeds. With ``eps=None`` the paper's
 heuristic ``eps = 2^round(-log10(n / (k d^1.5)) - 3)`` is re-evaluated after every deletion and a
@@ -48,14 +61,21 @@ __all__ = [
     "QKMeans",
     "QKMeansConfig",
     "QKMeansModel",
+    "RETRAIN_KEYS",
     "certify_removal",
     "default_epsilon",
+    "removal_decision",
     "train_qkmeans",
 ]
 
-#: ``fold_in`` constants that split a run's key into independent streams.
+#: ``fold_in`` constants that split a run's key into independent streams (DC-k-means uses 3 and
+#: 4, the streams' baseline 5).
 SEEDING_STREAM = 1
 PHASE_STREAM = 2
+#: Stream of the keys of fresh-randomness retrains (``QKMeans(retrain_keys="fresh")``).
+FRESH_STREAM = 6
+#: How a retrain after an uncertified deletion draws its randomness (see `QKMeans`).
+RETRAIN_KEYS = ("coupled", "fresh")
 
 
 def default_epsilon(n: int, k: int, d: int) -> float:
@@ -313,6 +333,36 @@ def certify_removal(model: QKMeansModel, p: np.ndarray, config: QKMeansConfig) -
     return reason, updated
 
 
+def removal_decision(
+    model: QKMeansModel, p: np.ndarray, point_id: int, config: QKMeansConfig
+) -> tuple[str, QKMeansModel | None]:
+    """Whether deleting point ``point_id`` (coordinates ``p``) keeps the model, or retrains.
+
+    The order of the checks is the one of Alg. 5 with the corrections of spec 1.5: a change of
+    the heuristic granularity (``eps=None``: it is a function of n) retrains, deleting a seed
+    retrains (the first, uniform seed included), otherwise the exact replay decides.
+
+    Args:
+        model: the current model (``model.n`` points, the point among them).
+        p: ``[d]`` the point's coordinates; point_id: its stable id.
+        config: the hyper-parameters.
+
+    Returns:
+        ``(reason, updated)``: ``("certified", model with the metadata of D without p)``, or
+        ``(why, None)`` when the model must be retrained on the remaining data (``why`` is
+        ``"epsilon changed"``, ``"seed"`` or a replay reason of `_kernels.REASONS`).
+
+    References:
+        Ginart et al., Alg. 5; spec 1.5 and 6.4 item 1.
+    """
+    if config.resolve_eps(model.n - 1, model.d) != model.eps:
+        return "epsilon changed", None
+    if int(point_id) in set(model.seed_ids.tolist()):
+        return "seed", None
+    reason, updated = certify_removal(model, p, config)
+    return reason, (updated if reason == "certified" else None)
+
+
 class QKMeans:
     """Q-k-means with exact deletion: train once, then serve deletion requests one by one.
 
@@ -320,9 +370,20 @@ class QKMeans:
         config: hyper-parameters.
         seed: seed of the run's key (ignored when ``key`` is given).
         key: the run's `jax.random` key.
+        retrain_keys: ``"coupled"`` (default): a retrain uses the run's key again, so the model
+            after any deletion stream *equals* ``train_qkmeans(D_remaining, key)`` (O-Q-1).
+            ``"fresh"``: the r-th retrain since `fit` draws the fresh key
+            ``fold_in(fold_in(key, 6), r)``, independent of the current model's randomness (the
+            paper's Alg. 5). This is **not** an exact deletion: the certified branch keeps
+            randomness that is conditioned on certification, so the output is not distributed as
+            a fresh training on the remaining data (oracle O-Q-8 fails; see the module docstring).
+
+    Raises:
+        ValueError: unknown ``retrain_keys``.
 
     Attributes:
         model: the current `QKMeansModel` (``None`` before `fit`).
+        model_key: the key the current model was trained with.
         store: the current data (`PointStore`).
         certified: deletions served without retraining.
         retrained: deletions that retrained.
@@ -335,9 +396,15 @@ class QKMeans:
         qkm.centroids                  # == train_qkmeans(remaining data, same key).centroids
     """
 
-    def __init__(self, config: QKMeansConfig, *, seed: int = 0, key: jax.Array | None = None) -> None:
+    def __init__(
+        self, config: QKMeansConfig, *, seed: int = 0, key: jax.Array | None = None, retrain_keys: str = "coupled"
+    ) -> None:
+        if retrain_keys not in RETRAIN_KEYS:
+            raise ValueError(f"retrain_keys must be one of {RETRAIN_KEYS}, got {retrain_keys!r}")
         self.config = config
         self.key = key if key is not None else jax.random.PRNGKey(seed)
+        self.retrain_keys = retrain_keys
+        self.model_key = self.key
         self.model: QKMeansModel | None = None
         self.store: PointStore | None = None
         self.certified = 0
@@ -352,6 +419,7 @@ class QKMeans:
         """
         store = PointStore(x, ids)
         self.model = train_qkmeans(store.x, store.ids, self.config, self.key)
+        self.model_key = self.key
         self.store = store
         self.certified = self.retrained = 0
         self.outcomes = []
@@ -378,7 +446,7 @@ class QKMeans:
                 would remain; the model and data are then unchanged.
 
         References:
-            Ginart et al., Alg. 5; spec 1.5.
+            Ginart et al., Alg. 5; spec 1.5 (and 7.1 O-Q-8 for ``retrain_keys="fresh"``).
         """
         if self.model is None or self.store is None:
             raise DeletionError("delete() before fit(): there is no model to delete from", point_id=point_id)
@@ -390,27 +458,25 @@ class QKMeans:
                 f"deleting point {point_id} would leave {store.n - 1} points, fewer than k = {self.config.k}",
                 point_id=point_id,
             )
-        if self.config.resolve_eps(store.n - 1, store.d) != model.eps:
-            reason = "epsilon changed"
-        elif point_id in set(model.seed_ids.tolist()):
-            reason = "seed"
-        else:
-            reason, updated = certify_removal(model, store.x[row], self.config)
-            if reason == "certified":
-                store.remove(row)
-                self.model = updated
-                self.certified += 1
-                outcome = DeletionOutcome(point_id, False, reason)
-                self.outcomes.append(outcome)
-                return outcome
+        reason, updated = removal_decision(model, store.x[row], point_id, self.config)
+        if updated is not None:
+            store.remove(row)
+            self.model = updated
+            self.certified += 1
+            outcome = DeletionOutcome(point_id, False, reason)
+            self.outcomes.append(outcome)
+            return outcome
         keep = np.ones(store.n, dtype=bool)
         keep[row] = False
+        key = self.model_key
+        if self.retrain_keys == "fresh":
+            key = jax.random.fold_in(jax.random.fold_in(self.key, FRESH_STREAM), self.retrained + 1)
         try:
-            fresh = train_qkmeans(store.x[keep], store.ids[keep], self.config, self.key)
+            fresh = train_qkmeans(store.x[keep], store.ids[keep], self.config, key)
         except ValueError as exc:
             raise DeletionError(f"cannot delete point {point_id}: {exc}", point_id=point_id) from exc
         store.remove(row)
-        self.model = fresh
+        self.model, self.model_key = fresh, key
         self.retrained += 1
         outcome = DeletionOutcome(point_id, True, reason)
         self.outcomes.append(outcome)

@@ -7,12 +7,15 @@ one padded shape and the kernels compile once.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms.deletion import _kernels
+from algorithms import kmeans
+from algorithms.deletion import _kernels, _variant_kernels
 from algorithms.deletion._store import DeletionError
 from algorithms.deletion.dckmeans import (
     DCKMeans,
@@ -22,6 +25,7 @@ from algorithms.deletion.dckmeans import (
     default_width,
     node_key,
     node_kmeans,
+    node_output,
 )
 
 
@@ -216,3 +220,101 @@ def test_bad_requests_raise_clear_errors(mixture):
     assert dc.n == 3
     with pytest.raises(ValueError):
         DCKMeansConfig(k=2, height=2)
+
+
+# --------------------------------------------------------------------------- weighted variant (spec 2.3)
+
+
+def test_weighted_kernels_with_unit_weights_are_the_unweighted_ones(mixture):
+    x = mixture(9, (20, 20, 20))
+    ids = np.arange(len(x)) * 3
+    key = jax.random.PRNGKey(12)
+    xp, ip, valid = _kernels.pad_rows(x, ids)
+    unit = valid.astype(np.float64)
+    rows, count = _kernels.kmeanspp_seeding(key, xp, ip, valid, 3)
+    wrows, wcount = kmeans.kmeanspp_seeding(key, xp, ip, valid, 3, weights=unit)
+    np.testing.assert_array_equal(np.asarray(wrows), np.asarray(rows))
+    assert int(wcount) == int(count) == 3
+    init = xp[np.asarray(rows)]
+    np.testing.assert_array_equal(
+        np.asarray(_variant_kernels.weighted_lloyd_iterations(xp, unit, init, 3, 10)),
+        np.asarray(_kernels.lloyd_iterations(xp, valid, init, 3, 10)),
+    )
+    # A leaf's weighted output is its unweighted output plus its cluster sizes.
+    centroids, masses = node_output(key, x, ids, 3, 10)
+    np.testing.assert_array_equal(centroids, node_kmeans(key, x, ids, 3, 10))
+    labels = ((x[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
+    np.testing.assert_array_equal(masses, np.bincount(labels, minlength=3))
+
+
+def test_weighted_seeding_draws_follow_mass_times_d2():
+    """The seeding of weighted internal nodes (the shared kernel with weights): P(j) = w_j u_j / sum."""
+    pts = np.array([0.0, 1.0, 3.0, 6.0, 10.0])
+    w = np.array([1.0, 4.0, 0.5, 2.0, 0.0])  # the last point has no mass: never drawn
+    xp, ip, valid = _kernels.pad_rows(pts[:, None], np.arange(5))
+    wp = np.zeros(xp.shape[0])
+    wp[:5] = w
+    keys = jax.random.split(jax.random.PRNGKey(13), 6000)
+    rows, count = jax.vmap(lambda key: kmeans.kmeanspp_seeding(key, xp, ip, valid, 2, weights=wp))(keys)
+    rows = np.asarray(rows)
+    assert np.all(np.asarray(count) == 2)
+    observed = np.zeros((5, 5))
+    np.add.at(observed, (rows[:, 0], rows[:, 1]), 1)
+    expected = np.zeros((5, 5))
+    for j in range(5):
+        p = w * (pts - pts[j]) ** 2
+        expected[j] = len(keys) * w[j] / w.sum() * p / p.sum()
+    mask = expected > 0
+    assert observed[~mask].sum() == 0
+    assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
+
+
+def test_weighted_lloyd_equals_lloyd_on_repeated_points(mixture):
+    """A point of mass 3 moves the means as three coincident points do."""
+    x = mixture(10, (10, 10, 10))
+    w = np.random.default_rng(0).integers(1, 4, size=len(x)).astype(np.float64)
+    rep = np.repeat(x, w.astype(int), axis=0)
+    init = x[[0, 10, 20]]
+    xp, _, _ = _kernels.pad_rows(x, np.arange(len(x)))
+    wp = np.zeros(xp.shape[0])
+    wp[: len(x)] = w
+    rp, _, rvalid = _kernels.pad_rows(rep, np.arange(len(rep)))
+    np.testing.assert_allclose(
+        np.asarray(_variant_kernels.weighted_lloyd_iterations(xp, wp, init, 3, 10)),
+        np.asarray(_kernels.lloyd_iterations(rp, rvalid, init, 3, 10)),
+        rtol=1e-12, atol=1e-12,
+    )
+
+
+@pytest.mark.parametrize(("width", "height"), [(4, 1), (3, 2)])
+def test_weighted_tree_conserves_mass_and_deletion_equals_retraining(mixture, width, height):
+    """Masses: a leaf's sum to its size, a node's to its children's; O-DC-1 and O-DC-2 hold."""
+    x = mixture(11, (20, 100, 100))
+    config = DCKMeansConfig(k=3, width=width, height=height, weighted=True)
+    dc = DCKMeans(config, seed=3).fit(x)
+    unweighted = DCKMeans(dataclasses.replace(config, weighted=False), seed=3).fit(x)
+    for leaf in range(dc.tree.n_leaves):
+        node = dc.tree.leaf_node(leaf)
+        assert dc.counts_of[node].sum() == dc.leaves[leaf].n
+        np.testing.assert_array_equal(dc.centroids_of[node], unweighted.centroids_of[node])
+    for node in dc.tree.internal_nodes():
+        assert dc.counts_of[node].sum() == sum(dc.counts_of[c].sum() for c in dc.tree.children(node))
+        np.testing.assert_array_equal(dc.weights_of(node), np.concatenate(
+            [dc.counts_of[c] for c in dc.tree.children(node)]))
+    assert dc.counts_of[0].sum() == len(x)
+    assert not np.array_equal(dc.centroids, unweighted.centroids)  # the merge is weighted
+    for i in np.random.default_rng(2).permutation(len(x))[:15]:
+        before, runs = snapshot(dc), dc.node_runs
+        outcome = dc.delete(int(i))
+        assert dc.node_runs - runs == height + 1
+        for node in set(range(dc.tree.n_nodes)) - set(outcome.nodes):
+            np.testing.assert_array_equal(dc.centroids_of[node], before[node][2])
+        fresh = DCKMeans(config, key=dc.key).fit(*remaining(dc))
+        assert_same_tree(dc, fresh)
+        for node in range(dc.tree.n_nodes):
+            np.testing.assert_array_equal(dc.counts_of[node], fresh.counts_of[node])
+    assert dc.counts_of[0].sum() == len(x) - 15
+    with pytest.raises(ValueError, match="weighted variant"):
+        unweighted.weights_of(0)
+    with pytest.raises(ValueError, match="non-negative"):
+        node_output(dc.key, x[:4], np.arange(4), 3, 10, weights=np.array([1.0, -1.0, 1.0, 1.0]))

@@ -13,7 +13,13 @@ import pytest
 import trio
 
 from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
-from algorithms.deletion.messages import ModelUpdate, NodeCentroids, PointUpload, RemovalRequest
+from algorithms.deletion.messages import (
+    ModelUpdate,
+    NodeCentroids,
+    PointUpload,
+    RemovalRequest,
+    WeightedNodeCentroids,
+)
 from algorithms.deletion.protocol import DCTree, QKMeansParties
 from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
 from fedproto.codec import array_payload_bytes, encode_frame
@@ -287,3 +293,62 @@ def test_q_requests_interleaved_with_training_or_for_others_points_fail(mixture)
         QKMeansParties([(x[:10], np.arange(10))], parties.config, key=parties.key, deletions=[11])
     with pytest.raises(ValueError, match="held by two"):
         QKMeansParties([(x[:10], np.arange(10)), (x[:10], np.arange(10))], parties.config, key=parties.key)
+
+
+# ---------------------------------------------------------------------------------- weighted DC
+
+
+def test_weighted_dc_protocol_equals_the_centralised_algorithm_and_costs_k8_more_per_message(mixture):
+    """Spec 2.3's optional weighted variant: the root's model after every deletion is the weighted
+    DCKMeans's; each upload carries k cluster masses, k * 8 payload bytes more, so the run costs
+    exactly (uploads) x (k * 8 + the envelope of one more array field) more than the unweighted."""
+    x = mixture(32, (70, 70, 60))
+    k, d, w = 3, 3, 4
+    deletions = [3, 33, 133, 199]
+    trees, reports, results = {}, {}, {}
+    for weighted in (False, True):
+        trees[weighted] = DCTree(x, None, DCKMeansConfig(k=k, width=w, weighted=weighted), key=jax.random.PRNGKey(6),
+                                 deletions=deletions)
+        results[weighted], reports[weighted] = run_harness(trees[weighted])
+    tree, root = trees[True], results[True]["root"]
+    config = DCKMeansConfig(k=k, width=w, weighted=True)
+    for j in range(len(deletions) + 1):
+        keep = ~np.isin(np.arange(len(x)), deletions[:j])
+        central = DCKMeans(config, key=tree.key).fit(x[keep], np.flatnonzero(keep), leaves=tree.leaf_of[keep])
+        np.testing.assert_array_equal(root.history[j], central.centroids)
+    np.testing.assert_array_equal(root.counts, central.counts_of[0])
+    assert root.counts.sum() == len(x) - len(deletions)
+    assert not np.array_equal(root.centroids, results[False]["root"].centroids)
+    # Bytes: one message type swapped for the other, nothing else.
+    def extra(kk: int) -> int:
+        c = np.zeros((kk, d))
+        weighted = WeightedNodeCentroids(node=2, version=1, centroids=c, counts=np.zeros(kk))
+        plain = NodeCentroids(node=2, version=1, centroids=c)
+        return frame_bytes(weighted, 1, "local") - frame_bytes(plain, 1, "local")
+    envelope = extra(k) - k * 8
+    assert 0 < envelope < 16 and all(extra(kk) - kk * 8 == envelope for kk in (1, 2, 5, 8))
+    uploads = sum(link.messages for link in reports[True].links if link.tag == "del.wnode")
+    assert uploads == w + len(deletions)  # training, then one per deletion (depth 1)
+    assert {link.tag for link in reports[True].links} == {"del.wnode", "del.remove", "del.model"}
+    assert reports[True].payload_bytes - reports[False].payload_bytes == uploads * (k * 8 + envelope)
+    for r in range(len(deletions) + 2):
+        by_round = (reports[True].bytes_by_round()[r] - reports[False].bytes_by_round()[r])
+        assert by_round == sum(link.messages for link in reports[True].links
+                               if link.round_idx == r and link.tag == "del.wnode") * (k * 8 + envelope)
+
+
+def test_a_weighted_upload_to_an_unweighted_tree_is_refused(mixture):
+    x = mixture(33, (20, 20))
+    tree = DCTree(x, None, DCKMeansConfig(k=3, width=2), key=jax.random.PRNGKey(0))
+    root = tree.make_machine("root")
+    root.start()
+    upload = WeightedNodeCentroids(node=1, version=1, centroids=np.zeros((3, 3)), counts=np.ones(3))
+    with pytest.raises(RemoteProtocolError, match="to an unweighted tree"):
+        root.receive("leaf-0", upload, round_idx=0)
+    weighted = DCTree(x, None, DCKMeansConfig(k=3, width=2, weighted=True), key=jax.random.PRNGKey(0))
+    root = weighted.make_machine("root")
+    root.start()
+    with pytest.raises(RemoteProtocolError, match="to a weighted tree"):
+        root.receive("leaf-0", NodeCentroids(node=1, version=1, centroids=np.zeros((3, 3))), round_idx=0)
+    with pytest.raises(ValueError, match="one entry per centroid"):
+        WeightedNodeCentroids(node=1, version=1, centroids=np.zeros((3, 3)), counts=np.ones(2))

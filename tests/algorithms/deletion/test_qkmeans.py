@@ -6,6 +6,7 @@ Spec deletion-kmeans.md, oracles O-Q-1 .. O-Q-7 and O-Q-9 (section 7.1). Most da
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -488,6 +489,154 @@ def test_retrain_rate_falls_as_eps_grows(corners):
             qkm.delete(int(i))
         retrains[e] = qkm.retrained
     assert retrains[1 / 256] > retrains[1 / 16]
+
+
+# --------------------------------------------------------------------------- fresh randomness (O-Q-8)
+
+
+def test_fresh_retrains_draw_a_new_key_and_certified_deletions_keep_the_model(mixture):
+    x = mixture(19, (140, 140, 140, 140))
+    config = QKMeansConfig(k=4, eps=1 / 8)
+    fresh = QKMeans(config, seed=3, retrain_keys="fresh").fit(x)
+    coupled = QKMeans(config, seed=3).fit(x)
+    stream = [int(i) for i in np.random.default_rng(4).permutation(len(x))[:3]]
+    for i in [*stream, "seed", "seed"]:
+        i = int(fresh.model.seed_ids[1]) if i == "seed" else i  # a seed of the current model
+        before = fresh.model
+        outcome = fresh.delete(i)
+        coupled.delete(i)
+        if not outcome.retrained:
+            assert fresh.model.executed == before.executed
+            np.testing.assert_array_equal(fresh.model.centroids, before.centroids)
+    assert fresh.retrained >= 2 and fresh.outcomes[-1].reason == "seed"
+    # The r-th retrain used fold_in(fold_in(key, 6), r): the model is a from-scratch run with it.
+    key = jax.random.fold_in(jax.random.fold_in(fresh.key, 6), fresh.retrained)
+    np.testing.assert_array_equal(fresh.model_key, key)
+    assert same_model(fresh.model, train_qkmeans(fresh.store.x, fresh.store.ids, config, key))
+    # ... and not the coupled one (which keeps the run's key and equals training with it).
+    assert not np.array_equal(fresh.model.seed_ids, coupled.model.seed_ids)
+    assert same_model(coupled.model, train_qkmeans(coupled.store.x, coupled.store.ids, config, coupled.key))
+    with pytest.raises(ValueError, match="retrain_keys"):
+        QKMeans(config, retrain_keys="new")
+
+
+#: O-Q-8's tiny instances, n = 8, d = 1, k = 2: ``(points, config, victim, bin width)``.
+#: "spec": the spec's suggestion with a coarse lattice; deleting x = 0.3 is certified about half of
+#: the time. "edge": two groups of four and one quantised iteration; deleting x = 1.0 moves its
+#: group's mean by half a lattice cell, which makes the bias of fresh retrains large.
+O_Q_8 = {
+    "spec": (np.array([[0.0], [0.05], [0.1], [0.15], [0.3], [0.35], [0.4], [1.0]]),
+             QKMeansConfig(k=2, iterations=3, gamma=0.2, eps=0.25), 4, 0.125),
+    "edge": (np.array([[0.0], [0.04], [0.08], [0.12], [0.88], [0.92], [0.96], [1.0]]),
+             QKMeansConfig(k=2, iterations=1, gamma=0.2, eps=0.04), 7, 0.01),
+}
+
+
+def homogeneity_pvalue(a: list, b: list) -> float:
+    """Chi-square test that two samples of categories come from one law (categories expected
+    fewer than 5 times per sample are pooled, so the chi-square approximation holds)."""
+    cats = sorted(set(a) | set(b))
+    table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+    small = table.sum(axis=0) / 2 < 5
+    if small.any():
+        table = np.column_stack([table[:, ~small], table[:, small].sum(axis=1)])
+    return float(scipy.stats.chi2_contingency(table).pvalue)
+
+
+def deletion_samples(instance: str, runs: int) -> dict[str, list]:
+    """Histograms of the model, discretised (its sorted centroids on a grid; any function of the
+    output has one law on both sides if the outputs do), over ``runs`` keys:
+
+    * ``fresh``: R(D, A(D; K_r), i) with fresh-key retrains (the paper's deletion);
+    * ``coupled``: the same deletion with retrains under K_r (this project's default);
+    * ``scratch``: A(D_{-i}; K'_r) with independent keys K'_r;
+    * ``kept``: A(D; K_r), the model before the deletion (a deletion that never retrains).
+    """
+    x, config, victim, width = O_Q_8[instance]
+    ids = np.arange(len(x))
+    keep = ids != victim
+    out: dict[str, list] = {"fresh": [], "coupled": [], "scratch": [], "kept": [], "retrained": []}
+
+    def grid(model) -> tuple[int, ...]:
+        return tuple(np.floor(np.sort(model.centroids[:, 0]) / width).astype(int).tolist())
+
+    for r in range(runs):
+        fresh = QKMeans(config, key=jax.random.PRNGKey(r), retrain_keys="fresh").fit(x)
+        coupled = copy.deepcopy(fresh)
+        coupled.retrain_keys = "coupled"
+        out["kept"].append(grid(fresh.model))
+        out["retrained"].append(fresh.delete(victim).retrained)
+        coupled.delete(victim)
+        out["fresh"].append(grid(fresh.model))
+        out["coupled"].append(grid(coupled.model))
+        out["scratch"].append(grid(train_qkmeans(x[keep], ids[keep], config, jax.random.PRNGKey(10**6 + r))))
+    return out
+
+
+@pytest.mark.parametrize(("instance", "runs"), [("edge", 400), pytest.param("spec", 20_000, marks=pytest.mark.slow)])
+def test_o_q_8_fresh_retrains_are_not_equal_in_distribution_to_retraining(instance, runs):
+    """O-Q-8, chi-square at p = 0.001 with fixed keys. The coupled deletion passes; the paper's
+    deletion with fresh-randomness retrains does **not**: its output is ``A(D_{-i}; K)`` on the
+    certified event and a fresh ``A(D_{-i})`` otherwise, and the certified event is not independent
+    of ``A(D_{-i}; K)`` (see the next two tests), so the mixture is biased. A deletion that never
+    retrains (``kept``) is rejected too, so the test has power."""
+    samples = deletion_samples(instance, runs)
+    assert 0.25 * runs < sum(samples["retrained"]) < 0.75 * runs  # both branches are exercised
+    assert homogeneity_pvalue(samples["coupled"], samples["scratch"]) > 1e-3
+    assert homogeneity_pvalue(samples["fresh"], samples["scratch"]) < 1e-3
+    assert homogeneity_pvalue(samples["kept"], samples["scratch"]) < 1e-3
+
+
+def test_kmeanspp_without_i_is_not_kmeanspp_conditioned_on_missing_i():
+    """Why O-Q-8 fails, seeding part (exact enumeration): the seed set of ``D_{-i}`` does not have
+    the law of D's seed set conditioned on i not being drawn, because the D^2 normaliser of D
+    contains i's weight, which depends on the first seed (spec 1.5 and 3.2 claim equality)."""
+    x, _, victim, _ = O_Q_8["spec"]
+    pts = x[:, 0]
+
+    def seed_sets(rows: list[int]) -> dict[frozenset, float]:
+        law: dict[frozenset, float] = {}
+        for a in rows:
+            weights = np.array([(pts[b] - pts[a]) ** 2 for b in rows])
+            for b, w in zip(rows, weights):
+                if w > 0:
+                    law[frozenset((a, b))] = law.get(frozenset((a, b)), 0.0) + w / weights.sum() / len(rows)
+        return law
+
+    full = seed_sets(list(range(8)))
+    kept = {s: p for s, p in full.items() if victim not in s}
+    z = sum(kept.values())
+    without = seed_sets([j for j in range(8) if j != victim])
+    assert sum(without.values()) == pytest.approx(1.0) and set(without) == set(kept)
+    total_variation = 0.5 * sum(abs(kept[s] / z - without[s]) for s in without)
+    assert total_variation > 5e-3  # 0.0089 on this instance
+    # The coupled (Gumbel-max by id) seeding is pathwise equal on that event, which is all O-Q-1 needs.
+    xp, ip, valid = _kernels.pad_rows(x, np.arange(8))
+    xr, ir, vr = _kernels.pad_rows(np.delete(x, victim, axis=0), np.delete(np.arange(8), victim))
+    for r in range(50):
+        rows, _ = _kernels.kmeanspp_seeding(jax.random.PRNGKey(r), xp, ip, valid, 2)
+        if victim not in np.asarray(rows):
+            r2, _ = _kernels.kmeanspp_seeding(jax.random.PRNGKey(r), xr, ir, vr, 2)
+            np.testing.assert_array_equal(np.asarray(ir)[np.asarray(r2)], np.asarray(rows))
+
+
+def test_stability_biases_the_lattice_phase():
+    """Why O-Q-8 fails, quantisation part: with a uniform phase, ``Q(c) - c`` is uniform on
+    ``[-eps/2, eps/2]``, but conditioned on the stable event ``Q(c) = Q(c + delta)`` it is uniform
+    on ``[-eps/2 + delta, eps/2]`` (1-D, ``delta > 0``): its mean is ``delta / 2``, not 0. The
+    certified branch keeps exactly these phases."""
+    n, eps, delta, c = 100_000, 0.25, 0.1, 0.3141
+    thetas = jax.random.uniform(jax.random.PRNGKey(5), (n, 1), jnp.float64, -0.5, 0.5)
+    a, _ = _kernels.quantize(jnp.full((n, 1), c), eps, thetas)
+    b, _ = _kernels.quantize(jnp.full((n, 1), c + delta), eps, thetas)
+    stable = np.asarray(a == b)[:, 0]
+    err = (np.asarray(_kernels.lattice_points(a, eps, thetas))[:, 0] - c)
+    m = int(stable.sum())
+    assert abs(m / n - (1 - delta / eps)) < 4 * math.sqrt(0.25 / n)
+    sigma = (eps - delta) / math.sqrt(12 * m)
+    assert abs(err[stable].mean() - delta / 2) < 4 * sigma
+    assert abs(err.mean()) < 4 * eps / math.sqrt(12 * n)  # unconditionally unbiased (O-Q-4)
+    assert err[stable].min() >= -eps / 2 + delta - 1e-12
 
 
 # --------------------------------------------------------------------------- bad input
