@@ -110,3 +110,59 @@ def test_mpi_example(tmp_path, memory_run):
     assert done.stdout.count("centroids:") == 1, "only rank 1 prints"
     assert _check_centroids(done.stdout) == _centroids(memory_run.stdout)
     assert _total_bytes(done.stdout) == _total_bytes(memory_run.stdout)
+
+
+# --------------------------------------------------------------------------- deletion (DC-k-means)
+
+DELETION_ARGS = ["--data", "iris", "--deletions", "5", "--seed", "0"]
+
+
+def _deletion_lines(stdout: str) -> list[tuple[int, int, int, int]]:
+    """``(root bytes, owner bytes, other leaves, their bytes)`` of each ``deletion r:`` line."""
+    pattern = (r"^deletion \d+: point \d+ at leaf-\d+: root sent (\d+) bytes, leaf-\d+ sent (\d+) bytes, "
+               r"the other (\d+) leaves sent (\d+) bytes$")
+    return [tuple(int(g) for g in m.groups()) for m in re.finditer(pattern, stdout, flags=re.MULTILINE)]
+
+
+@pytest.fixture(scope="module")
+def deletion_memory_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    done = _run([sys.executable, str(EXAMPLES / "deletion_memory.py"), *DELETION_ARGS],
+                tmp_path_factory.mktemp("deletion-memory"))
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_deletion_memory_example(deletion_memory_run):
+    """DC-k-means: a deletion costs the request and one upload; the untouched leaves send 0 bytes."""
+    out = deletion_memory_run.stdout
+    rows = _centroids(out)
+    assert len(rows) == K_IRIS and all(len(row) == D_IRIS for row in rows), out
+    assert all(0.0 <= v <= 1.0 for row in rows for v in row), out  # min-max scaled to [0, 1]
+    lines = _deletion_lines(out)
+    assert len(lines) == 5, out
+    assert all(root > 0 and owner > 0 and others == 3 and silent == 0 for root, owner, others, silent in lines), out
+    rounds = [int(b) for b in re.findall(r"^round \d+ bytes: (\d+)$", out, flags=re.MULTILINE)]
+    assert len(rounds) == 5 + 2 and sum(rounds) == _total_bytes(out), out
+    assert all(rounds[r] == lines[r - 1][0] + lines[r - 1][1] for r in range(1, 6)), out
+    assert "equals DC-k-means trained on the remaining data with the same key: True" in out
+
+
+def test_deletion_tcp_example(tmp_path, deletion_memory_run):
+    done = _run([sys.executable, str(EXAMPLES / "deletion_tcp.py"), *DELETION_ARGS], tmp_path)
+    assert done.returncode == 0, done.stderr
+    # same seed, same arguments: the same model, the same bytes per deletion and in total
+    assert _centroids(done.stdout) == _centroids(deletion_memory_run.stdout)
+    assert _deletion_lines(done.stdout) == _deletion_lines(deletion_memory_run.stdout)
+    assert _total_bytes(done.stdout) == _total_bytes(deletion_memory_run.stdout)
+    messages = int(re.search(r"in (\d+) messages", done.stdout).group(1))
+    assert f"+ {4 * messages} bytes of TCP length prefixes" in done.stdout
+
+
+def test_mufc_memory_example(tmp_path):
+    """The MUFC example unlearns exactly and every client's share is T field elements."""
+    done = _run([sys.executable, str(EXAMPLES / "mufc_memory.py"), "--data", "iris", "--clients", "3",
+                 "--removals", "3", "--seed", "1"], tmp_path)
+    out = done.stdout
+    assert "equals retraining on the remaining data with the same keys: True" in out, out
+    assert "decoded point counts per version: [150, 149, 148, 147]" in out, out
+    assert "round 3 removal" in out and "round 4" not in out

@@ -20,6 +20,12 @@ CASES = {
     "kzcenter": (4, ["run", "kzcenter", "--data", "iris", "--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5"]),
     "dckmeans": (5, ["run", "dckmeans", "--data", "iris", "--deletions", "20", "--no-timing"]),
     "qkmeans": (3, ["run", "qkmeans", "--data", "iris", "--clients", "2", "--deletions", "20", "--no-timing"]),
+    "qkmeans-federated": (3, ["run", "qkmeans", "--data", "iris", "--clients", "2", "--deletions", "10",
+                              "--no-timing", "--federated"]),
+    "mufc": (4, ["run", "mufc", "--data", "iris", "--clients", "3", "--remove", "3", "--batch", "2", "--leave", "1",
+                 "--no-timing", "--no-baselines", "--n-init", "2"]),
+    "dckmeans-weighted": (5, ["run", "dckmeans", "--data", "iris", "--deletions", "10", "--no-timing",
+                              "--weighted"]),
 }
 
 
