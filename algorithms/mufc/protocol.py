@@ -88,6 +88,7 @@ __all__ = [
     "MUFCParties",
     "MUFCServer",
     "MUFCServerResult",
+    "ServerModel",
     "make_config",
 ]
 
@@ -212,6 +213,66 @@ def _mask_stream(round_idx: int, attempt: int) -> int:
 # ------------------------------------------------------------------------------------- server
 
 
+class ServerModel:
+    """The server's computation, without I/O: decode each round's sum, re-cluster when the mode
+    asks for it (Algorithm 1 lines 5-7, Algorithm 4). Shared by :class:`MUFCServer` and the
+    timed replay (:mod:`algorithms.mufc.replay`), so both compute exactly the same model.
+
+    Args:
+        config: the public parameters; key: the server's `jax.random` key.
+
+    Attributes:
+        counts: the last decoded ``{bin index: count}`` (``None`` before the first round).
+        centroids: the current model ``[k, d]`` float64 (``None`` before the first round).
+    """
+
+    def __init__(self, config: MUFCConfig, key: jax.Array) -> None:
+        self.config, self.key = config, key
+        self.counts: dict[int, int] | None = None
+        self.centroids: np.ndarray | None = None
+        self._sums: list[int] = []
+
+    def decode(self, shares: Sequence[Sequence[int]], *, max_total: int, fresh: bool = False) -> dict[int, int]:
+        """Sum the active clients' shares and decode the count vector (``fresh``: from scratch,
+        otherwise the change since the last round, at most 2K non-zeros; same result).
+
+        Raises:
+            SyndromeDecodingError: the sum fails a validity check.
+        """
+        cfg = self.config
+        sums = scma.aggregate_syndromes(shares, cfg.prime, cfg.n_syndromes)
+        bounds = dict(max_support=cfg.k_client * len(shares), max_index=cfg.grid.n_bins, max_total=max_total)
+        if self.counts is None or fresh:
+            counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
+        else:
+            counts = scma.decode_update(sums, self._sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
+                                        **bounds)
+        self._sums = sums
+        return counts
+
+    def adopt(self, counts: dict[int, int], round_idx: int, *, force: bool = False) -> bool:
+        """Take ``counts`` as the current aggregate; re-cluster if the mode asks (or ``force``).
+
+        Returns:
+            Whether K-means++ ran.
+        """
+        cfg = self.config
+        if self.counts is None or force:
+            recluster = True
+        elif cfg.unlearning == "lazy":
+            recluster = counts.keys() != self.counts.keys()
+        else:
+            recluster = counts != self.counts
+        if recluster:
+            key = jax.random.fold_in(self.key, round_idx if cfg.fresh_randomness else 0)
+            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
+            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
+            self.centroids = np.asarray(centroids)
+        self.counts = counts
+        return recluster
+
+
+
 @dataclasses.dataclass(frozen=True)
 class MUFCServerResult:
     """The server's output.
@@ -294,9 +355,7 @@ class MUFCServer(ProtocolMachine):
         self._attempt = 0
         self._shares: dict[int, tuple[int, ...]] = {}
         self._queued: list[tuple[str, RemovalRequest]] = []
-        self._counts: dict[int, int] | None = None
-        self._sums: list[int] = []
-        self._centroids: np.ndarray | None = None
+        self._model = ServerModel(config, key)
         self._history: list[np.ndarray] = []
         self._totals: list[int] = []
         self._supports: list[int] = []
@@ -380,17 +439,8 @@ class MUFCServer(ProtocolMachine):
                 return out
 
     def _aggregate(self) -> list[Outgoing]:
-        cfg = self.config
-        sums = scma.aggregate_syndromes((self._shares[c] for c in self._active), cfg.prime, cfg.n_syndromes)
         previous = self._totals[-1] if self._totals else self.n_points
-        bounds = dict(max_support=cfg.k_client * len(self._active), max_index=cfg.grid.n_bins, max_total=previous)
-        if self._counts is None:
-            counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
-        else:  # one client changed: decode q' - q (at most 2K non-zeros), never a different result
-            counts = scma.decode_update(
-                sums, self._sums, self._counts, cfg.prime, change_hint=2 * cfg.k_client, **bounds
-            )
-        self._sums = sums
+        counts = self._model.decode([self._shares[c] for c in self._active], max_total=previous)
         total = sum(counts.values())
         if total > previous or (not self._totals and not self._dropped and total != self.n_points):
             raise RemoteProtocolError(
@@ -402,15 +452,8 @@ class MUFCServer(ProtocolMachine):
             raise RemoteProtocolError("no points remain in the federation", round_idx=self.round_idx)
         self._shares = {}
         self._attempt = 0
-        recluster = self._counts is None or self._should_recluster(counts)
-        if recluster:
-            key = jax.random.fold_in(self.key, self.round_idx if cfg.fresh_randomness else 0)
-            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
-            self._centroids, _ = weighted_kmeans(
-                key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter
-            )
-        self._counts = counts
-        self._history.append(np.asarray(self._centroids))
+        recluster = self._model.adopt(counts, self.round_idx)
+        self._history.append(self._model.centroids)
         self._totals.append(total)
         self._supports.append(len(counts))
         self._reclustered.append(recluster)
@@ -440,12 +483,6 @@ class MUFCServer(ProtocolMachine):
         self.round_idx += 1
         self._state = ServerState.SERVING
         return out
-
-    def _should_recluster(self, counts: dict[int, int]) -> bool:
-        assert self._counts is not None
-        if self.config.unlearning == "lazy":
-            return counts.keys() != self._counts.keys()
-        return counts != self._counts
 
     def _on_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
         c = self._client_index(sender)

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from algorithms import scma
-from algorithms.mufc.clustering import federated_loss, server_points, weighted_kmeans
-from algorithms.mufc.protocol import MUFCConfig
+from algorithms.mufc.clustering import federated_loss
+from algorithms.mufc.protocol import MUFCConfig, ServerModel
 from algorithms.mufc.seeding import LocalSeeding
 
 __all__ = ["RemovalStep", "Replay", "replay"]
@@ -99,35 +99,19 @@ def _timed(fn: Callable[[], object]) -> tuple[object, float]:
 
 
 class _Server:
-    def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int) -> None:
-        self.config, self.key, self.total = config, key, n_points
-        self.sums: list[int] = []
-        self.counts: dict[int, int] | None = None
-        self.centroids: np.ndarray | None = None
+    """The parties' server computation (:class:`ServerModel`) with the run's point bound."""
 
-    def step(self, syndromes: Sequence[Sequence[int]], round_idx: int, *, force: bool = False) -> bool:
-        cfg = self.config
-        sums = scma.aggregate_syndromes(syndromes, cfg.prime, cfg.n_syndromes)
-        bounds = dict(max_support=cfg.k_client * len(syndromes), max_index=cfg.grid.n_bins, max_total=self.total)
-        if self.counts is None or force:
-            counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
-        else:
-            counts = scma.decode_update(sums, self.sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
-                                        **bounds)
-        self.sums, self.total = sums, sum(counts.values())
-        if self.counts is None or force:
-            recluster = True
-        elif cfg.unlearning == "lazy":
-            recluster = counts.keys() != self.counts.keys()
-        else:
-            recluster = counts != self.counts
-        if recluster:
-            key = jax.random.fold_in(self.key, round_idx if cfg.fresh_randomness else 0)
-            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
-            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
-            self.centroids = np.asarray(centroids)
-        self.counts = counts
-        return recluster
+    def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int) -> None:
+        self.model, self.total = ServerModel(config, key), n_points
+
+    @property
+    def centroids(self) -> np.ndarray | None:
+        return self.model.centroids
+
+    def step(self, shares: Sequence[Sequence[int]], round_idx: int, *, force: bool = False) -> bool:
+        counts = self.model.decode(shares, max_total=self.total, fresh=force)
+        self.total = sum(counts.values())
+        return self.model.adopt(counts, round_idx, force=force)
 
 
 def replay(
