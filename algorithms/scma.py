@@ -49,7 +49,7 @@ import flint
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from algorithms.secagg import _chacha20_stream, _check_int, _length_prefixed, derive_bytes
+from fedproto.algorithms.secagg import _chacha20_stream, _check_int, _length_prefixed, derive_bytes
 from fedproto.errors import RemoteProtocolError
 
 __all__ = [
@@ -454,7 +454,7 @@ def pairwise_seed(private_key: X25519PrivateKey, own_public: bytes, peer_public:
     contexts (put the session/run id there) give independent seeds.
 
     Args:
-        private_key: this client's X25519 private key (`algorithms.secagg.x25519_keypair`).
+        private_key: this client's X25519 private key (`fedproto.algorithms.secagg.x25519_keypair`).
         own_public: this client's raw 32-byte public key (must match ``private_key``).
         peer_public: the peer's raw 32-byte public key (must differ from ``own_public``).
         context: public bytes both ends agree on (session id, purpose).

@@ -10,8 +10,8 @@ What lives here:
 * two tiny sans-IO protocols used by the message-rate benchmarks: a request/response
   :class:`PingMachine`/:class:`PongMachine` pair, and a :class:`StreamSource`/:class:`StreamSink`
   pair that streams bursts of messages with one acknowledgement per burst. The requests are
-  FastLloyd's own :class:`~algorithms.fastlloyd.messages.MaskedUpdate`, the responses its
-  :class:`~algorithms.fastlloyd.messages.NoisyAggregate`, so the codec path is the real one.
+  FastLloyd's own :class:`~fedproto.algorithms.fastlloyd.messages.MaskedUpdate`, the responses its
+  :class:`~fedproto.algorithms.fastlloyd.messages.NoisyAggregate`, so the codec path is the real one.
 
 The scripts are run from the repository root as ``python benchmarks/<name>.py``; the script's own
 directory is then first on ``sys.path``, which is how they import this module.
@@ -33,7 +33,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing

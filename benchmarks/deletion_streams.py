@@ -8,7 +8,7 @@ train once, then serve m deletion requests drawn uniformly without replacement (
 replicate (5; 1 with ``--quick``), with the replicate's key ``PRNGKey(r)`` and its own stream:
 
 * Q-k-means (T = 10, gamma = 0.2, eps from the paper's rule) and DC-k-means (depth 1, w from the
-  paper's rule, random leaves), centralised (`algorithms.deletion.streams.time_stream`), every
+  paper's rule, random leaves), centralised (`fedproto.algorithms.deletion.streams.time_stream`), every
   deletion exact (certified or retrained for Q, leaf-to-root path for DC);
 * the baseline, plain k-means (the same in-house keyed k-means++ seeding and 10 Lloyd iterations,
   jitted), which retrains from scratch on every request. Retraining 1,000 times is the cost being
@@ -47,9 +47,9 @@ import jax
 import numpy as np
 
 from _common import make_console, print_machine_facts
-from algorithms.deletion import streams
-from algorithms.deletion.dckmeans import DCKMeansConfig, default_width
-from algorithms.deletion.qkmeans import QKMeansConfig, default_epsilon
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig, default_width
+from fedproto.algorithms.deletion.qkmeans import QKMeansConfig, default_epsilon
 from fedproto.data import load_dataset
 from rich.table import Table
 

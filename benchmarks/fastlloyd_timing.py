@@ -33,7 +33,7 @@ Columns:
   ``envelope`` = measured - analytic (one msgpack envelope per frame, 2M frames per iteration);
   ``paper bytes`` = 32 k (d+1) (the paper's code sent 8-byte elements);
 * ``central ms`` and ``fed/central``: the baseline measured in the same run, one centralised
-  Lloyd iteration on the pooled data (:func:`algorithms.kmeans.lloyd_step`, jitted, warmed up,
+  Lloyd iteration on the pooled data (:func:`fedproto.algorithms.kmeans.lloyd_step`, jitted, warmed up,
   median of 20 calls), and our ms/iter divided by it.
 
 ``--latency-ms X`` makes every send sleep X ms (``MemoryNetwork(latency_s=...)``);
@@ -62,13 +62,13 @@ from _common import make_console, median, print_machine_facts
 from rich.progress import Progress
 from rich.table import Table
 
-from algorithms import kmeans
-from algorithms.fastlloyd.config import FastLloydConfig, make_config
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer, initial_centroids
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.fastlloyd.config import FastLloydConfig, make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer, initial_centroids
 from fedproto.data import normalize, partition
 from fedproto.metering import Meter, RunReport, is_setup_phase
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 TITLE = "FastLloyd per-iteration time and bytes (memory transport) vs the paper's Table 3"
 EPSILON = 0.1

@@ -41,9 +41,9 @@ from pathlib import Path
 from _common import make_console, print_machine_facts
 from rich.table import Table
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.baselines import (
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.baselines import (
     METHODS,
     BaselineConfig,
     BaselineCoordinator,
@@ -52,15 +52,15 @@ from algorithms.kzclustering.baselines import (
     charikar,
     greedy,
 )
-from algorithms.kzclustering.config import KzCenterConfig
-from algorithms.kzclustering.data import synthetic_dataset
-from algorithms.kzclustering.means import (
+from fedproto.algorithms.kzclustering.config import KzCenterConfig
+from fedproto.algorithms.kzclustering.data import synthetic_dataset
+from fedproto.algorithms.kzclustering.means import (
     KzMeansConfig,
     KzMeansCoordinator,
     KzMeansMachine,
     centralised_kmeans_minus_minus,
 )
-from algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
 from fedproto.data import partition
 from fedproto.testing.harness import Harness
 

@@ -6,7 +6,7 @@ For n = 10^3, 3.10^3, 10^4, 3.10^4, 10^5, 3.10^5, 10^6 (stopping at the first n 
 finish within ``--budget-s``, default 60 s): the spec's synthetic Gaussian mixture (d = 5, k
 components) with z = 1% of n outliers injected by the spec's recipe (so n points in total), split
 at random over m = 5 machines, and Guo & Li's dist-kzc (k = 20, z = n/100, eps = 0.1) run by
-``run_parties`` over a :class:`~transports.memory.MemoryNetwork` with a :class:`Meter` (every
+``run_parties`` over a :class:`~fedproto.transports.memory.MemoryNetwork` with a :class:`Meter` (every
 frame goes through the real codec).
 
 Setting: no domain knowledge of the optimal radius (``radius_bounds=None``: the machines first
@@ -62,22 +62,22 @@ TIME_KEYS = ("machine distances", "machine aggregate", "machine other", "coordin
 
 
 def _dataset(n: int, k: int, d: int, seed: int):
-    from algorithms.kzclustering.data import synthetic_dataset
+    from fedproto.algorithms.kzclustering.data import synthetic_dataset
 
     z = n // 100
     return synthetic_dataset(n - z, d, k, z, seed=seed).x, z
 
 
 def _radius(x, centres, z: int) -> float:
-    from algorithms.kzclustering import _kernels, solvers
+    from fedproto.algorithms.kzclustering import _kernels, solvers
 
     return float(solvers.center_cost(_kernels.nearest_centres(x, centres)[0], z))
 
 
 def _instrument(timers: dict[str, float]) -> None:
     """Time the machines' and the coordinator's handlers and the solver functions they call."""
-    from algorithms.kzclustering import _kernels, solvers
-    from algorithms.kzclustering.protocol import KzCoordinator, KzMachine
+    from fedproto.algorithms.kzclustering import _kernels, solvers
+    from fedproto.algorithms.kzclustering.protocol import KzCoordinator, KzMachine
 
     role: list[str | None] = [None]
 
@@ -136,13 +136,13 @@ def _worker_dist(args) -> dict:
 
     import trio
 
-    import algorithms  # noqa: F401
-    from algorithms.kzclustering.config import KzCenterConfig
-    from algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
+    import fedproto.algorithms  # noqa: F401
+    from fedproto.algorithms.kzclustering.config import KzCenterConfig
+    from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
     from fedproto.data import partition
     from fedproto.metering import Meter
     from fedproto.runtime import RuntimeConfig, run_parties
-    from transports.memory import MemoryNetwork
+    from fedproto.transports.memory import MemoryNetwork
 
     x, z = _dataset(args.n, args.k, args.d, args.seed)
     n = x.shape[0]
@@ -208,8 +208,8 @@ def _worker_dist(args) -> dict:
 
 
 def _worker_central(args) -> dict:
-    import algorithms  # noqa: F401
-    from algorithms.kzclustering.baselines import centralised_kzc, greedy
+    import fedproto.algorithms  # noqa: F401
+    from fedproto.algorithms.kzclustering.baselines import centralised_kzc, greedy
 
     x, z = _dataset(args.n, args.k, args.d, args.seed)
     print("READY", flush=True)

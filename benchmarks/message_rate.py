@@ -11,7 +11,7 @@ Messages per second between two parties in one process, for FastLloyd-sized payl
   burst (the acknowledgements are not counted as messages, in either measurement).
 
 Each pattern runs through fedproto (:func:`fedproto.runtime.run_parties` driving two sans-IO
-machines over :class:`transports.memory.MemoryNetwork`: every message is encoded, sent, received,
+machines over :class:`fedproto.transports.memory.MemoryNetwork`: every message is encoded, sent, received,
 decoded and validated, metered and fed to a protocol machine), and, in the same run, through the
 baseline: **a bare trio memory channel** per direction moving ``bytes`` objects of the same raw
 sizes, with the same two tasks and the same send/receive order. The table gives messages/s of both
@@ -55,11 +55,11 @@ from _common import (
 )
 from rich.table import Table
 
-from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 TARGET_RATIO = 0.5
 SESSION = 0x5EED_0001

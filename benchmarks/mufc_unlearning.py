@@ -12,7 +12,7 @@ clients non-i.i.d. with K' = 4 clusters per client; K = 10), per replicate r (5;
   (Definition 3.1), phi_c* is scikit-learn's KMeans (10 restarts) inertia. Printed beside Table 1.
 * **Unlearning time**: a stream of random single-point removals (100; 20 with ``--quick``),
   uniform over the remaining points, served by a timed replay of the parties' computations
-  (`algorithms.mufc.replay`, which the test suite holds equal to the protocol's model): per
+  (`fedproto.algorithms.mufc.replay`, which the test suite holds equal to the protocol's model): per
   request the requesting client's Algorithm 3 and syndromes plus the server's aggregation, SCMA
   decoding and K-means++ (exact mode re-clusters on every request). Complete retraining (every
   client re-seeds its remaining data, the slowest client counts, then the same server work) is
@@ -42,12 +42,12 @@ import jax
 import numpy as np
 
 import _common
-from algorithms.mufc import baselines
-from algorithms.mufc.cli import PAPER_MEAN_SPEEDUP, PAPER_TABLE1, removal_stream
-from algorithms.mufc.clustering import reference_loss
-from algorithms.mufc.data import client_split, file_clients, gaussian_mixture
-from algorithms.mufc.protocol import make_config
-from algorithms.mufc.replay import replay
+from fedproto.algorithms.mufc import baselines
+from fedproto.algorithms.mufc.cli import PAPER_MEAN_SPEEDUP, PAPER_TABLE1, removal_stream
+from fedproto.algorithms.mufc.clustering import reference_loss
+from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
+from fedproto.algorithms.mufc.protocol import make_config
+from fedproto.algorithms.mufc.replay import replay
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -51,12 +51,12 @@ from _common import make_console, print_machine_facts
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from algorithms.fastlloyd.config import make_config
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.data import normalize
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 TITLE = "FastLloyd scale: one iteration with many in-memory clients in one process"
 K, D = 5, 2

@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-(a) Server decoding (`algorithms.scma.decode_syndromes`: Berlekamp-Massey, root finding, Forney,
+(a) Server decoding (`fedproto.algorithms.scma.decode_syndromes`: Berlekamp-Massey, root finding, Forney,
     validity checks) as the number of non-zeros ``m = K * L`` of the aggregate grows, for a
     Celltype-like field (n = 12,009, d = 10, B = 111: a 68-bit p) and a TCGA-like field (d = 57,
     B = 45: a 314-bit p); ``--tmi`` adds a TMI-like field (d = 984, B = 35: a 5048-bit p, whose
@@ -40,7 +40,7 @@ import flint
 from rich.table import Table
 
 from _common import best_of, fmt_bytes, make_console, print_machine_facts, timed
-from algorithms import scma
+from fedproto.algorithms import scma
 
 #: name -> (n, B, d): the data size and grid of the field (spec mufc.md 2.7).
 FIELDS = {

@@ -8,7 +8,7 @@ payloads (``uint32`` arrays of 24 B, 1 KiB and 64 KiB), ``--rounds`` round trips
 * **bare echo** (the baseline): ``trio.open_tcp_listeners`` / ``trio.open_tcp_stream``, one
   connection, the same 4-byte big-endian length prefix, the client sends a payload of the raw
   array size and the server echoes it back;
-* **fedproto codec + TcpTransport**: two endpoints from :func:`transports.tcp.open_tcp_network`
+* **fedproto codec + TcpTransport**: two endpoints from :func:`fedproto.transports.tcp.open_tcp_network`
   (the HMAC handshake is done before timing, by one warm-up frame each way); per round trip the
   requester encodes a ``MaskedUpdate``, sends it, meters it, receives the ``NoisyAggregate`` answer
   and decodes it; the responder decodes, encodes the answer, sends and meters it;
@@ -56,11 +56,11 @@ from _common import (
 )
 from rich.table import Table
 
-from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.tcp import open_tcp_network
+from fedproto.transports.tcp import open_tcp_network
 
 TARGET_RATIO = 0.7
 TARGET_ENVELOPE_BYTES = 48

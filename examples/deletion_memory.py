@@ -26,13 +26,13 @@ import jax
 import numpy as np
 import trio
 
-from algorithms.deletion import streams
-from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
-from algorithms.deletion.protocol import ROOT, DCTree
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
+from fedproto.algorithms.deletion.protocol import ROOT, DCTree
 from fedproto.data import load_dataset, normalize
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:

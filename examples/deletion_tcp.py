@@ -30,13 +30,13 @@ import jax
 import numpy as np
 import trio
 
-from algorithms.deletion import streams
-from algorithms.deletion.dckmeans import DCKMeansConfig
-from algorithms.deletion.protocol import ROOT, DCTree
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
+from fedproto.algorithms.deletion.protocol import ROOT, DCTree
 from fedproto.data import load_dataset, normalize
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
-from transports.tcp import TcpNetwork
+from fedproto.transports.tcp import TcpNetwork
 
 TIMEOUT_S = 150
 

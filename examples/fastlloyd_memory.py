@@ -22,13 +22,13 @@ import os
 import jax.numpy as jnp
 import trio
 
-from algorithms import kmeans
-from algorithms.fastlloyd.config import make_config
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.data import load_dataset, normalize, partition
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:

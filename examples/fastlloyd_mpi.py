@@ -21,12 +21,12 @@ import numpy as np
 import trio
 from mpi4py import MPI
 
-from algorithms.fastlloyd.config import make_config
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.data import load_dataset, normalize, partition
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_party
-from transports.mpi import MpiNetwork
+from fedproto.transports.mpi import MpiNetwork
 
 
 def main() -> None:

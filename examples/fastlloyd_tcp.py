@@ -31,12 +31,12 @@ from pathlib import Path
 
 import trio
 
-from algorithms.fastlloyd.config import make_config
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.data import load_dataset, normalize, partition
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
-from transports.tcp import TcpNetwork
+from fedproto.transports.tcp import TcpNetwork
 
 TIMEOUT_S = 120
 

@@ -21,14 +21,14 @@ import jax
 import numpy as np
 import trio
 
-from algorithms.mufc.cli import unit_box
-from algorithms.mufc.data import client_split
-from algorithms.mufc.protocol import SERVER, MUFCParties, make_config
-from algorithms.mufc.replay import replay
+from fedproto.algorithms.mufc.cli import unit_box
+from fedproto.algorithms.mufc.data import client_split
+from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties, make_config
+from fedproto.algorithms.mufc.replay import replay
 from fedproto.data import load_dataset
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:

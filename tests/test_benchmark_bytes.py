@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from algorithms.fastlloyd.config import make_config
-from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.codec import encode_frame
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -1,4 +1,8 @@
-"""Imports flow one way: algorithms -> fedproto <- transports (ARCHITECTURE.md section 1)."""
+"""Imports flow one way: algorithms -> fedproto <- transports (ARCHITECTURE.md section 1).
+
+The repository's ``algorithms/`` and ``transports/`` folders install as ``fedproto.algorithms``
+and ``fedproto.transports``; the core is every other ``fedproto.*`` module.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"fedproto": "fedproto", "fedproto.algorithms": "algorithms", "fedproto.transports": "transports"}
 
 
 def _modules(package: str) -> list[str]:
-    path = ROOT / package
     names = [package]
-    for info in pkgutil.walk_packages([str(path)], prefix=f"{package}."):
+    for info in pkgutil.walk_packages([str(ROOT / FOLDERS[package])], prefix=f"{package}."):
         names.append(info.name)
     return names
 
@@ -34,23 +38,35 @@ def _packages(loaded: set[str], package: str) -> set[str]:
 def test_core_imports_neither_algorithms_nor_transports():
     # the CLI's registry is the one place allowed to wire them (through entry points, lazily)
     modules = [m for m in _modules("fedproto") if m not in ("fedproto.__main__",)]
+    assert "fedproto.cli" in modules and "fedproto.testing" in modules
     loaded = _loaded_after_import(modules)
-    assert not _packages(loaded, "algorithms")
-    assert not _packages(loaded, "transports")
+    assert not _packages(loaded, "fedproto.algorithms")
+    assert not _packages(loaded, "fedproto.transports")
 
 
 def test_algorithms_never_import_transports():
-    loaded = _loaded_after_import(_modules("algorithms"))
-    assert not _packages(loaded, "transports")
+    modules = _modules("fedproto.algorithms")
+    assert "fedproto.algorithms.fastlloyd.protocol" in modules
+    loaded = _loaded_after_import(modules)
+    assert not _packages(loaded, "fedproto.transports")
 
 
 def test_transports_never_import_algorithms():
-    loaded = _loaded_after_import(_modules("transports"))
+    modules = _modules("fedproto.transports")
+    assert "fedproto.transports.tcp" in modules
+    loaded = _loaded_after_import(modules)
+    assert not _packages(loaded, "fedproto.algorithms")
+
+
+def test_nothing_generic_at_the_top_level():
+    # importing everything puts no top-level ``algorithms`` or ``transports`` module in sys.modules
+    loaded = _loaded_after_import(_modules("fedproto.algorithms") + _modules("fedproto.transports"))
     assert not _packages(loaded, "algorithms")
+    assert not _packages(loaded, "transports")
 
 
 def test_nothing_pickles_on_the_wire():
-    for package in ("fedproto", "transports", "algorithms"):
-        for path in (ROOT / package).rglob("*.py"):
+    for folder in FOLDERS.values():
+        for path in (ROOT / folder).rglob("*.py"):
             text = path.read_text()
             assert "import pickle" not in text and "from pickle" not in text, path

@@ -61,7 +61,7 @@ import trio
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
 from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.transport import Network, Transport
-from transports._framing import (
+from fedproto.transports._framing import (
     FRAMING_OVERHEAD_BYTES,
     MAX_WIRE_FRAME_BYTES,
     FrameReader,

@@ -10,7 +10,7 @@ folded with the **stable point id** (`gumbel_by_id`), so running on ``D`` withou
 the same key draws exactly the same values for every other point. Per-row quantities (distances,
 D^2 weights) are computed row by row, so they do not depend on which other rows are present.
 `capacity`, `pad_rows`, `gumbel_by_id` and `kmeanspp_seeding` are the shared building blocks of
-`algorithms.kmeans`, re-exported here under the same names (called as ``kmeanspp_seeding(key, x,
+`fedproto.algorithms.kmeans`, re-exported here under the same names (called as ``kmeanspp_seeding(key, x,
 ids, valid, k)`` they draw exactly as before).
 
 Dtypes: float64 throughout (``algorithms`` enables JAX's x64 mode). Counts are float64 holding
@@ -30,8 +30,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from algorithms import kmeans
-from algorithms.kmeans import capacity, gumbel_by_id, kmeanspp_seeding, pad_rows
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.kmeans import capacity, gumbel_by_id, kmeanspp_seeding, pad_rows
 
 __all__ = [
     "REASONS",

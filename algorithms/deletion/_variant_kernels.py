@@ -4,7 +4,7 @@
   one keyed k-means++ step (`seeding_scores`), the party side of one Lloyd round
   (`local_statistics`), and the coordinator side of one Lloyd iteration (`quantized_step`).
   They are written so that a federated run computes, row by row, the *same* floating-point
-  values as the centralised kernels of `algorithms.deletion._kernels`: per-row distances
+  values as the centralised kernels of `fedproto.algorithms.deletion._kernels`: per-row distances
   ``sum((x - c)^2)`` and Gumbel noise keyed by the stable point id do not depend on which other
   rows are present, and ``min``/``argmax`` are exact, so the coordinator's choice of a seed is
   the centralised draw exactly. Only sums over points (cluster sums, losses) are added in a
@@ -12,7 +12,7 @@
 * Weighted DC-k-means (spec 2.3, "optional weighted variant"): weighted Lloyd iterations
   (`weighted_lloyd_iterations`) and the cluster masses of a node's output (`cluster_masses`);
   the seeding with probability proportional to ``w_j * D(x_j)^2`` is the shared
-  `algorithms.kmeans.kmeanspp_seeding` with ``weights``. With unit weights they reproduce the
+  `fedproto.algorithms.kmeans.kmeanspp_seeding` with ``weights``. With unit weights they reproduce the
   unweighted kernels bit for bit.
 
 Every array kernel is `jax.jit`-compiled at module level with ``k`` (and the iteration count)
@@ -34,8 +34,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from algorithms import kmeans
-from algorithms.deletion import _kernels
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.deletion import _kernels
 
 __all__ = [
     "cluster_masses",

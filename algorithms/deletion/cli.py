@@ -13,7 +13,7 @@ pooled points: Q-k-means is a centralised algorithm) and ``--clients`` clients t
 and send the removal requests; the model goes to every client after each deletion. With
 ``--federated`` the points stay at the clients: a coordinator runs keyed k-means++ (two exchanges
 per seed) and one round per Lloyd iteration on the clients' statistics, and decides each deletion
-exactly (`algorithms.deletion.federated`); the summary checks that the result equals the
+exactly (`fedproto.algorithms.deletion.federated`); the summary checks that the result equals the
 centralised Q-k-means on the same stream.
 
 ``fedproto run dckmeans --weighted ...`` runs the weighted variant: nodes also send their cluster
@@ -39,9 +39,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from algorithms.deletion import streams
-from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
-from algorithms.deletion.protocol import (
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
+from fedproto.algorithms.deletion.protocol import (
     DCNodeResult,
     DCRootResult,
     DCTree,
@@ -49,14 +49,14 @@ from algorithms.deletion.protocol import (
     QKMeansParties,
     QKMeansServerResult,
 )
-from algorithms.deletion.federated import (
+from fedproto.algorithms.deletion.federated import (
     COORDINATOR,
     FederatedPartyResult,
     FederatedQKMeansResult,
     QKMeansFederation,
     training_payload_bytes,
 )
-from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
+from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.plugin import RunPlan
 

@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import kmeans
-from algorithms.deletion import _kernels, _variant_kernels
-from algorithms.deletion._store import DeletionError, DeletionOutcome, PointStore, check_points
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.deletion import _kernels, _variant_kernels
+from fedproto.algorithms.deletion._store import DeletionError, DeletionOutcome, PointStore, check_points
 
 __all__ = [
     "DCKMeans",
@@ -252,7 +252,7 @@ def node_output(
     A leaf (``weights=None``) computes `node_kmeans` on its points, unchanged, and counts the
     points nearest to each centroid. An internal node clusters its dataset (its children's
     centroids) weighted by ``weights`` (their masses): keyed k-means++ with probability
-    proportional to ``mass * D^2`` (`algorithms.kmeans.kmeanspp_seeding` with weights), then T weighted
+    proportional to ``mass * D^2`` (`fedproto.algorithms.kmeans.kmeanspp_seeding` with weights), then T weighted
     Lloyd iterations; with at most k distinct rows of positive mass it outputs those rows.
 
     Args:

@@ -78,9 +78,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.deletion import _kernels, _variant_kernels
-from algorithms.deletion._store import PointStore, check_points
-from algorithms.deletion.messages import (
+from fedproto.algorithms.deletion import _kernels, _variant_kernels
+from fedproto.algorithms.deletion._store import PointStore, check_points
+from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
     IterationCentroids,
     ModelUpdate,
@@ -90,8 +90,8 @@ from algorithms.deletion.messages import (
     SeedScore,
     SeedStep,
 )
-from algorithms.deletion.protocol import _FollowsRounds, _remote, check_stream
-from algorithms.deletion.qkmeans import (
+from fedproto.algorithms.deletion.protocol import _FollowsRounds, _remote, check_stream
+from fedproto.algorithms.deletion.qkmeans import (
     PHASE_STREAM,
     SEEDING_STREAM,
     QKMeansConfig,

@@ -38,7 +38,7 @@ every client the model (:class:`ModelUpdate`, phase ``model``). Round r: the cli
 r-th requested point sends :class:`RemovalRequest` (phase ``request``); the server deletes it
 exactly (certified or retrained, `qkmeans.QKMeans.delete`) and sends every client the new model.
 The federated variant of spec 2.3, where the points stay at the clients, is
-`algorithms.deletion.federated`.
+`fedproto.algorithms.deletion.federated`.
 
 Dropout and errors: no quorum, every party is needed. A silent party makes the party waiting for
 it fail with :class:`~fedproto.errors.InsufficientParticipants` naming it. Parties that serve a
@@ -59,8 +59,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from algorithms.deletion._store import DeletionError, PointStore, check_points
-from algorithms.deletion.dckmeans import (
+from fedproto.algorithms.deletion._store import DeletionError, PointStore, check_points
+from fedproto.algorithms.deletion.dckmeans import (
     DCKMeansConfig,
     Tree,
     assign_leaves,
@@ -69,14 +69,14 @@ from algorithms.deletion.dckmeans import (
     node_output,
     stack_children,
 )
-from algorithms.deletion.messages import (
+from fedproto.algorithms.deletion.messages import (
     ModelUpdate,
     NodeCentroids,
     PointUpload,
     RemovalRequest,
     WeightedNodeCentroids,
 )
-from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
+from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Outgoing, PhaseTimedOut

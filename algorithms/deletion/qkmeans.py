@@ -54,8 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.deletion import _kernels
-from algorithms.deletion._store import DeletionError, DeletionOutcome, PointStore, check_points
+from fedproto.algorithms.deletion import _kernels
+from fedproto.algorithms.deletion._store import DeletionError, DeletionOutcome, PointStore, check_points
 
 __all__ = [
     "QKMeans",

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.deletion import _kernels
-from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig, node_kmeans
-from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, train_qkmeans
+from fedproto.algorithms.deletion import _kernels
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig, node_kmeans
+from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, train_qkmeans
 from fedproto.data import Dataset
 
 __all__ = [

@@ -17,9 +17,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import dp, kmeans
-from algorithms.fastlloyd.config import VARIANTS, FastLloydConfig, make_config
-from algorithms.fastlloyd.protocol import (
+from fedproto.algorithms import dp, kmeans
+from fedproto.algorithms.fastlloyd.config import VARIANTS, FastLloydConfig, make_config
+from fedproto.algorithms.fastlloyd.protocol import (
     FastLloydClient,
     FastLloydResult,
     FastLloydServer,

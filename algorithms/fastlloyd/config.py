@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from algorithms import dp
-from algorithms.secagg import headroom
+from fedproto.algorithms import dp
+from fedproto.algorithms.secagg import headroom
 
 __all__ = ["FastLloydConfig", "VARIANTS", "make_config"]
 

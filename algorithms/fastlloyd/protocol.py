@@ -48,10 +48,10 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from algorithms import kmeans, secagg
-from algorithms.fastlloyd import _kernels
-from algorithms.fastlloyd.config import FastLloydConfig
-from algorithms.fastlloyd.messages import (
+from fedproto.algorithms import kmeans, secagg
+from fedproto.algorithms.fastlloyd import _kernels
+from fedproto.algorithms.fastlloyd.config import FastLloydConfig
+from fedproto.algorithms.fastlloyd.messages import (
     MaskedUpdate,
     NoisyAggregate,
     PublicKey,

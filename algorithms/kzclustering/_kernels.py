@@ -10,7 +10,7 @@ without padding every new size would compile again (about 0.1 s each). Padding r
 discarded before returning, so the results are exactly those of the unpadded computation.
 
 The sequential greedy procedures (aggregation, the Charikar-style covers, farthest-first,
-reverse greedy) live in :mod:`algorithms.kzclustering.solvers` as NumPy code: each step depends on
+reverse greedy) live in :mod:`fedproto.algorithms.kzclustering.solvers` as NumPy code: each step depends on
 the previous one and touches only the points it removes, which costs O(n^2) in total with
 incremental counts, whereas a jitted ``lax.while_loop`` would redo an O(n^2) matrix-vector
 product per step.

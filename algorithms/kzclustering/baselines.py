@@ -55,8 +55,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.messages import CostCurve, LocalSummary, OutlierBudget, message_words
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.messages import CostCurve, LocalSummary, OutlierBudget, message_words
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing

@@ -10,7 +10,7 @@ outliers removed, the certified radius and how many points lie beyond it, the wo
 and the baselines chosen with ``--compare`` (centralised ones computed here, distributed ones run
 through the synchronous harness so their words are counted the same way).
 
-``kzmedian`` / ``kzmeans`` run the Appendix C protocol (:mod:`algorithms.kzclustering.means`).
+``kzmedian`` / ``kzmeans`` run the Appendix C protocol (:mod:`fedproto.algorithms.kzclustering.means`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.baselines import (
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.baselines import (
     METHODS,
     BaselineConfig,
     BaselineCoordinator,
@@ -34,9 +34,9 @@ from algorithms.kzclustering.baselines import (
     charikar,
     greedy,
 )
-from algorithms.kzclustering.config import SEARCHES, KzCenterConfig, check_instance
-from algorithms.kzclustering.data import synthetic_dataset, with_outliers
-from algorithms.kzclustering.means import (
+from fedproto.algorithms.kzclustering.config import SEARCHES, KzCenterConfig, check_instance
+from fedproto.algorithms.kzclustering.data import synthetic_dataset, with_outliers
+from fedproto.algorithms.kzclustering.means import (
     KzMeansConfig,
     KzMeansCoordinator,
     KzMeansMachine,
@@ -44,7 +44,7 @@ from algorithms.kzclustering.means import (
     centralised_kmeans,
     centralised_kmeans_minus_minus,
 )
-from algorithms.kzclustering.protocol import (
+from fedproto.algorithms.kzclustering.protocol import (
     COORDINATOR,
     CoordinatorResult,
     KzCoordinator,

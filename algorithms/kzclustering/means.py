@@ -60,9 +60,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.config import check_instance
-from algorithms.kzclustering.messages import (
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.config import check_instance
+from fedproto.algorithms.kzclustering.messages import (
     Coresets,
     CostTotals,
     FinalCentres,
@@ -72,7 +72,7 @@ from algorithms.kzclustering.messages import (
     RadiusGrid,
     message_words,
 )
-from algorithms.kzclustering.protocol import COORDINATOR, label_outliers
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, label_outliers
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing

@@ -1,6 +1,6 @@
 """Wire messages of distributed (k,z)-clustering (spec kz-clustering.md, sections 2.5, 3.3 and 4).
 
-Distributed (k,z)-center (`algorithms.kzclustering.protocol`), in message order:
+Distributed (k,z)-center (`fedproto.algorithms.kzclustering.protocol`), in message order:
 
 * :class:`LocalExtent` machine -> coordinator: ``n_i``, the machine's smallest nonzero distance,
   an anchor point and the radius around it (only when no radius bounds are configured; spec 2.4);
@@ -14,8 +14,8 @@ Distributed (k,z)-center (`algorithms.kzclustering.protocol`), in message order:
   (Phase 5);
 * :class:`OutlierCount` machine -> coordinator: how many local points lie beyond L_out (Phase 6).
 
-The baselines (`algorithms.kzclustering.baselines`) and the median/means protocol
-(`algorithms.kzclustering.means`) add :class:`LocalSummary`, :class:`CostCurve`,
+The baselines (`fedproto.algorithms.kzclustering.baselines`) and the median/means protocol
+(`fedproto.algorithms.kzclustering.means`) add :class:`LocalSummary`, :class:`CostCurve`,
 :class:`OutlierBudget`, :class:`LocalCosts`, :class:`CostTotals` and :class:`Coresets`.
 
 "Words" are scalars on the wire (array elements plus plain fields), the paper's unit of

@@ -84,9 +84,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.config import KzCenterConfig, check_instance
-from algorithms.kzclustering.messages import (
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.config import KzCenterConfig, check_instance
+from fedproto.algorithms.kzclustering.messages import (
     AggregatedCounts,
     FinalCentres,
     LocalExtent,

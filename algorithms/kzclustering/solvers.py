@@ -5,7 +5,7 @@ deterministic tie-breaks (the smallest index wins) and no randomness. The proced
 loops whose steps depend on each other; they keep per-point counts up to date incrementally (when
 a set S of points is removed, subtract the rows of S of the ball adjacency), which costs O(n^2)
 per call in total, instead of one O(n^2) matrix-vector product per step (see
-:mod:`algorithms.kzclustering._kernels` for the dense, jitted parts).
+:mod:`fedproto.algorithms.kzclustering._kernels` for the dense, jitted parts).
 
 Conventions (spec kz-clustering.md, section 1.1):
 
@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from algorithms.kzclustering import _kernels
+from fedproto.algorithms.kzclustering import _kernels
 
 __all__ = [
     "Aggregation",

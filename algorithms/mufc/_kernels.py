@@ -1,9 +1,9 @@
 """Pure kernels of MUFC: exact unlearning of k-means++ seeds and weighted Lloyd / K-means++.
 
 Every kernel is `jax.jit`-compiled at module level; ``k`` is static, everything else is traced.
-Points travel padded to `algorithms.kmeans.capacity` rows with a validity mask, so removals
+Points travel padded to `fedproto.algorithms.kmeans.capacity` rows with a validity mask, so removals
 (which only clear validity bits) and re-clustering after them reuse compiled shapes. Seeding is
-the shared coupling-friendly Gumbel-max k-means++ of `algorithms.kmeans` (draws keyed by
+the shared coupling-friendly Gumbel-max k-means++ of `fedproto.algorithms.kmeans` (draws keyed by
 ``(step key, point id)``), so re-running a step on data without a point that was never chosen
 reproduces the step's draw exactly.
 
@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from algorithms import kmeans
+from fedproto.algorithms import kmeans
 
 __all__ = ["first_removed_position", "unlearn_seeding", "weighted_kmeans_runs", "weighted_lloyd"]
 
@@ -75,7 +75,7 @@ def unlearn_seeding(
     k-means++ seeding, i.e. training.
 
     Args:
-        step_keys: ``[k]`` per-step keys (`algorithms.kmeans.seeding_keys`).
+        step_keys: ``[k]`` per-step keys (`fedproto.algorithms.kmeans.seeding_keys`).
         x: ``[c, d]`` float64 padded points.
         ids: ``[c]`` uint32 stable point ids.
         valid: ``[c]`` bool validity **after** the removal (at least one row valid).
@@ -187,7 +187,7 @@ def weighted_kmeans_runs(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Independent weighted K-means++ runs (D^2 seeding + weighted Lloyd), one per key.
 
-    Each run seeds with weighted D^2 sampling (`algorithms.kmeans.kmeanspp_seeding` with
+    Each run seeds with weighted D^2 sampling (`fedproto.algorithms.kmeans.kmeanspp_seeding` with
     ``weights``; the Gumbel noise is keyed by row number) and runs `weighted_lloyd` from the
     seeds. If the weighted rows hold fewer than ``k`` distinct points, seeding stops after
     ``m < k`` seeds (every row then sits on a seed, cost 0); the missing centroids are filled

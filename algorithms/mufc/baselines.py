@@ -22,7 +22,7 @@ local cluster's server label; `induced_loss` is the federated objective phi_f of
   (k-means++ and Lloyd, ``k`` clusters), the root clusters the unit-weight leaf centroids into
   ``k``. A removal request reruns the affected leaf and the root and nothing else. The node
   computation, the node keys and the tree numbering are those of
-  :mod:`algorithms.deletion.dckmeans` with the clients as a given partition, so the model is
+  :mod:`fedproto.algorithms.deletion.dckmeans` with the clients as a given partition, so the model is
   bitwise the ``DCKMeans`` tree fitted with ``leaves = client index``; this class adds the
   federated view (per-client positions and labels) and batch removal of a client's points.
 
@@ -86,8 +86,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import kmeans
-from algorithms.deletion.dckmeans import Tree, node_key, node_kmeans, stack_children
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.deletion.dckmeans import Tree, node_key, node_kmeans, stack_children
 
 __all__ = [
     "ClientDCKMeans",

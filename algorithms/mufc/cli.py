@@ -32,11 +32,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from algorithms.mufc import baselines
-from algorithms.mufc.clustering import federated_loss, kmeans_cost, reference_loss
-from algorithms.mufc.data import client_split, file_clients, gaussian_mixture
-from algorithms.mufc.protocol import MODES, SERVER, MUFCClientResult, MUFCParties, MUFCServerResult, make_config
-from algorithms.mufc.replay import replay
+from fedproto.algorithms.mufc import baselines
+from fedproto.algorithms.mufc.clustering import federated_loss, kmeans_cost, reference_loss
+from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
+from fedproto.algorithms.mufc.protocol import MODES, SERVER, MUFCClientResult, MUFCParties, MUFCServerResult, make_config
+from fedproto.algorithms.mufc.replay import replay
 from fedproto.data import Dataset, find_data_file, session_id
 from fedproto.plugin import RunPlan
 

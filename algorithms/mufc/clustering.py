@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import kmeans
-from algorithms.mufc import _kernels
-from algorithms.mufc.quantize import Grid
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.mufc import _kernels
+from fedproto.algorithms.mufc.quantize import Grid
 
 __all__ = [
     "SERVER_MODES",
@@ -50,7 +50,7 @@ def server_points(
     centre, with weight ``q_j`` (at most ``K L`` points). ``"uniform"``: ``q_j`` points drawn
     i.i.d. uniformly in the cube of side gamma centred on bin j's centre, each with weight 1
     (``n`` points); the draws come from ``key`` (unused in weighted mode), padded to
-    `algorithms.kmeans.capacity` rows so that similar totals share a compiled shape.
+    `fedproto.algorithms.kmeans.capacity` rows so that similar totals share a compiled shape.
 
     Args:
         counts: ``{bin index: q_j}`` with indices in ``[1, grid.n_bins]`` and positive integer
@@ -261,7 +261,7 @@ def kmeans_cost(x: np.ndarray, centroids: np.ndarray) -> float:
         Python float (squared data units).
 
     References:
-        Pan et al. eq. 1; spec mufc.md 0 and 1.1 (wraps `algorithms.kmeans.kmeans_cost`).
+        Pan et al. eq. 1; spec mufc.md 0 and 1.1 (wraps `fedproto.algorithms.kmeans.kmeans_cost`).
     """
     return float(kmeans.kmeans_cost(np.asarray(x, dtype=np.float64), np.asarray(centroids, dtype=np.float64)))
 

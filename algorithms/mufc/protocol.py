@@ -8,15 +8,15 @@ which every party is built with.
 
 Round 0, phase ``setup``: each client sends its X25519 :class:`PublicKey`; the server sends every
 client :class:`PeerKeys` (all keys). Each pair of clients now shares a mask seed the server does
-not know (Diffie-Hellman + HKDF, :func:`algorithms.scma.pairwise_seed`).
+not know (Diffie-Hellman + HKDF, :func:`fedproto.algorithms.scma.pairwise_seed`).
 
 Round 0, phase ``aggregate`` (Algorithm 1): each client has run K-means++ seeding on its data
-(:class:`~algorithms.mufc.seeding.LocalSeeding`), assigned its points to the nearest seed and
+(:class:`~fedproto.algorithms.mufc.seeding.LocalSeeding`), assigned its points to the nearest seed and
 written each cluster's size into the grid bin of its seed (the sparse count vector q^(l), at most
 K non-zeros); it sends the ``T`` power-sum syndromes of q^(l) over F_p plus its zero-sum pairwise
 mask (:class:`MaskedSyndromes`, ``T * ceil(bitlength(p) / 8)`` payload bytes). The server sums
 the shares (the masks cancel), decodes q = sum_l q^(l) exactly (Berlekamp-Massey, roots,
-Forney; :func:`algorithms.scma.decode_syndromes`), builds the weighted bin centres (or uniform
+Forney; :func:`fedproto.algorithms.scma.decode_syndromes`), builds the weighted bin centres (or uniform
 samples inside the bins) and runs K-means++ with Lloyd's iterations. Phase ``model``: the server
 sends the centroids to every active client (:class:`ModelUpdate`, version 0).
 
@@ -47,7 +47,7 @@ then the server drops the silent clients and re-opens the round among the others
 (``attempt`` + 1); the dropped clients' data are no longer in the model (their late shares are
 refused). Pairwise masks cannot be unmasked without every active share (no Shamir recovery, spec
 2.3), which is why the round is re-run rather than completed. A share that fails decoding (a
-corrupted or overloaded share) ends the run with :class:`~algorithms.scma.SyndromeDecodingError`;
+corrupted or overloaded share) ends the run with :class:`~fedproto.algorithms.scma.SyndromeDecodingError`;
 a wrong sum is never returned.
 """
 
@@ -62,9 +62,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from algorithms import scma
-from algorithms.mufc.clustering import server_points, weighted_kmeans
-from algorithms.mufc.messages import (
+from fedproto.algorithms import scma
+from fedproto.algorithms.mufc.clustering import server_points, weighted_kmeans
+from fedproto.algorithms.mufc.messages import (
     AggregationRequest,
     MaskedSyndromes,
     ModelUpdate,
@@ -72,9 +72,9 @@ from algorithms.mufc.messages import (
     PublicKey,
     RemovalRequest,
 )
-from algorithms.mufc.quantize import Grid, make_grid
-from algorithms.mufc.seeding import LocalSeeding
-from algorithms.secagg import derive_bytes, x25519_keypair
+from fedproto.algorithms.mufc.quantize import Grid, make_grid
+from fedproto.algorithms.mufc.seeding import LocalSeeding
+from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Outgoing, PhaseTimedOut
@@ -216,7 +216,7 @@ def _mask_stream(round_idx: int, attempt: int) -> int:
 class ServerModel:
     """The server's computation, without I/O: decode each round's sum, re-cluster when the mode
     asks for it (Algorithm 1 lines 5-7, Algorithm 4). Shared by :class:`MUFCServer` and the
-    timed replay (:mod:`algorithms.mufc.replay`), so both compute exactly the same model.
+    timed replay (:mod:`fedproto.algorithms.mufc.replay`), so both compute exactly the same model.
 
     Args:
         config: the public parameters; key: the server's `jax.random` key.

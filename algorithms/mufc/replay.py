@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from algorithms import scma
-from algorithms.mufc.clustering import federated_loss
-from algorithms.mufc.protocol import MUFCConfig, ServerModel
-from algorithms.mufc.seeding import LocalSeeding
+from fedproto.algorithms import scma
+from fedproto.algorithms.mufc.clustering import federated_loss
+from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel
+from fedproto.algorithms.mufc.seeding import LocalSeeding
 
 __all__ = ["RemovalStep", "Replay", "replay"]
 
@@ -128,7 +128,7 @@ def replay(
 
     Args:
         parts: each client's ``(points [n_l, d], ids [n_l])``.
-        config: the public parameters; key: the run key (as :class:`~algorithms.mufc.protocol.MUFCParties`).
+        config: the public parameters; key: the run key (as :class:`~fedproto.algorithms.mufc.protocol.MUFCParties`).
         requests: ``(client, ids)`` batches or ``(client, None)`` departures, in order.
         retrains: complete retrainings timed along the stream (at evenly spaced steps).
         evaluate: compute phi_f after every step.

@@ -10,7 +10,7 @@ distribution of seeding from scratch (Lemma 5.1).
 
 Randomness. Step s of the seeding draws with its own key ``key_s`` (initially
 ``fold_in(key, s)``), and each draw is a Gumbel-max over ``fold_in(key_s, point id)``
-(`algorithms.kmeans.kmeanspp_seeding`). Because a step's argmax does not change when a point
+(`fedproto.algorithms.kmeans.kmeanspp_seeding`). Because a step's argmax does not change when a point
 that it did not choose disappears, the model is at every moment **the seeding of the current
 data with the current per-step keys**. A removal with ``key=None`` keeps the keys (coupled
 randomness: the result equals ``LocalSeeding(x_remaining, ids_remaining, k, key)`` bit for bit,
@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms import kmeans
-from algorithms.mufc import _kernels
-from algorithms.mufc.quantize import Grid
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.mufc import _kernels
+from fedproto.algorithms.mufc.quantize import Grid
 
 __all__ = ["LocalSeeding", "RemovalOutcome"]
 

@@ -1,4 +1,4 @@
-"""Tests for algorithms.dp: FastLloyd/GLloyd/SuLloyd privacy calibration.
+"""Tests for fedproto.algorithms.dp: FastLloyd/GLloyd/SuLloyd privacy calibration.
 
 Numbers come from spec fastlloyd.md section 7.3 (oracles 12-18, 20) and 7.5 (oracle 27) and are
 checked to the precision the spec prints them with. The spec's oracles use the exact
@@ -19,7 +19,7 @@ import scipy.optimize
 import scipy.special
 from dp_accounting import pld
 
-from algorithms import dp
+from fedproto.algorithms import dp
 
 # (N, d, k) of the paper's datasets (spec section 4.1 and the code's k per dataset).
 IRIS = (150, 4, 3)

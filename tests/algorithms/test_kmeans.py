@@ -1,4 +1,4 @@
-"""Tests for algorithms.kmeans against slow pure-Python/NumPy references, jitted and eager."""
+"""Tests for fedproto.algorithms.kmeans against slow pure-Python/NumPy references, jitted and eager."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms import kmeans
+from fedproto.algorithms import kmeans
 
 # Shapes (n, k, d) cover the edge cases n=1 with more clusters than points (empty clusters),
 # k=1 with d=1, and a general case. Every new shape costs a compilation (~0.1 s per kernel), so

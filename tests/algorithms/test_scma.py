@@ -1,4 +1,4 @@
-"""Tests for algorithms.scma: field choice, encoding, masks, Berlekamp-Massey, roots, decoding.
+"""Tests for fedproto.algorithms.scma: field choice, encoding, masks, Berlekamp-Massey, roots, decoding.
 
 Oracles 1-9 of spec mufc.md section 6. Reference implementations written here (naive power sums,
 a textbook Berlekamp-Massey, brute-force roots and primes) are independent of the module's FLINT
@@ -17,9 +17,9 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms import scma
-from algorithms.scma import SyndromeDecodingError
-from algorithms.secagg import x25519_keypair
+from fedproto.algorithms import scma
+from fedproto.algorithms.scma import SyndromeDecodingError
+from fedproto.algorithms.secagg import x25519_keypair
 from fedproto.errors import RemoteProtocolError
 
 # ------------------------------------------------------------------ independent references

@@ -1,4 +1,4 @@
-"""Tests for algorithms.secagg: fixed point in Z_2^w, masks, noise quantisation, seed sealing."""
+"""Tests for fedproto.algorithms.secagg: fixed point in Z_2^w, masks, noise quantisation, seed sealing."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import scipy.stats
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from algorithms import secagg
-from algorithms.secagg import MaskGenerator, decode_fixed, encode_fixed, quantize_noise
+from fedproto.algorithms import secagg
+from fedproto.algorithms.secagg import MaskGenerator, decode_fixed, encode_fixed, quantize_noise
 
 RINGS = [32, 64]
 Q = 16

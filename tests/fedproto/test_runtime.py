@@ -14,7 +14,7 @@ from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.testing.harness import Harness
 from fedproto.testing.toy import Contribution, SumCoordinator, SumWorker
-from transports.memory import Faults, MemoryNetwork
+from fedproto.transports.memory import Faults, MemoryNetwork
 
 
 def make(n_workers=3, rounds=3, dim=4, **kw):

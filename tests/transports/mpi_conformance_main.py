@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from fedproto.testing.conformance import CHECKS, check_close_semantics
-from transports.mpi import MpiTransport
+from fedproto.transports.mpi import MpiTransport
 
 ROSTER = ("alice", "bob", "carol")
 TIMEOUT_S = 120.0

@@ -10,7 +10,7 @@ import trio
 from fedproto.errors import PeerUnreachable, TransportBroken
 from fedproto.testing.conformance import CHECK_TIMEOUT_S, run_conformance
 from fedproto.transport import Transport
-from transports.memory import Faults, MemoryNetwork
+from fedproto.transports.memory import Faults, MemoryNetwork
 
 ROSTER = ("alice", "bob", "carol")
 

@@ -68,7 +68,7 @@ def test_import_without_mpi4py_fails_only_when_used() -> None:
     code = (
         "import sys\n"
         "sys.modules['mpi4py'] = None\n"
-        "import transports.mpi as m\n"
+        "import fedproto.transports.mpi as m\n"
         "try:\n"
         "    m.MpiTransport(['a'])\n"
         "except ImportError as exc:\n"

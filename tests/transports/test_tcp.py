@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 
 from fedproto.errors import DecodeError, PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.testing.conformance import run_conformance
-from transports._framing import (
+from fedproto.transports._framing import (
     FRAMING_OVERHEAD_BYTES,
     FrameReader,
     FrameTooLarge,
     receive_frame,
     send_frame,
 )
-from transports.tcp import (
+from fedproto.transports.tcp import (
     HANDSHAKE_VERSION,
     TcpAddress,
     TcpNetwork,

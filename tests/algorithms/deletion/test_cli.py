@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms.deletion import streams
-from algorithms.deletion.cli import DCKMEANS, QKMEANS, file_partition, plot_cumulative
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.cli import DCKMEANS, QKMEANS, file_partition, plot_cumulative
 from fedproto.data import Dataset, load_dataset
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 CELLTYPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "celltype.npz"
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms import kmeans
-from algorithms.deletion import _kernels, _variant_kernels
-from algorithms.deletion._store import DeletionError
-from algorithms.deletion.dckmeans import (
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.deletion import _kernels, _variant_kernels
+from fedproto.algorithms.deletion._store import DeletionError
+from fedproto.algorithms.deletion.dckmeans import (
     DCKMeans,
     DCKMeansConfig,
     Tree,

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms.deletion.federated import (
+from fedproto.algorithms.deletion.federated import (
     COORDINATOR,
     QKMeansCoordinator,
     QKMeansFederation,
     training_payload_bytes,
 )
-from algorithms.deletion.messages import (
+from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
     IterationCentroids,
     ModelUpdate,
@@ -31,14 +31,14 @@ from algorithms.deletion.messages import (
     SeedScore,
     SeedStep,
 )
-from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, removal_decision, train_qkmeans
+from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, removal_decision, train_qkmeans
 from fedproto.codec import array_payload_bytes, decode_frame, encode_frame
 from fedproto.errors import DecodeError, InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 SESSION = 9
 

@@ -12,23 +12,23 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
-from algorithms.deletion.messages import (
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
+from fedproto.algorithms.deletion.messages import (
     ModelUpdate,
     NodeCentroids,
     PointUpload,
     RemovalRequest,
     WeightedNodeCentroids,
 )
-from algorithms.deletion.protocol import DCTree, QKMeansParties
-from algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
+from fedproto.algorithms.deletion.protocol import DCTree, QKMeansParties
+from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
 from fedproto.codec import array_payload_bytes, encode_frame
 from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def run_harness(parties):

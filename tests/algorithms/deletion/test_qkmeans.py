@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms.deletion import _kernels
-from algorithms.deletion._store import DeletionError
-from algorithms.deletion.qkmeans import (
+from fedproto.algorithms.deletion import _kernels
+from fedproto.algorithms.deletion._store import DeletionError
+from fedproto.algorithms.deletion.qkmeans import (
     QKMeans,
     QKMeansConfig,
     certify_removal,

@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from algorithms.deletion import streams
-from algorithms.deletion.dckmeans import DCKMeansConfig
-from algorithms.deletion.qkmeans import QKMeansConfig, train_qkmeans
+from fedproto.algorithms.deletion import streams
+from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
+from fedproto.algorithms.deletion.qkmeans import QKMeansConfig, train_qkmeans
 
 
 def ticking_clock():

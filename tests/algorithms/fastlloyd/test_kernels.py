@@ -1,4 +1,4 @@
-"""Tests for algorithms.fastlloyd._kernels: sphere packing, radius clipping, folding, updates."""
+"""Tests for fedproto.algorithms.fastlloyd._kernels: sphere packing, radius clipping, folding, updates."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms import kmeans
-from algorithms.fastlloyd import _kernels as kernels
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.fastlloyd import _kernels as kernels
 
 # ------------------------------------------------------------------ sphere packing (oracle 21)
 

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms import kmeans, secagg
-from algorithms.fastlloyd.config import FastLloydConfig, make_config
-from algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate, SealedSeed
-from algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer, initial_centroids
+from fedproto.algorithms import kmeans, secagg
+from fedproto.algorithms.fastlloyd.config import FastLloydConfig, make_config
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate, SealedSeed
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer, initial_centroids
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.data import normalize, partition
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 RNG = np.random.default_rng(1234)
 BLOBS = normalize(

@@ -9,10 +9,10 @@ import types
 import numpy as np
 import pytest
 
-import algorithms  # noqa: F401  (turns on JAX's 64-bit mode)
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.config import KzCenterConfig
-from algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
+import fedproto.algorithms  # noqa: F401  (turns on JAX's 64-bit mode)
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.config import KzCenterConfig
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
 from fedproto.testing.harness import Harness
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.baselines import (
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.baselines import (
     METHODS,
     BaselineConfig,
     BaselineCoordinator,
@@ -18,8 +18,8 @@ from algorithms.kzclustering.baselines import (
     glz_curve,
     greedy,
 )
-from algorithms.kzclustering.config import KzCenterConfig
-from algorithms.kzclustering.protocol import COORDINATOR, machine_name
+from fedproto.algorithms.kzclustering.config import KzCenterConfig
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, machine_name
 from fedproto.errors import RemoteProtocolError
 from fedproto.testing.harness import Harness
 

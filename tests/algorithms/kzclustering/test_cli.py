@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels
-from algorithms.kzclustering.cli import KZCENTER
-from algorithms.kzclustering.data import OUTLIER_LABEL, gaussian_mixture, inject_outliers, synthetic_dataset
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels
+from fedproto.algorithms.kzclustering.cli import KZCENTER
+from fedproto.algorithms.kzclustering.data import OUTLIER_LABEL, gaussian_mixture, inject_outliers, synthetic_dataset
 from fedproto import cli as core_cli
 from fedproto import registry
 from fedproto.data import load_dataset
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def parse(plugin, argv):

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 import trio
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.cli import KZMEANS, KZMEDIAN, run_means
-from algorithms.kzclustering.data import inject_outliers, synthetic_dataset
-from algorithms.kzclustering.means import (
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.cli import KZMEANS, KZMEDIAN, run_means
+from fedproto.algorithms.kzclustering.data import inject_outliers, synthetic_dataset
+from fedproto.algorithms.kzclustering.means import (
     KzMeansConfig,
     KzMeansCoordinator,
     KzMeansMachine,
     centralised_kmeans,
     centralised_kmeans_minus_minus,
 )
-from algorithms.kzclustering.messages import Coresets
-from algorithms.kzclustering.protocol import COORDINATOR, machine_name
+from fedproto.algorithms.kzclustering.messages import Coresets
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, machine_name
 from fedproto import cli as core_cli
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.data import load_dataset
@@ -31,7 +31,7 @@ from fedproto.errors import RemoteProtocolError
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 # --- reformulation (oracles 2 and 3) ----------------------------------------------------------------
 

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import trio
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels, solvers
-from algorithms.kzclustering.config import KzCenterConfig
-from algorithms.kzclustering.messages import AggregatedCounts, WeightedPoints
-from algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering.config import KzCenterConfig
+from fedproto.algorithms.kzclustering.messages import AggregatedCounts, WeightedPoints
+from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 
 def check_guarantees(kz, x, config, results, opt=None):

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-import algorithms  # noqa: F401
-from algorithms.kzclustering import _kernels, solvers
+import fedproto.algorithms  # noqa: F401
+from fedproto.algorithms.kzclustering import _kernels, solvers
 
 # --- pure-Python references (slow, literal transcriptions of the pseudo-code) ---------------------
 

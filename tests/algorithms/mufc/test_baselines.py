@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from algorithms import kmeans
-from algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
-from algorithms.mufc.baselines import (
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
+from fedproto.algorithms.mufc.baselines import (
     ClientDCKMeans,
     induced_loss,
     kfed,

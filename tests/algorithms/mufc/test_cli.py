@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms.mufc.cli import PROTOCOL, removal_stream, unit_box
+from fedproto.algorithms.mufc.cli import PROTOCOL, removal_stream, unit_box
 from fedproto.cli import main
 from fedproto.data import load_dataset
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 CELLTYPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "celltype.npz"
 

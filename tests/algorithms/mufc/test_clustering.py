@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms import kmeans
-from algorithms.mufc import _kernels, clustering
-from algorithms.mufc.clustering import (
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.mufc import _kernels, clustering
+from fedproto.algorithms.mufc.clustering import (
     federated_loss,
     induced_labels,
     kmeans_cost,
@@ -29,8 +29,8 @@ from algorithms.mufc.clustering import (
     server_points,
     weighted_kmeans,
 )
-from algorithms.mufc.quantize import make_grid
-from algorithms.mufc.seeding import LocalSeeding
+from fedproto.algorithms.mufc.quantize import make_grid
+from fedproto.algorithms.mufc.seeding import LocalSeeding
 
 DATA = Path(__file__).parents[3].parent / "shared" / "data"
 
@@ -357,7 +357,7 @@ def test_celltype_loss_ratio_is_near_the_paper():
     path = DATA / "celltype.npz"
     if not path.is_file():
         pytest.skip(f"{path} not available")
-    from algorithms.mufc.data import file_clients
+    from fedproto.algorithms.mufc.data import file_clients
 
     with np.load(path) as archive:
         x = archive["X"]
@@ -387,7 +387,7 @@ def test_gaussian_loss_ratio_is_moderate():
     are min-max scaled per column, and with variance 0.5 the ten components overlap almost
     completely, so only the spec's broad range is asserted.
     """
-    from algorithms.mufc.data import client_split, gaussian_mixture
+    from fedproto.algorithms.mufc.data import client_split, gaussian_mixture
 
     ds = gaussian_mixture(0)
     parts = client_split(ds.x, 100, k=10, k_prime=None, seed=0)

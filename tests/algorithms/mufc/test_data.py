@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from algorithms.mufc.data import client_split, cluster_labels, file_clients, gaussian_mixture
+from fedproto.algorithms.mufc.data import client_split, cluster_labels, file_clients, gaussian_mixture
 
 DATA = Path(__file__).parents[3].parent / "shared" / "data"
 CELLTYPE = DATA / "celltype.npz"

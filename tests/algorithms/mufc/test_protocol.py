@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import trio
 
-from algorithms import scma
-from algorithms.mufc.messages import AggregationRequest, MaskedSyndromes, ModelUpdate, PeerKeys, PublicKey, RemovalRequest
-from algorithms.mufc.protocol import SERVER, MUFCParties, make_config
-from algorithms.mufc.replay import replay
+from fedproto.algorithms import scma
+from fedproto.algorithms.mufc.messages import AggregationRequest, MaskedSyndromes, ModelUpdate, PeerKeys, PublicKey, RemovalRequest
+from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties, make_config
+from fedproto.algorithms.mufc.replay import replay
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.errors import DecodeError, InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
-from transports.memory import MemoryNetwork
+from fedproto.transports.memory import MemoryNetwork
 
 KEY = jax.random.PRNGKey(3)
 

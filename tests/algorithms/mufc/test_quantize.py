@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from algorithms.mufc.quantize import Grid, make_grid
+from fedproto.algorithms.mufc.quantize import Grid, make_grid
 
 # ------------------------------------------------------------------ slow reference
 

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from algorithms import kmeans
-from algorithms.mufc import _kernels, seeding
-from algorithms.mufc.quantize import make_grid
-from algorithms.mufc.seeding import LocalSeeding, RemovalOutcome
+from fedproto.algorithms import kmeans
+from fedproto.algorithms.mufc import _kernels, seeding
+from fedproto.algorithms.mufc.quantize import make_grid
+from fedproto.algorithms.mufc.seeding import LocalSeeding, RemovalOutcome
 
 K = 4
 N_CLASS = 60  # capacity 64: every class test below reuses one compiled shape
