@@ -212,11 +212,13 @@ def normalize(x: np.ndarray, bound: float = 1.0) -> np.ndarray:
         FastLloyd Sec. 6.1; spec 2.2 step 1.
     """
     x = np.asarray(x, dtype=np.float64)
-    lo = x.min(axis=0)
-    hi = x.max(axis=0)
-    span = hi - lo
+    # Halving first keeps hi - lo finite for any finite data (features near +-1.8e308 would
+    # overflow to inf); a factor of 2 is exact, and it cancels in the ratio.
+    half = x * 0.5
+    lo = half.min(axis=0)
+    span = half.max(axis=0) - lo
     safe = np.where(span > 0, span, 1.0)
-    out = (x - lo) / safe * (2 * bound) - bound
+    out = (half - lo) / safe * (2 * bound) - bound
     out[:, span == 0] = 0.0
     return np.clip(out, -bound, bound)
 

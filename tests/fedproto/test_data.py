@@ -108,3 +108,12 @@ def test_iid_sizes_differ_by_at_most_one_and_label_skew_is_skewed():
         partition(10, 2, scheme="label-skew")
     with pytest.raises(ValueError, match="unknown partition"):
         partition(10, 2, scheme="zipf")
+
+
+def test_normalize_extreme_finite_values_without_overflow():
+    # a span of 2 * 1.7e308 overflows float64 when computed directly; warnings are errors here
+    big = np.finfo(np.float64).max
+    x = np.array([[-big, 0.0], [big, 1.0], [0.0, 0.5]])
+    out = normalize(x)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, [[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]])
