@@ -11,7 +11,7 @@ compared with a from-scratch DC-k-means on the remaining data with the same key 
 
 Run (from the repository root, in the project's environment)::
 
-    python examples/deletion_memory.py --data iris --deletions 5 --seed 0
+    python examples/deletion_memory.py --data iris --removals 5 --seed 0
 
 ``--data`` is a bundled name (iris, wine, breast_cancer, digits) or a data file; k is the paper's
 k for the data set (3 when unknown); the width follows the paper's rule ``2^round(log2 n^0.3)``.
@@ -38,7 +38,8 @@ from fedproto.transports.memory import MemoryNetwork
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="iris")
-    parser.add_argument("--deletions", type=int, default=5)
+    parser.add_argument("--removals", type=int, default=5, help="deletion requests (default 5)")
+    parser.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weighted", action="store_true")
     args = parser.parse_args()
@@ -48,7 +49,7 @@ def main() -> None:
     n, d = x.shape
     k = dataset.paper_k or 3
     ids = np.arange(n)
-    stream = [int(i) for i in streams.deletion_stream(ids, args.deletions, args.seed + 1)]
+    stream = [int(i) for i in streams.deletion_stream(ids, args.removals, args.seed + 1)]
     key = jax.random.PRNGKey(args.seed)
     tree = DCTree(x, ids, DCKMeansConfig(k=k, weighted=args.weighted), key=key, deletions=stream)
     session = 1
@@ -57,12 +58,7 @@ def main() -> None:
     meter = Meter(trio.current_time)
 
     async def run():
-        endpoints = network.endpoints()
-        try:
-            return await run_parties(tree.machines(), endpoints, config=RuntimeConfig(session=session), meter=meter)
-        finally:
-            for endpoint in endpoints.values():
-                await endpoint.aclose()
+        return await run_parties(tree.machines(), network, config=RuntimeConfig(session=session), meter=meter)
 
     results = trio.run(run)
     report = meter.report(protocol="dckmeans", transport="memory", session=session, parties=tree.roster)

@@ -61,7 +61,7 @@ def main() -> None:
     meter = Meter(trio.current_time)
 
     async def run():
-        return await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=session), meter=meter)
+        return await run_parties(machines, network, config=RuntimeConfig(session=session), meter=meter)
 
     results = trio.run(run)
     report = meter.report(protocol="fastlloyd", transport="memory", session=session, parties=roster)

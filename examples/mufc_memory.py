@@ -59,7 +59,7 @@ def main() -> None:
     async def go():
         meter = Meter(trio.current_time)
         network = MemoryNetwork(list(parties.roster))
-        results = await run_parties(parties.machines(), network.endpoints(), config=RuntimeConfig(session=1),
+        results = await run_parties(parties.machines(), network, config=RuntimeConfig(session=1),
                                     meter=meter)
         return results, meter.report(protocol="mufc", transport="memory", session=1, parties=parties.roster)
 

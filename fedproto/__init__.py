@@ -1,26 +1,39 @@
 """fedproto: round-based distributed and federated protocols.
 
 The core holds messages and their codec, the sans-IO protocol-machine base, the Trio runtime,
-metering and reports, data loading and the CLI. It imports neither ``algorithms`` nor
-``transports`` (the CLI's registry finds them through entry points).
+metering and reports, data loading and the CLI. It imports neither ``fedproto.algorithms`` nor
+``fedproto.transports`` (the CLI's registry finds them through entry points).
+
+Everything a protocol author needs is importable from here (machines, messages, fields, events,
+errors, the runtime and the report); the networks live in :mod:`fedproto.transports` and the test
+helpers (harness, fault injection, conformance suite) in :mod:`fedproto.testing`.
 """
 
+import importlib.metadata
+
+from fedproto.codec import Envelope, decode_frame, encode_frame
 from fedproto.errors import (
     DecodeError,
     FedProtoError,
     InsufficientParticipants,
     LocalProtocolError,
+    PartyCrashed,
     PeerUnreachable,
     ProtocolError,
     RemoteProtocolError,
+    RunAborted,
     TransportBroken,
     TransportClosed,
     TransportError,
 )
+from fedproto.framesize import max_frame_bytes
+from fedproto.launcher import launch_local
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import (
     Broadcast,
+    Event,
     Message,
+    Outgoing,
     PartyDropped,
     PhaseTimedOut,
     Send,
@@ -28,29 +41,56 @@ from fedproto.messages import (
     array_field,
     bigints_field,
 )
-from fedproto.transport import Transport
+from fedproto.metering import LinkRecord, Meter, RunReport
+from fedproto.roster import Roster
+from fedproto.runtime import RuntimeConfig, run_parties, run_party
+from fedproto.transport import Network, Transport
 
-__version__ = "0.1.0"
+try:
+    __version__: str = importlib.metadata.version("fedproto")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
-    "Broadcast",
-    "DecodeError",
-    "FedProtoError",
-    "InsufficientParticipants",
-    "LocalProtocolError",
-    "Message",
-    "PartyDropped",
-    "PeerUnreachable",
-    "PhaseTimedOut",
-    "ProtocolError",
+    # machines and messages
     "ProtocolMachine",
-    "RemoteProtocolError",
-    "Send",
-    "SendFailed",
-    "Transport",
-    "TransportBroken",
-    "TransportClosed",
-    "TransportError",
+    "Message",
     "array_field",
     "bigints_field",
+    "Send",
+    "Broadcast",
+    "Outgoing",
+    "Event",
+    "PhaseTimedOut",
+    "PartyDropped",
+    "SendFailed",
+    # errors
+    "FedProtoError",
+    "ProtocolError",
+    "LocalProtocolError",
+    "RemoteProtocolError",
+    "DecodeError",
+    "InsufficientParticipants",
+    "RunAborted",
+    "TransportError",
+    "TransportClosed",
+    "TransportBroken",
+    "PeerUnreachable",
+    "PartyCrashed",
+    # runtime, transports, wire, metering
+    "run_party",
+    "run_parties",
+    "RuntimeConfig",
+    "Transport",
+    "Network",
+    "Envelope",
+    "encode_frame",
+    "decode_frame",
+    "max_frame_bytes",
+    "Meter",
+    "RunReport",
+    "LinkRecord",
+    "Roster",
+    "launch_local",
+    "__version__",
 ]

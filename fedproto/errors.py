@@ -9,12 +9,19 @@ attributes (``party``, ``round_idx``, ``state``, ``phase``) as well as a message
         RemoteProtocolError       a peer sent something illegal or undecodable
           DecodeError
           InsufficientParticipants
+          RunAborted
       TransportError
         TransportClosed
         TransportBroken
           PeerUnreachable
+          PartyCrashed
 
 Configuration mistakes are ``ValueError``/``TypeError`` at construction time instead.
+
+A message names its structured attributes once, in one suffix: ``"... (party=w1, round_idx=2)"``.
+A message that quotes another error quotes it with :func:`describe` (its sentence without the
+suffix), so ``party=`` never appears twice with two different values; the quoted error stays
+reachable as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ __all__ = [
     "RemoteProtocolError",
     "DecodeError",
     "InsufficientParticipants",
+    "RunAborted",
     "TransportError",
     "TransportClosed",
     "TransportBroken",
     "PeerUnreachable",
+    "PartyCrashed",
+    "describe",
 ]
 
 
@@ -112,6 +122,36 @@ class InsufficientParticipants(RemoteProtocolError):
         super().__init__(message, **kwargs)
 
 
+class RunAborted(RemoteProtocolError):
+    """A peer gave up on the run and said who failed: the run is over for this party too.
+
+    When a party's machine fails (a deadline passed, a peer crashed or broke the protocol), the
+    runtime tells every party it has exchanged frames with before it exits (and they tell theirs),
+    so all of them end promptly with the same culprit instead of each waiting out its own deadline.
+
+    Attributes:
+        culprits: the parties the reporter blamed, sorted (the reporter itself when it failed on
+            its own).
+        reporter: the party that gave up and sent the notice (authenticated by the transport).
+        reason: the reporter's one-line account of its failure.
+        party: the culprit when there is exactly one, else ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        culprits: list[str] | tuple[str, ...] = (),
+        reporter: str = "",
+        reason: str = "",
+        **kwargs: Any,
+    ):
+        self.culprits = tuple(sorted(culprits))
+        self.reporter = reporter
+        self.reason = reason
+        super().__init__(message, **kwargs)
+
+
 class TransportError(FedProtoError):
     """Moving a frame failed."""
 
@@ -126,3 +166,29 @@ class TransportBroken(TransportError):
 
 class PeerUnreachable(TransportBroken):
     """A peer cannot be reached (unknown address, refused or lost connection)."""
+
+
+class PartyCrashed(TransportBroken):
+    """This endpoint's own party crashed (fault injection): like a killed process, it is gone.
+
+    Raised by the memory transport's :class:`~fedproto.testing.Faults` ``crash_after`` on every
+    later ``send`` and ``receive`` of the crashed party. :func:`~fedproto.runtime.run_parties`
+    ends that party's task quietly (a crashed process reports nothing); its peers notice it the way
+    they would notice a real crash, by its silence. ``party`` is the crashed party.
+    """
+
+
+def describe(error: BaseException) -> str:
+    """One sentence for ``error``, to quote inside another error's message.
+
+    Args:
+        error: any exception.
+
+    Returns:
+        ``error.detail`` for a :class:`FedProtoError` (its message without the structured
+        ``(party=..., ...)`` suffix, which belongs to the quoting error), else ``str(error)``, or
+        the exception's class name when that is empty.
+    """
+    if isinstance(error, FedProtoError):
+        return error.detail
+    return str(error) or type(error).__name__

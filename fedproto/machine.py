@@ -9,19 +9,26 @@ global randomness. The subclass supplies:
   that is not in the table for the current state is a protocol error;
 * ``_start()``: the first messages; handlers ``handler(sender, message) -> list[Outgoing]``;
 * optionally ``_advance()``: called after every input, it performs the state-triggered work
-  ("all replies are in, now aggregate") and returns further messages;
+  ("all replies are in, now aggregate") and returns further messages; it changes state with
+  :meth:`~ProtocolMachine.move_to` and finishes with ``_finish(result)``;
 * ``pending()``: the parties whose input the machine is waiting for (used to name silent
   parties when a deadline passes).
 
 The base class owns the lookup, the round check, and the failure rule: any exception raised while
 handling an input moves the machine to ``ERROR`` and every later call raises
 :class:`~fedproto.errors.LocalProtocolError` chained to the original error.
+
+A subclass is checked when it is defined, once it has ``State``, ``INITIAL_STATE`` and
+``TRANSITIONS`` (abstract intermediate bases without them are skipped): ``State`` is an enum with
+``DONE`` and ``ERROR``, ``INITIAL_STATE`` is one of its members, and every entry of
+``TRANSITIONS`` maps ``(member, Message subclass)`` to ``(name of a method, member)``. A mistake
+raises :class:`TypeError` naming the class, at import time rather than in the middle of a run.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from fedproto.errors import (
@@ -29,6 +36,7 @@ from fedproto.errors import (
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
+    describe,
 )
 from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
 
@@ -54,6 +62,11 @@ class ProtocolMachine:
     DEADLINE_FACTOR: ClassVar[float] = 1.0
     INITIAL_STATE: ClassVar[enum.Enum]
     TRANSITIONS: ClassVar[dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if all(hasattr(cls, attr) for attr in ("State", "INITIAL_STATE", "TRANSITIONS")):
+            _check_machine_class(cls)
 
     def __init__(self, party: str) -> None:
         if not isinstance(party, str) or not party:
@@ -174,7 +187,7 @@ class ProtocolMachine:
         """
         if self._state is self.State.ERROR:
             raise LocalProtocolError(
-                f"{self.party} failed: {self.error}", party=self.party, state="ERROR"
+                f"{self.party} failed: {describe(self.error)}", party=self.party, state="ERROR"
             ) from self.error
         if not self.done:
             raise LocalProtocolError(
@@ -183,6 +196,39 @@ class ProtocolMachine:
         return self._result
 
     # -- helpers for subclasses -----------------------------------------------------------------
+
+    def move_to(self, state: enum.Enum) -> None:
+        """Change state, from a handler or ``_advance`` (the transition table covers the rest).
+
+        A handler that moves to a state other than the one it was called in overrides its table
+        entry's next state for that input.
+
+        Args:
+            state: a member of ``State`` other than ``DONE`` and ``ERROR``.
+
+        Raises:
+            TypeError: ``state`` is not a member of ``State``.
+            ValueError: ``state`` is ``DONE`` (finish with ``_finish(result)``, which records the
+                result) or ``ERROR`` (raise an error instead: the base class moves to ``ERROR``).
+            LocalProtocolError: the machine is already done or failed.
+        """
+        if not isinstance(state, self.State):
+            raise TypeError(
+                f"{type(self).__qualname__}.move_to: {state!r} is not a member of {self.State.__qualname__}"
+            )
+        if state is self.State.DONE:
+            raise ValueError(f"{type(self).__qualname__}.move_to(DONE): finish with self._finish(result) instead")
+        if state is self.State.ERROR:
+            raise ValueError(
+                f"{type(self).__qualname__}.move_to(ERROR): raise an error instead (the machine then moves to ERROR)"
+            )
+        if self._state is self.State.DONE or self._state is self.State.ERROR:
+            raise LocalProtocolError(
+                f"move_to({state.name}) after the machine reached {self._state.name}",
+                party=self.party,
+                state=self._state.name,
+            )
+        self._state = state
 
     def send(self, dest: str, message: Message, *, phase: str | None = None) -> Send:
         """A :class:`Send` stamped with the current round and ``phase`` (default: :attr:`phase`)."""
@@ -228,7 +274,7 @@ class ProtocolMachine:
             return []
         if isinstance(event, SendFailed):
             raise ProtocolError(
-                f"sending to {event.dest} failed: {event.error}",
+                f"sending to {event.dest} failed: {describe(event.error)}",
                 party=event.dest,
                 round_idx=self.round_idx,
                 state=self._state.name,
@@ -241,7 +287,7 @@ class ProtocolMachine:
     def _check_usable(self) -> None:
         if self._state is self.State.ERROR:
             raise LocalProtocolError(
-                f"{self.party} is in ERROR after: {self.error}", party=self.party, state="ERROR"
+                f"{self.party} is in ERROR after: {describe(self.error)}", party=self.party, state="ERROR"
             ) from self.error
         if self._state is self.State.DONE:
             raise LocalProtocolError("the protocol is already done", party=self.party, state="DONE")
@@ -255,3 +301,42 @@ class ProtocolMachine:
             self.error = exc
             self._state = self.State.ERROR
             raise
+
+
+def _check_machine_class(cls: type[ProtocolMachine]) -> None:
+    """Raise ``TypeError`` naming ``cls`` where its ``State``, ``INITIAL_STATE``, ``TRANSITIONS`` disagree."""
+    name = cls.__qualname__
+    state_enum = cls.State
+    if not (isinstance(state_enum, type) and issubclass(state_enum, enum.Enum)):
+        raise TypeError(f"{name}.State must be an enum.Enum subclass, got {state_enum!r}")
+    absent = [member for member in ("DONE", "ERROR") if member not in state_enum.__members__]
+    if absent:
+        raise TypeError(f"{name}.State ({state_enum.__qualname__}) has no {' or '.join(absent)} member")
+    if not isinstance(cls.INITIAL_STATE, state_enum):
+        raise TypeError(f"{name}.INITIAL_STATE {cls.INITIAL_STATE!r} is not a member of {state_enum.__qualname__}")
+    table = cls.TRANSITIONS
+    if not isinstance(table, Mapping):
+        raise TypeError(f"{name}.TRANSITIONS must be a dict, got {type(table).__name__}")
+    for key, entry in table.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(
+                f"{name}.TRANSITIONS entries must be (state, message class): (handler name, next state), "
+                f"got {key!r}: {entry!r}"
+            )
+        state, message_cls = key
+        handler_name, next_state = entry
+        if not isinstance(state, state_enum):
+            raise TypeError(f"{name}.TRANSITIONS key state {state!r} is not a member of {state_enum.__qualname__}")
+        if not (isinstance(message_cls, type) and issubclass(message_cls, Message)):
+            raise TypeError(
+                f"{name}.TRANSITIONS key {message_cls!r} (in state {state.name}) is not a Message subclass"
+            )
+        where = f"({state.name}, {message_cls.__name__})"
+        if not (isinstance(handler_name, str) and callable(getattr(cls, handler_name, None))):
+            raise TypeError(
+                f"{name}.TRANSITIONS names handler {handler_name!r} for {where}, but {name} has no such method"
+            )
+        if not isinstance(next_state, state_enum):
+            raise TypeError(
+                f"{name}.TRANSITIONS next state {next_state!r} for {where} is not a member of {state_enum.__qualname__}"
+            )

@@ -30,6 +30,7 @@ __all__ = [
     "bigints_field",
     "message_class",
     "registered_tags",
+    "AbortNotice",
     "Send",
     "Broadcast",
     "Outgoing",
@@ -123,6 +124,38 @@ def message_class(tag: str) -> type[Message] | None:
 def registered_tags() -> dict[str, type[Message]]:
     """A copy of the tag registry."""
     return dict(_REGISTRY)
+
+
+# --- core control messages -------------------------------------------------------------------------
+
+#: Longest ``AbortNotice.reason`` (characters); the runtime shortens longer accounts to fit.
+ABORT_REASON_MAX_CHARS = 1000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbortNotice(Message):
+    """Runtime -> every other party: this party gave up on the run, and these parties failed.
+
+    Sent by :func:`~fedproto.runtime.run_party` (never by a protocol machine) when its machine
+    fails, so every survivor ends promptly naming the same culprits; a party that receives it
+    from a roster peer raises :class:`~fedproto.errors.RunAborted`. It never reaches a machine.
+
+    Attributes:
+        culprits: the parties blamed (at least one; the sender itself when it failed on its own).
+        reason: the sender's one-line account of its failure (at most 1000 characters).
+    """
+
+    TAG = "fedproto.aborted"
+    culprits: tuple[str, ...]
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.culprits, tuple) or not self.culprits:
+            raise ValueError("AbortNotice.culprits must be a non-empty tuple of party names")
+        if not all(isinstance(name, str) and name for name in self.culprits):
+            raise ValueError("AbortNotice.culprits must hold non-empty party names")
+        if not isinstance(self.reason, str) or len(self.reason) > ABORT_REASON_MAX_CHARS:
+            raise ValueError(f"AbortNotice.reason must be a str of at most {ABORT_REASON_MAX_CHARS} characters")
 
 
 # --- actions -------------------------------------------------------------------------------------

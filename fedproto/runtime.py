@@ -7,20 +7,50 @@ state changes); when it passes, a :class:`~fedproto.messages.PhaseTimedOut` even
 machine, which continues with a quorum or fails with an error naming the silent parties. So a
 silent peer ends in a clear error, never a hang.
 
-Frames that cannot be trusted are refused *before* they reach the machine and the run goes on:
-undecodable or oversized frames, frames of another session, frames from a party outside the
-roster. They are logged (logger ``fedproto.runtime``) and counted in the report. A decoded
-message that breaks the protocol (wrong round, not allowed in the current state) moves the
-machine to ``ERROR`` and the runtime raises the machine's error.
+Deadlines count silence, not work: when a deadline passes, the frames that were already waiting
+(delivered while the party was busy handling earlier input, see
+:meth:`~fedproto.transport.Transport.receive_nowait`) are read first, and only if none of them
+makes progress does the machine get its ``PhaseTimedOut``.
 
-:func:`run_parties` runs many machines in one process (one nursery, one task per party); the
-first failure cancels the others and is raised as itself (not wrapped in an exception group).
+Frames that cannot be trusted are refused *before* they reach the machine and the run goes on:
+undecodable or oversized frames (whatever the decoder raises: a frame that crashes the decoder is
+the sender's fault, not the receiver's), frames of another session, frames from a party outside
+the roster. They are counted in the report and logged with the sender's name (logger
+``fedproto.runtime``), rate-limited: the first refusal of each (sender, cause), then at most one
+summary line with the count per 10 s. A decoded message that breaks the protocol (wrong round, not
+allowed in the current state) moves the machine to ``ERROR`` and the runtime raises the machine's
+error.
+
+Failures travel: when a party fails (its machine gave up on silent parties, a peer broke the
+protocol, it could not send, ...), the runtime sends an :class:`~fedproto.messages.AbortNotice`
+naming the culprits to every party it exchanged frames with during the run (best effort, all at
+once, for at most 1 s, metered in phase ``"abort"``) before raising. A party that receives one
+from a roster peer raises :class:`~fedproto.errors.RunAborted` naming the same culprits, and passes
+the notice on to its own contacts other than the reporter and the culprits. So every survivor
+ends at once instead of waiting out its own deadline and blaming the wrong party: in a star, a
+coordinator tells every client, and a client's failure reaches the other clients through the
+coordinator. Telling contacts rather than the whole roster keeps the notices within the links the
+protocol already uses (a full mesh of TCP connections is never dialled just to say goodbye), and
+linear in the number of parties when many fail at once (every client of a dead coordinator).
+A crashed party and a party whose own endpoint was closed send nothing.
+
+:func:`run_parties` runs many machines in one process (one nursery, one task per party), over a
+``{party: Transport}`` mapping or a :class:`~fedproto.transport.Network`; the first failure
+cancels the others and is raised as itself (not wrapped in an exception group). A party crashed
+by fault injection (:class:`~fedproto.errors.PartyCrashed`) is not a failure of the run: its task
+ends quietly, as a killed process would, and the survivors find out by its silence.
+
+A message the machine itself cannot encode (a wrong field type, say) fails the sending party at
+once with :class:`~fedproto.errors.LocalProtocolError` naming the field, instead of reaching its
+peers as a frame they would refuse.
+
 All time comes from ``trio.current_time()``, so ``MockClock(autojump_threshold=0)`` makes
 deadline tests instant.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -28,12 +58,23 @@ from typing import Any
 
 import trio
 
+from fedproto._logging import RateLimitedLog
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
-from fedproto.errors import DecodeError, TransportError
+from fedproto.errors import (
+    DecodeError,
+    FedProtoError,
+    InsufficientParticipants,
+    LocalProtocolError,
+    PartyCrashed,
+    RunAborted,
+    TransportClosed,
+    TransportError,
+    describe,
+)
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
+from fedproto.messages import ABORT_REASON_MAX_CHARS, AbortNotice, Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
-from fedproto.transport import Transport
+from fedproto.transport import Network, Transport
 
 __all__ = ["RuntimeConfig", "run_party", "run_parties"]
 
@@ -41,6 +82,19 @@ log = logging.getLogger("fedproto.runtime")
 
 #: ``observer(party, round_idx, state_name)``: called after every step that changed round or state.
 Observer = Callable[[str, int, str], None]
+
+#: The phase under which abort notices are metered.
+ABORT_PHASE = "abort"
+#: Longest time a failing party spends telling the others (seconds); a peer that cannot be reached
+#: by then (often the culprit itself) is not told.
+ABORT_NOTICE_TIMEOUT_S = 1.0
+#: Shortest time between two log lines about the same (sender, cause) of refused frames (seconds).
+REFUSAL_LOG_INTERVAL_S = 10.0
+#: Culprits named in a RunAborted message (all of them are in its ``culprits`` attribute).
+_CULPRITS_NAMED = 10
+#: Scheduler passes given to a transport's reader tasks before the frames waiting at an expired
+#: deadline are taken (each ready reader runs at least once in two).
+_CATCH_UP_PASSES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,22 +128,39 @@ async def _send_all(
     outgoing: list[Outgoing],
     config: RuntimeConfig,
     meter: Meter,
+    contacts: set[str],
 ) -> None:
     pending = list(outgoing)
     while pending:
         action = pending.pop(0)
-        frame = encode_frame(action.message, session=config.session, round_idx=action.round_idx, phase=action.phase)
+        try:
+            frame = encode_frame(
+                action.message, session=config.session, round_idx=action.round_idx, phase=action.phase
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            # The machine's own message is malformed: fail here, in the sender, rather than let
+            # peers refuse the frame and time out waiting for it.
+            raise LocalProtocolError(
+                f"{machine.party} made a message it cannot send: {exc}",
+                party=machine.party,
+                round_idx=action.round_idx,
+                state=machine.state.name,
+                phase=action.phase,
+            ) from exc
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         tag = type(action.message).TAG
         for dest in dests:
             try:
                 await transport.send(dest, frame)
+            except PartyCrashed:
+                raise  # this party itself is gone: nothing left to tell its machine
             except TransportError as exc:
                 pending.extend(machine.handle(SendFailed(dest, exc)))
                 continue
             meter.record_sent(
                 action.round_idx, action.phase, machine.party, dest, tag, len(frame), transport.framing_overhead_bytes
             )
+            contacts.add(dest)
 
 
 async def run_party(
@@ -102,6 +173,10 @@ async def run_party(
     known_parties: frozenset[str] | None = None,
 ) -> Any:
     """Drive ``machine`` over ``transport`` until it is done and return ``machine.result()``.
+
+    If the machine fails, every party it exchanged frames with is sent an
+    :class:`~fedproto.messages.AbortNotice` naming the culprits before the error is raised (see
+    the module docstring).
 
     Args:
         machine: a fresh (not started) protocol machine.
@@ -119,57 +194,212 @@ async def run_party(
     Raises:
         RemoteProtocolError: a peer broke the protocol (the machine is in ``ERROR``).
         InsufficientParticipants: a deadline passed with parties still silent.
+        RunAborted: a roster peer gave up on the run and named the culprits (the machine is left
+            as it was).
+        LocalProtocolError: the machine produced a message that cannot be encoded (a field of the
+            wrong type, names ``TAG.field``; the original ``TypeError``/``ValueError`` is
+            ``__cause__``).
+        PartyCrashed: this party was crashed by fault injection (its machine is left as it was).
         TransportError: the endpoint failed in a way the machine could not absorb.
     """
     config = config or RuntimeConfig()
     meter = meter if meter is not None else Meter(trio.current_time)
     meter.start()
     roster = known_parties if known_parties is not None else frozenset(transport.roster)
-    await _send_all(machine, transport, machine.start(), config, meter)
+    refusals = RateLimitedLog(log, machine.party, interval_s=REFUSAL_LOG_INTERVAL_S, clock=trio.current_time)
+    contacts: set[str] = set()  # the parties this one exchanged frames with: who hears of a failure
+    try:
+        result = await _drive(machine, transport, config, meter, observer, roster, refusals, contacts)
+    except Exception as exc:
+        notice = _abort_notice(exc, machine.party)
+        if notice is not None:
+            told = {exc.reporter, *exc.culprits} if isinstance(exc, RunAborted) else {machine.party}
+            await _announce_failure(machine, transport, notice, sorted(contacts - told), config, meter)
+        raise
+    finally:
+        refusals.flush()
+    meter.finish()
+    return result
+
+
+async def _drive(
+    machine: ProtocolMachine,
+    transport: Transport,
+    config: RuntimeConfig,
+    meter: Meter,
+    observer: Observer | None,
+    roster: frozenset[str],
+    refusals: RateLimitedLog,
+    contacts: set[str],
+) -> Any:
+    def refuse(sender: str, cause: str, reason: str) -> None:
+        meter.record_rejected(sender, reason, cause)
+        refusals.log(sender, cause, "%s refused a frame from %s: %s", machine.party, sender, reason)
+
+    # Duck-typed endpoints (test doubles, wrappers) may lack the optional hook.
+    receive_nowait: Callable[[], tuple[str, bytes] | None] | None = getattr(transport, "receive_nowait", None)
+    await _send_all(machine, transport, machine.start(), config, meter, contacts)
     patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
     deadline = trio.current_time() + patience
+    # Frames that were waiting when the deadline passed, read before the deadline is believed.
+    backlog: collections.deque[tuple[str, bytes]] = collections.deque()
+    drained = False  # the frames waiting at this deadline's expiry were taken into the backlog
     while not machine.done:
-        with trio.move_on_at(deadline) as scope:
-            sender, frame = await transport.receive()
-        if scope.cancelled_caught:
-            outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
-            await _send_all(machine, transport, outgoing, config, meter)
-            progress = (machine.round_idx, machine.state)
-            deadline = trio.current_time() + patience
-            continue
+        if backlog:
+            sender, frame = backlog.popleft()
+        else:
+            with trio.move_on_at(deadline) as scope:
+                sender, frame = await transport.receive()
+            if scope.cancelled_caught:
+                if not drained:
+                    # The wait may have expired only because handling earlier input took longer
+                    # than the deadline: silence is a deadline with nothing waiting. First let
+                    # the event loop run, so frames the operating system already holds reach
+                    # the transport's queue (synchronous work kept its reader tasks from running),
+                    # then take what is waiting, without yielding, so a peer that keeps sending
+                    # cannot postpone the timeout for ever.
+                    drained = True
+                    if receive_nowait is not None:
+                        for _ in range(_CATCH_UP_PASSES):
+                            await trio.lowlevel.checkpoint()
+                        while (item := receive_nowait()) is not None:
+                            backlog.append(item)
+                    if backlog:
+                        continue
+                outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
+                await _send_all(machine, transport, outgoing, config, meter, contacts)
+                progress = (machine.round_idx, machine.state)
+                deadline = trio.current_time() + patience
+                drained = False
+                continue
         if sender not in roster:
-            meter.record_rejected(sender, "sender not in the roster")
-            log.warning("%s refused a frame from %r: not in the roster", machine.party, sender)
+            refuse(sender, "sender not in the roster", "not in the roster")
             continue
         try:
             envelope, message = decode_frame(frame, max_frame_bytes=config.max_frame_bytes)
         except DecodeError as exc:
-            meter.record_rejected(sender, str(exc))
-            log.warning("%s refused a frame from %s: %s", machine.party, sender, exc)
+            refuse(sender, "undecodable frame", str(exc))
+            continue
+        except Exception as exc:
+            # Whatever the decoder raises on a peer's bytes is the peer's fault: a frame must
+            # never crash its receiver.
+            log.debug("decoding a frame from %s raised %s", sender, type(exc).__name__, exc_info=True)
+            refuse(sender, "undecodable frame", f"the decoder failed with {type(exc).__name__}: {exc}")
             continue
         if envelope.session != config.session:
-            reason = f"frame of session {envelope.session}, this run is session {config.session}"
-            meter.record_rejected(sender, reason)
-            log.warning("%s refused a frame from %s: %s", machine.party, sender, reason)
+            refuse(
+                sender,
+                "frame of another session",
+                f"frame of session {envelope.session}, this run is session {config.session}",
+            )
             continue
         if config.record_received:
             meter.record_received(envelope.round_idx, envelope.phase, sender, machine.party, envelope.tag, len(frame))
+        contacts.add(sender)
+        if type(message) is AbortNotice:
+            raise _run_aborted(machine, sender, message)
         outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
-        await _send_all(machine, transport, outgoing, config, meter)
+        await _send_all(machine, transport, outgoing, config, meter, contacts)
         now = (machine.round_idx, machine.state)
         if now != progress:
             progress = now
             deadline = trio.current_time() + patience
+            drained = False
             if observer is not None:
                 observer(machine.party, machine.round_idx, machine.state.name)
-    meter.finish()
     return machine.result()
+
+
+def _one_line(text: str, limit: int = ABORT_REASON_MAX_CHARS) -> str:
+    """``text`` on one line (whitespace runs collapsed), shortened to ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _abort_notice(exc: Exception, party: str) -> AbortNotice | None:
+    """The notice a party failing with ``exc`` sends its contacts, or ``None`` if it sends none.
+
+    A party told by a peer (``RunAborted``) passes the same notice on, so a failure reported to
+    the coordinator of a star reaches every client through it.
+    """
+    if isinstance(exc, RunAborted):
+        return AbortNotice(culprits=exc.culprits, reason=exc.reason)
+    if isinstance(exc, PartyCrashed) and exc.party == party:
+        return None  # a crashed party is gone, as a killed process would be
+    if isinstance(exc, TransportClosed):
+        return None  # our own endpoint is closed: nothing can be sent
+    return AbortNotice(culprits=_culprits(exc, party), reason=_one_line(describe(exc)))
+
+
+def _culprits(exc: Exception, party: str) -> tuple[str, ...]:
+    """The parties ``exc`` blames: the silent ones, the peer it is about, else ``party`` itself."""
+    if isinstance(exc, InsufficientParticipants) and exc.missing:
+        return exc.missing
+    if isinstance(exc, FedProtoError) and exc.party:
+        return (exc.party,)
+    return (party,)
+
+
+def _run_aborted(machine: ProtocolMachine, reporter: str, notice: AbortNotice) -> RunAborted:
+    culprits = tuple(sorted(set(notice.culprits)))
+    reason = _one_line(notice.reason)
+    # Leads with the culprits: a launcher quotes the first party to exit, often a survivor.
+    if culprits == (reporter,):
+        message = f"{reporter} failed and ended the run: {reason}"
+    else:
+        named = ", ".join(culprits[:_CULPRITS_NAMED])
+        if len(culprits) > _CULPRITS_NAMED:
+            named += f" and {len(culprits) - _CULPRITS_NAMED} more"
+        message = f"{named} failed, reported by {reporter}: {reason}"
+    return RunAborted(
+        message,
+        culprits=culprits,
+        reporter=reporter,
+        reason=reason,
+        party=culprits[0] if len(culprits) == 1 else None,
+        round_idx=machine.round_idx,
+        state=machine.state.name,
+        phase=machine.phase,
+    )
+
+
+async def _announce_failure(
+    machine: ProtocolMachine,
+    transport: Transport,
+    notice: AbortNotice,
+    peers: list[str],
+    config: RuntimeConfig,
+    meter: Meter,
+) -> None:
+    """Send ``notice`` to ``peers`` (best effort, concurrently, at most ``ABORT_NOTICE_TIMEOUT_S``)."""
+    if not peers:
+        return
+    round_idx = machine.round_idx
+    frame = encode_frame(notice, session=config.session, round_idx=round_idx, phase=ABORT_PHASE)
+    log.info("%s failed; telling %d parties that %s failed", machine.party, len(peers), ", ".join(notice.culprits))
+
+    async def tell(dest: str) -> None:
+        try:
+            await transport.send(dest, frame)
+        except Exception as send_exc:  # best effort: the peer may well be the one that failed
+            log.debug("%s could not tell %s: %s", machine.party, dest, describe(send_exc))
+            return
+        meter.record_sent(
+            round_idx, ABORT_PHASE, machine.party, dest, AbortNotice.TAG, len(frame), transport.framing_overhead_bytes
+        )
+
+    # Shielded (for a bounded time) so a cancellation arriving meanwhile, e.g. run_parties
+    # reacting to a peer that was just told, cannot lose this party's own error.
+    with trio.CancelScope(shield=True), trio.move_on_after(min(ABORT_NOTICE_TIMEOUT_S, config.deadline_s)):
+        async with trio.open_nursery() as nursery:
+            for dest in peers:
+                nursery.start_soon(tell, dest)
 
 
 async def run_parties(
     machines: Mapping[str, ProtocolMachine],
-    endpoints: Mapping[str, Transport],
+    network_or_endpoints: Network | Mapping[str, Transport],
     *,
     config: RuntimeConfig | None = None,
     meter: Meter | None = None,
@@ -177,18 +407,53 @@ async def run_parties(
 ) -> dict[str, Any]:
     """Run many machines in one process, one task per party, and return their results.
 
+    Crash semantics: a party whose own endpoint raises :class:`~fedproto.errors.PartyCrashed`
+    (memory transport, ``Faults(crash_after=...)``) is gone, as a killed process would be. Its task
+    ends quietly, without a result; it is not the run's error and cancels nobody. The surviving
+    coordinator then notices its silence at the phase deadline and either fails with
+    :class:`~fedproto.errors.InsufficientParticipants` naming the crashed party (raised here), or
+    carries on with a quorum, in which case the survivors' results are returned.
+
     Args:
         machines: ``{party: machine}``.
-        endpoints: ``{party: transport}`` with an endpoint for every machine.
+        network_or_endpoints: ``{party: transport}`` with an endpoint for every machine, or a
+            :class:`~fedproto.transport.Network`: its endpoints for the machines' parties are
+            opened here (with the network's own roster, or the machines' parties as the roster
+            when the network has none) and closed when the run ends.
         config, meter, observer: as for :func:`run_party`; the meter is shared.
 
     Returns:
-        ``{party: result}``.
+        ``{party: result}`` for every party that finished (a crashed party has no entry).
 
     Raises:
         ValueError: a machine has no endpoint.
-        FedProtoError: the first failure of any party (the other parties are cancelled).
+        TypeError: ``network_or_endpoints`` is neither a network nor a mapping.
+        FedProtoError: the first failure of any party (the other parties are cancelled); a
+            party's own failure is preferred to the :class:`~fedproto.errors.RunAborted` of a
+            local peer it told.
     """
+    if isinstance(network_or_endpoints, Network):
+        network = network_or_endpoints
+        roster = network.roster if network.roster is not None else tuple(machines)
+        async with network.endpoints(roster, tuple(machines)) as endpoints:
+            return await _run_parties(machines, endpoints, config=config, meter=meter, observer=observer)
+    if not isinstance(network_or_endpoints, Mapping):
+        raise TypeError(
+            f"run_parties needs a Network or a {{party: Transport}} mapping, got "
+            f"{type(network_or_endpoints).__name__} (pass the network itself, or the mapping that "
+            f"'async with network.endpoints() as endpoints' yields)"
+        )
+    return await _run_parties(machines, network_or_endpoints, config=config, meter=meter, observer=observer)
+
+
+async def _run_parties(
+    machines: Mapping[str, ProtocolMachine],
+    endpoints: Mapping[str, Transport],
+    *,
+    config: RuntimeConfig | None,
+    meter: Meter | None,
+    observer: Observer | None,
+) -> dict[str, Any]:
     missing = set(machines) - set(endpoints)
     if missing:
         raise ValueError(f"no endpoint for {sorted(missing)}")
@@ -215,6 +480,12 @@ async def run_parties(
             )
         except trio.Cancelled:
             raise
+        except PartyCrashed as exc:
+            if exc.party != party:
+                failures.append(exc)
+                cancel_scope.cancel()
+                return
+            log.info("%s crashed (fault injection); its task ends without a result", party)
         except Exception as exc:
             failures.append(exc)
             cancel_scope.cancel()
@@ -225,5 +496,7 @@ async def run_parties(
             nursery.start_soon(one, party, nursery.cancel_scope)
     meter.finish()
     if failures:
-        raise failures[0]
+        # A party that failed on its own, not one that was merely told of that failure (the
+        # notice may reach a local peer before the failing task has recorded its error).
+        raise next((f for f in failures if not isinstance(f, RunAborted)), failures[0])
     return results

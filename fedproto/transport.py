@@ -13,13 +13,15 @@ Contract (checked for every transport by :mod:`fedproto.testing.conformance`):
   ``aclose()`` is idempotent;
 * several tasks may call ``send`` concurrently; frames are never interleaved;
 * cancelling a ``receive`` loses no frame; cancelling a ``send`` either delivers the whole frame
-  or nothing.
+  or nothing;
+* ``receive_nowait`` (optional) returns a frame already waiting, or ``None``, without waiting.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 __all__ = ["Transport", "Network"]
@@ -58,6 +60,20 @@ class Transport(abc.ABC):
             TransportBroken: the underlying channel failed.
         """
 
+    def receive_nowait(self) -> tuple[str, bytes] | None:
+        """The next frame already delivered to this endpoint, without waiting, else ``None``.
+
+        The runtime calls it when a phase deadline passes, so frames that arrived while the party
+        was busy are read before the deadline counts as silence. It never blocks or yields to the
+        event loop, and a frame it returns is not returned again by :meth:`receive`. The default
+        returns ``None`` (a transport that cannot tell); transports whose frames wait in a local
+        queue should override it.
+
+        Raises:
+            TransportClosed: this endpoint was closed.
+        """
+        return None
+
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Release the endpoint; idempotent."""
@@ -72,13 +88,40 @@ class Transport(abc.ABC):
 class Network(abc.ABC):
     """A factory of connected endpoints for one run (what the CLI registry names).
 
-    ``endpoints(roster)`` is an async context manager that yields a ``dict`` from party name to
-    :class:`Transport` for the parties hosted by this process (all of them for the memory
-    transport; one for TCP or MPI), and closes them on exit.
+    Every network, memory included, opens its endpoints the same way::
+
+        async with network.endpoints(roster, local=["alice"]) as endpoints:
+            transport = endpoints["alice"]
+
+    :meth:`endpoints` is an async context manager yielding ``{party: Transport}`` for the ``local``
+    parties hosted by this process (all of them for the memory transport and in-process TCP; one
+    for TCP across processes or MPI), and closing them on exit.
+    :func:`~fedproto.runtime.run_parties` also accepts a network and does this itself.
+
+    Attributes:
+        name: the network's registry name (``"memory"``, ``"tcp"``, ``"mpi"``).
+        roster: the parties the network was built for, when it knows them (then ``endpoints()``
+            needs no ``roster``); ``None`` when ``endpoints()`` must be told.
     """
 
     name: str = "abstract"
+    roster: tuple[str, ...] | None = None
 
     @abc.abstractmethod
-    def endpoints(self, roster: Sequence[str], local: Sequence[str] | None = None) -> Any:
-        """Async context manager yielding ``{party: Transport}`` for the ``local`` parties."""
+    def endpoints(
+        self, roster: Sequence[str] | None = None, local: Sequence[str] | None = None
+    ) -> AbstractAsyncContextManager[dict[str, Any]]:
+        """Open the endpoints of the ``local`` parties.
+
+        Args:
+            roster: every party of the run, in order (default: :attr:`roster`).
+            local: the parties this process hosts (default: every party of the roster).
+
+        Returns:
+            An async context manager yielding ``{party: Transport}`` for the ``local`` parties,
+            which closes them on exit.
+
+        Raises:
+            ValueError: the roster is missing or disagrees with the network's, or ``local`` names
+                parties this network cannot host here.
+        """

@@ -1,0 +1,52 @@
+"""The networks that move frames between parties, all behind one :class:`Network` interface.
+
+* memory: :class:`MemoryNetwork` / :class:`MemoryTransport`, every party in one process, with
+  optional seeded fault injection (:class:`Faults`);
+* tcp: :class:`TcpNetwork` / :class:`TcpTransport` (:class:`TcpAddress`, and
+  :func:`open_tcp_network` for every party on loopback in one process);
+* mpi: :class:`MpiNetwork` / :class:`MpiTransport`, one party per rank under ``mpiexec``. These two
+  names load on first use, so ``import fedproto.transports`` works without mpi4py installed.
+
+Every network opens endpoints the same way::
+
+    async with network.endpoints(roster, local) as endpoints:  # {party: Transport}
+        ...
+"""
+
+from typing import Any
+
+from fedproto.testing.faults import Faults
+from fedproto.transport import Network, Transport
+from fedproto.transports.memory import MemoryNetwork, MemoryTransport
+from fedproto.transports.tcp import TcpAddress, TcpNetwork, TcpTransport, open_tcp_network
+
+__all__ = [
+    "Network",
+    "Transport",
+    "MemoryNetwork",
+    "MemoryTransport",
+    "Faults",
+    "TcpNetwork",
+    "TcpTransport",
+    "TcpAddress",
+    "open_tcp_network",
+    "MpiNetwork",
+    "MpiTransport",
+]
+
+_LAZY = {"MpiNetwork": "fedproto.transports.mpi", "MpiTransport": "fedproto.transports.mpi"}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,61 +4,38 @@ Used for simulations and tests. Every frame is real encoded bytes (the runtime e
 sends), so a simulation meters exactly the payload bytes a TCP or MPI run meters; this transport
 adds no framing (``framing_overhead_bytes == 0``).
 
-Optional fault injection (:class:`Faults`), driven by one seeded ``random.Random`` per
-``(sender, receiver)`` link, so the faults on a link repeat whatever order Trio runs tasks in:
-drop a frame, delay it with ``trio.sleep``, duplicate it, or crash a party after it has sent N
-frames (its endpoint then behaves as closed and peers' sends to it are silently lost, as on a
-real network).
+Optional fault injection (:class:`~fedproto.testing.Faults`, re-exported here), driven by one
+seeded ``random.Random`` per ``(sender, receiver)`` link, so the faults on a link repeat whatever
+order Trio runs tasks in: drop a frame, delay it with ``trio.sleep``, duplicate it, or crash a
+party after it has sent N frames (its endpoint then raises
+:class:`~fedproto.errors.PartyCrashed` and peers' sends to it are silently lost, as on a real
+network).
+
+``MemoryNetwork`` is a :class:`~fedproto.transport.Network`::
+
+    async with MemoryNetwork(["server", "client-0"]).endpoints() as endpoints:
+        ...  # {party: MemoryTransport}, closed on exit
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import trio
 
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
-from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
-from fedproto.transport import Transport
+from fedproto.errors import PartyCrashed, PeerUnreachable, TransportClosed
+from fedproto.testing.faults import Faults
+from fedproto.transport import Network, Transport
 
 __all__ = ["Faults", "MemoryNetwork", "MemoryTransport"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Faults:
-    """Seeded fault injection for the memory transport.
-
-    Attributes:
-        seed: seed of the fault RNG (faults repeat exactly for the same seed and traffic).
-        drop: probability that a frame is silently lost.
-        duplicate: probability that a frame is delivered twice.
-        delay_s: maximum extra delay per frame, drawn uniformly from ``[0, delay_s]``. The sender
-            sleeps through the delay (order kept) unless the network has a nursery
-            (:meth:`MemoryNetwork.attach_nursery`); then delayed frames are delivered by background
-            tasks and may overtake each other.
-        crash_after: ``{party: n}``: the party's endpoint breaks after it has sent ``n`` frames.
-    """
-
-    seed: int = 0
-    drop: float = 0.0
-    duplicate: float = 0.0
-    delay_s: float = 0.0
-    crash_after: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("drop", "duplicate"):
-            p = getattr(self, name)
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"Faults.{name} must be a probability, got {p}")
-        if not (self.delay_s >= 0.0 and math.isfinite(self.delay_s)):
-            raise ValueError("Faults.delay_s must be a finite non-negative number of seconds")
-
-
-class MemoryNetwork:
-    """A set of connected in-memory endpoints for one roster.
+class MemoryNetwork(Network):
+    """A set of connected in-memory endpoints for one roster (all parties in this process).
 
     Args:
         roster: every party of the run (unique names).
@@ -72,6 +49,7 @@ class MemoryNetwork:
     """
 
     name = "memory"
+    description = "every party a task in this process (simulation and tests; every frame encoded and metered)"
 
     def __init__(
         self,
@@ -107,9 +85,36 @@ class MemoryNetwork:
             self._endpoints[party] = MemoryTransport(self, party)
         return self._endpoints[party]
 
-    def endpoints(self) -> dict[str, "MemoryTransport"]:
-        """Endpoints of every party of the roster."""
-        return {p: self.endpoint(p) for p in self.roster}
+    @asynccontextmanager
+    async def endpoints(
+        self, roster: Sequence[str] | None = None, local: Sequence[str] | None = None
+    ) -> AsyncIterator[dict[str, "MemoryTransport"]]:
+        """The endpoints of the ``local`` parties, closed on exit (see :meth:`Network.endpoints`).
+
+        Args:
+            roster: the run's roster; if given it must equal the network's.
+            local: the parties to open (default: every party of the roster, in roster order).
+
+        Yields:
+            ``{party: MemoryTransport}`` in the order of ``local``.
+
+        Raises:
+            ValueError: ``roster`` differs from the network's, or ``local`` names a party outside
+                it.
+        """
+        if roster is not None and tuple(str(p) for p in roster) != self.roster:
+            raise ValueError(f"this memory network's roster is {list(self.roster)}, not {list(roster)}")
+        local = self.roster if local is None else tuple(local)
+        outside = [p for p in local if p not in self._channels]
+        if outside:
+            raise ValueError(f"{outside} are not in this memory network's roster {list(self.roster)}")
+        endpoints = {p: self.endpoint(p) for p in local}
+        try:
+            yield endpoints
+        finally:
+            with trio.CancelScope(shield=True):
+                for endpoint in endpoints.values():
+                    await endpoint.aclose()
 
     def attach_nursery(self, nursery: trio.Nursery) -> None:
         """Give the network a nursery for delayed deliveries (needed only with ``delay_s > 0``)."""
@@ -170,7 +175,7 @@ class MemoryTransport(Transport):
         if self._closed:
             raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
         if self._crashed:
-            raise TransportBroken(f"{self.party} crashed (fault injection)", party=self.party)
+            raise PartyCrashed(f"{self.party} crashed (fault injection)", party=self.party)
 
     async def send(self, dest: str, frame: bytes) -> None:
         """Deliver ``frame`` to ``dest`` (see :meth:`Transport.send`).
@@ -178,7 +183,7 @@ class MemoryTransport(Transport):
         Raises:
             PeerUnreachable: ``dest`` is not in the roster.
             TransportClosed: this endpoint was closed.
-            TransportBroken: this party crashed (fault injection).
+            PartyCrashed: this party crashed (fault injection).
             ValueError: the frame exceeds ``max_frame_bytes``.
         """
         self._check_open()
@@ -205,11 +210,26 @@ class MemoryTransport(Transport):
 
         Raises:
             TransportClosed: this endpoint was closed.
-            TransportBroken: this party crashed (fault injection).
+            PartyCrashed: this party crashed (fault injection).
         """
         self._check_open()
         try:
             return await self._receive_channel.receive()
+        except trio.ClosedResourceError:
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+
+    def receive_nowait(self) -> tuple[str, bytes] | None:
+        """The next ``(sender, frame)`` already in the inbox, else ``None``; never waits.
+
+        Raises:
+            TransportClosed: this endpoint was closed.
+            PartyCrashed: this party crashed (fault injection).
+        """
+        self._check_open()
+        try:
+            return self._receive_channel.receive_nowait()
+        except trio.WouldBlock:
+            return None
         except trio.ClosedResourceError:
             raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
 

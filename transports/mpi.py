@@ -305,6 +305,9 @@ class MpiNetwork(Network):
     """
 
     name = "mpi"
+    description = "one party per MPI rank under mpiexec (mpi4py with MPICH: pip install 'fedproto[mpi]')"
+    #: MPI counts are C ints: the largest frame one message can carry.
+    max_frame_bytes_limit = 2**31 - 1
 
     def __init__(self, *, comm: Any = None, **kwargs: Any) -> None:
         self.comm = comm

@@ -51,6 +51,7 @@ import ipaddress
 import logging
 import math
 import secrets
+import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -58,6 +59,7 @@ from typing import Any
 import msgpack
 import trio
 
+from fedproto._logging import RateLimitedLog
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
 from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.transport import Network, Transport
@@ -247,6 +249,11 @@ class TcpTransport(Transport):
         max_frame_bytes: longest frame sent or accepted (bytes, at most 2**32 - 1).
         connect_timeout_s: how long ``send`` keeps dialling an unreachable peer (seconds).
         handshake_timeout_s: longest handshake, on either side (seconds).
+        listen_socket: a bound TCP socket to serve on instead of binding this party's address
+            (e.g. one inherited from :func:`fedproto.launcher.launch_local`, which binds every
+            party's port itself so the choice cannot race); listened on if it is not yet. The
+            endpoint owns it from now on and closes it in :meth:`aclose`. Its port must equal
+            this party's address's port unless that port is 0.
 
     Attributes:
         addresses: ``{party: TcpAddress}``; this party's entry holds the real port once serving.
@@ -270,6 +277,7 @@ class TcpTransport(Transport):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         connect_timeout_s: float = 30.0,
         handshake_timeout_s: float = 10.0,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -298,6 +306,18 @@ class TcpTransport(Transport):
         for name, value in timeouts.items():
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if listen_socket is not None:
+            if listen_socket.type != socket.SOCK_STREAM or listen_socket.family not in (
+                socket.AF_INET,
+                socket.AF_INET6,
+            ):
+                raise ValueError(f"listen_socket must be a TCP socket, got {listen_socket!r}")
+            bound_port = listen_socket.getsockname()[1]
+            wanted_port = parsed[party].port
+            if wanted_port not in (0, bound_port):
+                raise ValueError(
+                    f"listen_socket is bound to port {bound_port}, but {party}'s address is {parsed[party]}"
+                )
 
         self.party = party
         self.roster = roster
@@ -307,6 +327,7 @@ class TcpTransport(Transport):
         self.connect_timeout_s = float(connect_timeout_s)
         self.handshake_timeout_s = float(handshake_timeout_s)
         self.handshake_bytes = 0
+        self._listen_socket = listen_socket
         self._secret = bytes(secret)
         self._roster_set = frozenset(roster)
         self._roster_hash = roster_digest(roster)
@@ -319,6 +340,8 @@ class TcpTransport(Transport):
         self._serve_scope: trio.CancelScope | None = None
         self._serving = False
         self._closed = False
+        # Refused connections are logged once per peer host, then as counts (no log flood).
+        self._refusals = RateLimitedLog(log, party, clock=trio.current_time)
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -347,9 +370,13 @@ class TcpTransport(Transport):
         self._serving = True
         address = self.addresses[self.party]
         try:
-            listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+            if self._listen_socket is not None:
+                listeners = [self._listener_from_socket(self._listen_socket)]
+            else:
+                listeners = await trio.open_tcp_listeners(address.port, host=address.host)
         except OSError as exc:
-            raise TransportBroken(f"{self.party} cannot listen on {address}", party=self.party) from exc
+            reason = exc.strerror or str(exc)  # the OS's own words: "Address already in use", ...
+            raise TransportBroken(f"{self.party} cannot listen on {address}: {reason}", party=self.party) from exc
         if address.port == 0:
             # Port 0 binds each address family to a different free port; keep one.
             for extra in listeners[1:]:
@@ -369,6 +396,13 @@ class TcpTransport(Transport):
         finally:
             for listener in listeners:
                 listener.socket.close()
+
+    @staticmethod
+    def _listener_from_socket(sock: socket.socket) -> trio.SocketListener:
+        """A trio listener on an already bound stdlib socket (listening on it if needed)."""
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.listen()
+        return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         peer_address = _peername(stream)
@@ -405,7 +439,11 @@ class TcpTransport(Transport):
 
     def _refuse(self, peer_address: str, reason: str) -> None:
         if not self._closed:
-            log.warning("%s: refused connection from %s: %s", self.party, peer_address, reason)
+            host = peer_address.rpartition(":")[0] or peer_address  # every port of a host is one peer
+            self._refusals.log(
+                host, "connection at the handshake", "%s: refused connection from %s: %s",
+                self.party, peer_address, reason,
+            )
 
     async def _read_frames(
         self, stream: trio.SocketStream, reader: FrameReader, peer: str, peer_address: str
@@ -620,6 +658,20 @@ class TcpTransport(Transport):
         except (trio.ClosedResourceError, trio.EndOfChannel):
             raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
 
+    def receive_nowait(self) -> tuple[str, bytes] | None:
+        """The next ``(sender, frame)`` already received, else ``None`` (never waits).
+
+        Raises:
+            TransportClosed: this endpoint was closed.
+        """
+        self._check_open()
+        try:
+            return self._inbox_receive.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+
     async def aclose(self) -> None:
         """Stop serving and close the listener and every connection; idempotent.
 
@@ -633,11 +685,14 @@ class TcpTransport(Transport):
                 self._serve_scope.cancel()
             for listener in self._listeners:
                 listener.socket.close()
+            if self._listen_socket is not None:
+                self._listen_socket.close()  # ours even if serve never ran
             for stream in [*self._incoming, *self._dialling, *self._outgoing.values()]:
                 stream.socket.close()
             self._outgoing.clear()
             self._inbox_receive.close()
             self._inbox_send.close()
+            self._refusals.flush()
         await trio.lowlevel.checkpoint()
 
 
@@ -699,17 +754,30 @@ class TcpNetwork(Network):
     with a fresh random secret unless one is given). With ``addresses`` and ``secret``, this
     process hosts the ``local`` parties at their given addresses and reaches the others at theirs.
 
+    :meth:`from_roster` builds one from a :class:`~fedproto.roster.Roster` (the roster file of a
+    multi-process run), optionally serving on listening sockets inherited from the launcher.
+
     Args:
         addresses: ``{party: TcpAddress | "host:port"}`` for every party, or None.
         secret: the per-run secret (required with ``addresses``).
         host: listening host when ``addresses`` is None.
+        listen_fds: ``{party: file descriptor}`` of bound TCP sockets that local parties serve
+            on instead of binding their address (see :func:`fedproto.launcher.launch_local`);
+            each is adopted (and closed with its endpoint) the first time its endpoint opens.
         **kwargs: passed to :class:`TcpTransport`.
 
+    Attributes:
+        max_frame_bytes_limit: the largest ``max_frame_bytes`` the wire allows (the 4-byte length
+            prefix), so a front end can check the option before starting anything.
+
     Raises:
-        ValueError: ``addresses`` without ``secret``.
+        ValueError: ``addresses`` without ``secret``; ``listen_fds`` without ``addresses`` or for
+            parties without an address.
     """
 
     name = "tcp"
+    description = "parties in separate processes or hosts: HMAC-authenticated TCP streams, length-prefixed frames"
+    max_frame_bytes_limit = MAX_WIRE_FRAME_BYTES
 
     def __init__(
         self,
@@ -717,24 +785,62 @@ class TcpNetwork(Network):
         secret: bytes | None = None,
         *,
         host: str = "127.0.0.1",
+        listen_fds: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> None:
         if addresses is not None and secret is None:
             raise ValueError("a TCP network with explicit addresses needs the run's secret")
+        listen_fds = dict(listen_fds or {})
+        if listen_fds and addresses is None:
+            raise ValueError("listen_fds need the addresses of every party")
+        unknown = sorted(set(listen_fds) - set(addresses or {}))
+        if unknown:
+            raise ValueError(f"listen_fds for parties without an address: {unknown}")
         self.addresses = addresses
         self.secret = secret
         self.host = host
+        self.listen_fds = listen_fds
         self.kwargs = kwargs
+
+    @classmethod
+    def from_roster(cls, roster: Any, *, listen_fds: Mapping[str, int] | None = None, **kwargs: Any) -> "TcpNetwork":
+        """The network of a roster: its addresses, its secret and (if it fixes one) its session.
+
+        Args:
+            roster: a :class:`fedproto.roster.Roster`.
+            listen_fds: ``{party: fd}`` of inherited listening sockets (``--listen-fd``).
+            **kwargs: passed to :class:`TcpTransport` (``max_frame_bytes``, timeouts; ``session``
+                when the roster fixes none).
+
+        Raises:
+            ValueError: ``session`` given that differs from the roster's.
+        """
+        if roster.session is not None:
+            if kwargs.setdefault("session", roster.session) != roster.session:
+                raise ValueError(f"the roster is for session {roster.session}, not {kwargs['session']}")
+        network = cls(dict(roster.addresses), roster.secret, listen_fds=listen_fds, **kwargs)
+        network.roster = tuple(roster.parties)
+        return network
 
     @asynccontextmanager
     async def endpoints(
-        self, roster: Sequence[str], local: Sequence[str] | None = None
+        self, roster: Sequence[str] | None = None, local: Sequence[str] | None = None
     ) -> AsyncIterator[dict[str, TcpTransport]]:
         """Serving endpoints of the ``local`` parties (all of them by default); closed on exit.
 
+        Args:
+            roster: every party of the run, in order (default: the roster this network was
+                built from, see :meth:`from_roster`).
+            local: the parties this process hosts (default: all).
+
         Raises:
-            ValueError: only some parties are local but no addresses were given.
+            ValueError: no roster known, or only some parties are local but no addresses were
+                given.
         """
+        if roster is None:
+            if self.roster is None:
+                raise ValueError("this TCP network needs the run's roster")
+            roster = self.roster
         roster = tuple(roster)
         local = roster if local is None else tuple(local)
         if self.addresses is None:
@@ -745,8 +851,20 @@ class TcpNetwork(Network):
                 yield endpoints
             return
         assert self.secret is not None
-        endpoints = {
-            p: TcpTransport(p, roster, self.addresses, self.secret, **self.kwargs) for p in local
-        }
+        endpoints = {}
+        for p in local:
+            fd = self.listen_fds.pop(p, None)
+            listen_socket = None if fd is None else socket.socket(fileno=fd)
+            try:
+                endpoints[p] = TcpTransport(
+                    p, roster, self.addresses, self.secret, listen_socket=listen_socket, **self.kwargs
+                )
+            except BaseException:
+                if listen_socket is not None:
+                    listen_socket.close()
+                with trio.CancelScope(shield=True):  # releases the sockets already adopted
+                    for endpoint in endpoints.values():
+                        await endpoint.aclose()
+                raise
         async with _serving_all(endpoints):
             yield endpoints

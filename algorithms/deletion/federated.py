@@ -286,7 +286,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._losses = np.zeros(t_max + 1)
         self._accepted = np.zeros(t_max, dtype=bool)
         self._replies = {}
-        self._state = CoordinatorState.SEED
+        self.move_to(CoordinatorState.SEED)
         return [self.broadcast(self.parties, SeedStep(step=0, centre=np.zeros((0, d))), phase="seed")]
 
     def _check_party(self, sender: str) -> None:
@@ -347,7 +347,7 @@ class QKMeansCoordinator(ProtocolMachine):
         _, neg_id, party = max(live)  # Gumbel-max; equal scores go to the lowest id, as a pooled argmax
         self._winner = (party, -neg_id)
         self._replies = {}
-        self._state = CoordinatorState.PICK
+        self.move_to(CoordinatorState.PICK)
         return [self.send(party, SeedPick(step=self._step, point_id=-neg_id), phase="seed-point")]
 
     def _add_seed(self) -> list[Outgoing]:
@@ -359,11 +359,11 @@ class QKMeansCoordinator(ProtocolMachine):
         self._step += 1
         self.round_idx += 1
         if self._step < self.config.k:
-            self._state = CoordinatorState.SEED
+            self.move_to(CoordinatorState.SEED)
             step = SeedStep(step=self._step, centre=self._seeds[-1][None, :])
             return [self.broadcast(self.parties, step, phase="seed")]
         self._prev = np.stack(self._seeds)
-        self._state = CoordinatorState.LLOYD
+        self.move_to(CoordinatorState.LLOYD)
         return [self.broadcast(self.parties, IterationCentroids(iteration=0, centroids=self._prev), phase="lloyd")]
 
     def _aggregate(self) -> list[Outgoing]:
@@ -429,7 +429,7 @@ class QKMeansCoordinator(ProtocolMachine):
                 self._retrained, self._trainings,
             ))
         else:
-            self._state = CoordinatorState.SERVING
+            self.move_to(CoordinatorState.SERVING)
             self.round_idx += 1
         return out
 

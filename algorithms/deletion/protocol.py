@@ -427,7 +427,7 @@ class DCNode(_FollowsRounds):
     def _advance(self) -> list[Outgoing]:
         if self._state is NodeState.COLLECT and len(self._latest) == len(self.children):
             self._recompute()
-            self._state = NodeState.SERVING
+            self.move_to(NodeState.SERVING)
             return self._forward()
         return []
 
@@ -696,7 +696,7 @@ class QKMeansServer(ProtocolMachine):
                     f"{self.n_deletions} deletions of {x.shape[0]} points would leave fewer than k = {self.config.k}"
                 )
             self._qkm.fit(x, ids)
-            self._state = QServerState.SERVING
+            self.move_to(QServerState.SERVING)
             return self._publish(False)
         return []
 

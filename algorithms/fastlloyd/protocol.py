@@ -413,7 +413,7 @@ class FastLloydServer(ProtocolMachine):
         if self._state is ServerState.SETUP_KEYS and len(self._keys) == len(self.clients):
             keys = tuple(self._keys[c] for c in self.clients)
             out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
-            self._state = ServerState.SETUP_SEAL
+            self.move_to(ServerState.SETUP_SEAL)
             return [out]
         if self._state is ServerState.COLLECT and len(self._updates) == len(self.clients):
             return [self._aggregate()]

@@ -327,7 +327,7 @@ class BaselineMachine(ProtocolMachine):
         x = self.points
         if cfg.method in _TWO_ROUNDS:
             qs, radii, self._order = glz_curve(x, cfg.k, cfg.z)
-            self._state = BaselineMachineState.AWAIT_BUDGET
+            self.move_to(BaselineMachineState.AWAIT_BUDGET)
             return [self.send(self.coordinator, CostCurve(outliers=qs, radii=radii), phase="curve")]
         size = min(cfg.k + cfg.z, x.shape[0])
         if cfg.method in ("random-random", "random-kzc"):
@@ -404,7 +404,7 @@ class BaselineCoordinator(ProtocolMachine):
         self._words: dict[tuple[int, str], int] = defaultdict(int)
         self._budgets: tuple[int, ...] = ()
         if config.method in _TWO_ROUNDS:
-            self._state = BaselineCoordinatorState.CURVES
+            self.move_to(BaselineCoordinatorState.CURVES)
 
     @property
     def phase(self) -> str:
@@ -449,7 +449,7 @@ class BaselineCoordinator(ProtocolMachine):
                 out.append(self.send(machine, message, phase="budget"))
             self._inbox = {}
             self.round_idx += 1
-            self._state = BaselineCoordinatorState.SUMMARIES
+            self.move_to(BaselineCoordinatorState.SUMMARIES)
             return out
         summaries: list[LocalSummary] = [self._inbox[m] for m in self.machines]  # type: ignore[misc]
         points = np.concatenate([s.points for s in summaries], axis=0)

@@ -357,7 +357,7 @@ class KzMeansMachine(ProtocolMachine):
                     anchor=self.points[:1].copy(),
                 )
             return [self.send(self.coordinator, extent, phase="extent")]
-        self._state = MeansMachineState.AWAIT_TOTALS
+        self.move_to(MeansMachineState.AWAIT_TOTALS)
         return [self._local_costs(_grid_from_bounds(cfg))]
 
     def _local_costs(self, grid: np.ndarray) -> Outgoing:
@@ -475,7 +475,7 @@ class KzMeansCoordinator(ProtocolMachine):
     def _start(self) -> list[Outgoing]:
         if self.config.mode == "bel" or self.config.radius_bounds is not None:
             self._grid = _grid_from_bounds(self.config)
-            self._state = MeansCoordinatorState.COSTS
+            self.move_to(MeansCoordinatorState.COSTS)
         return []
 
     def _on_message(self, sender: str, message: Message) -> list[Outgoing]:
@@ -522,7 +522,7 @@ class KzMeansCoordinator(ProtocolMachine):
         inbox = [self._inbox[m] for m in self.machines]
         if self._state is MeansCoordinatorState.EXTENT:
             self._grid = self._build_grid(inbox)  # type: ignore[arg-type]
-            self._state = MeansCoordinatorState.COSTS
+            self.move_to(MeansCoordinatorState.COSTS)
             return [self._broadcast(RadiusGrid(radii=self._grid), "grid")]
         if self._state is MeansCoordinatorState.COSTS:
             self._local_n = {m: int(self._inbox[m].n_points) for m in self.machines}  # type: ignore[attr-defined]
@@ -533,12 +533,12 @@ class KzMeansCoordinator(ProtocolMachine):
                 self._samples = cfg.samples
             else:
                 self._samples = max(10 * cfg.k, self._n // (10 * self._grid.shape[0]))
-            self._state = MeansCoordinatorState.CORESETS
+            self.move_to(MeansCoordinatorState.CORESETS)
             return [self._broadcast(CostTotals(totals=totals, samples=self._samples), "totals")]
         if self._state is MeansCoordinatorState.CORESETS:
             self._answer = self._solve(inbox)  # type: ignore[arg-type]
             centres, _, threshold, _ = self._answer
-            self._state = MeansCoordinatorState.OUTLIERS
+            self.move_to(MeansCoordinatorState.OUTLIERS)
             return [self._broadcast(FinalCentres(radius=threshold, centres=centres), "centres")]
         assert self._answer is not None
         centres, score, threshold, bound = self._answer

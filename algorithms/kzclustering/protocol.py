@@ -265,7 +265,7 @@ class KzMachine(ProtocolMachine):
         if self.config.radius_bounds is None:
             return [self.send(self.coordinator, self._extent(), phase="extent")]
         lo, hi = self.config.radius_bounds
-        self._state = MachineState.AWAIT_REQUEST
+        self.move_to(MachineState.AWAIT_REQUEST)
         return [self._counts(solvers.radius_grid(lo, hi, self.config.eps))]
 
     def _extent(self) -> LocalExtent:
@@ -496,7 +496,7 @@ class KzCoordinator(ProtocolMachine):
         if self.config.radius_bounds is not None:
             lo, hi = self.config.radius_bounds
             self._grid = solvers.radius_grid(lo, hi, self.config.eps)
-            self._state = CoordinatorState.COUNTS
+            self.move_to(CoordinatorState.COUNTS)
         return []
 
     def _on_extent(self, sender: str, message: LocalExtent) -> list[Outgoing]:
@@ -566,7 +566,7 @@ class KzCoordinator(ProtocolMachine):
             self._extents = dict(self._inbox)  # type: ignore[arg-type]
             self._build_grid()
             out = self._broadcast(RadiusGrid(radii=self._grid), "grid")
-            self._state = CoordinatorState.COUNTS
+            self.move_to(CoordinatorState.COUNTS)
             return [out]
         if self._state is CoordinatorState.COUNTS:
             self._counts = dict(self._inbox)  # type: ignore[arg-type]
@@ -629,7 +629,7 @@ class KzCoordinator(ProtocolMachine):
             return self._conclude()
         self._requested = request
         self._fetches.append(request)
-        self._state = CoordinatorState.POINTS
+        self.move_to(CoordinatorState.POINTS)
         return [self._broadcast(RadiusGuesses(indices=np.asarray(request, dtype=np.int64)), "fetch")]
 
     def _linear_request(self) -> tuple[int, ...] | None:
@@ -736,7 +736,7 @@ class KzCoordinator(ProtocolMachine):
     def _conclude(self) -> list[Outgoing]:
         assert self._final is not None
         out = self._broadcast(FinalCentres(radius=self._final.radius, centres=self._final.centres), "centres")
-        self._state = CoordinatorState.OUTLIERS
+        self.move_to(CoordinatorState.OUTLIERS)
         return [out]
 
     def _build_result(self, outliers: int) -> CoordinatorResult:

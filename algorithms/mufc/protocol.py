@@ -395,7 +395,7 @@ class MUFCServer(ProtocolMachine):
         keys = tuple(self._keys[c] for c in self.clients)
         if len(set(keys)) != len(keys):
             raise _remote("two clients announced the same public key", sender, self)
-        self._state = ServerState.AGGREGATE
+        self.move_to(ServerState.AGGREGATE)
         return [self.broadcast(self.clients, PeerKeys(keys=keys), phase="setup")]
 
     def _on_share(self, sender: str, message: MaskedSyndromes) -> list[Outgoing]:
@@ -481,7 +481,7 @@ class MUFCServer(ProtocolMachine):
             )
             return out
         self.round_idx += 1
-        self._state = ServerState.SERVING
+        self.move_to(ServerState.SERVING)
         return out
 
     def _on_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
@@ -492,7 +492,7 @@ class MUFCServer(ProtocolMachine):
             if len(self._active) == 1:
                 raise _remote(f"{sender} is the last client; the federation would be empty", sender, self)
             self._active = tuple(i for i in self._active if i != c)
-        self._state = ServerState.AGGREGATE
+        self.move_to(ServerState.AGGREGATE)
         return [self._open()]
 
     def _open(self) -> Outgoing:

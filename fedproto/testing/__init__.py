@@ -1,0 +1,31 @@
+"""Public test helpers for protocol and transport authors.
+
+* :class:`Harness` and :class:`Frame`: drive protocol machines against each other synchronously,
+  through the real codec and meter, without Trio or sockets.
+* :class:`Faults`: seeded fault injection (drop, duplicate, delay, crash) for the memory
+  transport (``MemoryNetwork(roster, faults=Faults(...))``).
+* :func:`run_conformance`, :data:`CHECKS` and :func:`check_close_semantics`: the transport
+  conformance suite, for a new transport's tests.
+* The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
+  :class:`Query`, :class:`Contribution`, :class:`Finished`, a small complete protocol to test
+  runtimes and transports with.
+"""
+
+from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
+from fedproto.testing.faults import Faults
+from fedproto.testing.harness import Frame, Harness
+from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
+
+__all__ = [
+    "Harness",
+    "Frame",
+    "Faults",
+    "run_conformance",
+    "CHECKS",
+    "check_close_semantics",
+    "SumCoordinator",
+    "SumWorker",
+    "Query",
+    "Contribution",
+    "Finished",
+]

@@ -112,6 +112,7 @@ class SumCoordinator(ProtocolMachine):
                 f"{len(self._received)} of {len(self._active)} workers answered, {self.min_responses} needed; "
                 f"silent: {', '.join(missing)}",
                 missing=missing,
+                party=missing[0] if len(missing) == 1 else None,
                 round_idx=self.round_idx,
                 state=self._state.name,
                 phase=self.phase,

@@ -123,6 +123,42 @@ def test_encode_refuses_wrong_dtype_and_rank():
         encode_frame(Vector(masked=np.zeros((3, 1), np.uint32)), session=0, round_idx=0, phase="p")
 
 
+def _sample(**overrides):
+    fields = dict(
+        values=np.zeros((1, 1)), elements=(), name="n", count=1, scale=0.5, flag=False, blob=b"", ids=(1, 2)
+    )
+    fields.update(overrides)
+    return Sample(**fields)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("count", 0.5),
+        ("count", True),
+        ("count", np.int64(3)),  # msgpack cannot pack it either: say so in the sender's terms
+        ("name", 3),
+        ("scale", "0.5"),
+        ("scale", np.float32(0.5)),
+        ("flag", 1),
+        ("name", b"n"),
+        ("blob", "text"),
+        ("ids", (1, 2.5)),
+        ("ids", 3),
+    ],
+)
+def test_encode_refuses_plain_fields_of_the_wrong_type_naming_the_field(field, value):
+    with pytest.raises(TypeError, match=rf"^test\.sample\.{field}: .* is not a valid "):
+        encode_frame(_sample(**{field: value}), session=0, round_idx=0, phase="p")
+
+
+def test_encode_accepts_what_decode_accepts():
+    # ints where a float is declared, a numpy float64 (a float subclass), lists for tuples
+    for message in (_sample(scale=2), _sample(scale=np.float64(0.25)), _sample(ids=[4, 5])):
+        _, decoded = decode_frame(encode_frame(message, session=0, round_idx=0, phase="p"))
+        assert decoded.scale == message.scale and decoded.ids == tuple(message.ids)
+
+
 def _frame(**overrides):
     envelope = {"v": WIRE_VERSION, "t": "test.vector", "s": 1, "r": 0, "p": "x", "b": [["u4", [2], b"\0" * 8]]}
     envelope.update(overrides)

@@ -1,13 +1,22 @@
-"""The protocol-machine base: table lookup, round checks, ERROR state, result()."""
+"""The protocol-machine base: table lookup, round checks, ERROR state, result(), class checks, move_to."""
 
 from __future__ import annotations
+
+import enum
 
 import numpy as np
 import pytest
 
-from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
+from fedproto.errors import (
+    InsufficientParticipants,
+    LocalProtocolError,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteProtocolError,
+    TransportBroken,
+)
+from fedproto.machine import ProtocolMachine
 from fedproto.messages import PartyDropped, PhaseTimedOut, SendFailed
-from fedproto.errors import PeerUnreachable
 from fedproto.testing.harness import Harness
 from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
 
@@ -150,3 +159,101 @@ def test_finished_accepted_only_in_table():
     assert worker.done
     with pytest.raises(LocalProtocolError, match="already done"):
         worker.receive("c", Query())
+
+
+def test_errors_quoting_errors_name_each_party_once():
+    machine = make()["c"]
+    machine.start()
+    with pytest.raises(RemoteProtocolError):
+        machine.receive("w1", Contribution(values=np.zeros(2)), round_idx=5)
+    with pytest.raises(LocalProtocolError) as info:
+        machine.result()
+    text = str(info.value)
+    assert text.count("party=") == 1 and "party=c" in text and "round 5" in text
+    assert info.value.__cause__.party == "w1"  # the quoted error keeps its own attributes
+    worker = make()["w0"]
+    worker.start()
+    with pytest.raises(ProtocolError) as info:
+        worker.handle(SendFailed("c", TransportBroken("link lost", party="w0")))
+    assert str(info.value).count("party=") == 1 and "party=c" in str(info.value)
+
+
+# ---------------------------------------------------------------- checks at class definition
+
+
+class _S(enum.Enum):
+    IDLE = enum.auto()
+    BUSY = enum.auto()
+    REST = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class _NoDone(enum.Enum):
+    IDLE = enum.auto()
+    ERROR = enum.auto()
+
+
+def _define(name: str, **attrs):
+    """Define a ProtocolMachine subclass ``name`` with ``attrs`` (and a ``_on_query`` handler)."""
+    namespace = {"_on_query": lambda self, sender, message: [], **attrs}
+    return type(name, (ProtocolMachine,), namespace)
+
+
+GOOD = dict(State=_S, INITIAL_STATE=_S.IDLE, TRANSITIONS={(_S.IDLE, Query): ("_on_query", _S.BUSY)})
+
+
+def test_a_well_formed_machine_defines_and_abstract_bases_are_skipped():
+    assert _define("Good", **GOOD).INITIAL_STATE is _S.IDLE
+    base = type("Base", (ProtocolMachine,), {"helper": lambda self: None})  # no table yet: not checked
+    concrete = type("Concrete", (base,), {"_on_query": lambda self, s, m: [], **GOOD})
+    assert issubclass(concrete, base)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "match"),
+    [
+        (dict(TRANSITIONS={(_S.IDLE, Query): ("_on_missing", _S.BUSY)}), r"Bad\.TRANSITIONS names handler '_on_miss"),
+        (dict(TRANSITIONS={(_S.IDLE, Query): ("DEADLINE_FACTOR", _S.BUSY)}), "no such method"),  # not callable
+        (dict(State=_NoDone, INITIAL_STATE=_NoDone.IDLE, TRANSITIONS={}), r"Bad\.State \(_NoDone\) has no DONE member"),
+        (dict(INITIAL_STATE=_NoDone.IDLE), r"Bad\.INITIAL_STATE .* is not a member of _S"),
+        (dict(INITIAL_STATE="IDLE"), "INITIAL_STATE 'IDLE' is not a member"),
+        (dict(TRANSITIONS={(_NoDone.IDLE, Query): ("_on_query", _S.BUSY)}), "key state .* is not a member"),
+        (dict(TRANSITIONS={(_S.IDLE, Query): ("_on_query", "BUSY")}), "next state 'BUSY' for \\(IDLE, Query\\)"),
+        (dict(TRANSITIONS={(_S.IDLE, dict): ("_on_query", _S.BUSY)}), "is not a Message subclass"),
+        (dict(TRANSITIONS={(_S.IDLE, Query): "_on_query"}), "entries must be"),
+        (dict(State=int), "must be an enum.Enum subclass"),
+    ],
+)
+def test_a_malformed_machine_fails_at_definition(attrs, match):
+    with pytest.raises(TypeError, match=match):
+        _define("Bad", **{**GOOD, **attrs})
+
+
+def test_move_to_changes_state_and_refuses_what_is_not_a_plain_member():
+    machine = _define("Mover", **GOOD)("p")
+    machine.move_to(_S.BUSY)
+    assert machine.state is _S.BUSY and machine.phase == "busy"
+    with pytest.raises(TypeError, match="not a member of _S"):
+        machine.move_to(_NoDone.IDLE)
+    with pytest.raises(TypeError, match="not a member"):
+        machine.move_to("IDLE")
+    with pytest.raises(ValueError, match=r"_finish\(result\)"):
+        machine.move_to(_S.DONE)
+    with pytest.raises(ValueError, match="raise an error instead"):
+        machine.move_to(_S.ERROR)
+    assert machine.state is _S.BUSY
+    machine._finish(None)
+    with pytest.raises(LocalProtocolError, match="after the machine reached DONE"):
+        machine.move_to(_S.IDLE)
+
+
+def test_a_handler_that_moves_overrides_its_table_entry():
+    def on_query(self, sender, message):
+        self.move_to(_S.REST)
+        return []
+
+    machine = _define("Stayer", **{**GOOD, "_on_query": on_query})("p")
+    machine.start()
+    machine.receive("c", Query(), round_idx=0)
+    assert machine.state is _S.REST  # not BUSY, the table's next state

@@ -7,20 +7,23 @@ import math
 import pytest
 import trio
 
-from fedproto.errors import PeerUnreachable, TransportBroken
+import fedproto.testing
+from fedproto.errors import PartyCrashed, PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.testing.conformance import CHECK_TIMEOUT_S, run_conformance
-from fedproto.transport import Transport
+from fedproto.transport import Network, Transport
 from fedproto.transports.memory import Faults, MemoryNetwork
 
 ROSTER = ("alice", "bob", "carol")
 
 
 async def test_conformance() -> None:
-    await run_conformance(MemoryNetwork(ROSTER).endpoints())
+    async with MemoryNetwork(ROSTER).endpoints() as endpoints:
+        await run_conformance(endpoints)
 
 
 async def test_conformance_five_parties_with_mock_clock(autojump_clock: trio.testing.MockClock) -> None:
-    await run_conformance(MemoryNetwork([f"p{i}" for i in range(5)]).endpoints())
+    async with MemoryNetwork([f"p{i}" for i in range(5)]).endpoints() as endpoints:
+        await run_conformance(endpoints)
 
 
 # The suite must be able to fail: each broken transport below has to be caught.
@@ -95,9 +98,10 @@ class _ClosedStillSends(_Wrapped):
 async def test_conformance_catches_broken_transports(
     autojump_clock: trio.testing.MockClock, wrapper: type[_Wrapped], message: str
 ) -> None:
-    endpoints = {p: wrapper(ep) for p, ep in MemoryNetwork(ROSTER).endpoints().items()}
-    with pytest.raises(AssertionError, match=message):
-        await run_conformance(endpoints)
+    async with MemoryNetwork(ROSTER).endpoints() as opened:
+        endpoints = {p: wrapper(ep) for p, ep in opened.items()}
+        with pytest.raises(AssertionError, match=message):
+            await run_conformance(endpoints)
 
 
 class _DropsEverythingToCarol(_Wrapped):
@@ -109,18 +113,20 @@ class _DropsEverythingToCarol(_Wrapped):
 async def test_conformance_catches_lost_frames(autojump_clock: trio.testing.MockClock) -> None:
     network = MemoryNetwork(ROSTER, faults=Faults(seed=3, drop=0.01))
     with pytest.raises(AssertionError, match="expected frame"):
-        await run_conformance(network.endpoints())
-    endpoints = {p: _DropsEverythingToCarol(ep) for p, ep in MemoryNetwork(ROSTER).endpoints().items()}
+        async with network.endpoints() as endpoints:
+            await run_conformance(endpoints)
     start = trio.current_time()
     with pytest.raises(AssertionError, match="carol timed out"):
-        await run_conformance(endpoints)
+        async with MemoryNetwork(ROSTER).endpoints() as opened:
+            await run_conformance({p: _DropsEverythingToCarol(ep) for p, ep in opened.items()})
     assert trio.current_time() - start >= CHECK_TIMEOUT_S
 
 
 async def test_conformance_catches_duplicated_frames(autojump_clock: trio.testing.MockClock) -> None:
     network = MemoryNetwork(ROSTER, faults=Faults(seed=3, duplicate=0.01))
     with pytest.raises(AssertionError):
-        await run_conformance(network.endpoints())
+        async with network.endpoints() as endpoints:
+            await run_conformance(endpoints)
 
 
 # --------------------------------------------------------------------------------- basics
@@ -142,9 +148,50 @@ def test_bad_configuration_is_refused() -> None:
         MemoryNetwork([])
     with pytest.raises(ValueError):
         MemoryNetwork(["a", "a"])
-    for bad in (dict(drop=1.5), dict(duplicate=-0.1), dict(delay_s=-1.0), dict(delay_s=math.inf)):
+    bad_faults = (
+        dict(drop=1.5), dict(duplicate=-0.1), dict(delay_s=-1.0), dict(delay_s=math.inf),
+        dict(crash_after={"alice": -1}), dict(crash_after={"alice": 1.5}),
+    )
+    for bad in bad_faults:
         with pytest.raises(ValueError):
             Faults(**bad)
+
+
+def test_faults_live_in_fedproto_testing_and_memory_reexports_them() -> None:
+    assert Faults is fedproto.testing.Faults
+    assert Faults.__module__ == "fedproto.testing.faults"
+
+
+# ------------------------------------------------------------------- the Network interface
+
+
+async def test_endpoints_is_an_async_context_manager_that_closes_them() -> None:
+    network = MemoryNetwork(ROSTER)
+    assert isinstance(network, Network)
+    async with network.endpoints() as endpoints:
+        assert list(endpoints) == list(ROSTER)
+        assert all(ep.party == p and ep.roster == ROSTER for p, ep in endpoints.items())
+        await endpoints["alice"].send("bob", b"hi")
+        assert await endpoints["bob"].receive() == ("alice", b"hi")
+    for ep in endpoints.values():
+        with pytest.raises(TransportClosed):
+            await ep.send("alice", b"")
+        with pytest.raises(TransportClosed):
+            await ep.receive()
+
+
+async def test_endpoints_opens_only_the_local_parties_and_checks_the_roster() -> None:
+    network = MemoryNetwork(ROSTER)
+    async with network.endpoints(ROSTER, local=["carol"]) as endpoints:
+        assert list(endpoints) == ["carol"]
+        assert endpoints["carol"] is network.endpoint("carol")  # the sync accessor stays
+    assert not network.endpoint("alice")._closed  # only what was opened is closed
+    with pytest.raises(ValueError, match="roster"):
+        async with network.endpoints(["alice", "bob"]):
+            pass
+    with pytest.raises(ValueError, match="mallory"):
+        async with network.endpoints(local=["mallory"]):
+            pass
 
 
 # ------------------------------------------------------------------------ fault injection
@@ -230,9 +277,10 @@ async def test_crash_after_n_frames(autojump_clock: trio.testing.MockClock) -> N
     alice, bob = network.endpoint("alice"), network.endpoint("bob")
     for i in range(3):
         await alice.send("bob", bytes([i]))
-    with pytest.raises(TransportBroken, match="crashed"):
+    with pytest.raises(PartyCrashed, match="crashed") as info:
         await alice.send("bob", b"\x03")
-    with pytest.raises(TransportBroken, match="crashed"):
+    assert isinstance(info.value, TransportBroken) and info.value.party == "alice"
+    with pytest.raises(PartyCrashed, match="crashed"):
         await alice.receive()
     await bob.send("alice", b"lost")  # a crashed peer swallows frames silently
     assert [frame for _, frame, _ in await _drain(bob)] == [b"\x00", b"\x01", b"\x02"]

@@ -637,3 +637,72 @@ async def test_cancelled_send_mid_frame_drops_the_connection() -> None:
                 await first.receive_frame(1 << 27)
         await alice.aclose()
         nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------------- pre-bound sockets
+
+
+def _bound_listening_sockets(n: int) -> list[socket.socket]:
+    return [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+
+
+async def test_network_from_roster_serves_on_inherited_listening_sockets() -> None:
+    from fedproto.roster import Roster
+
+    socks = _bound_listening_sockets(len(ROSTER))
+    roster = Roster.create({p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in zip(ROSTER, socks)}, session=7)
+    # Each process of a launched run adopts its own descriptor; here two networks share one process.
+    fds = {p: s.detach() for p, s in zip(ROSTER, socks)}
+    first = TcpNetwork.from_roster(roster, listen_fds={"alice": fds["alice"]})
+    second = TcpNetwork.from_roster(roster, listen_fds={"bob": fds["bob"], "carol": fds["carol"]})
+    async with first.endpoints(local=["alice"]) as mine, second.endpoints(local=["bob", "carol"]) as theirs:
+        assert mine["alice"].session == theirs["bob"].session == 7
+        # nobody re-bound anything: every endpoint listens on the port the roster names
+        for endpoints in (mine, theirs):
+            for party, endpoint in endpoints.items():
+                assert endpoint._listeners[0].socket.getsockname()[1] == int(roster.addresses[party].split(":")[1])
+        await mine["alice"].send("carol", b"to carol")
+        await theirs["bob"].send("alice", b"to alice")
+        assert await theirs["carol"].receive() == ("alice", b"to carol")
+        assert await mine["alice"].receive() == ("bob", b"to alice")
+    # the endpoints own the adopted descriptors: closed with them
+    for fd in fds.values():
+        with pytest.raises(OSError):
+            socket.socket(fileno=fd)
+
+
+async def test_a_bound_socket_that_is_not_listening_yet_is_listened_on() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    addresses = {"alice": f"127.0.0.1:{port}", "bob": "127.0.0.1:0", "carol": "127.0.0.1:0"}
+    alice = TcpTransport("alice", ROSTER, addresses, SECRET, listen_socket=sock)
+    bob = TcpTransport("bob", ROSTER, {**addresses, "bob": "127.0.0.1:0"}, SECRET)
+    async with trio.open_nursery() as nursery:
+        assert await nursery.start(alice.serve) == port
+        await bob.send("alice", b"hello")
+        with trio.fail_after(5):
+            assert await alice.receive() == ("bob", b"hello")
+        await alice.aclose()
+        await bob.aclose()
+    assert sock.fileno() == -1  # closed with its endpoint
+
+
+def test_listen_socket_and_fds_are_checked() -> None:
+    sock = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = sock.getsockname()[1]
+        other = port + 1 if port < 65535 else port - 1
+        addresses = {"alice": f"127.0.0.1:{other}", "bob": "127.0.0.1:1", "carol": "127.0.0.1:2"}
+        with pytest.raises(ValueError, match=f"bound to port {port}"):
+            TcpTransport("alice", ROSTER, addresses, SECRET, listen_socket=sock)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            with pytest.raises(ValueError, match="TCP socket"):
+                TcpTransport("alice", ROSTER, {**addresses, "alice": "127.0.0.1:0"}, SECRET, listen_socket=udp)
+        with pytest.raises(ValueError, match="addresses"):
+            TcpNetwork(listen_fds={"alice": sock.fileno()})
+        with pytest.raises(ValueError, match="without an address"):
+            TcpNetwork(addresses, SECRET, listen_fds={"dave": sock.fileno()})
+    finally:
+        sock.close()
+    assert TcpNetwork.max_frame_bytes_limit == 2**32 - 1

@@ -231,11 +231,8 @@ async def test_memory_transport_gives_the_harness_run(mixture):
     expected, harness_report = run_harness(federation(x, ids, split(len(x), 3), config, seed=2, deletions=stream))
     fed = federation(x, ids, split(len(x), 3), config, seed=2, deletions=stream)
     network = MemoryNetwork(fed.roster)
-    endpoints = network.endpoints()
     meter = Meter(trio.current_time)
-    results = await run_parties(fed.machines(), endpoints, config=RuntimeConfig(session=SESSION), meter=meter)
-    for endpoint in endpoints.values():
-        await endpoint.aclose()
+    results = await run_parties(fed.machines(), network, config=RuntimeConfig(session=SESSION), meter=meter)
     report = meter.report(protocol="qkmeans", transport="memory", session=SESSION, parties=fed.roster)
     np.testing.assert_array_equal(results[COORDINATOR].centroids, expected[COORDINATOR].centroids)
     assert results[COORDINATOR].reasons == expected[COORDINATOR].reasons

@@ -135,10 +135,7 @@ def test_dc_over_the_memory_transport_matches_the_harness(mixture):
     async def go():
         network = MemoryNetwork(tree.roster)
         meter = Meter(trio.current_time)
-        endpoints = network.endpoints()
-        results = await run_parties(tree.machines(), endpoints, config=RuntimeConfig(session=5), meter=meter)
-        for endpoint in endpoints.values():
-            await endpoint.aclose()
+        results = await run_parties(tree.machines(), network, config=RuntimeConfig(session=5), meter=meter)
         return results, meter.report(protocol="dckmeans", transport="memory", session=5, parties=tree.roster)
 
     results, report = trio.run(go)
@@ -261,10 +258,7 @@ async def test_q_over_the_memory_transport(mixture):
     x = mixture(30, (45, 175, 175, 175), sd=0.06)
     parties = q_parties(x, 2, [1, 2, 300])
     network = MemoryNetwork(parties.roster)
-    endpoints = network.endpoints()
-    results = await run_parties(parties.machines(), endpoints, config=RuntimeConfig(session=5))
-    for endpoint in endpoints.values():
-        await endpoint.aclose()
+    results = await run_parties(parties.machines(), network, config=RuntimeConfig(session=5))
     expected, _ = run_harness(q_parties(x, 2, [1, 2, 300]))
     np.testing.assert_array_equal(results["server"].centroids, expected["server"].centroids)
 

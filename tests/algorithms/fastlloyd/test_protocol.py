@@ -275,10 +275,9 @@ async def test_silent_client_makes_the_server_fail_naming_it(autojump_clock):
     config = make_config("fastlloyd", n=len(BLOBS), k=4, d=3, epsilon=1.0)
     machines = build(config, BLOBS, 3)
     network = MemoryNetwork(list(machines))
-    endpoints = network.endpoints()
     del machines["client-2"]
     with pytest.raises(InsufficientParticipants) as info:
-        await run_parties(machines, endpoints, config=RuntimeConfig(session=3, deadline_s=20))
+        await run_parties(machines, network, config=RuntimeConfig(session=3, deadline_s=20))
     assert info.value.missing == ("client-2",)
 
 
@@ -288,7 +287,7 @@ async def test_memory_transport_run_equals_harness_run():
     machines = build(config, BLOBS, 3)
     network = MemoryNetwork(list(machines))
     meter = Meter(trio.current_time)
-    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=3), meter=meter)
+    results = await run_parties(machines, network, config=RuntimeConfig(session=3), meter=meter)
     np.testing.assert_array_equal(results["client-0"].centroids, expected["client-0"].centroids)
     ours = meter.report(protocol="fastlloyd", transport="memory", session=3, parties=list(machines))
     assert ours.links == report.links

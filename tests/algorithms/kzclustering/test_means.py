@@ -259,12 +259,14 @@ async def test_memory_transport_and_cli_plans():
     plan = KZMEANS.plan(args, load_dataset("wine"))
     machines = {p: plan.make_machine(p) for p in plan.roster}
     meter = Meter(trio.current_time)
-    results = await run_parties(machines, MemoryNetwork(list(plan.roster)).endpoints(),
+    results = await run_parties(machines, MemoryNetwork(list(plan.roster)),
                                 config=RuntimeConfig(session=plan.session), meter=meter)
     summary = plan.summarize({p: plan.result_to_json(p, r) for p, r in results.items()})
-    assert summary["n"] == 186 and summary["z"] == 8
-    assert {"kmeans: cost (z removed)", "kmeans--: cost (z removed)", "bel: cost (z removed)"} <= set(summary)
-    assert summary["cost ((1+eps)z removed)"] <= summary["cost (z removed)"]
+    assert summary["n_points"] == 186 and summary["z"] == 8 and summary["n_clients"] == 2
+    baselines = {"cost_z_removed_kmeans", "cost_z_removed_kmeans_minus_minus", "cost_z_removed_bel"}
+    assert baselines <= set(summary) and all(summary[key] > 0 for key in baselines)
+    assert summary["words_total_bel"] > 0
+    assert summary["cost_budget_removed"] <= summary["cost_z_removed"]
     assert meter.report(protocol="kzmeans", transport="memory", session=plan.session,
                         parties=plan.roster).communication_rounds == 7
     median_parser = argparse.ArgumentParser()

@@ -431,7 +431,7 @@ async def test_memory_transport_run_equals_harness_run(kz):
     expected, report = kz.run(x, parts, config, session=9)
     machines = kz.machines(x, parts, config)
     meter = Meter(trio.current_time)
-    results = await run_parties(machines, MemoryNetwork(list(machines)).endpoints(),
+    results = await run_parties(machines, MemoryNetwork(list(machines)),
                                 config=RuntimeConfig(session=9), meter=meter)
     np.testing.assert_array_equal(results[COORDINATOR].centres, expected[COORDINATOR].centres)
     assert results[COORDINATOR].radius == expected[COORDINATOR].radius
@@ -443,8 +443,8 @@ async def test_silent_machine_makes_the_coordinator_fail_naming_it(kz, autojump_
     x = kz.blobs(4, per_blob=10, blobs=2, outliers=2)
     config = KzCenterConfig(k=2, z=2, eps=0.5, n_machines=3, d=2)
     machines = kz.machines(x, [np.arange(0, 22, 3), np.arange(1, 22, 3), np.arange(2, 22, 3)], config)
-    endpoints = MemoryNetwork(list(machines)).endpoints()
+    network = MemoryNetwork(list(machines))
     del machines["machine-2"]
     with pytest.raises(InsufficientParticipants) as info:
-        await run_parties(machines, endpoints, config=RuntimeConfig(session=0, deadline_s=10))
+        await run_parties(machines, network, config=RuntimeConfig(session=0, deadline_s=10))
     assert info.value.missing == ("machine-2",)

@@ -237,11 +237,9 @@ async def test_a_silent_client_ends_the_run_with_a_clear_error(autojump_clock):
     parties = MUFCParties(parts, config, key=KEY)
     machines = parties.machines()
     network = MemoryNetwork(list(parties.roster))
-    endpoints = network.endpoints()
     del machines["client-2"]  # never starts: its key never arrives
-    endpoints = {p: e for p, e in endpoints.items() if p in machines}
     with pytest.raises(InsufficientParticipants, match="client-2"):
-        await run_parties(machines, endpoints, config=RuntimeConfig(session=1, deadline_s=5.0))
+        await run_parties(machines, network, config=RuntimeConfig(session=1, deadline_s=5.0))
 
 
 def test_a_corrupted_share_is_detected_never_decoded_into_a_wrong_model():
@@ -348,6 +346,6 @@ async def test_memory_transport_run_equals_the_harness(autojump_clock):
     parties = MUFCParties(parts, config, key=KEY, requests=requests)
     expected, _ = run_harness(parties)
     network = MemoryNetwork(list(parties.roster))
-    results = await run_parties(parties.machines(), network.endpoints(), config=RuntimeConfig(session=9))
+    results = await run_parties(parties.machines(), network, config=RuntimeConfig(session=9))
     np.testing.assert_array_equal(results[SERVER].centroids, expected[SERVER].centroids)
     assert results[SERVER].totals == expected[SERVER].totals
