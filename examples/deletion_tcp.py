@@ -1,44 +1,45 @@
 """DC-k-means with deletion requests, every party as its own OS process, talking TCP on loopback.
 
-The deployment version of ``deletion_memory.py``: a roster file (every party's address and the
-run's shared secret) is the only thing the parties share. This script writes one, then starts
-itself once per party (``--party NAME --roster FILE``); each party process derives the same public
-tree and leaf table from the arguments, builds only its own machine (a leaf gets only its own
-points), serves its ``TcpTransport`` (HMAC handshake, length-prefixed frames) and runs it with
-``run_party``. The launcher waits for all of them (with a timeout, killing leftovers), merges their
-reports and prints the centroids and the exact payload bytes: the same as the in-memory example's
-for the same arguments, with the same zero bytes from the leaves off each deletion's path.
+The deployment version of ``deletion_memory.py``: a roster file (every party's address, the run's
+session and shared secret; see :class:`fedproto.Roster`) is the only thing the parties share.
+:func:`fedproto.launch_local` binds one listening socket per party on loopback, writes the roster
+and starts this script once per party (``--party NAME --roster FILE --listen-fd FD``); each party
+process derives the same public tree and leaf table from the arguments, builds only its own machine
+(a leaf gets only its own points), serves its ``TcpTransport`` (HMAC handshake, length-prefixed
+frames) on the socket it inherited and runs it with ``run_party``. The launcher waits for all of
+them (with a timeout, stopping the others when one fails); this script then merges their reports
+and prints the centroids and the exact payload bytes: the same as the in-memory example's for the
+same arguments, with the same zero bytes from the leaves off each deletion's path.
 
 Run (from the repository root, in the project's environment)::
 
-    python examples/deletion_tcp.py --data iris --deletions 5 --seed 0
+    python examples/deletion_tcp.py --data iris --removals 5 --seed 0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import secrets
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import trio
 
+from fedproto import Roster, launch_local
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
 from fedproto.algorithms.deletion.protocol import ROOT, DCTree
 from fedproto.data import load_dataset, normalize
+from fedproto.launcher import LaunchError
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.transports.tcp import TcpNetwork
 
 TIMEOUT_S = 150
+SESSION = 1
 
 
 def build_tree(args: argparse.Namespace) -> tuple[DCTree, str]:
@@ -46,18 +47,19 @@ def build_tree(args: argparse.Namespace) -> tuple[DCTree, str]:
     dataset = load_dataset(args.data)
     x = normalize(dataset.x, 0.5) + 0.5
     ids = np.arange(x.shape[0])
-    stream = [int(i) for i in streams.deletion_stream(ids, args.deletions, args.seed + 1)]
+    stream = [int(i) for i in streams.deletion_stream(ids, args.removals, args.seed + 1)]
     config = DCKMeansConfig(k=dataset.paper_k or 3)
     return DCTree(x, ids, config, key=jax.random.PRNGKey(args.seed), deletions=stream), dataset.name
 
 
 def run_one_party(args: argparse.Namespace) -> None:
     """Party mode: serve this party's endpoint, run its machine, write its result and report."""
-    roster_doc = json.loads(Path(args.roster).read_text())
-    roster, session = list(roster_doc["addresses"]), roster_doc["session"]
+    roster_file = Roster.load(args.roster)
+    roster, session = roster_file.parties, roster_file.session if roster_file.session is not None else SESSION
     tree, _ = build_tree(args)
     machine = tree.make_machine(args.party)
-    network = TcpNetwork(roster_doc["addresses"], bytes.fromhex(roster_doc["secret"]), session=session)
+    listen_fds = {args.party: args.listen_fd} if args.listen_fd is not None else None
+    network = TcpNetwork.from_roster(roster_file, listen_fds=listen_fds, session=session)
     meter = Meter(trio.current_time)
 
     async def run():
@@ -70,49 +72,21 @@ def run_one_party(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps({"centroids": centroids, "report": report.to_dict()}))
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all held open until each is chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def launch(args: argparse.Namespace) -> None:
-    """Launcher mode: write the roster, start one process per party, collect their outputs."""
+    """Launcher mode: start one process per party (each on a socket bound for it), collect their outputs."""
     tree, name = build_tree(args)
     roster = list(tree.roster)
-    common = ["--data", args.data, "--deletions", str(args.deletions), "--seed", str(args.seed)]
+    common = ["--data", args.data, "--removals", str(args.removals), "--seed", str(args.seed)]
     with tempfile.TemporaryDirectory() as tmp:
-        roster_file = Path(tmp, "roster.json")
-        roster_file.write_text(json.dumps({
-            "session": 1,
-            "secret": secrets.token_hex(32),
-            "addresses": {p: f"127.0.0.1:{port}" for p, port in zip(roster, free_ports(len(roster)))},
-        }))
-        procs, logs = {}, []
+
+        def party_command(party: str, roster_file: Path, listen_fd: int) -> list[str]:
+            return [sys.executable, __file__, *common, "--party", party, "--roster", str(roster_file),
+                    "--listen-fd", str(listen_fd), "--out", str(Path(tmp, f"{party}.json"))]
+
         try:
-            for p in roster:
-                cmd = [sys.executable, __file__, *common, "--party", p, "--roster", str(roster_file),
-                       "--out", str(Path(tmp, f"{p}.json"))]
-                logs.append(Path(tmp, f"{p}.err").open("w"))
-                procs[p] = subprocess.Popen(cmd, stderr=logs[-1])
-            deadline = time.monotonic() + TIMEOUT_S
-            for p, proc in procs.items():
-                if proc.wait(timeout=max(deadline - time.monotonic(), 0.1)) != 0:
-                    sys.exit(f"party {p} failed: {Path(tmp, f'{p}.err').read_text().strip()[-500:]}")
-        except subprocess.TimeoutExpired:
-            sys.exit(f"the run did not finish within {TIMEOUT_S} s")
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            for log in logs:
-                log.close()
+            launch_local(roster, party_command, timeout_s=TIMEOUT_S, session=SESSION)
+        except LaunchError as exc:  # a party failed or the run timed out: one line, no traceback
+            sys.exit(f"deletion_tcp: {exc}")
         outputs = {p: json.loads(Path(tmp, f"{p}.json").read_text()) for p in roster}
 
     # Each process counted the frames it sent; together they count every frame once.
@@ -140,10 +114,12 @@ def launch(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="iris")
-    parser.add_argument("--deletions", type=int, default=5)
+    parser.add_argument("--removals", type=int, default=5, help="deletion requests (default 5)")
+    parser.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--party", help=argparse.SUPPRESS)  # party mode (started by the launcher)
     parser.add_argument("--roster", help=argparse.SUPPRESS)
+    parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.party:

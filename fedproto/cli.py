@@ -4,44 +4,79 @@ Commands:
 
 * ``fedproto run PROTOCOL [options]``: run a protocol end to end. ``--transport memory`` runs every
   party in this process; ``--transport tcp`` starts every party as its own OS process on
-  loopback and merges their reports; ``--transport mpi`` is run under
-  ``mpiexec -n <parties> fedproto run ...`` with one party per rank (rank 0 prints).
+  loopback (:func:`fedproto.launcher.launch_local`) and merges their reports; ``--transport mpi``
+  is run under ``mpiexec -n <parties> fedproto run ...`` with one party per rank (rank 0 prints).
 * ``fedproto party PROTOCOL --party NAME --roster FILE [options]``: run one party of a TCP run
-  (on any host), given the roster file (party addresses, session id and the run's secret).
-* ``fedproto list``: installed protocols and transports.
+  (on any host), given the roster file (:class:`fedproto.roster.Roster`: party addresses, the
+  run's secret and session).
+* ``fedproto list``: installed protocols and transports, one line each (a plugin that cannot be
+  imported is listed as broken, with the reason).
 
-User errors (bad flags, unreadable data, k > n, a silent party...) print one line and exit
-non-zero, without a traceback.
+``PROTOCOL`` is an installed protocol's name, a Python file ``path/to/proto.py[:ATTR]`` or a
+module ``package.module:ATTR`` (``ATTR`` defaults to ``PROTOCOL``); only that plugin is imported.
+
+Global options: ``--version``, ``-v/--verbose`` (repeat for more), ``--log-level LEVEL`` (log
+messages go to stderr).
+
+Exit status: 0 success; 1 the run failed (unreadable data, k > n, a silent party...); 2 a usage
+error (unknown protocol or option, a bad option value, a report path that cannot be written),
+found before any protocol work starts. Either way stderr gets one line, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import logging
+import math
 import os
-import socket
-import subprocess
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from fedproto import registry
+from fedproto import __version__, registry
 from fedproto.data import PARTITIONS, load_dataset
 from fedproto.errors import FedProtoError
+from fedproto.framesize import abort_notice_frame_bytes
+from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
 from fedproto.metering import Meter, RunReport
 from fedproto.plugin import RunPlan
+from fedproto.progress import progress_display, progress_task
+from fedproto.roster import Roster
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 
 __all__ = ["main", "build_parser"]
 
+COMMANDS = ("run", "party", "list")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
+_LAUNCHER_OPTIONS = {"--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False}
+#: Namespace entries that are the CLI's bookkeeping, not options of the run.
+_INTERNAL_KEYS = {"command", "protocol_name"}
+#: Global options (before the command) that take a value.
+_GLOBAL_WITH_VALUE = {"--log-level"}
+_log = logging.getLogger("fedproto.cli")
+
 
 class UsageError(Exception):
-    """A bad command line."""
+    """A bad command line (exit status 2).
+
+    Attributes:
+        prog: the (sub)command whose usage was wrong, for the ``--help`` hint.
+    """
+
+    def __init__(self, message: str, *, prog: str = "fedproto") -> None:
+        super().__init__(message)
+        self.prog = prog
 
 
 class _QuietExit(Exception):
@@ -52,45 +87,243 @@ class _QuietExit(Exception):
         self.code = code
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
 class _Parser(argparse.ArgumentParser):
+    """Raises :class:`UsageError` instead of printing usage and exiting; no option abbreviations
+    (one spelling per option, so typos get "did you mean" instead of a silent prefix match)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match.group("choices"))
+            hint = _did_you_mean(registry.suggest(match.group("value"), choices))
+            message = message + hint
+        raise UsageError(message, prog=self.prog)
 
 
-def _common_arguments(parser: argparse.ArgumentParser, *, party: bool) -> None:
+def _did_you_mean(suggestions: Sequence[str]) -> str:
+    return f"; did you mean {' or '.join(suggestions)}?" if suggestions else ""
+
+
+# --- option types (a bad value is a usage error that names its flag) ------------------------------
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def _int_at_least(minimum: int, what: str = "an integer") -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={minimum}"
+    return parse
+
+
+# --- the parser --------------------------------------------------------------------------------------
+
+
+def _global_arguments(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``-v`` and ``--log-level``, accepted before the command and after the protocol."""
+    group = parser.add_argument_group("logging") if not top else parser
+    group.add_argument(
+        "-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+        help="log more on stderr (-v: INFO, -vv: DEBUG)",
+    )
+    group.add_argument(
+        "--log-level", type=str.upper, choices=LOG_LEVELS, default=None if top else argparse.SUPPRESS,
+        metavar="LEVEL", help=f"log level on stderr, one of {', '.join(LOG_LEVELS)} (overrides -v)",
+    )
+
+
+def _common_arguments(parser: argparse.ArgumentParser, *, party: bool, needs_data: bool = True) -> None:
+    """The options every protocol shares (``needs_data=False``: no data options)."""
     group = parser.add_argument_group("run")
-    group.add_argument("--data", default="iris", help="bundled name (iris, wine, breast_cancer, digits) or a file path")
-    group.add_argument("--clients", type=int, default=2, help="number of clients (default 2)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the split, initialisation and noise (default 0)")
-    group.add_argument("--partition", choices=PARTITIONS, default="iid", help="how data is split over clients")
-    group.add_argument("--deadline", type=float, default=60.0, help="seconds a phase may wait for a party (default 60)")
-    group.add_argument("--max-frame-bytes", type=int, default=256 * 1024 * 1024, help="largest frame accepted")
+    if needs_data:
+        group.add_argument(
+            "--data", default="iris", help="bundled name (iris, wine, breast_cancer, digits) or a file path"
+        )
+    group.add_argument("--clients", type=_int_at_least(1), default=2, help="number of clients (default 2)")
+    group.add_argument(
+        "--seed", type=_int_at_least(0, "a non-negative integer"), default=0,
+        help="seed of the split, initialisation and noise (default 0)",
+    )
+    if needs_data:
+        group.add_argument("--partition", choices=PARTITIONS, default="iid", help="how data is split over clients")
+    group.add_argument(
+        "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default 60)"
+    )
+    group.add_argument(
+        "--max-frame-bytes", type=_int_at_least(1), default=256 * 1024 * 1024,
+        help="largest frame accepted (bytes; at most what the transport's wire allows); parties refuse "
+        "frames above the smaller of this and the largest frame the protocol sends in this run",
+    )
     if party:
         group.add_argument("--party", required=True, help="the party this process runs (e.g. server, client-0)")
         group.add_argument("--roster", required=True, help="roster JSON: session, secret, party addresses")
         group.add_argument("--party-report", default=None, help="write this party's report and result here (JSON)")
+        group.add_argument(
+            "--listen-fd", type=_int_at_least(0), default=None, metavar="FD",
+            help="serve on this inherited listening socket instead of binding the roster address "
+            "(set by the process launcher)",
+        )
     else:
         group.add_argument("--transport", default="memory", help="memory (default), tcp or mpi")
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
         group.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
-        group.add_argument("--quiet", action="store_true", help="print only the summary")
+        group.add_argument("--quiet", action="store_true", help="print only the summary, no progress")
+        group.add_argument(
+            "--full", action="store_true", help="print long tables whole (default: their first rows and totals)"
+        )
+    _global_arguments(parser, top=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, with one sub-command per installed protocol."""
+def _scan(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """The command and the protocol spec ``argv`` names (``None`` where absent), without parsing
+    the options (which depend on the protocol)."""
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--":
+            token = next(tokens, None)
+            if token is None:
+                return None, None
+        elif token.startswith("-"):
+            if token in _GLOBAL_WITH_VALUE:
+                next(tokens, None)
+            continue
+        if token not in ("run", "party"):
+            return token, None
+        spec = next(tokens, None)
+        return token, (spec if spec is not None and not spec.startswith("-") else None)
+    return None, None
+
+
+def _plugin_description(plugin: Any) -> str:
+    text = getattr(plugin, "description", "") or ""
+    return " ".join(str(text).split())
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser.
+
+    Args:
+        argv: the command line to be parsed. Only the protocol it names is imported (a file or
+            module spec included). ``None``: every installed protocol (the ones that fail to
+            import are left out), for tools that want the complete parser.
+
+    Raises:
+        registry.UnknownPluginError: ``argv`` names an unknown protocol.
+        registry.PluginLoadError: that protocol cannot be imported.
+    """
     parser = _Parser(prog="fedproto", description="Round-based federated protocols with exact metering.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = commands.add_parser("run", help="run a protocol end to end")
-    party = commands.add_parser("party", help="run one party of a TCP run")
-    commands.add_parser("list", help="list protocols and transports")
-    for command, is_party in ((run, False), (party, True)):
-        protocols = command.add_subparsers(dest="protocol", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"fedproto {__version__}")
+    _global_arguments(parser, top=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    installed = ", ".join(registry.protocol_names()) or "none"
+    protocol_help = (
+        f"installed protocols: {installed} (fedproto list describes them); or a Python file "
+        "path/to/proto.py[:ATTR] or a module package.module:ATTR (ATTR defaults to PROTOCOL)"
+    )
+    run = commands.add_parser("run", help="run a protocol end to end", description=protocol_help)
+    party = commands.add_parser("party", help="run one party of a TCP run", description=protocol_help)
+    commands.add_parser("list", help="list protocols and transports", description="installed protocols and transports")
+    plugins: dict[str, Any] = {}
+    if argv is None:
         for name in registry.protocol_names():
-            plugin = registry.load_protocol(name)
-            sub = protocols.add_parser(name, help=plugin.description)
-            _common_arguments(sub, party=is_party)
-            plugin.add_arguments(sub)
+            try:
+                plugins[name] = registry.load_protocol(name)
+            except registry.PluginLoadError:
+                continue
+    else:
+        command, spec = _scan(argv)
+        if command in ("run", "party") and spec is not None:
+            plugins[spec] = registry.load_protocol(spec)
+    for command_parser, is_party in ((run, False), (party, True)):
+        protocols = command_parser.add_subparsers(
+            dest="protocol", required=True, parser_class=_Parser, metavar="PROTOCOL"
+        )
+        for spec, plugin in plugins.items():
+            description = _plugin_description(plugin)
+            sub = protocols.add_parser(spec, help=description, description=description)
+            _common_arguments(sub, party=is_party, needs_data=getattr(plugin, "needs_data", True))
+            add_arguments = getattr(plugin, "add_arguments", None)
+            if add_arguments is not None:
+                add_arguments(sub)
     return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
+    """The parser of ``fedproto NAME NAME ...`` (the deepest that exists)."""
+    for name in names:
+        found = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                found = action.choices[name]
+        if found is None:
+            break
+        parser = found
+    return parser
+
+
+def _unknown_options_error(parser: argparse.ArgumentParser, extras: Sequence[str]) -> UsageError:
+    """"unrecognized arguments" with "did you mean" for each unknown option (hidden aliases are
+    valid spellings; a suggestion names the visible option of the same destination)."""
+    visible: dict[str, str] = {}
+    for action in parser._actions:
+        if action.help is not argparse.SUPPRESS and action.option_strings:
+            visible.setdefault(action.dest, max(action.option_strings, key=len))
+    known = {
+        option: (visible.get(action.dest, option) if action.help is argparse.SUPPRESS else option)
+        for option, action in parser._option_string_actions.items()
+    }
+    parts = []
+    after_option = False
+    for token in extras:
+        name = token.split("=", 1)[0]
+        if not name.startswith("-") or name == "-":
+            if not after_option:  # else: most likely the unknown option's value
+                parts.append(f"unexpected argument {token!r}")
+            after_option = False
+            continue
+        after_option = "=" not in token
+        suggestions = list(dict.fromkeys(known[m] for m in registry.suggest(name, list(known))))
+        parts.append(f"unknown option {name}{_did_you_mean(suggestions)}")
+    return UsageError("; ".join(parts), prog=parser.prog)
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    command, spec = _scan(argv)
+    if command is not None and command not in COMMANDS:
+        raise UsageError(
+            f"unknown command {command!r}{_did_you_mean(registry.suggest(command, COMMANDS))} "
+            f"(commands: {', '.join(COMMANDS)})"
+        )
+    try:
+        parser = build_parser(argv)
+    except registry.UnknownPluginError as exc:
+        raise UsageError(str(exc), prog=f"fedproto {command}") from None
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        raise _unknown_options_error(_subparser(parser, *(n for n in (command, spec) if n)), extras)
+    return args
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -100,152 +333,119 @@ def _party_json(plan: RunPlan, party: str, result: Any, report: RunReport) -> di
     return {"party": party, "result": plan.result_to_json(party, result), "report": report.to_dict()}
 
 
-def _run_memory(plan: RunPlan, args: argparse.Namespace, console: Any) -> tuple[dict[str, Any], RunReport]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _frame_limit(plan: RunPlan, args: argparse.Namespace) -> int:
+    """The frame limit in force for every party: ``--max-frame-bytes``, lowered to the largest
+    frame the plan's protocol sends (:attr:`RunPlan.max_frame_bytes`) where the plan states one,
+    but never below the runtime's own abort notice for this roster."""
+    if plan.max_frame_bytes is None:
+        return args.max_frame_bytes
+    needed = max(plan.max_frame_bytes, abort_notice_frame_bytes(plan.roster))
+    return min(args.max_frame_bytes, needed)
 
+
+def _run_memory(plan: RunPlan, args: argparse.Namespace, console: Any) -> tuple[dict[str, Any], RunReport]:
     network_cls = registry.load_transport("memory")
-    network = network_cls(plan.roster, max_frame_bytes=args.max_frame_bytes)
+    limit = _frame_limit(plan, args)
+    network = network_cls(plan.roster, max_frame_bytes=limit)
     machines = {p: plan.make_machine(p) for p in plan.roster}
-    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=args.max_frame_bytes)
+    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
     meter = Meter(trio.current_time)
     coordinator = plan.roster[0]
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=args.quiet,
-    ) as progress:
-        task = progress.add_task(f"{args.protocol} rounds", total=plan.iterations)
+    with progress_task(f"{args.protocol_name} rounds", total=plan.iterations) as advance:
+        rounds_done = 0
 
         def observer(party: str, round_idx: int, state: str) -> None:
-            if party == coordinator:
-                progress.update(task, completed=min(round_idx, plan.iterations))
+            nonlocal rounds_done
+            if party == coordinator and min(round_idx, plan.iterations) > rounds_done:
+                advance(min(round_idx, plan.iterations) - rounds_done)
+                rounds_done = min(round_idx, plan.iterations)
 
         async def go() -> dict[str, Any]:
-            endpoints = network.endpoints()
-            try:
-                return await run_parties(machines, endpoints, config=config, meter=meter, observer=observer)
-            finally:
-                for endpoint in endpoints.values():
-                    await endpoint.aclose()
+            return await run_parties(machines, network, config=config, meter=meter, observer=observer)
 
         results = trio.run(go)
-    report = meter.report(protocol=args.protocol, transport="memory", session=plan.session, parties=plan.roster)
+    report = meter.report(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
     return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _child_argv(argv: Sequence[str]) -> list[str]:
-    """The original ``run`` arguments without the options only the launcher understands."""
+def _child_argv(argv: Sequence[str], spec: str) -> list[str]:
+    """The ``party`` command line of a TCP party: ``run`` becomes ``party``, the protocol spec is
+    one any working directory can load, and the launcher's own options are left out."""
     out: list[str] = []
-    skip_value = {"--transport", "--report", "--plot"}
-    it = iter(argv)
-    for token in it:
-        name = token.split("=", 1)[0]
-        if name in skip_value:
-            if "=" not in token:
-                next(it, None)
+    tokens = iter(argv)
+    command_seen = protocol_seen = False
+    for token in tokens:
+        if not command_seen:
+            if token in _GLOBAL_WITH_VALUE:
+                out += [token, next(tokens, "")]
+                continue
+            if token == "run":
+                command_seen = True
+                out.append("party")
+            else:
+                out.append(token)
             continue
-        if token == "--quiet":
+        if not protocol_seen:
+            protocol_seen = True
+            out.append(spec)
+            continue
+        name = token.split("=", 1)[0]
+        if name in _LAUNCHER_OPTIONS:
+            if _LAUNCHER_OPTIONS[name] and "=" not in token:
+                next(tokens, None)
             continue
         out.append(token)
     return out
 
 
-def _run_tcp_launcher(
-    plan: RunPlan, args: argparse.Namespace, argv: Sequence[str], console: Any
-) -> tuple[dict[str, Any], RunReport]:
-    ports = _free_ports(len(plan.roster))
+def _run_tcp_launcher(plan: RunPlan, args: argparse.Namespace, argv: Sequence[str]) -> tuple[dict[str, Any], RunReport]:
+    base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol))
     with tempfile.TemporaryDirectory(prefix="fedproto-tcp-") as tmp:
-        roster_path = Path(tmp) / "roster.json"
-        roster_path.write_text(
-            json.dumps(
-                {
-                    "session": plan.session,
-                    "secret": os.urandom(32).hex(),
-                    "parties": [{"name": p, "address": f"127.0.0.1:{port}"} for p, port in zip(plan.roster, ports)],
-                }
-            )
-        )
-        base = _child_argv(argv)
-        base[0] = "party"
-        processes: dict[str, subprocess.Popen] = {}
-        try:
-            for party in plan.roster:
-                out = Path(tmp) / f"{party}.json"
-                cmd = [sys.executable, "-m", "fedproto", *base, "--party", party, "--roster", str(roster_path)]
-                cmd += ["--party-report", str(out)]
-                processes[party] = subprocess.Popen(
-                    cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
-                )
-            limit = time.monotonic() + args.deadline * (plan.iterations + 6) + 120
-            with console.status(f"{len(processes)} parties running as separate processes over TCP", spinner="dots"):
-                outputs = {}
-                for party, proc in processes.items():
-                    remaining = max(limit - time.monotonic(), 1.0)
-                    try:
-                        outputs[party] = proc.communicate(timeout=remaining)
-                    except subprocess.TimeoutExpired:
-                        raise FedProtoError(f"party {party} did not finish in time", party=party) from None
-            failed = [(p, proc.returncode) for p, proc in processes.items() if proc.returncode != 0]
-            if failed:
-                party, code = failed[0]
-                lines = [ln for ln in outputs[party][1].strip().splitlines() if ln.strip()]
-                last = lines[-1] if lines else f"exit code {code}"
-                raise FedProtoError(f"party {party} failed: {last.removeprefix('fedproto: error: ')}", party=party)
-            docs = {p: json.loads((Path(tmp) / f"{p}.json").read_text()) for p in plan.roster}
-        finally:
-            for proc in processes.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+
+        def command(party: str, roster_path: Path, listen_fd: int) -> list[str]:
+            return [
+                sys.executable, "-m", "fedproto", *base, "--party", party, "--roster", str(roster_path),
+                "--listen-fd", str(listen_fd), "--party-report", str(Path(tmp) / f"{party}.json"),
+            ]
+
+        timeout_s = args.deadline * (plan.iterations + 6) + 120
+        description = f"{len(plan.roster)} parties running as separate processes over TCP"
+        with progress_task(description):
+            try:
+                outcomes = launch_local(plan.roster, command, timeout_s=timeout_s, session=plan.session)
+            except LaunchError as exc:
+                _forward_party_logs(exc.outcomes)
+                raise
+        _forward_party_logs(outcomes)
+        docs = {p: json.loads((Path(tmp) / f"{p}.json").read_text()) for p in plan.roster}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     report = RunReport.merge(reports, transport="tcp")
     return {p: doc["result"] for p, doc in docs.items()}, report
 
 
-def _read_roster(path: str) -> tuple[list[str], dict[str, str], bytes, int | None]:
-    """Parse a roster file: parties with addresses, the run's secret, optionally the session."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        names = [str(entry["name"]) for entry in doc["parties"]]
-        addresses = {str(entry["name"]): str(entry["address"]) for entry in doc["parties"]}
-        session = int(doc["session"]) if "session" in doc else None
-        return names, addresses, bytes.fromhex(doc["secret"]), session
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"cannot read roster {path}: {exc}") from exc
+def _forward_party_logs(outcomes: Mapping[str, Any]) -> None:
+    """With logging on (``-v``/``--log-level``), copy every party's stderr to ours, prefixed with
+    its name; otherwise a party's stderr only reaches the user through a failure's message."""
+    if not logging.getLogger("fedproto").isEnabledFor(logging.INFO):
+        return
+    for party, outcome in outcomes.items():
+        for line in outcome.stderr.splitlines():
+            if line.strip():
+                print(f"[{party}] {line}", file=sys.stderr)
 
 
 def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
-    names, addresses, secret, session = _read_roster(args.roster)
-    if tuple(names) != plan.roster:
-        raise ValueError(f"roster {args.roster} lists {names}, this run needs {list(plan.roster)}")
-    if session is not None and session != plan.session:
-        raise ValueError(f"roster {args.roster} is for session {session}, these arguments make session {plan.session}")
+    roster = Roster.load(args.roster)
+    roster.check_matches(plan.roster, plan.session, source=f"roster {args.roster}")
     if args.party not in plan.roster:
         raise ValueError(f"--party {args.party!r} is not in the roster {list(plan.roster)}")
-    network = registry.load_transport("tcp")(
-        addresses, secret, session=plan.session, max_frame_bytes=args.max_frame_bytes
+    listen_fds = {args.party: args.listen_fd} if args.listen_fd is not None else None
+    limit = _frame_limit(plan, args)
+    network = registry.load_transport("tcp").from_roster(
+        roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit
     )
     machine = plan.make_machine(args.party)
-    config = RuntimeConfig(
-        session=plan.session, deadline_s=args.deadline, max_frame_bytes=args.max_frame_bytes, record_received=True
-    )
+    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
     meter = Meter(trio.current_time)
 
     async def go() -> Any:
@@ -253,7 +453,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
             return await run_party(machine, endpoints[args.party], config=config, meter=meter)
 
     result = trio.run(go)
-    report = meter.report(protocol=args.protocol, transport="tcp", session=plan.session, parties=plan.roster)
+    report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
     doc = _party_json(plan, args.party, result, report)
     if args.party_report:
         Path(args.party_report).write_text(json.dumps(doc))
@@ -281,7 +481,7 @@ def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
 
 
 def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], RunReport] | None:
-    network = registry.load_transport("mpi")(max_frame_bytes=args.max_frame_bytes)
+    network = registry.load_transport("mpi")(max_frame_bytes=_frame_limit(plan, args))
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -293,7 +493,7 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
             f"(got {comm.Get_size()} ranks)"
         )
     party = plan.roster[comm.Get_rank()]
-    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=args.max_frame_bytes)
+    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=_frame_limit(plan, args))
     meter = Meter(trio.current_time)
     error: str | None = None
 
@@ -303,7 +503,7 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
 
     try:
         result = trio.run(go)
-        report = meter.report(protocol=args.protocol, transport="mpi", session=plan.session, parties=plan.roster)
+        report = meter.report(protocol=args.protocol_name, transport="mpi", session=plan.session, parties=plan.roster)
         doc = _party_json(plan, party, result, report)
     except (FedProtoError, ValueError) as exc:
         error = str(exc)
@@ -327,98 +527,283 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
     return {d["party"]: d["result"] for d in parsed}, report
 
 
-def _print_run(plan: RunPlan, args: argparse.Namespace, results: dict[str, Any], report: RunReport, console: Any) -> None:
+def _check_mpi_installed() -> None:
+    """Fail before any work when mpi4py is missing, saying how to install it."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "the MPI transport needs mpi4py and an MPI library: pip install 'fedproto[mpi]', "
+            "then start the run with mpiexec -n <parties>"
+        ) from exc
+
+
+def _mpi_rank_from_environment() -> int:
+    """This process's MPI rank as the launcher announces it (0 when not under mpiexec), read
+    without initialising MPI."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+# --- output --------------------------------------------------------------------------------------------
+
+
+def _label(plan: RunPlan, key: str) -> str:
+    return plan.labels.get(key, key.replace("_", " "))
+
+
+def _json_ready(value: Any) -> Any:
+    """An option value as JSON data (paths and other objects as strings)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    return str(value)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """Every option of the run by its destination (the CLI's bookkeeping left out)."""
+    return {k: _json_ready(v) for k, v in sorted(vars(args).items()) if k not in _INTERNAL_KEYS}
+
+
+def _timestamp(seconds: float) -> str:
+    return RunReport.timestamp(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
+
+
+def _print_run(
+    plan: RunPlan,
+    args: argparse.Namespace,
+    summary: dict[str, Any],
+    report: RunReport,
+    console: Any,
+) -> None:
     from fedproto.report import plot_report, render_report, render_summary
 
-    summary = plan.summarize(results)
-    shown = {k: v for k, v in summary.items() if not isinstance(v, list | dict)}
-    shown.update(plan.analytic)
+    shown = {_label(plan, k): v for k, v in summary.items() if not isinstance(v, list | dict)}
+    shown.update({_label(plan, k): v for k, v in plan.analytic.items()})
+    shown["largest frame accepted (bytes)"] = report.options.get("max_frame_bytes_in_force", args.max_frame_bytes)
     if report.algorithm_rounds:
         per_iteration = (report.payload_bytes - report.setup_bytes) / report.algorithm_rounds
         shown["measured payload bytes per algorithm round (envelopes included)"] = per_iteration
-    render_summary(console, f"{args.protocol} on {summary.get('data set', args.data)}", shown)
+    data_name = summary.get("data_set", getattr(args, "data", None))
+    title = args.protocol_name if data_name is None else f"{args.protocol_name} on {data_name}"
+    render_summary(console, title, shown, full=args.full)
+    if report.paper:
+        paper = {_label(plan, k): v for k, v in report.paper.items() if not isinstance(v, list | dict)}
+        render_summary(console, "Figures from the paper", paper, full=args.full)
     if not args.quiet:
-        render_report(console, report, plan.role_of, phases=plan.phases)
-    final = RunReport.from_dict({**report.to_dict(), "results": summary})
+        render_report(console, report, plan.role_of, phases=plan.phases, full=args.full)
     if args.report:
-        final.to_json(args.report)
+        report.to_json(args.report)
         console.print(f"report written to {args.report}")
     plot_path = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
     if plot_path:
         extra = (lambda ax: plan.plot_results(ax, summary)) if plan.plot_results else None
-        plot_report(final, plot_path, phases=plan.phases, extra=extra)
+        plot_report(report, plot_path, phases=plan.phases, extra=extra)
         console.print(f"plot written to {plot_path}")
 
 
 def _dataset(plugin: Any, args: argparse.Namespace) -> Any:
-    """The run's data: a set the plugin generates by name (``plugin.generated_datasets``, e.g. a
-    paper's synthetic Gaussian mixture, built from ``--seed``), else :func:`load_dataset`."""
+    """The run's data: ``None`` for a plugin with ``needs_data = False``; a set the plugin
+    generates by name (``plugin.generated_datasets``, e.g. a paper's synthetic Gaussian mixture,
+    built from ``--seed``); else :func:`load_dataset`."""
+    if not getattr(plugin, "needs_data", True):
+        return None
     generators = getattr(plugin, "generated_datasets", None) or {}
     if args.data in generators:
         return generators[args.data](args.seed)
     return load_dataset(args.data)
 
 
+# --- checks before any work --------------------------------------------------------------------------------
+
+
+def _check_output_path(flag: str, path: str, *, prog: str, plot: bool = False) -> None:
+    """A file we will write after the run: its directory exists and is writable (usage error
+    otherwise, so a long run is not lost at its end)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory, not a file", prog=prog)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {directory} does not exist", prog=prog)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the directory {directory} is not writable", prog=prog)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UsageError(f"{flag} {path}: the file exists and is not writable", prog=prog)
+    if plot:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        suffix = target.suffix.lower().lstrip(".")
+        if suffix not in formats:
+            raise UsageError(
+                f"{flag} {path}: unknown plot format {target.suffix!r} (use .png, .svg or .pdf)", prog=prog
+            )
+
+
+def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
+    """Option values that argparse cannot check alone (usage errors, before any work)."""
+    prog = f"fedproto {args.command} {args.protocol}"
+    limit = getattr(network_cls, "max_frame_bytes_limit", None)
+    if limit is not None and args.max_frame_bytes > limit:
+        raise UsageError(
+            f"argument --max-frame-bytes: the {network_cls.name} transport carries frames of at most "
+            f"{limit:,} bytes, got {args.max_frame_bytes:,}",
+            prog=prog,
+        )
+    if args.command == "run":
+        if args.report:
+            _check_output_path("--report", args.report, prog=prog)
+        if args.plot:
+            _check_output_path("--plot", args.plot, prog=prog, plot=True)
+    elif args.party_report:
+        _check_output_path("--party-report", args.party_report, prog=prog)
+
+
+def _load_transport(args: argparse.Namespace) -> Any:
+    try:
+        return registry.load_transport(args.transport)
+    except registry.UnknownPluginError as exc:
+        raise UsageError(f"argument --transport: {exc}", prog=f"fedproto run {args.protocol}") from None
+
+
+# --- commands ----------------------------------------------------------------------------------------------
+
+
 def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
-    console = Console()
     plugin = registry.load_protocol(args.protocol)
-    plan = plugin.plan(args, _dataset(plugin, args))
-    if args.transport == "memory":
-        results, report = _run_memory(plan, args, console)
-    elif args.transport == "tcp":
-        results, report = _run_tcp_launcher(plan, args, argv, console)
-    elif args.transport == "mpi":
-        outcome = _run_mpi(plan, args)
-        if outcome is None:
-            return 0
-        results, report = outcome
-    else:
-        registry.load_transport(args.transport)  # raises a clear error for unknown names
-        raise ValueError(f"transport {args.transport!r} has no runner in this CLI")
-    _print_run(plan, args, results, report, console)
+    network_cls = _load_transport(args)
+    _check_options(args, network_cls)
+    if args.transport == "mpi":
+        _check_mpi_installed()
+    started_s = time.time()
+    console = Console()
+    show_progress = not args.quiet and (args.transport != "mpi" or _mpi_rank_from_environment() == 0)
+    with progress_display(Console(stderr=True), enabled=show_progress):
+        plan = plugin.plan(args, _dataset(plugin, args))
+        if args.transport == "memory":
+            results, report = _run_memory(plan, args, console)
+        elif args.transport == "tcp":
+            results, report = _run_tcp_launcher(plan, args, argv)
+        elif args.transport == "mpi":
+            outcome = _run_mpi(plan, args)
+            if outcome is None:
+                return 0
+            results, report = outcome
+        else:
+            raise ValueError(f"transport {args.transport!r} has no runner in this CLI")
+        summary = dict(plan.summarize(results))
+    paper = summary.pop("paper") if isinstance(summary.get("paper"), dict) else {}
+    report = dataclasses.replace(
+        report,
+        results=summary,
+        paper={**report.paper, **paper},
+        options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
+        command=("fedproto", *argv),
+        started_at=_timestamp(started_s),
+        finished_at=_timestamp(time.time()),
+    )
+    _print_run(plan, args, summary, report, console)
     return 0
 
 
 def _command_party(args: argparse.Namespace) -> int:
     plugin = registry.load_protocol(args.protocol)
+    _check_options(args, registry.load_transport("tcp"))
     plan = plugin.plan(args, _dataset(plugin, args))
     return _run_party_tcp(plan, args)
+
+
+def _command_list() -> int:
+    sections = {"protocols": registry.describe_protocols(), "transports": registry.describe_transports()}
+    width = max((len(info.name) for infos in sections.values() for info in infos), default=0)
+    for title, infos in sections.items():
+        print(f"{title}:")
+        for info in infos:
+            text = info.description if info.error is None else f"(broken) {info.error}"
+            print(f"  {info.name:<{width}}  {text}".rstrip())
+    return 0
+
+
+@contextmanager
+def _logging_to_stderr(verbose: int, level_name: str | None) -> Iterator[None]:
+    """Log fedproto's messages to stderr at the level ``-v``/``--log-level`` ask for (nothing is
+    installed without them)."""
+    if not verbose and level_name is None:
+        yield
+        return
+    level = getattr(logging, level_name) if level_name else (logging.INFO if verbose == 1 else logging.DEBUG)
+    logger = logging.getLogger("fedproto")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 run error, 2 usage error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if args.command == "list":
-            print("protocols: " + ", ".join(registry.protocol_names()))
-            print("transports: " + ", ".join(registry.transport_names()))
-            return 0
-        if args.command == "party":
-            return _command_party(args)
-        return _command_run(args, argv)
+        args = _parse(argv)
+        if args.command in ("run", "party"):
+            args.protocol_name = _protocol_name(args.protocol)
+        with _logging_to_stderr(args.verbose, args.log_level):
+            _log.debug("fedproto %s: %s", __version__, " ".join(argv))
+            if args.command == "list":
+                return _command_list()
+            if args.command == "party":
+                return _command_party(args)
+            return _command_run(args, argv)
     except _QuietExit as exc:
         return exc.code
     except UsageError as exc:
-        print(f"fedproto: usage error: {exc} (see fedproto --help)", file=sys.stderr)
+        print(f"fedproto: usage error: {exc} (see {exc.prog} --help)", file=sys.stderr)
         return 2
-    except SystemExit as exc:  # --help
+    except SystemExit as exc:  # --help, --version
         return int(exc.code or 0)
+    except LaunchInterrupted as exc:
+        print(f"fedproto: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("fedproto: interrupted", file=sys.stderr)
         return 130
     except (FedProtoError, ValueError, OSError, ImportError) as exc:
-        print(f"fedproto: error: {exc}", file=sys.stderr)
+        print(f"fedproto: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:
         leaf = _single_leaf(group)
         if isinstance(leaf, FedProtoError | ValueError | OSError):
-            print(f"fedproto: error: {leaf}", file=sys.stderr)
+            print(f"fedproto: error: {_one_line(leaf)}", file=sys.stderr)
             return 1
         raise
+
+
+def _protocol_name(spec: str) -> str:
+    """The protocol's name for reports: the plugin's ``name``, else the spec's file or module."""
+    name = getattr(registry.load_protocol(spec), "name", None)
+    if isinstance(name, str) and name:
+        return name
+    module = spec.rpartition(":")[0] if ":" in spec else spec
+    return Path(module).stem if module.endswith(".py") else module
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:

@@ -17,13 +17,24 @@ Terms:
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import importlib.resources
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Meter", "LinkRecord", "RunReport", "is_setup_phase"]
+__all__ = ["Meter", "LinkRecord", "RunReport", "REPORT_SCHEMA_VERSION", "is_setup_phase", "report_schema"]
+
+#: Version of the report layout (bumped when a field is renamed, removed or changes meaning;
+#: :file:`fedproto/report.schema.json` describes this version).
+REPORT_SCHEMA_VERSION = 1
+
+#: How many refused frames a :class:`Meter` keeps with their reasons (all are counted).
+MAX_REJECTED_KEPT = 1000
 
 
 def is_setup_phase(phase: str) -> bool:
@@ -36,6 +47,12 @@ class Meter:
 
     Args:
         clock: returns the current time in seconds (the runtime passes ``trio.current_time``).
+
+    Attributes:
+        rejected: the first :data:`MAX_REJECTED_KEPT` refused frames, as ``{"sender", "reason",
+            "cause"}`` dicts in arrival order.
+        rejected_frames: how many frames were refused in all.
+        rejected_by_cause: refused frames per ``(sender, cause)``.
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
@@ -43,7 +60,9 @@ class Meter:
         self.sent: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.received: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.framing_overhead_bytes = 0
-        self.rejected: list[dict[str, Any]] = []
+        self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
+        self.rejected_frames = 0
+        self.rejected_by_cause: Counter[tuple[str, str]] = Counter()
         self.round_started_s: dict[int, float] = {}
         self.started_s: float | None = None
         self.finished_s: float | None = None
@@ -77,9 +96,20 @@ class Meter:
         counter[0] += 1
         counter[1] += nbytes
 
-    def record_rejected(self, sender: str, reason: str) -> None:
-        """Remember a frame that was refused before reaching a machine."""
-        self.rejected.append({"sender": sender, "reason": reason})
+    def record_rejected(self, sender: str, reason: str, cause: str = "refused") -> None:
+        """Count a frame that was refused before reaching a machine.
+
+        Args:
+            sender: the party the transport says sent it.
+            reason: why, in one line (kept for the first :data:`MAX_REJECTED_KEPT` refusals, so a
+                peer that sends garbage for ever cannot grow the meter without bound).
+            cause: the kind of refusal (a small fixed set), counted per ``(sender, cause)`` in
+                :attr:`rejected_by_cause`.
+        """
+        self.rejected_frames += 1
+        self.rejected_by_cause[(sender, cause)] += 1
+        if len(self.rejected) < MAX_REJECTED_KEPT:
+            self.rejected.append({"sender": sender, "reason": reason, "cause": cause})
 
     def report(
         self,
@@ -121,7 +151,7 @@ class Meter:
             framing_overhead_bytes=self.framing_overhead_bytes,
             wall_time_s=max(finished - started, 0.0),
             round_wall_s=tuple(round_wall),
-            rejected_frames=len(self.rejected),
+            rejected_frames=self.rejected_frames,
             results=dict(results or {}),
         )
 
@@ -153,24 +183,42 @@ class LinkRecord:
 class RunReport:
     """What one run cost and produced; serialises to JSON, renders as a table and as plots.
 
+    The JSON form (:meth:`to_dict`, :meth:`to_json`) is described by the JSON Schema that
+    :func:`report_schema` returns (``fedproto/report.schema.json``, draft 2020-12). Fields added
+    after the first release have defaults, so reports written by older code still load.
+
     Attributes:
-        protocol: protocol name.
-        transport: transport name.
-        session: the run's session id.
-        parties: the roster.
+        protocol: protocol name (the entry-point name, e.g. ``"fastlloyd"``).
+        transport: transport name (``"memory"``, ``"tcp"``, ``"mpi"``).
+        session: the run's session id (non-negative integer, same in every process of the run).
+        parties: the roster, in roster order.
         links: per-key frame counts and bytes.
-        payload_bytes: total encoded bytes of all frames.
-        setup_bytes: the part of ``payload_bytes`` sent in setup phases.
-        messages: total frames.
-        algorithm_rounds: distinct rounds among non-setup frames.
-        communication_rounds: distinct ``(round, phase)`` pairs.
-        framing_overhead_bytes: bytes the transport added on the wire (e.g. TCP length prefixes).
-        wall_time_s: wall time of the run.
-        round_wall_s: wall time of each algorithm round (first frame of a round to the first frame
-            of the next, or to the end of the run).
+        payload_bytes: total encoded bytes of all frames (bytes).
+        setup_bytes: the part of ``payload_bytes`` sent in setup phases (bytes).
+        messages: total frames (count).
+        algorithm_rounds: distinct rounds among non-setup frames (count).
+        communication_rounds: distinct ``(round, phase)`` pairs (count).
+        framing_overhead_bytes: bytes the transport added on the wire, e.g. TCP length prefixes
+            (bytes).
+        wall_time_s: wall time of the run (seconds, on the runtime's clock).
+        round_wall_s: wall time of each algorithm round, first frame of a round to the first frame
+            of the next or to the end of the run (seconds).
         rejected_frames: frames refused before reaching a machine (undecodable, wrong session,
-            unknown sender).
-        results: protocol-specific results and metrics (JSON-serialisable).
+            unknown sender) (count).
+        results: measured results of the protocol: snake_case keys with units in the name
+            (``nicv``, ``removal_ms_mean``, ``payload_bytes``), numbers as numbers, nested
+            objects obeying the same rules (see the schema).
+        schema_version: version of this layout, :data:`REPORT_SCHEMA_VERSION`.
+        fedproto_version: version of the installed ``fedproto`` package that wrote the report
+            (``"0.0.0+unknown"`` when it is not installed as a distribution).
+        options: every command-line option of the run by its argparse destination
+            (``{"seed": 0, "clients": 4, ...}``); empty for a report built by a program.
+        command: the command line (argv) that started the run; empty when unknown.
+        started_at: when the run started, ISO-8601 in UTC (``"2024-05-01T12:00:00.123456+00:00"``,
+            see :meth:`timestamp`), or ``None``.
+        finished_at: when the run finished, same format, or ``None``.
+        paper: figures the paper reports for this setting, kept apart from the measured
+            ``results`` (same key rules as ``results``); empty when there are none.
     """
 
     protocol: str
@@ -188,6 +236,26 @@ class RunReport:
     round_wall_s: tuple[float, ...]
     rejected_frames: int
     results: dict[str, Any]
+    schema_version: int = REPORT_SCHEMA_VERSION
+    fedproto_version: str = dataclasses.field(default_factory=lambda: _fedproto_version())
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    command: tuple[str, ...] = ()
+    started_at: str | None = None
+    finished_at: str | None = None
+    paper: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def timestamp(when: datetime.datetime | None = None) -> str:
+        """An ISO-8601 UTC timestamp in the report's format (``started_at``, ``finished_at``).
+
+        Args:
+            when: the instant (naive values are taken as UTC); default now.
+        """
+        if when is None:
+            when = datetime.datetime.now(datetime.timezone.utc)
+        elif when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return when.astimezone(datetime.timezone.utc).isoformat()
 
     @classmethod
     def from_links(cls, *, links: tuple[LinkRecord, ...], **fields: Any) -> "RunReport":
@@ -243,9 +311,11 @@ class RunReport:
     # -- serialisation ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict (the layout of ``report.schema.json``)."""
         data = dataclasses.asdict(self)
         data["links"] = [dataclasses.asdict(link) for link in self.links]
+        for name in ("parties", "round_wall_s", "command"):
+            data[name] = list(data[name])
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -259,14 +329,26 @@ class RunReport:
     def from_dict(cls, data: Mapping[str, Any]) -> "RunReport":
         """Inverse of :meth:`to_dict`.
 
+        Reports without the fields added after the first layout (``schema_version`` and later)
+        load with their defaults.
+
         Raises:
-            ValueError: a field is missing or malformed.
+            ValueError: a field is missing or malformed, or the report was written in a newer
+                layout than :data:`REPORT_SCHEMA_VERSION`.
         """
         try:
             fields = dict(data)
+            version = fields.get("schema_version", REPORT_SCHEMA_VERSION)
+            if not isinstance(version, int) or isinstance(version, bool) or version > REPORT_SCHEMA_VERSION:
+                raise ValueError(
+                    f"report schema_version {version!r} is not supported (this fedproto reads up to "
+                    f"{REPORT_SCHEMA_VERSION})"
+                )
             fields["links"] = tuple(LinkRecord(**link) for link in data["links"])
             fields["parties"] = tuple(data["parties"])
             fields["round_wall_s"] = tuple(data["round_wall_s"])
+            if "command" in fields:
+                fields["command"] = tuple(fields["command"])
             return cls(**fields)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a run report: {exc}") from exc
@@ -280,7 +362,9 @@ class RunReport:
     def merge(cls, reports: Iterable["RunReport"], **overrides: Any) -> "RunReport":
         """Combine the reports of the processes of one run (each counting the frames it sent).
 
-        Links are summed per key; wall time is the longest; results are merged in order.
+        Links are summed per key; wall time is the longest; results and paper figures are merged
+        in order; options, command and versions are the first report's; ``started_at`` is the
+        earliest and ``finished_at`` the latest of those known.
         """
         reports = list(reports)
         if not reports:
@@ -293,10 +377,22 @@ class RunReport:
                 c[1] += link.payload_bytes
         links = tuple(LinkRecord(*key, c[0], c[1]) for key, c in sorted(table.items()))
         results: dict[str, Any] = {}
+        paper: dict[str, Any] = {}
         for report in reports:
             results.update(report.results)
+            paper.update(report.paper)
         longest = max(reports, key=lambda r: r.wall_time_s)
+        starts = [r.started_at for r in reports if r.started_at is not None]
+        ends = [r.finished_at for r in reports if r.finished_at is not None]
+        first = reports[0]
         fields = dict(
+            schema_version=first.schema_version,
+            fedproto_version=first.fedproto_version,
+            options=dict(first.options),
+            command=first.command,
+            started_at=min(starts, key=_parse_timestamp) if starts else None,
+            finished_at=max(ends, key=_parse_timestamp) if ends else None,
+            paper=paper,
             protocol=reports[0].protocol,
             transport=reports[0].transport,
             session=reports[0].session,
@@ -309,6 +405,38 @@ class RunReport:
         )
         fields.update(overrides)
         return cls.from_links(links=links, **fields)
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a report's JSON form, shipped as package data.
+
+    Returns:
+        A fresh dict parsed from ``fedproto/report.schema.json`` (safe to modify).
+
+    Example:
+        >>> import jsonschema  # doctest: +SKIP
+        >>> jsonschema.validate(json.loads(path.read_text()), report_schema())  # doctest: +SKIP
+    """
+    return json.loads(_schema_text())
+
+
+@functools.cache
+def _schema_text() -> str:
+    return importlib.resources.files("fedproto").joinpath("report.schema.json").read_text(encoding="utf-8")
+
+
+@functools.cache
+def _fedproto_version() -> str:
+    try:
+        return importlib.metadata.version("fedproto")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _parse_timestamp(text: str) -> datetime.datetime:
+    """A report timestamp as an aware datetime (naive values are taken as UTC)."""
+    when = datetime.datetime.fromisoformat(text)
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.timezone.utc)
 
 
 def _json_default(value: Any) -> Any:

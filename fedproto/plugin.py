@@ -1,16 +1,21 @@
-"""The interface between the CLI and a protocol family (found through entry points).
+"""The interface between the CLI and a protocol family.
 
-A protocol plugin is registered in ``pyproject.toml`` under the ``fedproto.protocols`` entry-point
-group and is an object with:
+A protocol plugin is an object with:
 
-* ``name`` and ``description``;
-* ``add_arguments(parser)``: its own command-line options;
+* ``name`` and ``description`` (one line, shown by ``fedproto list``);
+* ``add_arguments(parser)``: its own command-line options (optional);
 * ``plan(args, dataset) -> RunPlan``: the roster, how to build each party's machine, and how to
   turn results into JSON and a summary;
+* optionally ``needs_data = False``: a protocol without data (a secure sum, gossip); the CLI then
+  adds no data options (``--data``, ``--partition``) and calls ``plan(args, None)``;
 * optionally ``generated_datasets``: ``{name: (seed) -> Dataset}``, data sets the plugin builds
   itself (a paper's synthetic mixture); ``--data NAME`` picks them before any file lookup.
 
-The core never imports a plugin module directly, so new protocols plug in without touching it.
+``fedproto run`` finds it by the name it is registered under in the ``fedproto.protocols``
+entry-point group of an installed package, or, without packaging, in a Python file
+(``fedproto run path/to/proto.py[:ATTR]``) or module (``fedproto run package.module:ATTR``);
+``ATTR`` defaults to ``PROTOCOL``. Only the plugin a command names is imported. The core never
+imports a plugin module directly, so new protocols plug in without touching it.
 """
 
 from __future__ import annotations
@@ -36,13 +41,24 @@ class RunPlan:
         make_machine: builds the machine of one party (called only for parties this process hosts).
         result_to_json: ``(party, result) -> dict``: a party's result as JSON-ready data.
         summarize: ``{party: result json} -> dict`` of metrics to print and store (may run other
-            computations, e.g. baselines).
+            computations, e.g. baselines, reporting them with
+            :func:`fedproto.progress.progress_task`). An entry ``"paper"`` (a dict) holds
+            figures from the paper; the CLI moves it to the report's ``paper``.
         role_of: party name -> role name (for bytes per role).
         iterations: algorithm rounds expected (for progress bars).
         analytic: analytic costs to print beside the measured ones, e.g. bytes per iteration.
         phases: the protocol's phases in message order (for tables and plots).
         plot_results: ``(axis, summary) -> None`` draws the protocol's results (e.g. clusters)
             on a matplotlib axis, or ``None``.
+        labels: result key -> human label for the terminal tables (e.g. ``{"nicv": "NICV"}``);
+            a key without one is shown with ``_`` as spaces. The JSON report keeps the keys.
+        max_frame_bytes: the largest frame (bytes, envelope included) any party of this run can
+            legitimately send, from the run's options and data sizes: the largest of
+            :func:`fedproto.framesize.max_frame_bytes` over the messages its parties send, at
+            the shapes they take in this run; ``None`` when the plugin states none. The CLI
+            makes every party refuse larger frames (the smaller of this and
+            ``--max-frame-bytes``, raised to fit the runtime's own abort notice), so a peer
+            cannot make a party read and decode more than the protocol needs.
     """
 
     roster: tuple[str, ...]
@@ -55,10 +71,17 @@ class RunPlan:
     analytic: dict[str, Any] = dataclasses.field(default_factory=dict)
     phases: tuple[str, ...] = ()
     plot_results: Callable[[Any, Mapping[str, Any]], None] | None = None
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    max_frame_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        limit = self.max_frame_bytes
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError(f"RunPlan.max_frame_bytes must be a positive int or None, got {self.max_frame_bytes!r}")
 
 
 class ProtocolPlugin(Protocol):
-    """What the ``fedproto.protocols`` entry points must provide."""
+    """What a protocol plugin provides (see the module docstring for the optional parts)."""
 
     name: str
     description: str
@@ -66,8 +89,8 @@ class ProtocolPlugin(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the protocol's own options."""
 
-    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        """Build the run plan.
+    def plan(self, args: argparse.Namespace, dataset: Dataset | None) -> RunPlan:
+        """Build the run plan (``dataset`` is ``None`` for a plugin with ``needs_data = False``).
 
         Raises:
             ValueError: the arguments do not fit the data (e.g. k > n).

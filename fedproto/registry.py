@@ -1,48 +1,311 @@
-"""Find protocol and transport plugins through entry points (``fedproto.protocols``,
-``fedproto.transports`` in ``pyproject.toml``), so new ones plug in without touching the core."""
+"""Find protocol and transport plugins, importing only the ones a command needs.
+
+Installed plugins are entry points (``fedproto.protocols``, ``fedproto.transports`` in
+``pyproject.toml``); listing their names imports nothing. A protocol can also come from the
+user's own code, without packaging:
+
+* ``path/to/my_proto.py`` or ``path/to/my_proto.py:ATTR``: a Python file;
+* ``package.module:ATTR`` (or ``package.module``): an importable module (the working directory is
+  searched too, as ``python -m`` would).
+
+``ATTR`` defaults to ``PROTOCOL``. A plugin that fails to import raises :class:`PluginLoadError`
+with one line saying why; it does not stop other plugins from loading (``fedproto list`` shows
+it as broken).
+"""
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, entry_points, requires
+from pathlib import Path
 from typing import Any
 
-__all__ = ["protocol_names", "load_protocol", "transport_names", "load_transport"]
+__all__ = [
+    "PROTOCOL_GROUP",
+    "TRANSPORT_GROUP",
+    "DEFAULT_ATTRIBUTE",
+    "UnknownPluginError",
+    "PluginLoadError",
+    "PluginInfo",
+    "protocol_names",
+    "transport_names",
+    "load_protocol",
+    "load_transport",
+    "is_protocol_path",
+    "resolve_protocol_spec",
+    "describe_protocols",
+    "describe_transports",
+    "suggest",
+]
+
+PROTOCOL_GROUP = "fedproto.protocols"
+TRANSPORT_GROUP = "fedproto.transports"
+#: The attribute a module spec without ``:ATTR`` names.
+DEFAULT_ATTRIBUTE = "PROTOCOL"
+
+
+class UnknownPluginError(ValueError):
+    """No installed plugin, file or module has that name (a usage error).
+
+    Attributes:
+        name: the name asked for.
+        suggestions: close installed names ("did you mean").
+    """
+
+    def __init__(self, message: str, *, name: str, suggestions: list[str]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.suggestions = suggestions
+
+
+class PluginLoadError(ImportError):
+    """A plugin exists but cannot be loaded (its import failed or it is not a plugin)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginInfo:
+    """One line of ``fedproto list``.
+
+    Attributes:
+        name: the registered name.
+        description: one line describing it ("" when it has none).
+        error: why it cannot be loaded (one line), or ``None`` when it loads.
+    """
+
+    name: str
+    description: str
+    error: str | None = None
 
 
 def _group(name: str) -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=name)}
 
 
+def suggest(name: str, choices: list[str] | tuple[str, ...] | set[str]) -> list[str]:
+    """Close matches of ``name`` among ``choices``, best first (for "did you mean")."""
+    return difflib.get_close_matches(name, sorted(choices), n=3, cutoff=0.6)
+
+
+def _did_you_mean(suggestions: list[str]) -> str:
+    if not suggestions:
+        return ""
+    return "; did you mean " + " or ".join(repr(s) for s in suggestions) + "?"
+
+
 def protocol_names() -> list[str]:
-    """Names of the installed protocol plugins."""
-    return sorted(_group("fedproto.protocols"))
-
-
-def load_protocol(name: str) -> Any:
-    """The protocol plugin object registered as ``name``.
-
-    Raises:
-        ValueError: no such protocol is installed.
-    """
-    group = _group("fedproto.protocols")
-    if name not in group:
-        raise ValueError(f"unknown protocol {name!r}; installed: {', '.join(sorted(group)) or 'none'}")
-    return group[name].load()
+    """Names of the installed protocol plugins (nothing is imported)."""
+    return sorted(_group(PROTOCOL_GROUP))
 
 
 def transport_names() -> list[str]:
-    """Names of the installed transports."""
-    return sorted(_group("fedproto.transports"))
+    """Names of the installed transports (nothing is imported)."""
+    return sorted(_group(TRANSPORT_GROUP))
+
+
+def _install_hint(exc: ImportError) -> str:
+    """``" (pip install 'fedproto[extra]')"`` when the missing module is an optional dependency."""
+    missing = getattr(exc, "name", None)
+    if not missing:
+        return ""
+    top = missing.split(".")[0]
+    try:
+        requirements = requires("fedproto") or []
+    except PackageNotFoundError:
+        return ""
+    for requirement in requirements:
+        match = re.match(r"\s*([A-Za-z0-9._-]+).*;.*extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
+        if match and match.group(1).lower().replace("-", "_") == top.lower().replace("-", "_"):
+            if match.group(2) != "test":
+                return f" (pip install 'fedproto[{match.group(2)}]')"
+    return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _load_entry_point(kind: str, name: str, entry: Any) -> Any:
+    try:
+        return entry.load()
+    except ImportError as exc:
+        raise PluginLoadError(f"cannot load {kind} {name!r}: {_one_line(exc)}{_install_hint(exc)}") from exc
+    except Exception as exc:  # a plugin module may fail in any way while importing
+        raise PluginLoadError(f"cannot load {kind} {name!r}: {_one_line(exc)}") from exc
+
+
+# --- protocols -------------------------------------------------------------------------------------
+
+
+def is_protocol_path(spec: str) -> bool:
+    """Whether ``spec`` names a file or module rather than an installed protocol."""
+    module = _split_spec(spec)[0]
+    return module.endswith(".py") or "/" in module or os.sep in module or "." in module or ":" in spec
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """``"mod.py:ATTR"`` -> ``("mod.py", "ATTR")``; the attribute is ``None`` when absent."""
+    module, sep, attribute = spec.rpartition(":")
+    if not sep or not attribute.isidentifier():
+        return spec, None
+    return module, attribute
+
+
+def resolve_protocol_spec(spec: str) -> str:
+    """``spec`` as another process (another working directory) can load it: a file path made
+    absolute; names and module paths unchanged."""
+    module, attribute = _split_spec(spec)
+    if module.endswith(".py") or "/" in module or os.sep in module:
+        module = str(Path(module).expanduser().resolve())
+    return module if attribute is None else f"{module}:{attribute}"
+
+
+def _check_plugin(plugin: Any, where: str) -> Any:
+    if not callable(getattr(plugin, "plan", None)):
+        raise PluginLoadError(f"{where} is not a protocol plugin (it has no plan(args, dataset) method)")
+    return plugin
+
+
+def _load_file(path: Path, attribute: str, spec: str) -> Any:
+    if not path.is_file():
+        raise UnknownPluginError(f"no protocol file {str(path)!r}", name=spec, suggestions=[])
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    module_name = f"fedproto_user_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', resolved.stem)}_{digest}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+        if module_spec is None or module_spec.loader is None:
+            raise PluginLoadError(f"cannot load protocol {spec!r}: not a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        # Like `python file.py`: modules beside the file are importable from it.
+        if str(resolved.parent) not in sys.path:
+            sys.path.insert(0, str(resolved.parent))
+        sys.modules[module_name] = module  # before executing: dataclasses look the module up
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException as exc:
+            del sys.modules[module_name]
+            if isinstance(exc, Exception):
+                hint = _install_hint(exc) if isinstance(exc, ImportError) else ""
+                raise PluginLoadError(f"cannot load protocol {spec!r}: {_one_line(exc)}{hint}") from exc
+            raise
+    if not hasattr(module, attribute):
+        raise PluginLoadError(f"{resolved} has no attribute {attribute!r} (name the plugin with FILE:ATTRIBUTE)")
+    return _check_plugin(getattr(module, attribute), f"{spec} ({attribute})")
+
+
+def _load_module(module_name: str, attribute: str, spec: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)  # after everything installed, so it shadows nothing
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name) and (
+            exc.name == module_name or module_name.startswith(exc.name + ".")
+        ):
+            raise UnknownPluginError(
+                f"unknown protocol {spec!r}: no installed protocol, file or module of that name",
+                name=spec,
+                suggestions=suggest(module_name, protocol_names()),
+            ) from None
+        raise PluginLoadError(f"cannot load protocol {spec!r}: {_one_line(exc)}{_install_hint(exc)}") from exc
+    except Exception as exc:
+        raise PluginLoadError(f"cannot load protocol {spec!r}: {_one_line(exc)}") from exc
+    if not hasattr(module, attribute):
+        raise PluginLoadError(f"module {module_name} has no attribute {attribute!r}")
+    return _check_plugin(getattr(module, attribute), f"{module_name}:{attribute}")
+
+
+def load_protocol(spec: str) -> Any:
+    """The protocol plugin ``spec`` names: an installed name, a file or a module (see above).
+
+    Only that plugin is imported.
+
+    Raises:
+        UnknownPluginError: nothing has that name (with close installed names).
+        PluginLoadError: it exists but its import fails or it is not a plugin.
+    """
+    group = _group(PROTOCOL_GROUP)
+    if spec in group:
+        return _check_plugin(_load_entry_point("protocol", spec, group[spec]), f"protocol {spec!r}")
+    if not is_protocol_path(spec):
+        suggestions = suggest(spec, list(group))
+        installed = ", ".join(sorted(group)) or "none"
+        raise UnknownPluginError(
+            f"unknown protocol {spec!r}{_did_you_mean(suggestions)} (installed: {installed}; "
+            f"or give a file path.py[:ATTR] or a module:ATTR)",
+            name=spec,
+            suggestions=suggestions,
+        )
+    module, attribute = _split_spec(spec)
+    attribute = attribute or DEFAULT_ATTRIBUTE
+    if module.endswith(".py") or "/" in module or os.sep in module:
+        return _load_file(Path(module).expanduser(), attribute, spec)
+    return _load_module(module, attribute, spec)
+
+
+def describe_protocols() -> list[PluginInfo]:
+    """One :class:`PluginInfo` per installed protocol (each is imported; a broken one is reported,
+    not raised)."""
+    out = []
+    for name, entry in sorted(_group(PROTOCOL_GROUP).items()):
+        try:
+            plugin = _check_plugin(_load_entry_point("protocol", name, entry), f"protocol {name!r}")
+        except PluginLoadError as exc:
+            out.append(PluginInfo(name, "", str(exc).removeprefix(f"cannot load protocol {name!r}: ")))
+            continue
+        out.append(PluginInfo(name, _description(plugin)))
+    return out
+
+
+# --- transports ------------------------------------------------------------------------------------
 
 
 def load_transport(name: str) -> Any:
-    """The transport class registered as ``name``.
+    """The network class registered as ``name``.
 
     Raises:
-        ValueError: no such transport is installed.
-        ImportError: its dependencies (e.g. mpi4py) are missing.
+        UnknownPluginError: no such transport is installed (with close names).
+        PluginLoadError: its import fails, e.g. a missing optional dependency (the message says
+            which ``pip install 'fedproto[...]'`` brings it).
     """
-    group = _group("fedproto.transports")
+    group = _group(TRANSPORT_GROUP)
     if name not in group:
-        raise ValueError(f"unknown transport {name!r}; installed: {', '.join(sorted(group)) or 'none'}")
-    return group[name].load()
+        suggestions = suggest(name, list(group))
+        raise UnknownPluginError(
+            f"unknown transport {name!r}{_did_you_mean(suggestions)} (installed: {', '.join(sorted(group)) or 'none'})",
+            name=name,
+            suggestions=suggestions,
+        )
+    return _load_entry_point("transport", name, group[name])
+
+
+def describe_transports() -> list[PluginInfo]:
+    """One :class:`PluginInfo` per installed transport (a broken one is reported, not raised)."""
+    out = []
+    for name, entry in sorted(_group(TRANSPORT_GROUP).items()):
+        try:
+            network = _load_entry_point("transport", name, entry)
+        except PluginLoadError as exc:
+            out.append(PluginInfo(name, "", str(exc).removeprefix(f"cannot load transport {name!r}: ")))
+            continue
+        out.append(PluginInfo(name, _description(network)))
+    return out
+
+
+def _description(obj: Any) -> str:
+    """``obj.description``, else the first line of its docstring (its class's for instances)."""
+    text = getattr(obj, "description", None)
+    if not isinstance(text, str) or not text.strip():
+        doc = getattr(obj, "__doc__", None) or getattr(type(obj), "__doc__", None) or ""
+        text = doc.strip().splitlines()[0] if doc.strip() else ""
+    return " ".join(text.split())

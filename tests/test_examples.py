@@ -114,7 +114,7 @@ def test_mpi_example(tmp_path, memory_run):
 
 # --------------------------------------------------------------------------- deletion (DC-k-means)
 
-DELETION_ARGS = ["--data", "iris", "--deletions", "5", "--seed", "0"]
+DELETION_ARGS = ["--data", "iris", "--removals", "5", "--seed", "0"]
 
 
 def _deletion_lines(stdout: str) -> list[tuple[int, int, int, int]]:
@@ -145,6 +145,14 @@ def test_deletion_memory_example(deletion_memory_run):
     assert len(rounds) == 5 + 2 and sum(rounds) == _total_bytes(out), out
     assert all(rounds[r] == lines[r - 1][0] + lines[r - 1][1] for r in range(1, 6)), out
     assert "equals DC-k-means trained on the remaining data with the same key: True" in out
+
+
+def test_deletion_example_keeps_the_old_option_spelling(tmp_path, deletion_memory_run):
+    """``--deletions`` stays a hidden alias of ``--removals``: the same run, line for line."""
+    old = [arg if arg != "--removals" else "--deletions" for arg in DELETION_ARGS]
+    done = _run([sys.executable, str(EXAMPLES / "deletion_memory.py"), *old], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == deletion_memory_run.stdout
 
 
 def test_deletion_tcp_example(tmp_path, deletion_memory_run):

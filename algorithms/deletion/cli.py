@@ -1,6 +1,6 @@
 """The ``qkmeans`` and ``dckmeans`` plugins of the ``fedproto`` command line.
 
-``fedproto run dckmeans --data ../shared/data/celltype.npz --deletions 1000 --seed 0`` builds the
+``fedproto run dckmeans --data ../shared/data/celltype.npz --removals 1000 --seed 0`` builds the
 DC tree as parties (the root coordinates the stream, leaves hold the data), runs training and the
 deletion stream over the chosen transport, and prints the run report (bytes per round show the
 zero bytes of parties off each deletion's path) with a summary: whether the final model equals
@@ -22,10 +22,23 @@ masses, internal nodes cluster mass-weighted.
 Both plugins generate the paper's synthetic Gaussian set by name: ``--data gaussian`` (5 x 20,000
 points in 25 dimensions) or ``--data gaussian-small`` (5 x 2,000), drawn with ``--seed``.
 
-Data are min-max scaled to ``[0, 1]^d`` (``--scale minmax``, the paper's preprocessing; Celltype
-is already scaled, so it is unchanged); ``--scale none`` keeps the values. The deletion stream is
-``--deletions`` ids drawn uniformly without replacement with ``--seed + 1`` (default: min(1000,
-n/10)); the model key is ``PRNGKey(--seed)``.
+Data are min-max scaled to ``[0, 1]^d`` (``--normalize minmax``, the default and the paper's
+preprocessing; a bare ``--normalize`` means the same; Celltype is already scaled, so it is
+unchanged); ``--normalize none`` keeps the values. The deletion stream is ``--removals`` ids drawn
+uniformly without replacement with ``--seed + 1`` (default: min(1000, n/10)); the model key is
+``PRNGKey(--seed)``. Q-k-means takes ``--lattice-step`` (the paper's epsilon, the granularity of
+its lattice) and ``--balance`` (the paper's gamma); ``--retrains`` k-means retrainings are timed
+for the baseline.
+
+The summary's keys (the report's ``results``) are snake_case with units in their names
+(``loss_ratio``, ``removal_ms_mean``, ``amortised_ms``, ``retrain_ms``, ``speedup_over_retrain``,
+...; the plan's ``labels`` give readable labels); the paper's Tables 1-4 figures for the data set
+go under ``paper`` (:func:`paper_figures`). The checks, baselines and timed replays after the
+protocol report their progress through :func:`fedproto.progress.progress_task`.
+
+Old option spellings stay accepted, hidden from ``--help``: ``--deletions`` (``--removals``),
+``--scale`` (``--normalize``), ``--baseline-retrains`` (``--retrains``), and for qkmeans ``--eps``
+(``--lattice-step``) and ``--gamma`` (``--balance``).
 """
 
 from __future__ import annotations
@@ -49,6 +62,20 @@ from fedproto.algorithms.deletion.protocol import (
     QKMeansParties,
     QKMeansServerResult,
 )
+from fedproto.algorithms.deletion.messages import (
+    ClusterStatistics,
+    IterationCentroids,
+    ModelUpdate,
+    NodeCentroids,
+    PointRemoval,
+    PointUpload,
+    RemovalRequest,
+    SeedPick,
+    SeedPoint,
+    SeedScore,
+    SeedStep,
+    WeightedNodeCentroids,
+)
 from fedproto.algorithms.deletion.federated import (
     COORDINATOR,
     FederatedPartyResult,
@@ -58,17 +85,170 @@ from fedproto.algorithms.deletion.federated import (
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
 from fedproto.data import Dataset, normalize, partition, session_id
+from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
+from fedproto.progress import progress_task
 
-__all__ = ["DCKMEANS", "QKMEANS", "DCKMeansPlugin", "QKMeansPlugin"]
+__all__ = [
+    "DCKMEANS",
+    "HEADLINE",
+    "QKMEANS",
+    "DCKMeansPlugin",
+    "QKMeansPlugin",
+    "dckmeans_frame_limit",
+    "paper_figures",
+    "qkmeans_frame_limit",
+    "summary_labels",
+]
+
+#: Summary keys printed first (the terminal table shows its first rows unless ``--full``).
+HEADLINE = ("data_set", "method", "n_points", "d", "k", "n_removals", "loss_ratio", "model_equals_retrain",
+            "federated_equals_centralised", "clients_agree", "removal_ms_mean", "amortised_ms",
+            "retrain_amortised_ms", "speedup_over_retrain")
+
+#: Column of each method in :data:`~fedproto.algorithms.deletion.streams.PAPER_TABLES`.
+_PAPER_COLUMN = {"k-means": 0, "Q-k-means": 1, "DC-k-means": 2}
+
 
 def prepare(dataset: Dataset, scale: str) -> np.ndarray:
-    """The points the algorithms see: min-max scaled to ``[0, 1]^d`` or unchanged."""
+    """The points the algorithms see: min-max scaled to ``[0, 1]^d`` (``"minmax"``) or unchanged
+    (``"none"``).
+
+    Raises:
+        ValueError: another ``scale``.
+    """
     if scale == "none":
         return np.asarray(dataset.x, dtype=np.float64)
     if scale != "minmax":
-        raise ValueError(f"unknown --scale {scale!r}")
+        raise ValueError(f"unknown --normalize {scale!r} (minmax or none)")
     return normalize(dataset.x, 0.5) + 0.5
+
+
+def qkmeans_frame_limit(k: int, d: int, largest_client: int, *, federated: bool) -> int:
+    """The largest frame any party of a Q-k-means run sends (bytes, envelope included).
+
+    Curated: a client uploads its ``n_c`` points (``int64 [n_c]`` ids and ``float64 [n_c, d]``;
+    ``largest_client`` is the largest ``n_c``) and the server sends ``[k, d]`` models. Federated:
+    seeding exchanges one centre or point ``[d]`` and scalars, a Lloyd round the ``[k, d]``
+    centroids and the ``[k, d]`` sums with ``[k]`` counts, a deletion the point ``[d]``.
+    """
+    model = {"centroids": (k, d)}
+    bounds = [max_frame_bytes(ModelUpdate, arrays=model), max_frame_bytes(RemovalRequest)]
+    if federated:
+        bounds += [
+            max_frame_bytes(SeedStep, arrays={"centre": (1, d)}),
+            max_frame_bytes(SeedScore),
+            max_frame_bytes(SeedPick),
+            max_frame_bytes(SeedPoint, arrays={"point": (d,)}),
+            max_frame_bytes(IterationCentroids, arrays=model),
+            max_frame_bytes(ClusterStatistics, arrays={"sums": (k, d), "counts": (k,)}),
+            max_frame_bytes(PointRemoval, arrays={"point": (d,)}),
+        ]
+    else:
+        bounds.append(max_frame_bytes(PointUpload, arrays={"ids": (largest_client,), "points": (largest_client, d)}))
+    return max(bounds)
+
+
+def dckmeans_frame_limit(k: int, d: int, *, weighted: bool) -> int:
+    """The largest frame any party of a DC-k-means run sends (bytes, envelope included): a node's
+    at most ``k`` centroids ``float64 [k, d]`` (with their masses ``[k]`` when weighted), the
+    root's requests and its ``[k, d]`` model."""
+    bounds = [
+        max_frame_bytes(NodeCentroids, arrays={"centroids": (k, d)}),
+        max_frame_bytes(RemovalRequest),
+        max_frame_bytes(ModelUpdate, arrays={"centroids": (k, d)}),
+    ]
+    if weighted:
+        bounds.append(max_frame_bytes(WeightedNodeCentroids, arrays={"centroids": (k, d), "counts": (k,)}))
+    return max(bounds)
+
+
+def summary_labels(method: str) -> dict[str, str]:
+    """Readable label of each summary key (and each :func:`paper_figures` key) of ``method``
+    (``"Q-k-means"`` or ``"DC-k-means"``, optionally with a variant in parentheses)."""
+    return {
+        "data_set": "data set",
+        "n_points": "N (points)",
+        "n_clients": "clients",
+        "n_removals": "deletion requests",
+        "lattice_step": "lattice step eps (after the stream)",
+        "balance": "balance gamma",
+        "iterations": "Lloyd iterations T",
+        "n_certified_removals": "certified deletions",
+        "n_retrained_removals": "retrained deletions",
+        "n_trainings": "federated trainings (1 + retrains)",
+        "federated_equals_centralised": "federated equals centralised Q-k-means on the stream (same key)",
+        "width": "width w",
+        "height": "height h",
+        "leaves": "leaves",
+        "leaf_size_min": "leaf size min",
+        "leaf_size_mean": "leaf size mean",
+        "leaf_size_max": "leaf size max",
+        "node_recomputations_per_removal": "node recomputations per deletion",
+        "root_computations": "root computations",
+        "model_equals_retrain": "model equals training on the remaining data (same key)",
+        "clients_agree": "clients agree on the model",
+        "loss": f"loss ({method}, after the stream)",
+        "loss_kmeans": "loss (k-means++ and Lloyd's to convergence)",
+        "loss_ratio": "loss ratio",
+        "silhouette": f"silhouette ({method})",
+        "silhouette_kmeans": "silhouette (k-means++)",
+        "nmi": f"NMI ({method}, arithmetic)",
+        "nmi_kmeans": "NMI (k-means++, arithmetic)",
+        "train_ms": f"train ms ({method}, centralised replay)",
+        "removal_ms_mean": f"mean ms per deletion ({method})",
+        "removal_ms_std": f"std of ms per deletion ({method})",
+        "amortised_ms": f"amortised ms per deletion ({method}, training included)",
+        "retrain_ms": "k-means retraining ms (mean of the timed ones)",
+        "retrain_amortised_ms": "amortised ms per deletion (k-means, retrain each time)",
+        "speedup_over_retrain": "speedup over retraining (amortised)",
+        "n_retrains_timed": "k-means retrains timed",
+    }
+
+
+def paper_figures(data_set: str, method: str) -> dict[str, float]:
+    """The paper's Tables 1-4 figures of ``method`` on ``data_set``, keyed like the summary.
+
+    Args:
+        data_set: the data set's name (the tables have celltype, covtype, mnist, postures,
+            gaussian and botnet). method: ``"Q-k-means"`` or ``"DC-k-means"``, optionally
+            followed by a variant in parentheses.
+
+    Returns:
+        ``loss_ratio``, ``silhouette``, ``nmi``, ``silhouette_kmeans``, ``nmi_kmeans``,
+        ``amortised_ms``, ``retrain_amortised_ms`` and ``speedup_over_retrain`` (the ratio of the
+        two amortised times, Table 4); empty for other data sets.
+
+    References:
+        Ginart et al., "Making AI Forget You: Data Deletion in Machine Learning", NeurIPS 2019,
+        Tables 1-4.
+    """
+    table = streams.PAPER_TABLES.get(data_set)
+    if table is None:
+        return {}
+    col = _PAPER_COLUMN[method.split(" (")[0]]
+    amortised_s = table["amortised s"]
+    return {
+        "loss_ratio": table["loss ratio"][col],
+        "silhouette": table["silhouette"][col],
+        "nmi": table["nmi"][col],
+        "silhouette_kmeans": table["silhouette"][0],
+        "nmi_kmeans": table["nmi"][0],
+        "amortised_ms": 1e3 * amortised_s[col],
+        "retrain_amortised_ms": 1e3 * amortised_s[0],
+        "speedup_over_retrain": amortised_s[0] / amortised_s[col],
+    }
+
+
+def _headline_first(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary`` with the keys of :data:`HEADLINE` first, in that order, then the others."""
+    return {**{key: summary[key] for key in HEADLINE if key in summary}, **summary}
+
+
+def _number(value: float) -> float | None:
+    """``value`` as a float, or ``None`` where it is not finite (JSON has no NaN or infinity)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def file_partition(path: str, x: np.ndarray) -> np.ndarray:
@@ -98,13 +278,16 @@ def file_partition(path: str, x: np.ndarray) -> np.ndarray:
 
 def _common_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--k", type=int, default=None, help="clusters (default: the paper's k for the data set)")
-    group.add_argument("--deletions", type=int, default=None, help="deletion requests (default min(1000, n/10))")
+    group.add_argument("--removals", type=int, default=None,
+                       help="deletion requests (default min(1000, n/10))")
+    group.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)
     group.add_argument("--iterations", type=int, default=10, help="Lloyd iterations T (default 10)")
-    group.add_argument("--scale", choices=("minmax", "none"), default="minmax", help="preprocessing (default minmax)")
+    group.add_argument("--normalize", choices=("minmax", "none"), nargs="?", const="minmax", default="minmax",
+                       help="preprocessing: min-max scaling into [0, 1]^d (default; also a bare --normalize) or none")
+    group.add_argument("--scale", dest="normalize", choices=("minmax", "none"), help=argparse.SUPPRESS)
     group.add_argument("--no-timing", action="store_true", help="skip the timed centralised replay of the stream")
-    group.add_argument(
-        "--baseline-retrains", type=int, default=3, help="retrains timed for the k-means baseline (default 3)"
-    )
+    group.add_argument("--retrains", type=int, default=3, help="retrains timed for the k-means baseline (default 3)")
+    group.add_argument("--baseline-retrains", dest="retrains", type=int, help=argparse.SUPPRESS)
 
 
 def _setup(args: argparse.Namespace, dataset: Dataset) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]]:
@@ -113,71 +296,110 @@ def _setup(args: argparse.Namespace, dataset: Dataset) -> tuple[np.ndarray, np.n
         raise ValueError("--k must be at least 1")
     if args.iterations < 1:
         raise ValueError("--iterations must be at least 1")
-    if args.baseline_retrains < 1:
-        raise ValueError("--baseline-retrains must be at least 1")
-    x = prepare(dataset, args.scale)
+    if args.retrains < 1:
+        raise ValueError("--retrains must be at least 1")
+    x = prepare(dataset, args.normalize)
     n = x.shape[0]
     if k > n:
         raise ValueError(f"k = {k} is larger than the number of points ({n})")
-    m = args.deletions if args.deletions is not None else min(1000, n // 10)
+    m = args.removals if args.removals is not None else min(1000, n // 10)
     if m < 0:
-        raise ValueError("--deletions must be non-negative")
+        raise ValueError("--removals must be non-negative")
     if n - m < k:
-        raise ValueError(f"--deletions {m} would leave {n - m} points, fewer than k = {k}")
+        raise ValueError(f"--removals {m} would leave {n - m} points, fewer than k = {k}")
     ids = np.arange(n, dtype=np.int64)
     stream = tuple(int(i) for i in streams.deletion_stream(ids, m, args.seed + 1))
     return x, ids, k, stream
 
 
 def _quality_rows(
-    label: str, x: np.ndarray, y: np.ndarray | None, keep: np.ndarray, centroids: np.ndarray, key: jax.Array, k: int
+    x: np.ndarray, y: np.ndarray | None, keep: np.ndarray, centroids: np.ndarray, key: jax.Array, k: int
 ) -> dict[str, Any]:
+    """Loss, silhouette and NMI of the model on the remaining data, beside k-means++ with Lloyd's
+    to convergence (same key); ``None`` where a figure is not defined (no labels, one cluster)."""
     ids = np.flatnonzero(keep)
     xr, yr = x[keep], (y[keep] if y is not None else None)
-    mine = streams.quality(xr, yr, centroids)
-    base = streams.quality(xr, yr, streams.converged_kmeans(xr, ids, k, key))
+    with progress_task("quality: k-means++ to convergence, silhouette, NMI"):
+        mine = streams.quality(xr, yr, centroids)
+        base = streams.quality(xr, yr, streams.converged_kmeans(xr, ids, k, key))
     return {
-        f"loss ({label}, after the stream)": mine["loss"],
-        "loss (k-means++ and Lloyd's to convergence)": base["loss"],
-        "loss ratio": mine["loss"] / base["loss"] if base["loss"] > 0 else math.inf,
-        f"silhouette ({label})": mine["silhouette"],
-        "silhouette (k-means++)": base["silhouette"],
-        f"NMI ({label}, arithmetic)": mine["nmi"],
-        "NMI (k-means++, arithmetic)": base["nmi"],
+        "loss": mine["loss"],
+        "loss_kmeans": base["loss"],
+        "loss_ratio": _number(mine["loss"] / base["loss"]) if base["loss"] > 0 else None,
+        "silhouette": _number(mine["silhouette"]),
+        "silhouette_kmeans": _number(base["silhouette"]),
+        "nmi": _number(mine["nmi"]),
+        "nmi_kmeans": _number(base["nmi"]),
     }
 
 
-def _timing_rows(
-    timing: streams.StreamTiming, baseline: streams.StreamTiming, dataset: str, paper_column: int
+def _timed_rows(
+    method: str, x: np.ndarray, ids: np.ndarray, stream: tuple[int, ...], k: int, key: jax.Array, retrains: int,
+    **stream_options: Any,
 ) -> dict[str, Any]:
-    rows: dict[str, Any] = {
-        f"train s ({timing.method}, centralised replay)": timing.train_s,
-        f"amortised s per deletion ({timing.method})": timing.amortised_s,
-        "amortised s per deletion (k-means, retrain each time)": baseline.amortised_s,
-        "speedup over retraining": baseline.amortised_s / timing.amortised_s,
-        "cumulative time s": timing.cumulative_s.tolist(),
-        "baseline cumulative time s": baseline.cumulative_s.tolist(),
+    """Time ``method`` on the stream in one process, and plain k-means retrained after each
+    deletion, after compiling every shape they meet (so that compilation is not timed).
+
+    Args:
+        method: ``"q"`` (Q-k-means) or ``"dc"`` (DC-k-means).
+        x: ``[n, d]`` float64 points; ids: ``[n]`` int64 their ids; stream: the ids to delete.
+        k: clusters; key: the model key; retrains: k-means retrains timed (evenly spread; the
+            other deletions are charged their mean).
+        **stream_options: ``iterations`` (T) and ``widths`` (DC widths) for the warm-up, the rest
+            (``q_config``, or ``dc_config`` and ``leaves``) for :func:`streams.time_stream`.
+
+    Returns:
+        The timing keys of the summary, in milliseconds (``train_ms``, ``removal_ms_mean``,
+        ``removal_ms_std``, ``amortised_ms``, ``retrain_ms``, ``retrain_amortised_ms``), the
+        speed-up of the amortised times, and the cumulative times (seconds) for the plot.
+    """
+    warm = {"iterations": stream_options.pop("iterations"), "widths": stream_options.pop("widths", ())}
+    with progress_task("compiling the kernels of the timed replay"):
+        streams.warm_up(x, k, len(stream), method=method, **warm)
+    with progress_task(f"timed replay of the {len(stream)} deletions"):
+        timing = streams.time_stream(method, x, ids, stream, key=key, **stream_options)
+    with progress_task(f"k-means baseline: {retrains} timed retrains"):
+        baseline = streams.time_baseline(x, ids, stream, k, key=key, retrains=retrains)
+    removal_ms = 1e3 * np.asarray(timing.deletion_s)
+    measured = 1e3 * np.asarray(baseline.deletion_s)  # estimated entries repeat the measured mean
+    return {
+        "train_ms": 1e3 * timing.train_s,
+        "removal_ms_mean": float(removal_ms.mean()),
+        "removal_ms_std": float(removal_ms.std()),
+        "amortised_ms": 1e3 * timing.amortised_s,
+        "retrain_ms": float(measured.mean()),
+        "retrain_amortised_ms": 1e3 * baseline.amortised_s,
+        "speedup_over_retrain": _number(baseline.amortised_s / timing.amortised_s),
+        "n_retrains_timed": min(retrains, len(stream)),
+        "cumulative_time_s": timing.cumulative_s.tolist(),
+        "retrain_cumulative_time_s": baseline.cumulative_s.tolist(),
     }
-    paper = streams.PAPER_TABLES.get(dataset)
-    if paper is not None:
-        rows["paper speedup (Table 4)"] = paper["amortised s"][0] / paper["amortised s"][paper_column]
-    return rows
 
 
 def plot_cumulative(ax: Any, summary: Mapping[str, Any]) -> None:
-    """Cumulative time over the deletion stream: the method against retraining from scratch."""
-    mine, base = summary.get("cumulative time s"), summary.get("baseline cumulative time s")
+    """Cumulative time over the deletion stream: the method against retraining from scratch.
+
+    The time axis is logarithmic when the values span more than two decades; deletions (a count)
+    get integer ticks; the legend sits below the axes.
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    mine, base = summary.get("cumulative_time_s"), summary.get("retrain_cumulative_time_s")
     if not mine:
         ax.text(0.5, 0.5, "no timing (--no-timing)", ha="center", va="center")
         ax.set_axis_off()
         return
-    ax.plot(range(len(mine)), mine, label=str(summary.get("method", "method")))
-    ax.plot(range(len(base)), base, label="k-means (retrain)")
-    ax.set_yscale("log")
+    ax.plot(range(len(mine)), mine, label=f"{summary.get('method', 'method')} (train, then deletions)")
+    ax.plot(range(len(base)), base, label="k-means (retrain on every deletion)")
+    times = [t for t in (*mine, *base) if t > 0]
+    log = len(times) >= 2 and max(times) > 100 * min(times)
+    if log:
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("deletions served")
-    ax.set_ylabel("cumulative time s (train + deletions)")
+    ax.set_ylabel("cumulative time s" + (" (log scale)" if log else ""))
     ax.set_title("cumulative time over the stream")
-    ax.legend(fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize="small", frameon=False)
 
 
 class QKMeansPlugin:
@@ -190,8 +412,12 @@ class QKMeansPlugin:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("qkmeans")
         _common_arguments(group)
-        group.add_argument("--eps", type=float, default=None, help="lattice granularity (default: the paper's rule)")
-        group.add_argument("--gamma", type=float, default=0.2, help="balance parameter (default 0.2)")
+        group.add_argument("--lattice-step", type=float, default=None,
+                           help="lattice granularity, the paper's epsilon (default: the paper's rule for n, k, d)")
+        group.add_argument("--eps", dest="lattice_step", type=float, help=argparse.SUPPRESS)
+        group.add_argument("--balance", type=float, default=0.2,
+                           help="balance parameter in [0, 1), the paper's gamma (default 0.2)")
+        group.add_argument("--gamma", dest="balance", type=float, help=argparse.SUPPRESS)
         group.add_argument(
             "--federated",
             action="store_true",
@@ -203,7 +429,11 @@ class QKMeansPlugin:
         x, ids, k, stream = _setup(args, dataset)
         if args.clients < 1:
             raise ValueError("--clients must be at least 1")
-        config = QKMeansConfig(k=k, iterations=args.iterations, gamma=args.gamma, eps=args.eps)
+        if args.lattice_step is not None and not (math.isfinite(args.lattice_step) and args.lattice_step > 0):
+            raise ValueError(f"--lattice-step must be positive, got {args.lattice_step}")
+        if not 0 <= args.balance < 1:
+            raise ValueError(f"--balance must lie in [0, 1), got {args.balance}")
+        config = QKMeansConfig(k=k, iterations=args.iterations, gamma=args.balance, eps=args.lattice_step)
         key = jax.random.PRNGKey(args.seed)
         parts = partition(len(x), args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
         split = [(x[p], ids[p]) for p in parts]
@@ -216,7 +446,7 @@ class QKMeansPlugin:
             parties = QKMeansParties(split, config, key=key, deletions=stream)
             head = "server"
         n, d = x.shape
-        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, len(stream), args.eps,
+        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, len(stream), args.lattice_step,
                              *(("federated",) if federated else ()))
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
@@ -225,50 +455,58 @@ class QKMeansPlugin:
                        "certified": result.certified, "retrained": result.retrained}
                 if isinstance(result, FederatedQKMeansResult):
                     out["trainings"] = result.trainings
-                    out["iterations executed"] = result.model.executed
+                    out["iterations_executed"] = result.model.executed
                 return out
             if isinstance(result, QKMeansClientResult | FederatedPartyResult):
                 return {"centroids": result.centroids.tolist(), "version": result.version}
             raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+
+        method = "Q-k-means (federated)" if federated else "Q-k-means"
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             head_result = results[head]
             centroids = np.asarray(head_result["centroids"])
             keep = np.ones(n, dtype=bool)
             keep[list(stream)] = False
-            fresh = train_qkmeans(x[keep], ids[keep], config, key).centroids
-            eps = config.resolve_eps(int(keep.sum()), d)
+            with progress_task("Q-k-means retrained on the remaining data (exactness check)"):
+                fresh = train_qkmeans(x[keep], ids[keep], config, key).centroids
             summary: dict[str, Any] = {
-                "data set": dataset.name, "method": "Q-k-means (federated)" if federated else "Q-k-means",
-                "N": n, "d": d, "k": k, "clients": args.clients,
-                "deletions": len(stream), "eps (after the stream)": eps, "gamma": config.gamma,
-                "iterations T": config.iterations, "certified deletions": head_result["certified"],
-                "retrained deletions": head_result["retrained"],
-                "model equals training on the remaining data (same key)": bool(np.array_equal(centroids, fresh)),
-                "clients agree on the model": all(
+                "data_set": dataset.name, "method": method,
+                "n_points": n, "d": d, "k": k, "n_clients": args.clients, "n_removals": len(stream),
+                "lattice_step": config.resolve_eps(int(keep.sum()), d), "balance": config.gamma,
+                "iterations": config.iterations, "n_certified_removals": head_result["certified"],
+                "n_retrained_removals": head_result["retrained"],
+                "model_equals_retrain": bool(np.array_equal(centroids, fresh)),
+                "clients_agree": all(
                     np.array_equal(np.asarray(results[c]["centroids"]), centroids)
                     for c in parties.clients
                     if c in results
                 ),
             }
             if federated:
-                central = QKMeans(config, key=key).fit(x, ids)
-                reasons = [central.delete(i).reason for i in stream]
-                summary["federated trainings (1 + retrains)"] = head_result["trainings"]
-                summary["federated equals centralised Q-k-means on the stream (same key)"] = bool(
+                with progress_task("centralised Q-k-means on the stream", total=len(stream)) as advance:
+                    central = QKMeans(config, key=key).fit(x, ids)
+                    reasons = []
+                    for i in stream:
+                        reasons.append(central.delete(i).reason)
+                        advance()
+                summary["n_trainings"] = head_result["trainings"]
+                summary["federated_equals_centralised"] = bool(
                     np.array_equal(centroids, central.centroids) and reasons == list(head_result["reasons"])
                 )
-            summary.update(_quality_rows("Q-k-means", x, dataset.y, keep, centroids, key, k))
+            summary.update(_quality_rows(x, dataset.y, keep, centroids, key, k))
             if not args.no_timing and stream:
-                streams.warm_up(x, k, len(stream), method="q", iterations=config.iterations)
-                timing = streams.time_stream("q", x, ids, stream, q_config=config, key=key)
-                baseline = streams.time_baseline(x, ids, stream, k, key=key, retrains=args.baseline_retrains)
-                summary.update(_timing_rows(timing, baseline, dataset.name, 1))
+                summary.update(_timed_rows("q", x, ids, stream, k, key, args.retrains,
+                                           iterations=config.iterations, q_config=config))
+            paper = paper_figures(dataset.name, method)
+            if paper:
+                summary["paper"] = paper
             summary["centroids"] = centroids.tolist()
-            return summary
+            return _headline_first(summary)
 
         m, clients = len(stream), args.clients
-        analytic: dict[str, Any] = {"default eps for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d)}
+        analytic: dict[str, Any] = {
+            "default lattice step for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d)}
         if federated:
             payload = training_payload_bytes(clients, k, d, 0)
             analytic.update({
@@ -292,7 +530,11 @@ class QKMeansPlugin:
             iterations=iterations,
             phases=phases,
             plot_results=plot_cumulative,
+            labels=summary_labels(method),
             analytic=analytic,
+            max_frame_bytes=qkmeans_frame_limit(
+                k, d, max((len(p) for p in parts), default=0), federated=federated
+            ),
         )
 
 
@@ -362,34 +604,34 @@ class DCKMeansPlugin:
                         "removed": list(result.removed)}
             raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
 
+        method = "DC-k-means (weighted)" if weighted else "DC-k-means"
+
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             root = results["root"]
             centroids = np.asarray(root["centroids"])
             keep = np.ones(n, dtype=bool)
             keep[list(stream)] = False
-            fresh = DCKMeans(fixed, key=key).fit(x[keep], ids[keep], leaves=tree.leaf_of[keep])
+            with progress_task("DC-k-means retrained on the remaining data (exactness check)"):
+                fresh = DCKMeans(fixed, key=key).fit(x[keep], ids[keep], leaves=tree.leaf_of[keep])
             sizes = np.bincount(tree.leaf_of, minlength=tree.tree.n_leaves)
             summary: dict[str, Any] = {
-                "data set": dataset.name, "method": "DC-k-means (weighted)" if weighted else "DC-k-means",
-                "N": n, "d": d, "k": k,
-                "deletions": len(stream), "width w": w, "height h": h, "leaves": args.leaves,
-                "leaf sizes (min / mean / max)": f"{sizes.min()} / {sizes.mean():.1f} / {sizes.max()}",
-                "iterations T": config.iterations,
-                "node recomputations per deletion": h + 1,
-                "root computations": root["version"],
-                "model equals training on the remaining data (same key)": bool(
-                    np.array_equal(centroids, fresh.centroids)
-                ),
+                "data_set": dataset.name, "method": method,
+                "n_points": n, "d": d, "k": k, "n_removals": len(stream), "width": w, "height": h,
+                "leaves": args.leaves, "leaf_size_min": int(sizes.min()), "leaf_size_mean": float(sizes.mean()),
+                "leaf_size_max": int(sizes.max()), "iterations": config.iterations,
+                "node_recomputations_per_removal": h + 1,
+                "root_computations": root["version"],
+                "model_equals_retrain": bool(np.array_equal(centroids, fresh.centroids)),
             }
-            summary.update(_quality_rows("DC-k-means", x, dataset.y, keep, centroids, key, k))
+            summary.update(_quality_rows(x, dataset.y, keep, centroids, key, k))
             if not args.no_timing and stream:
-                streams.warm_up(x, k, len(stream), method="dc", iterations=config.iterations,
-                                widths=(w,) if h == 1 else ())
-                timing = streams.time_stream("dc", x, ids, stream, dc_config=fixed, key=key, leaves=tree.leaf_of)
-                baseline = streams.time_baseline(x, ids, stream, k, key=key, retrains=args.baseline_retrains)
-                summary.update(_timing_rows(timing, baseline, dataset.name, 2))
+                summary.update(_timed_rows("dc", x, ids, stream, k, key, args.retrains, iterations=config.iterations,
+                                           widths=(w,) if h == 1 else (), dc_config=fixed, leaves=tree.leaf_of))
+            paper = paper_figures(dataset.name, method)
+            if paper:
+                summary["paper"] = paper
             summary["centroids"] = centroids.tolist()
-            return summary
+            return _headline_first(summary)
 
         m = len(stream)
         return RunPlan(
@@ -402,12 +644,14 @@ class DCKMeansPlugin:
             iterations=m + 2,
             phases=("local", "merge", "request", "model"),
             plot_results=plot_cumulative,
+            labels=summary_labels(method),
             analytic={
                 "analytic training upload bytes (w^h·k·(d + weighted)·8 at the leaves, plus framing)":
                     w**h * k * (d + weighted) * 8,
                 "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)":
                     h * k * (d + weighted) * 8,
             },
+            max_frame_bytes=dckmeans_frame_limit(k, d, weighted=weighted),
         )
 
 

@@ -2,8 +2,34 @@
 
 ``fedproto run fastlloyd --data wine --clients 4 --epsilon 1 --seed 0`` splits the normalised data
 over the clients, runs the chosen variant (FastLloyd by default; ``--variant`` picks the Lloyd,
-GLloyd or SuLloyd baseline) and prints NICV beside non-private Lloyd's (same initialisation and
-iterations, computed centrally) and scikit-learn's k-means++, with the privacy spent.
+GLloyd or SuLloyd baseline) and prints NICV beside non-private Lloyd's (same initialisation,
+computed centrally) and scikit-learn's k-means++, with the privacy spent.
+
+Result keys of the report (``results``; :data:`LABELS` gives the table labels):
+
+================================  =================================================================
+``data_set``                      name of the data set
+``n_points``, ``d``, ``k``        points, features, clusters
+``n_clients``                     data-holding clients
+``variant``                       ``fastlloyd``, ``lloyd``, ``glloyd`` or ``sulloyd``
+``nicv``                          normalised intra-cluster variance of the run's centroids
+                                  (mean squared distance to the nearest centroid, on the data
+                                  scaled to [-1, 1])
+``nicv_lloyd``                    NICV of non-private Lloyd's from the same initialisation,
+                                  :data:`LLOYD_REFERENCE_ITERATIONS` iterations, pooled data
+``nicv_sklearn``                  NICV of scikit-learn's k-means++ (10 restarts)
+``nicv_ratio_to_sklearn``         ``nicv / nicv_sklearn`` (``null`` when ``nicv_sklearn`` is 0)
+``iterations``                    Lloyd iterations T of the run
+``epsilon``                       target privacy budget (``null``: non-private variant)
+``delta``                         target delta (``0``: pure DP; ``null``: non-private)
+``epsilon_spent``                 epsilon recomputed from the noise scales at ``delta``
+                                  (``null``: non-private)
+``gdp_mu``                        composed GDP parameter mu (Gaussian variants only)
+``ring_bits``                     ring Z_2^w of the secure aggregation (w, bits)
+``clients_agree``                 every client ended with the same centroids
+``centroids``                     the run's centroids ``[k, d]``
+``sklearn_centroids``             scikit-learn's centroids ``[k, d]``
+================================  =================================================================
 """
 
 from __future__ import annotations
@@ -26,12 +52,44 @@ from fedproto.algorithms.fastlloyd.protocol import (
     ServerSummary,
     initial_centroids,
 )
+from fedproto.algorithms.fastlloyd.messages import (
+    MaskedUpdate,
+    NoisyAggregate,
+    PublicKey,
+    PublicKeys,
+    SealedSeed,
+    SealedSeeds,
+)
+from fedproto.algorithms.secagg import ring_dtype
 from fedproto.data import Dataset, normalize, partition, session_id
+from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
+from fedproto.progress import progress_task
 
-__all__ = ["PROTOCOL", "FastLloydPlugin", "privacy_spent", "centralised_lloyd"]
+__all__ = ["LABELS", "PROTOCOL", "FastLloydPlugin", "privacy_spent", "centralised_lloyd", "frame_limit"]
 
 SERVER = "server"
+
+#: Iterations of the non-private Lloyd reference (``nicv_lloyd``).
+LLOYD_REFERENCE_ITERATIONS = 7
+
+#: Readable labels of the result and analytic keys, for the terminal tables.
+LABELS: dict[str, str] = {
+    "data_set": "data set",
+    "n_points": "points N",
+    "n_clients": "clients",
+    "nicv_lloyd": f"NICV (non-private Lloyd, same init, {LLOYD_REFERENCE_ITERATIONS} iterations)",
+    "nicv_sklearn": "NICV (scikit-learn k-means++)",
+    "nicv_ratio_to_sklearn": "NICV ratio to scikit-learn",
+    "iterations": "iterations T",
+    "epsilon": "epsilon (target)",
+    "epsilon_spent": "epsilon spent",
+    "gdp_mu": "GDP mu (composed)",
+    "ring_bits": "ring bits w",
+    "clients_agree": "clients agree on centroids",
+    "ring_element_bytes": "ring element bytes",
+    "analytic_payload_bytes_per_iteration": "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)",
+}
 
 
 def client_name(i: int) -> str:
@@ -45,10 +103,15 @@ def privacy_spent(config: FastLloydConfig) -> dict[str, Any]:
     Gaussian variants: compose the per-iteration releases in GDP (sums with sensitivity = the
     iteration's radius for relative sums, sqrt(d) B for absolute sums; counts with sensitivity 1)
     and convert to epsilon at the configured delta. SuLloyd: basic composition of the Laplace
-    releases (L1 sensitivities d B and 1). Non-private: infinite.
+    releases (L1 sensitivities d B and 1). Non-private: no guarantee, ``epsilon_spent`` is
+    ``None`` (JSON ``null``; infinity is not valid JSON).
+
+    Returns:
+        ``{"epsilon_spent": float | None, "delta": float | None, "iterations": int}`` and, for
+        the Gaussian variants, ``"gdp_mu"``.
     """
     if config.noise == "none":
-        return {"epsilon_spent": math.inf, "delta": None}
+        return {"epsilon_spent": None, "delta": None, "iterations": config.iterations}
     t = config.iterations
     if config.noise == "laplace":
         eps = sum(config.d * config.bound / s for s in config.noise_sum) + sum(1 / s for s in config.noise_count)
@@ -65,6 +128,26 @@ def privacy_spent(config: FastLloydConfig) -> dict[str, Any]:
         "gdp_mu": mu,
         "iterations": t,
     }
+
+
+def frame_limit(config: FastLloydConfig, n_clients: int) -> int:
+    """The largest frame any party of a FastLloyd run sends (bytes, envelope included).
+
+    Setup sends 32-byte keys (every client's to client 0) and 48-byte sealed seeds (client 0's
+    for the other ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of
+    ``w / 8`` bytes each way.
+    """
+    key, sealed = bytes(32), bytes(48)
+    ring = {"masked": (config.k, config.d + 1)}
+    dtype = {"masked": ring_dtype(config.ring_bits)}
+    return max(
+        max_frame_bytes(PublicKey, plain={"public_key": key}),
+        max_frame_bytes(PublicKeys, plain={"public_keys": (key,) * n_clients}),
+        max_frame_bytes(SealedSeeds, plain={"sealed": (sealed,) * max(n_clients - 1, 0)}),
+        max_frame_bytes(SealedSeed, plain={"sender_key": key, "sealed": sealed}),
+        max_frame_bytes(MaskedUpdate, arrays=ring, dtypes=dtype),
+        max_frame_bytes(NoisyAggregate, arrays=ring, dtypes=dtype),
+    )
 
 
 def centralised_lloyd(x: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
@@ -173,11 +256,11 @@ class FastLloydPlugin:
             phases=("setup.keys", "setup.roster", "setup.seal", "setup.relay", "update", "aggregate"),
             plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
             analytic={
-                "ring element bytes": config.element_bytes,
-                "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)": config.payload_bytes_per_iteration(
-                    len(clients)
-                ),
+                "ring_element_bytes": config.element_bytes,
+                "analytic_payload_bytes_per_iteration": config.payload_bytes_per_iteration(len(clients)),
             },
+            labels={**LABELS, "nicv": f"NICV ({config.variant})"},
+            max_frame_bytes=frame_limit(config, len(clients)),
         )
 
     def summarize(
@@ -190,7 +273,14 @@ class FastLloydPlugin:
         clients: tuple[str, ...],
         seed: int,
     ) -> dict[str, Any]:
-        """NICV of the run beside non-private Lloyd's and scikit-learn's, and the privacy spent."""
+        """NICV of the run beside non-private Lloyd's and scikit-learn's, and the privacy spent.
+
+        Returns:
+            The result keys listed in the module docstring (snake_case, numbers as numbers).
+
+        Raises:
+            ValueError: no client result to summarise.
+        """
         from sklearn.cluster import KMeans
 
         centroid_sets = [np.asarray(results[c]["centroids"]) for c in clients if c in results]
@@ -198,33 +288,40 @@ class FastLloydPlugin:
             raise ValueError("no client result to summarise")
         centroids = centroid_sets[0]
         agree = all(np.array_equal(centroids, other) for other in centroid_sets[1:])
-        init = initial_centroids(config)
-        lloyd = centralised_lloyd(x, init, 7)
-        reference = KMeans(n_clusters=config.k, n_init=10, random_state=seed).fit(x)
-        nicv = float(kmeans.nicv(jnp.asarray(x), jnp.asarray(centroids)))
-        nicv_lloyd = float(kmeans.nicv(jnp.asarray(x), jnp.asarray(lloyd)))
+        with progress_task("references: non-private Lloyd, scikit-learn k-means++", total=2) as advance:
+            lloyd = centralised_lloyd(x, initial_centroids(config), LLOYD_REFERENCE_ITERATIONS)
+            advance()
+            reference = KMeans(n_clusters=config.k, n_init=10, random_state=seed).fit(x)
+            advance()
+        xs = jnp.asarray(x)
+        nicv = float(kmeans.nicv(xs, jnp.asarray(centroids)))
+        nicv_lloyd = float(kmeans.nicv(xs, jnp.asarray(lloyd)))
         nicv_sklearn = float(reference.inertia_ / x.shape[0])
         spent = privacy_spent(config)
         summary: dict[str, Any] = {
-            "data set": dataset.name,
-            "N": int(x.shape[0]),
+            "data_set": dataset.name,
+            "n_points": int(x.shape[0]),
             "d": int(x.shape[1]),
-            "k": config.k,
-            "clients": len(clients),
+            "k": int(config.k),
+            "n_clients": len(clients),
             "variant": config.variant,
-            f"NICV ({config.variant})": nicv,
-            "NICV (non-private Lloyd, same init, 7 iterations)": nicv_lloyd,
-            "NICV (scikit-learn k-means++)": nicv_sklearn,
-            "NICV ratio to scikit-learn": nicv / nicv_sklearn if nicv_sklearn > 0 else math.inf,
-            "iterations T": config.iterations,
-            "epsilon (target)": config.epsilon if config.epsilon is not None else math.inf,
-            "delta": config.delta if config.delta is not None else 0.0,
-            "epsilon spent": spent["epsilon_spent"],
-            "ring bits": config.ring_bits,
-            "clients agree on centroids": agree,
-            "centroids": centroids.tolist(),
-            "reference centroids": reference.cluster_centers_.tolist(),
+            "nicv": nicv,
+            "nicv_lloyd": nicv_lloyd,
+            "nicv_sklearn": nicv_sklearn,
+            "nicv_ratio_to_sklearn": nicv / nicv_sklearn if nicv_sklearn > 0 else None,
+            "iterations": int(config.iterations),
+            "epsilon": config.epsilon,
+            "delta": config.delta if config.delta is not None else (None if config.epsilon is None else 0.0),
+            "epsilon_spent": spent["epsilon_spent"],
         }
+        if "gdp_mu" in spent:
+            summary["gdp_mu"] = float(spent["gdp_mu"])
+        summary.update({
+            "ring_bits": int(config.ring_bits),
+            "clients_agree": agree,
+            "centroids": centroids.tolist(),
+            "sklearn_centroids": reference.cluster_centers_.tolist(),
+        })
         return summary
 
 
@@ -234,22 +331,27 @@ def plot_clusters(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
     from sklearn.decomposition import PCA
 
     centroids = np.asarray(summary["centroids"])
-    reference = np.asarray(summary["reference centroids"])
+    reference = np.asarray(summary["sklearn_centroids"])
     if x.shape[1] > 2:
         pca = PCA(n_components=2, random_state=0).fit(x)
         project = pca.transform
     else:
         project = lambda a: a  # noqa: E731
+    import matplotlib
+
     labels = np.asarray(kmeans.assign_clusters(jnp.asarray(x), jnp.asarray(centroids), jnp.inf)[0])
+    # One colour per cluster: tab10 up to 10 clusters, tab20 up to 20 (beyond that colours repeat).
+    palette = matplotlib.colormaps["tab10" if len(centroids) <= 10 else "tab20"]
     px = project(x)
-    ax.scatter(px[:, 0], px[:, 1] if px.shape[1] > 1 else np.zeros(len(px)), c=labels, s=6, cmap="tab10", alpha=0.5)
+    ax.scatter(px[:, 0], px[:, 1] if px.shape[1] > 1 else np.zeros(len(px)), c=palette(labels % palette.N), s=6,
+               alpha=0.5)
     pc, pr = project(centroids), project(reference)
     ax.scatter(pr[:, 0], pr[:, 1] if pr.shape[1] > 1 else np.zeros(len(pr)), marker="o", facecolors="none",
-               edgecolors="red", s=80, label="scikit-learn")
+               edgecolors="black", linewidths=1.2, s=90, label="scikit-learn centroids")
     ax.scatter(pc[:, 0], pc[:, 1] if pc.shape[1] > 1 else np.zeros(len(pc)), marker="x", color="black", s=60,
-               label=str(summary.get("variant", "run")))
-    ax.set_title("clusters" + (" (PCA)" if x.shape[1] > 2 else ""))
-    ax.legend(fontsize="small")
+               label=f"{summary.get('variant', 'run')} centroids")
+    ax.set_title("clusters" + (" (first two principal components)" if x.shape[1] > 2 else ""))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
 
 
 PROTOCOL = FastLloydPlugin()

@@ -1,16 +1,46 @@
 """The (k,z)-clustering plugins for the ``fedproto`` command line (entry points ``kzcenter``,
 ``kzmedian``, ``kzmeans``).
 
-``fedproto run kzcenter --data digits --machines 5 --k 20 --z 256 --eps 0.1 --inject-outliers 256``
-loads the data (raw features; ``--normalize`` for min-max scaling), optionally replaces it by the
-synthetic Gaussian mixture (``--synthetic N``) and injects outliers by the spec's recipe, splits it
-over the machines (``--machines``, which overrides the core's ``--clients``: Guo & Li call the
-data holders machines), runs Guo & Li's protocol and prints the radius with z and with (1+eps)z
-outliers removed, the certified radius and how many points lie beyond it, the words per phase,
-and the baselines chosen with ``--compare`` (centralised ones computed here, distributed ones run
-through the synchronous harness so their words are counted the same way).
+``fedproto run kzcenter --data digits --machines 5 --k 20 --z 256 --slack 0.1 --inject-outliers 256``
+loads the data (raw features; ``--normalize`` or ``--normalize minmax`` for min-max scaling to
+[-1, 1]), optionally replaces it by the synthetic Gaussian mixture (``--synthetic N``) and injects
+outliers by the spec's recipe, splits it over the machines (``--machines`` is Guo & Li's word for
+the core's ``--clients``, same option), runs Guo & Li's protocol and prints the radius with z and
+with (1+slack)z outliers removed, the certified radius and how many points lie beyond it, the
+words per phase, and the baselines chosen with ``--compare`` (centralised ones computed here,
+distributed ones run through the synchronous harness so their words are counted the same way).
+The slack is the paper's epsilon (bicriteria: at most (1+slack)z outliers); it is not a privacy
+budget.
 
 ``kzmedian`` / ``kzmeans`` run the Appendix C protocol (:mod:`fedproto.algorithms.kzclustering.means`).
+
+Result keys of the report (``results``; the plans' ``labels`` give the table labels). Words are
+scalars sent in either direction (a point of R^d is d words, a weight or count 1).
+
+=================================  ================================================================
+``data_set``                       name of the data set
+``n_points``, ``d``, ``k``, ``z``  points (outliers included), features, centres, outliers allowed
+``slack``                          bicriteria slack (the paper's epsilon)
+``n_clients``                      machines m
+``radius``                         (kzcenter) certified radius L_out: at most (1+slack)z points
+                                   lie beyond it
+``outlier_threshold``              (kzmedian/kzmeans) distance beyond which points are outliers
+``n_outliers``                     points beyond ``radius`` / ``outlier_threshold``
+``outlier_budget``                 (kzcenter) (1+slack)z
+``radius_z_removed``               (kzcenter) radius of the centres with the z farthest points
+                                   removed; ``radius_budget_removed`` with floor((1+slack)z)
+``cost_z_removed``                 (kzmedian/kzmeans) sum of distances (median) or squared
+                                   distances (means) with the z farthest removed;
+                                   ``cost_budget_removed`` with (1+slack)z removed
+``words_total``                    words of all messages
+``words_points``                   the paper's count: words of the points uploaded (Round-3
+                                   representatives x d; coreset points x (d+1))
+``words_<phase>``                  words per protocol phase
+``<quantity>_<method>``            the same quantity for a baseline of ``--compare``
+                                   (``radius_z_removed_charikar``, ``words_total_mkcwm``,
+                                   ``cost_z_removed_kmeans_minus_minus``, ...)
+``centres``                        the centres ``[k, d]``
+=================================  ================================================================
 """
 
 from __future__ import annotations
@@ -36,6 +66,18 @@ from fedproto.algorithms.kzclustering.baselines import (
 )
 from fedproto.algorithms.kzclustering.config import SEARCHES, KzCenterConfig, check_instance
 from fedproto.algorithms.kzclustering.data import synthetic_dataset, with_outliers
+from fedproto.algorithms.kzclustering.messages import (
+    AggregatedCounts,
+    Coresets,
+    CostTotals,
+    FinalCentres,
+    LocalCosts,
+    LocalExtent,
+    OutlierCount,
+    RadiusGrid,
+    RadiusGuesses,
+    WeightedPoints,
+)
 from fedproto.algorithms.kzclustering.means import (
     KzMeansConfig,
     KzMeansCoordinator,
@@ -53,18 +95,72 @@ from fedproto.algorithms.kzclustering.protocol import (
     machine_name,
 )
 from fedproto.data import Dataset, normalize, partition, session_id
+from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
+from fedproto.progress import progress_task
 from fedproto.testing.harness import Harness
 
-__all__ = ["KZCENTER", "KZMEANS", "KZMEDIAN", "KzCenterPlugin", "KzMeansPlugin", "prepare_data", "run_baseline"]
+__all__ = [
+    "KZCENTER",
+    "KZMEANS",
+    "KZMEDIAN",
+    "KzCenterPlugin",
+    "KzMeansPlugin",
+    "center_frame_limit",
+    "grid_size_bound",
+    "means_frame_limit",
+    "prepare_data",
+    "run_baseline",
+]
 
 CENTRALISED = ("greedy", "charikar", "kzc")
 CENTER_PHASES = ("extent", "grid", "counts", "fetch", "points", "centres", "outliers")
+NORMALIZATIONS = ("minmax", "none")
+
+#: Readable labels of the result and analytic keys shared by the three plugins.
+LABELS: dict[str, str] = {
+    "data_set": "data set",
+    "n_points": "points n",
+    "n_clients": "machines m",
+    "slack": "slack (paper's eps)",
+    "probe_batch": "guesses probed per round (0 = all)",
+    "radius": "certified radius L_out",
+    "n_outliers": "points beyond the outlier radius",
+    "outlier_budget": "allowed (1+slack)z",
+    "radius_z_removed": "radius (z outliers removed)",
+    "radius_budget_removed": "radius ((1+slack)z outliers removed)",
+    "accepted_guess": "accepted guess L",
+    "grid_size": "grid size",
+    "fetch_rounds": "fetch rounds",
+    "rejected_guesses": "rejected guesses",
+    "words_total": "words (all messages)",
+    "outlier_threshold": "outlier threshold",
+    "cost_z_removed": "cost (z removed)",
+    "cost_budget_removed": "cost ((1+slack)z removed)",
+    "coreset_samples": "coreset samples per radius",
+    "max_representatives_per_guess": "max representatives per guess k m (1+1/slack)",
+    "round3_words_bound_per_guess": "Round-3 words bound per guess k m (1+1/slack)(d+1)",
+    "count_threshold": "threshold y = slack z / (k m)",
+    "objective_power": "objective exponent l",
+    "score_outlier_budget": "outlier budget of the score",
+}
+
+
+def method_key(method: str) -> str:
+    """A baseline's name as a result-key suffix (``"random-kzc"`` -> ``"random_kzc"``,
+    ``"kmeans--"`` -> ``"kmeans_minus_minus"``)."""
+    return method.replace("--", "_minus_minus").replace("-", "_")
+
+
+def _add_alias(group: argparse._ArgumentGroup, old: str, dest: str, **kwargs: Any) -> None:
+    """An old spelling of an option, kept working but hidden from ``--help``."""
+    group.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
 
 
 def add_data_arguments(group: argparse._ArgumentGroup) -> None:
-    """Options shared by the three plugins: machines, synthetic data, outlier injection."""
-    group.add_argument("--machines", type=int, default=None, help="number of machines m (overrides --clients)")
+    """Options shared by the three plugins: machines, synthetic data, outlier injection, scaling."""
+    group.add_argument("--machines", dest="clients", type=int, default=argparse.SUPPRESS, metavar="M",
+                       help="number of machines m (Guo & Li's word for --clients; same option)")
     group.add_argument("--synthetic", type=int, default=None, metavar="N",
                        help="use the synthetic Gaussian mixture of N points instead of --data")
     group.add_argument("--synthetic-d", type=int, default=5, help="dimension of the synthetic set (default 5)")
@@ -72,28 +168,153 @@ def add_data_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--inject-outliers", type=int, default=0, metavar="Z",
                        help="append Z outliers by the spec's recipe (default 0)")
     group.add_argument("--dist-factor", type=float, default=50.0, help="outlier noise variance factor (default 50)")
-    group.add_argument("--normalize", action="store_true", help="min-max normalise features to [-1, 1] first")
+    group.add_argument("--normalize", choices=NORMALIZATIONS, nargs="?", const="minmax", default="none",
+                       help="minmax: scale every feature to [-1, 1] first (bare --normalize means minmax); "
+                       "none: raw features (default)")
+
+
+def add_slack_argument(group: argparse._ArgumentGroup, default: float, help: str) -> None:
+    """``--slack`` (the paper's eps; ``--eps`` is its hidden old spelling)."""
+    group.add_argument("--slack", type=float, default=default, help=help)
+    _add_alias(group, "--eps", "slack", type=float)
 
 
 def prepare_data(args: argparse.Namespace, dataset: Dataset) -> tuple[Dataset, int]:
     """The data set the run uses and the number of machines.
 
     Raises:
-        ValueError: bad sizes (no machines, negative outlier count, a bad synthetic shape).
+        ValueError: bad sizes (no machines, negative outlier count, a bad synthetic shape) or a
+            slack outside (0, 1].
     """
-    machines = args.machines if args.machines is not None else args.clients
+    machines = args.clients
     if machines < 1:
-        raise ValueError("--machines must be at least 1")
+        raise ValueError(f"--clients/--machines must be at least 1, got {machines}")
+    if not 0 < args.slack <= 1:
+        raise ValueError(f"--slack must be in (0, 1], got {args.slack}")
     if args.inject_outliers < 0:
         raise ValueError("--inject-outliers must be >= 0")
     if args.synthetic is not None:
         dataset = synthetic_dataset(
             args.synthetic, args.synthetic_d, args.synthetic_components, 0, seed=args.seed
         )
-    if args.normalize:
+    if args.normalize == "minmax":
         dataset = Dataset(dataset.name, normalize(dataset.x), dataset.y, dataset.paper_k)
     dataset = with_outliers(dataset, args.inject_outliers, dist_factor=args.dist_factor, seed=args.seed + 7)
     return dataset, machines
+
+
+#: Most values :func:`~fedproto.algorithms.kzclustering.solvers.radius_grid` builds (it refuses more).
+_GRID_CAP = 100_001
+
+
+def _geometric_count_bound(lower: float, upper: float, eps: float) -> int:
+    """Most values of ``solvers.radius_grid(l, u, eps)`` for any ``l >= lower`` and ``u <= upper``
+    (``ceil(log(u / l) / log(1 + eps)) + 2``, one more for the rounding of the logarithms)."""
+    if not (math.isfinite(lower) and lower > 0) or not math.isfinite(upper):
+        return _GRID_CAP
+    if upper <= lower:
+        return 1
+    return min(_GRID_CAP, math.ceil(math.log(upper / lower) / math.log1p(eps)) + 3)
+
+
+def grid_size_bound(x: np.ndarray, eps: float, *, objective: str, radius_bounds: Any = None) -> int:
+    """Most radius guesses ``T`` the coordinator's grid can hold for the points ``x``, however they
+    are split over the machines (so every party computes the same bound without the machines'
+    extents), in ``O(n d log n)``.
+
+    The grid spans the machines' smallest nonzero distance to the anchor bound on the diameter
+    (see the protocols' ``_build_grid``). Two distinct points differ in some coordinate by at least
+    ``g``, the smallest nonzero gap between the sorted values of a column, so every machine's
+    smallest nonzero distance is at least ``g / 2`` (halved for the rounding of the distance
+    kernel); every anchor bound is at most ``6 R``, ``R`` the largest distance to the mean.
+
+    Args:
+        x: all points ``[n, d]`` float64.
+        eps: the grid ratio ``1 + eps``.
+        objective: ``"center"`` (grid ``[0, g/4, ...]`` up to half the diameter) or ``"means"``
+            (``eps dmin / (2 (1+eps) n)`` up to twice the diameter).
+        radius_bounds: ``(A, B)`` when the grid is ``A (1+eps)^t`` up to ``B`` (no extent round).
+
+    Returns:
+        An upper bound of the grid's length (at most 100,002: the grid builder refuses longer grids).
+    """
+    if radius_bounds is not None:
+        lo, hi = radius_bounds
+        return _geometric_count_bound(float(lo), float(hi), eps)
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    if n < 2:
+        return 1
+    # values near the float64 limits overflow to inf here, and an infinite reach gives the cap
+    with np.errstate(over="ignore", invalid="ignore"):
+        gaps = np.diff(np.sort(x, axis=0), axis=0)
+        positive = gaps[gaps > 0]
+        if positive.size == 0:
+            return 1  # every point in one place: no nonzero distance, a one-value grid
+        dmin = float(positive.min()) / 2.0
+        reach = 6.0 * float(np.sqrt(np.max(np.sum((x - x.mean(axis=0)) ** 2, axis=1)))) * (1.0 + 1e-9)
+    if objective == "center":
+        return 1 + _geometric_count_bound(dmin / 4.0, reach / 2.0, eps)
+    return _geometric_count_bound(eps * dmin / (2.0 * (1.0 + eps) * n), 2.0 * reach, eps)
+
+
+def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: int) -> int:
+    """The largest frame any party of a (k,z)-center run sends (bytes, envelope included).
+
+    The grid, the counts (two per guess) and a fetch of every guess at once (``--probe-batch
+    0``) are ``T`` long (:func:`grid_size_bound`); a fetch reply holds, for each fetched guess, at
+    most ``min(n_i, k m (1 + 1/eps))`` representatives ``[d]`` with their weights (a machine
+    refuses to send a guess beyond the count test), ``n_i`` at most ``largest_machine``. How many
+    a machine sends depends on its data, so this bound can exceed the observed frames several
+    times; it is what an honest machine may send.
+    """
+    d, k = config.d, config.k
+    t = grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
+    fetched = min(config.batch, t) if config.batch else t
+    reps = fetched * min(largest_machine, config.max_reps)
+    return max(
+        max_frame_bytes(LocalExtent, arrays={"anchor": (1, d)}),
+        max_frame_bytes(RadiusGrid, arrays={"radii": (t,)}),
+        max_frame_bytes(AggregatedCounts, arrays={"counts": (t,), "discarded": (t,)}),
+        max_frame_bytes(RadiusGuesses, arrays={"indices": (fetched,)}),
+        max_frame_bytes(
+            WeightedPoints,
+            arrays={"indices": (fetched,), "sizes": (fetched,), "points": (reps, d), "weights": (reps,)},
+        ),
+        max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
+        max_frame_bytes(OutlierCount),
+    )
+
+
+def means_frame_limit(config: KzMeansConfig, x: np.ndarray) -> int:
+    """The largest frame any party of a (k,z)-median/means run sends (bytes, envelope included).
+
+    The grid, costs and totals are ``T`` long (:func:`grid_size_bound`; 1 in ``bel`` mode); a
+    machine's coresets hold, per guess, at most ``t`` samples (its share of the ``t`` samples
+    per radius) and its at most ``k`` local centres ``[d]`` with their weights, ``t`` being
+    ``--samples`` or the coordinator's ``max(10 k, n / (10 T))``. A machine's share of the
+    samples depends on its data, and the bound on ``T`` on the smallest gap between coordinates,
+    so this bound can exceed the observed frames several times; it is what an honest machine
+    may send.
+    """
+    d, k, n = config.d, config.k, x.shape[0]
+    if config.mode == "bel":
+        t = 1
+    else:
+        t = grid_size_bound(x, config.eps, objective="means", radius_bounds=config.radius_bounds)
+    if config.samples is not None:
+        rows = t * (config.samples + k)
+    else:  # T' (max(10 k, n // (10 T')) + k) <= T (11 k) + n // 10 for the grid's true length T' <= T
+        rows = t * 11 * k + n // 10
+    return max(
+        max_frame_bytes(LocalExtent, arrays={"anchor": (1, d)}),
+        max_frame_bytes(RadiusGrid, arrays={"radii": (t,)}),
+        max_frame_bytes(LocalCosts, arrays={"costs": (t,)}),
+        max_frame_bytes(CostTotals, arrays={"totals": (t,)}),
+        max_frame_bytes(Coresets, arrays={"sizes": (t,), "points": (rows, d), "weights": (rows,)}),
+        max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
+        max_frame_bytes(OutlierCount),
+    )
 
 
 def run_baseline(method: str, x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int) -> BaselineResult:
@@ -107,26 +328,31 @@ def run_baseline(method: str, x: np.ndarray, parts: list[np.ndarray], k: int, z:
 
 
 def _compare(methods: list[str], x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int) -> dict[str, Any]:
+    """Radius (z removed) of each baseline, and the words of the distributed ones."""
     out: dict[str, Any] = {}
     d = x.shape[1]
     for method in methods:
-        if method == "greedy":
-            centres = x[greedy(x, k, start=seed % x.shape[0])]
-            words = None
-        elif method == "charikar":
-            centres = x[charikar(x, k, z)[0]]
-            words = None
-        elif method == "kzc":
-            centres = x[centralised_kzc(x, k, z)]
-            words = None
-        else:
-            result = run_baseline(method, x, parts, k, z, seed)
-            centres, words = result.centres, (result.total_words, result.points_received * d)
-        dist, _ = _kernels.nearest_centres(x, centres)
-        out[f"{method}: radius (z removed)"] = solvers.center_cost(dist, z)
-        if words is not None:
-            out[f"{method}: words (all / paper)"] = f"{words[0]} / {words[1]}"
+        key = method_key(method)
+        with progress_task(f"baseline {method}", total=None):
+            if method == "greedy":
+                centres = x[greedy(x, k, start=seed % x.shape[0])]
+            elif method == "charikar":
+                centres = x[charikar(x, k, z)[0]]
+            elif method == "kzc":
+                centres = x[centralised_kzc(x, k, z)]
+            else:
+                result = run_baseline(method, x, parts, k, z, seed)
+                centres = result.centres
+                out[f"words_total_{key}"] = int(result.total_words)
+                out[f"words_points_{key}"] = int(result.points_received * d)
+            dist, _ = _kernels.nearest_centres(x, centres)
+        out[f"radius_z_removed_{key}"] = float(solvers.center_cost(dist, z))
     return out
+
+
+def _baseline_labels(methods: list[str], quantities: Mapping[str, str]) -> dict[str, str]:
+    """Labels of the baseline keys: ``{quantity: label}`` for each method."""
+    return {f"{q}_{method_key(m)}": f"{m}: {label}" for m in methods for q, label in quantities.items()}
 
 
 def _parse_compare(text: str) -> list[str]:
@@ -143,15 +369,18 @@ class KzCenterPlugin:
     """Guo & Li's distributed (k,z)-center as a ``fedproto`` protocol plugin."""
 
     name = "kzcenter"
-    description = "distributed (k,z)-center with (1+eps)z outliers (Guo & Li, NeurIPS 2018)"
+    description = "distributed (k,z)-center with (1+slack)z outliers (Guo & Li, NeurIPS 2018)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("kzcenter")
         group.add_argument("--k", type=int, default=20, help="centres (default 20)")
         group.add_argument("--z", type=int, default=None, help="outliers (default: --inject-outliers)")
-        group.add_argument("--eps", type=float, default=0.1, help="bicriteria slack in (0, 1] (default 0.1)")
+        add_slack_argument(group, 0.1, "bicriteria slack in (0, 1]: at most (1+slack)z outliers (the paper's "
+                           "eps; default 0.1)")
         group.add_argument("--search", choices=SEARCHES, default="linear", help="search over the radius grid")
-        group.add_argument("--batch", type=int, default=1, help="guesses fetched per round (0 = all at once)")
+        group.add_argument("--probe-batch", type=int, default=1,
+                           help="radius guesses probed per round (0 = all at once; default 1)")
+        _add_alias(group, "--batch", "probe_batch", type=int)
         group.add_argument("--candidates", choices=("all", "uncovered"), default="all",
                            help="aggregation centres from all points (paper) or uncovered ones")
         group.add_argument("--no-refine", action="store_true", help="certify 24 L instead of refining kzc's radius")
@@ -169,10 +398,12 @@ class KzCenterPlugin:
         z = args.z if args.z is not None else args.inject_outliers
         check_instance(n, args.k, z)
         compare = _parse_compare(args.compare)
+        if args.probe_batch < 0:
+            raise ValueError(f"--probe-batch must be >= 0 (0 = all at once), got {args.probe_batch}")
         config = KzCenterConfig(
-            k=args.k, z=z, eps=args.eps, n_machines=m, d=d,
+            k=args.k, z=z, eps=args.slack, n_machines=m, d=d,
             radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
-            search=args.search, batch=args.batch, candidates=args.candidates, refine=not args.no_refine,
+            search=args.search, batch=args.probe_batch, candidates=args.candidates, refine=not args.no_refine,
         )
         parts = partition(n, m, scheme=args.partition, seed=args.seed, labels=dataset.y)
         names = tuple(machine_name(i) for i in range(m))
@@ -197,10 +428,19 @@ class KzCenterPlugin:
             phases=CENTER_PHASES,
             plot_results=lambda ax, summary: plot_centres(ax, x, summary),
             analytic={
-                "max representatives per guess k m (1+1/eps)": config.max_reps,
-                "Round-3 words bound per guess k m (1+1/eps)(d+1)": config.max_reps * (d + 1),
-                "threshold y = eps z / (k m)": config.threshold,
+                "max_representatives_per_guess": config.max_reps,
+                "round3_words_bound_per_guess": config.max_reps * (d + 1),
+                "count_threshold": config.threshold,
             },
+            labels={
+                **LABELS,
+                "words_points": "words (paper: Round-3 points x d)",
+                **{f"words_phase_{phase}": f"words: {phase}" for phase in CENTER_PHASES},
+                **_baseline_labels(compare, {"radius_z_removed": "radius (z removed)",
+                                             "words_total": "words (all messages)",
+                                             "words_points": "words (paper: points x d)"}),
+            },
+            max_frame_bytes=center_frame_limit(config, x, max((len(p) for p in parts), default=0)),
         )
 
 
@@ -215,7 +455,7 @@ def center_result_to_json(party: str, result: Any) -> dict[str, Any]:
             "kzc_radius": result.kzc_radius,
             "z_prime": result.z_prime,
             "discarded": result.discarded,
-            "n": result.n,
+            "n_points": result.n,
             "grid_size": int(result.grid.shape[0]),
             "pass2": result.pass2.astype(int).tolist(),
             "fetches": [list(f) for f in result.fetches],
@@ -239,42 +479,56 @@ def summarize_center(
     compare: list[str],
     seed: int,
 ) -> dict[str, Any]:
-    """Costs (paper style and guarantee style), the certificate, words, and the baselines."""
+    """Costs (paper style and guarantee style), the certificate, words, and the baselines.
+
+    Returns:
+        The kzcenter result keys of the module docstring.
+    """
     centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
     dist, _ = _kernels.nearest_centres(x, centres)
     budget = math.floor(config.outlier_budget + 1e-9)
     summary: dict[str, Any] = {
-        "data set": name,
-        "n": int(x.shape[0]),
+        "data_set": name,
+        "n_points": int(x.shape[0]),
         "d": int(x.shape[1]),
-        "k": config.k,
-        "z": config.z,
-        "eps": config.eps,
-        "machines": config.n_machines,
-        "search": f"{config.search}, batch {config.batch or 'all'}",
-        "radius (z outliers removed)": solvers.center_cost(dist, config.z),
-        "radius ((1+eps)z outliers removed)": solvers.center_cost(dist, budget),
-        "certified radius L_out": coordinator["radius"],
-        "points beyond L_out": coordinator["outliers"],
-        "allowed (1+eps)z": config.outlier_budget,
-        "accepted guess L": coordinator["guess"],
-        "grid size": coordinator["grid_size"],
-        "fetch rounds": len(coordinator["fetches"]),
-        "rejected guesses": len(coordinator["rejected"]),
-        "words (all messages)": coordinator["total_words"],
-        "words (paper: Round-3 points x d)": coordinator["representatives"] * config.d,
+        "k": int(config.k),
+        "z": int(config.z),
+        "slack": float(config.eps),
+        "n_clients": int(config.n_machines),
+        "search": config.search,
+        "probe_batch": int(config.batch),
+        "radius_z_removed": float(solvers.center_cost(dist, config.z)),
+        "radius_budget_removed": float(solvers.center_cost(dist, budget)),
+        "radius": float(coordinator["radius"]),
+        "n_outliers": int(coordinator["outliers"]),
+        "outlier_budget": float(config.outlier_budget),
+        "accepted_guess": float(coordinator["guess"]),
+        "grid_size": int(coordinator["grid_size"]),
+        "fetch_rounds": len(coordinator["fetches"]),
+        "rejected_guesses": len(coordinator["rejected"]),
+        "words_total": int(coordinator["total_words"]),
+        "words_points": int(coordinator["representatives"] * config.d),
     }
     for phase, words in coordinator["words_by_phase"].items():
-        summary[f"words: {phase}"] = words
+        summary[f"words_phase_{phase}"] = int(words)
     summary.update(_compare(compare, x, parts, config.k, config.z, seed))
     summary["centres"] = centres.tolist()
     return summary
 
 
-def plot_centres(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
-    """Points (first two principal components), outliers in red, centres as black crosses."""
+def plot_centres(ax, x: np.ndarray, summary: Mapping[str, Any], *, title: str = "(k,z)-center") -> None:
+    """Points (first two principal components), outliers in red, centres as black crosses.
+
+    Args:
+        ax: the matplotlib axes to draw on.
+        x: the data ``[n, d]``, as the run saw it.
+        summary: the run's result keys (``centres``, and ``radius`` or ``outlier_threshold``).
+        title: the protocol's objective, e.g. ``"(k,z)-center"`` or ``"(k,z)-means"``; a run in
+            BEL mode (``summary["mode"] == "bel"``) says so.
+    """
     centres = np.asarray(summary["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    radius = summary.get("certified radius L_out", summary.get("outlier threshold", math.inf))
+    threshold_key = "radius" if "radius" in summary else "outlier_threshold"
+    radius = summary.get(threshold_key, math.inf)
     dist, _ = _kernels.nearest_centres(x, centres)
     if x.shape[1] > 2:
         from sklearn.decomposition import PCA
@@ -285,11 +539,16 @@ def plot_centres(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
         pad = (lambda a: np.pad(a, ((0, 0), (0, 2 - a.shape[1]))))  # noqa: E731
         px, pc = pad(x), pad(centres)
     far = dist > radius
-    ax.scatter(px[~far, 0], px[~far, 1], s=5, alpha=0.5, label="inliers")
-    ax.scatter(px[far, 0], px[far, 1], s=8, color="red", label="outliers")
-    ax.scatter(pc[:, 0], pc[:, 1], marker="x", color="black", s=60, label="centres")
-    ax.set_title("(k,z)-center" + (" (PCA)" if x.shape[1] > 2 else ""))
-    ax.legend(fontsize="small")
+    beyond = "radius" if threshold_key == "radius" else "threshold"
+    ax.scatter(px[~far, 0], px[~far, 1], s=5, alpha=0.5, label=f"inliers ({int((~far).sum()):,})")
+    ax.scatter(px[far, 0], px[far, 1], s=8, color="red", label=f"outliers beyond the {beyond} ({int(far.sum()):,})")
+    ax.scatter(pc[:, 0], pc[:, 1], marker="x", color="black", s=60, label=f"centres ({len(centres)})")
+    if summary.get("mode") == "bel":
+        title += " (BEL baseline)"
+    ax.set_title(title + (" (first two principal components)" if x.shape[1] > 2 else ""))
+    legend = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
+    for handle in legend.legend_handles:
+        handle.set_sizes([30])  # legend markers of one readable size, whatever the points' size
 
 
 KZCENTER = KzCenterPlugin()
@@ -324,7 +583,7 @@ class KzMeansPlugin:
         group = parser.add_argument_group(self.name)
         group.add_argument("--k", type=int, default=10, help="centres (default 10)")
         group.add_argument("--z", type=int, default=None, help="outliers (default: --inject-outliers)")
-        group.add_argument("--eps", type=float, default=0.3, help="grid ratio and outlier slack (default 0.3)")
+        add_slack_argument(group, 0.3, "grid ratio and outlier slack in (0, 1] (the paper's eps; default 0.3)")
         group.add_argument("--samples", type=int, default=None,
                            help="coreset samples per radius (default max(10k, n/(10T)))")
         group.add_argument("--facilities", type=int, default=None, help="reverse-greedy facilities (default 8k)")
@@ -354,7 +613,7 @@ class KzMeansPlugin:
             if unknown:
                 raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(MEANS_BASELINES)}")
         config = KzMeansConfig(
-            k=args.k, z=z, eps=args.eps, n_machines=m, d=d, power=self.power, mode=args.mode,
+            k=args.k, z=z, eps=args.slack, n_machines=m, d=d, power=self.power, mode=args.mode,
             samples=args.samples, facilities=args.facilities,
             radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
             polish=not args.no_polish, seed=args.seed,
@@ -382,8 +641,17 @@ class KzMeansPlugin:
             role_of=lambda p: "coordinator" if p == COORDINATOR else "machine",
             iterations=3 if skipped else 4,
             phases=MEANS_PHASES,
-            plot_results=lambda ax, summary: plot_centres(ax, x, summary),
-            analytic={"objective exponent l": self.power, "outlier budget of the score": config.outlier_budget},
+            plot_results=lambda ax, summary: plot_centres(
+                ax, x, summary, title="(k,z)-median" if self.power == 1 else "(k,z)-means"
+            ),
+            analytic={"objective_power": self.power, "score_outlier_budget": config.outlier_budget},
+            labels={
+                **LABELS,
+                "words_points": "words (paper: coreset points x (d+1))",
+                **{f"words_phase_{phase}": f"words: {phase}" for phase in MEANS_PHASES},
+                **_baseline_labels(compare, {"cost_z_removed": "cost (z removed)", "words_total": "words"}),
+            },
+            max_frame_bytes=means_frame_limit(config, x),
         )
 
 
@@ -395,7 +663,7 @@ def means_result_to_json(party: str, result: Any) -> dict[str, Any]:
             "threshold": result.threshold,
             "score": result.score,
             "bound": result.bound,
-            "n": result.n,
+            "n_points": result.n,
             "grid_size": int(result.grid.shape[0]),
             "samples": result.samples,
             "coreset_points": result.coreset_points,
@@ -417,43 +685,49 @@ def summarize_means(
     compare: list[str],
     seed: int,
 ) -> dict[str, Any]:
-    """Trimmed costs of the run (with (1+eps)z and z removed), its words, and the baselines' costs."""
+    """Trimmed costs of the run (with (1+slack)z and z removed), its words, and the baselines' costs.
+
+    Returns:
+        The kzmedian/kzmeans result keys of the module docstring.
+    """
     power = config.power
     centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
     dist, _ = _kernels.nearest_centres(x, centres)
     summary: dict[str, Any] = {
-        "data set": name,
-        "n": int(x.shape[0]),
+        "data_set": name,
+        "n_points": int(x.shape[0]),
         "d": int(x.shape[1]),
-        "k": config.k,
-        "z": config.z,
-        "eps": config.eps,
-        "machines": config.n_machines,
+        "k": int(config.k),
+        "z": int(config.z),
+        "slack": float(config.eps),
+        "n_clients": int(config.n_machines),
         "mode": config.mode,
-        "cost ((1+eps)z removed)": solvers.trimmed_cost(dist, (1 + config.eps) * config.z, power),
-        "cost (z removed)": solvers.trimmed_cost(dist, config.z, power),
-        "outlier threshold": coordinator["threshold"],
-        "points beyond the threshold": coordinator["outliers"],
-        "grid size": coordinator["grid_size"],
-        "coreset samples per radius": coordinator["samples"],
-        "words (all messages)": coordinator["total_words"],
-        "words (paper: coreset points x (d+1))": coordinator["coreset_points"] * (config.d + 1),
+        "cost_budget_removed": float(solvers.trimmed_cost(dist, (1 + config.eps) * config.z, power)),
+        "cost_z_removed": float(solvers.trimmed_cost(dist, config.z, power)),
+        "outlier_threshold": float(coordinator["threshold"]),
+        "n_outliers": int(coordinator["outliers"]),
+        "grid_size": int(coordinator["grid_size"]),
+        "coreset_samples": int(coordinator["samples"]),
+        "words_total": int(coordinator["total_words"]),
+        "words_points": int(coordinator["coreset_points"] * (config.d + 1)),
     }
     for phase, words in coordinator["words_by_phase"].items():
-        summary[f"words: {phase}"] = words
+        summary[f"words_phase_{phase}"] = int(words)
     for method in compare:
-        if method == "kmeans":
-            other = centralised_kmeans(x, config.k, seed=seed)
-        elif method == "kmeans--":
-            other = centralised_kmeans_minus_minus(x, config.k, config.z, seed=seed)
-        else:
-            bel = dataclasses.replace(config, mode="bel", radius_bounds=None)
-            result = run_means(bel, x, parts)
-            other = result.centres
-            summary["bel: words"] = result.total_words
-        summary[f"{method}: cost (z removed)"] = solvers.trimmed_cost(
-            _kernels.nearest_centres(x, other)[0], config.z, power
-        )
+        key = method_key(method)
+        with progress_task(f"baseline {method}", total=None):
+            if method == "kmeans":
+                other = centralised_kmeans(x, config.k, seed=seed)
+            elif method == "kmeans--":
+                other = centralised_kmeans_minus_minus(x, config.k, config.z, seed=seed)
+            else:
+                bel = dataclasses.replace(config, mode="bel", radius_bounds=None)
+                result = run_means(bel, x, parts)
+                other = result.centres
+                summary[f"words_total_{key}"] = int(result.total_words)
+            summary[f"cost_z_removed_{key}"] = float(
+                solvers.trimmed_cost(_kernels.nearest_centres(x, other)[0], config.z, power)
+            )
     summary["centres"] = centres.tolist()
     return summary
 

@@ -1,11 +1,11 @@
 """The ``mufc`` plugin of the ``fedproto`` command line.
 
-``fedproto run mufc --data celltype --clients 100 --remove 100 --seed 0`` loads the data (a
+``fedproto run mufc --data celltype --clients 100 --removals 100 --seed 0`` loads the data (a
 bundled scikit-learn set, a file, ``celltype`` from the data directory with its own 100-client
 split, or the paper's synthetic ``gaussian`` set generated from ``--seed``), scales every column
 into ``[0, 1]`` (Celltype already is), splits it over the clients, runs MUFC training (K-means++
-seeding at the clients, SCMA, K-means++ at the server) and ``--remove`` removal requests of
-``--batch`` random points each (then ``--leave`` whole clients leaving), and prints:
+seeding at the clients, SCMA, K-means++ at the server) and ``--removals`` removal requests of
+``--points-per-removal`` random points each (then ``--leave`` whole clients leaving), and prints:
 
 * the loss ratio phi_f / phi_c* (induced assignment, Definition 3.1; phi_c* from scikit-learn's
   KMeans with 10 restarts on the remaining data) beside the paper's Table 1 and beside K-FED and
@@ -16,14 +16,25 @@ seeding at the clients, SCMA, K-means++ at the server) and ``--remove`` removal 
 * the run report: bytes per round, per phase, per link; the analytic syndrome bytes per client
   per aggregation, T * ceil(bitlength(p) / 8) with T = 2KL, beside the measured ones.
 
+The summary's keys (the report's ``results``) are snake_case with units in their names
+(``loss_ratio``, ``removal_ms_mean``, ``retrain_ms``, ``speedup_over_retrain``, ...; :data:`LABELS`
+gives the readable label of each); the paper's figures go under ``paper`` (:func:`paper_figures`).
+The baselines, the exactness check and the timed replay after the protocol report their progress
+through :func:`fedproto.progress.progress_task`.
+
 Splits (``--split``): ``file`` (the ``client_X``/``client_sizes`` split stored in an ``.npz``,
 Celltype's non-i.i.d. split; the default when the file has one), ``iid`` or ``noniid`` (the
 authors' split, each client holding at most ``--k-prime`` clusters; default when no file split).
+
+Old option spellings stay accepted, hidden from ``--help``: ``--remove`` (``--removals``),
+``--batch`` (``--points-per-removal``), ``--gamma`` (``--quantization-step``) and ``--max-iter``
+(``--max-iterations``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,12 +46,40 @@ import numpy as np
 from fedproto.algorithms.mufc import baselines
 from fedproto.algorithms.mufc.clustering import federated_loss, kmeans_cost, reference_loss
 from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
-from fedproto.algorithms.mufc.protocol import MODES, SERVER, MUFCClientResult, MUFCParties, MUFCServerResult, make_config
+from fedproto.algorithms.mufc.messages import (
+    AggregationRequest,
+    MaskedSyndromes,
+    ModelUpdate,
+    PeerKeys,
+    PublicKey,
+    RemovalRequest,
+)
+from fedproto.algorithms.mufc.protocol import (
+    MODES,
+    SERVER,
+    MUFCClientResult,
+    MUFCConfig,
+    MUFCParties,
+    MUFCServerResult,
+    make_config,
+)
 from fedproto.algorithms.mufc.replay import replay
 from fedproto.data import Dataset, find_data_file, session_id
+from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
+from fedproto.progress import progress_task
 
-__all__ = ["PAPER_TABLE1", "PROTOCOL", "MUFCPlugin", "removal_stream", "unit_box"]
+__all__ = [
+    "HEADLINE",
+    "LABELS",
+    "PAPER_TABLE1",
+    "PROTOCOL",
+    "MUFCPlugin",
+    "frame_limit",
+    "paper_figures",
+    "removal_stream",
+    "unit_box",
+]
 
 #: Table 1 of the paper (loss ratio, mean and std over 5 runs) and the speed-up row.
 PAPER_TABLE1 = {
@@ -49,6 +88,116 @@ PAPER_TABLE1 = {
 }
 #: The paper's average unlearning speed-up over complete retraining for random removals (Sec. 6).
 PAPER_MEAN_SPEEDUP = 84.0
+
+#: Readable label of each summary key (and of each key of :func:`paper_figures`) for the tables.
+LABELS: dict[str, str] = {
+    "data_set": "data set",
+    "n_points": "N (points)",
+    "k": "K",
+    "k_client": "seeds per client",
+    "n_clients": "clients",
+    "quantization_step": "quantization step gamma",
+    "bins_per_dim": "bins per dimension B",
+    "n_bins_log10": "log10 of the bin count B^d",
+    "prime_bits": "prime p bits",
+    "n_syndromes": "syndromes per client T = 2KL",
+    "n_removals": "removal requests",
+    "points_per_removal": "points per removal request",
+    "n_clients_left": "clients that left",
+    "n_points_removed": "points removed",
+    "n_reseeds": "requests that re-seeded",
+    "n_reclusterings": "server re-clusterings",
+    "n_points_decoded": "decoded point count (final)",
+    "phi_f": "phi_f (induced, Def. 3.1)",
+    "phi_c": "phi_c (nearest centroid)",
+    "phi_c_star": "phi_c* (scikit-learn KMeans, 10 restarts)",
+    "loss_ratio": "loss ratio phi_f / phi_c*",
+    "clients_agree": "clients agree on the model",
+    "model_equals_retrain": "model equals training on the remaining data (same keys)",
+    "model_equals_retrain_skipped": "model check skipped because",
+    "loss_ratio_kfed": "K-FED loss ratio",
+    "loss_ratio_dckm": "DC-KM loss ratio",
+    "train_ms": "training ms (slowest client + server, replay)",
+    "removal_ms_mean": "mean ms per removal (replay)",
+    "removal_ms_std": "std of ms per removal (replay)",
+    "retrain_ms": "complete retraining ms (replay, median)",
+    "speedup_over_retrain": "unlearning speed-up over complete retraining",
+    "replay_matches_protocol": "replay matches the protocol's model",
+    "loss_ratio_mean": "loss ratio phi_f / phi_c*, mean (Table 1)",
+    "loss_ratio_std": "loss ratio phi_f / phi_c*, std (Table 1)",
+    "loss_ratio_kfed_mean": "K-FED loss ratio, mean (Table 1)",
+    "loss_ratio_kfed_std": "K-FED loss ratio, std (Table 1)",
+    "loss_ratio_dckm_mean": "DC-KM loss ratio, mean (Table 1)",
+    "loss_ratio_dckm_std": "DC-KM loss ratio, std (Table 1)",
+    "speedup_over_retrain_no_reseed": "speed-up of a removal without re-seeding (Table 1)",
+}
+
+
+def paper_figures(data_set: str, *, timed: bool) -> dict[str, float]:
+    """The paper's figures for a run on ``data_set``, keyed like the measured summary keys.
+
+    Args:
+        data_set: the data set's name (Table 1 has ``celltype`` and ``gaussian``).
+        timed: the run measured removal times, so the paper's mean speed-up over complete
+            retraining (Sec. 6, 84x) belongs beside the measured one.
+
+    Returns:
+        ``loss_ratio_mean``/``_std`` and the K-FED and DC-KM ones (Table 1, 5 runs),
+        ``speedup_over_retrain_no_reseed`` (Table 1) and ``speedup_over_retrain`` (Sec. 6);
+        empty when none applies.
+
+    References:
+        Pan et al., "Machine Unlearning of Federated Clusters", ICLR 2023, Table 1 and Sec. 6.
+    """
+    out: dict[str, float] = {}
+    table = PAPER_TABLE1.get(data_set)
+    if table is not None:
+        for key, column in (("loss_ratio", "MUFC"), ("loss_ratio_kfed", "K-FED"), ("loss_ratio_dckm", "DC-KM")):
+            out[f"{key}_mean"], out[f"{key}_std"] = (float(v) for v in table[column])
+        out["speedup_over_retrain_no_reseed"] = float(table["speedup no re-seed"])
+    if timed:
+        out["speedup_over_retrain"] = PAPER_MEAN_SPEEDUP
+    return out
+
+
+#: Summary keys printed first (the terminal table shows its first rows unless ``--full``).
+HEADLINE = ("data_set", "n_points", "d", "k", "n_clients", "n_removals", "loss_ratio", "loss_ratio_kfed",
+            "loss_ratio_dckm", "model_equals_retrain", "clients_agree", "removal_ms_mean", "retrain_ms",
+            "speedup_over_retrain")
+
+
+def frame_limit(config: MUFCConfig, d: int) -> int:
+    """The largest frame any party of a MUFC run sends (bytes, envelope included).
+
+    Setup sends 32-byte keys (all ``L`` of them to every client); an aggregation opens with the
+    list of active clients (at most ``L``) and each share holds ``T = 2KL`` field elements of
+    ``ceil(bitlength(p) / 8)`` bytes; the model is ``[K, d]`` float64.
+    """
+    key = bytes(32)
+    return max(
+        max_frame_bytes(PublicKey, plain={"public_key": key}),
+        max_frame_bytes(PeerKeys, plain={"keys": (key,) * config.n_clients}),
+        max_frame_bytes(AggregationRequest, plain={"active": (0,) * config.n_clients}),
+        max_frame_bytes(MaskedSyndromes, bigints={"values": (config.n_syndromes, config.width)}),
+        max_frame_bytes(RemovalRequest),
+        max_frame_bytes(ModelUpdate, arrays={"centroids": (config.k, d)}),
+    )
+
+
+def _headline_first(summary: Mapping[str, Any], headline: tuple[str, ...]) -> dict[str, Any]:
+    """``summary`` with the keys of ``headline`` first, in that order, then the others as they were."""
+    return {**{key: summary[key] for key in headline if key in summary}, **summary}
+
+
+def _number(value: float) -> float | None:
+    """``value`` as a float, or ``None`` where it is not finite (JSON has no NaN or infinity)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _ratio(loss: float, reference: float) -> float | None:
+    """``loss / reference``, or ``None`` where the reference is not positive."""
+    return _number(loss / reference) if reference > 0 else None
 
 
 def unit_box(x: np.ndarray) -> np.ndarray:
@@ -73,7 +222,7 @@ def removal_stream(
         ValueError: the data cannot serve the stream.
     """
     if n_requests < 0 or batch < 1 or leave < 0:
-        raise ValueError("--remove and --leave must be non-negative, --batch at least 1")
+        raise ValueError("--removals and --leave must be non-negative, --points-per-removal at least 1")
     rng = np.random.default_rng(seed)
     remaining = [list(map(int, i)) for i in ids]
     stream: list[tuple[int, tuple[int, ...] | None]] = []
@@ -105,26 +254,36 @@ def _file_split(data: str, raw: np.ndarray) -> list[np.ndarray] | None:
 
 
 def plot_stream(ax: Any, summary: Mapping[str, Any]) -> None:
-    """Cumulative removal time against complete retraining, and the loss ratio, over the stream."""
-    mine, base = summary.get("cumulative removal time s"), summary.get("cumulative retraining time s")
+    """Cumulative removal time against complete retraining, and the loss ratio, over the stream.
+
+    Times go on a log axis when they span more than two decades; the loss ratio on a second
+    axis at the right; removal requests (a count) get integer ticks; one legend sits below the axes.
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    mine, base = summary.get("cumulative_removal_s"), summary.get("cumulative_retrain_s")
     if not mine:
         ax.text(0.5, 0.5, "no removal timing (--no-timing or no requests)", ha="center", va="center")
         ax.set_axis_off()
         return
     steps = range(1, len(mine) + 1)
-    ax.plot(steps, mine, label="MUFC unlearning")
-    ax.plot(steps, base, label="complete retraining")
-    ax.set_yscale("log")
+    handles = ax.plot(steps, mine, marker=".", label="MUFC unlearning (cumulative s)")
+    handles += ax.plot(steps, base, marker=".", label="complete retraining (cumulative s)")
+    times = [t for t in (*mine, *base) if t > 0]
+    log = len(times) >= 2 and max(times) > 100 * min(times)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("cumulative time s" + (" (log scale)" if log else ""))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("removal requests served")
-    ax.set_ylabel("cumulative time s")
     ax.set_title("removals: cumulative time and loss ratio")
-    ratios = summary.get("loss ratio per step")
+    ratios = summary.get("loss_ratio_per_removal")
     if ratios:
         twin = ax.twinx()
-        twin.plot(steps, ratios, color="tab:green", linestyle=":", label="loss ratio")
+        handles += twin.plot(steps, ratios, color="tab:green", linestyle=":", label="loss ratio (right axis)")
         twin.set_ylabel("loss ratio phi_f / phi_c*")
-        twin.legend(loc="lower right", fontsize="small")
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small",
+              frameon=False)
 
 
 class MUFCPlugin:
@@ -134,7 +293,8 @@ class MUFCPlugin:
     description = "MUFC: one-shot secure federated K-means++ (SCMA) with exact federated unlearning"
     generated_datasets = {
         "gaussian": lambda seed: gaussian_mixture(seed),
-        "gaussian-small": lambda seed: gaussian_mixture(seed, n_per=300),
+        # a tenth of the paper's set, named apart so that Table 1's figures are not set beside it
+        "gaussian-small": lambda seed: dataclasses.replace(gaussian_mixture(seed, n_per=300), name="gaussian-small"),
     }
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -145,16 +305,22 @@ class MUFCPlugin:
                            help="client split (default: the file's split if it has one, else noniid)")
         group.add_argument("--k-prime", type=int, default=None,
                            help="clusters per client in the noniid split (default ceil(sqrt(K)))")
-        group.add_argument("--gamma", type=float, default=None, help="quantization step (default 1/sqrt(n))")
+        group.add_argument("--quantization-step", type=float, default=None,
+                           help="quantization step gamma of the bins (default 1/sqrt(n))")
+        group.add_argument("--gamma", dest="quantization_step", type=float, help=argparse.SUPPRESS)
         group.add_argument("--server-mode", choices=("weighted", "uniform"), default="weighted",
                            help="server data: weighted bin centres (default) or uniform samples in the bins")
         group.add_argument("--unlearning", choices=MODES, default="exact",
                            help="exact (default), literal (the paper's wording) or lazy (the authors' code)")
-        group.add_argument("--remove", type=int, default=10, help="removal requests (default 10)")
-        group.add_argument("--batch", type=int, default=1, help="points per removal request (default 1)")
+        group.add_argument("--removals", type=int, default=10, help="removal requests (default 10)")
+        group.add_argument("--remove", dest="removals", type=int, help=argparse.SUPPRESS)
+        group.add_argument("--points-per-removal", type=int, default=1, help="points per removal request (default 1)")
+        group.add_argument("--batch", dest="points_per_removal", type=int, help=argparse.SUPPRESS)
         group.add_argument("--leave", type=int, default=0, help="clients that leave after the removals (default 0)")
         group.add_argument("--n-init", type=int, default=10, help="K-means++ restarts at the server (default 10)")
-        group.add_argument("--max-iter", type=int, default=300, help="Lloyd iterations cap at the server")
+        group.add_argument("--max-iterations", type=int, default=300,
+                           help="Lloyd iterations cap at the server (default 300)")
+        group.add_argument("--max-iter", dest="max_iterations", type=int, help=argparse.SUPPRESS)
         group.add_argument("--client-lloyd", type=int, default=0,
                            help="Lloyd iterations at the clients (App. M.3 complete client training; default 0)")
         group.add_argument("--fresh-randomness", action="store_true",
@@ -192,18 +358,23 @@ class MUFCPlugin:
         n_clients = len(rows)
         ids = np.arange(n, dtype=np.int64)
         parts = [(x[r], ids[r]) for r in rows]
+        step = args.quantization_step
+        if step is not None and not (math.isfinite(step) and step > 0):
+            raise ValueError(f"--quantization-step must be positive and finite, got {step}")
+        if args.max_iterations < 1:
+            raise ValueError("--max-iterations must be at least 1")
         options = dict(server_mode=args.server_mode, unlearning=args.unlearning, n_init=args.n_init,
-                       max_iter=args.max_iter, lloyd_iterations=args.client_lloyd,
+                       max_iter=args.max_iterations, lloyd_iterations=args.client_lloyd,
                        fresh_randomness=args.fresh_randomness, min_clients=args.min_clients)
-        config = make_config(n, d, k, n_clients, k_client=args.k_client, gamma=args.gamma, **options)
+        config = make_config(n, d, k, n_clients, k_client=args.k_client, gamma=step, **options)
         if args.retrains < 1:
             raise ValueError("--retrains must be at least 1")
-        stream = removal_stream([len(r) for r in rows], [ids[r] for r in rows], args.remove, args.batch,
-                                args.leave, config.k_client, args.seed + 1)
+        stream = removal_stream([len(r) for r in rows], [ids[r] for r in rows], args.removals,
+                                args.points_per_removal, args.leave, config.k_client, args.seed + 1)
         key = jax.random.PRNGKey(args.seed)
         parties = MUFCParties(parts, config, key=key, requests=stream, seed=args.seed)
         session = session_id("mufc", dataset.name, n, d, k, n_clients, split, args.seed, len(stream),
-                             args.batch, args.unlearning, args.server_mode, config.k_client, args.gamma)
+                             args.points_per_removal, args.unlearning, args.server_mode, config.k_client, step)
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
             if isinstance(result, MUFCServerResult):
@@ -212,7 +383,7 @@ class MUFCPlugin:
                     "history": [h.tolist() for h in result.history],
                     "reclustered": list(result.reclustered),
                     "totals": list(result.totals),
-                    "support sizes": list(result.support_sizes),
+                    "support_sizes": list(result.support_sizes),
                     "active": list(result.active),
                     "dropped": list(result.dropped),
                 }
@@ -222,7 +393,7 @@ class MUFCPlugin:
                     "version": result.version,
                     "ids": result.ids.tolist(),
                     "positions": result.positions.tolist(),
-                    "local centroids": result.local_centroids.tolist(),
+                    "local_centroids": result.local_centroids.tolist(),
                     "seeds": list(result.seeds),
                     "reseeded": list(result.reseeded),
                     "left": result.left,
@@ -236,33 +407,31 @@ class MUFCPlugin:
                        and not results[parties.clients[c]]["left"] and c in server["active"]]
             xs_ids = [np.asarray(results[parties.clients[c]]["ids"], dtype=np.int64) for c in present]
             xs = [x[i] for i in xs_ids]
-            cents = [np.asarray(results[parties.clients[c]]["local centroids"]).reshape(-1, d) for c in present]
+            cents = [np.asarray(results[parties.clients[c]]["local_centroids"]).reshape(-1, d) for c in present]
             poss = [np.asarray(results[parties.clients[c]]["positions"], dtype=np.int64) for c in present]
             remaining = np.concatenate(xs)
             phi_f = float(federated_loss(xs, cents, poss, config.grid, centroids))
             phi_c = float(kmeans_cost(remaining, centroids))
-            phi_star = float(reference_loss(remaining, k, args.seed))
+            with progress_task("phi_c*: scikit-learn KMeans on the remaining data"):
+                phi_star = float(reference_loss(remaining, k, args.seed))
             reseeds = sum(sum(results[c]["reseeded"]) for c in parties.clients if c in results)
             summary: dict[str, Any] = {
-                "data set": dataset.name, "N": n, "d": d, "K": k, "seeds per client": config.k_client,
-                "clients": n_clients, "split": split, "gamma": config.grid.gamma,
-                "bins per dimension B": config.grid.per_dim, "bins B^d": str(config.grid.n_bins),
-                "prime p bits": config.prime.bit_length(), "syndromes per client T = 2KL": config.n_syndromes,
-                "unlearning mode": config.unlearning, "server mode": config.server_mode,
-                "removal requests": len(stream), "points removed": n - remaining.shape[0],
-                "requests that re-seeded": reseeds,
-                "server re-clusterings": sum(server["reclustered"]),
-                "decoded point count (final)": server["totals"][-1],
-                "phi_f (induced, Def. 3.1)": phi_f, "phi_c (nearest centroid)": phi_c,
-                "phi_c* (scikit-learn KMeans, 10 restarts)": phi_star,
-                "loss ratio phi_f / phi_c*": phi_f / phi_star if phi_star > 0 else math.inf,
-                "clients agree on the model": all(
+                "data_set": dataset.name, "n_points": n, "d": d, "k": k, "k_client": config.k_client,
+                "n_clients": n_clients, "split": split, "quantization_step": config.grid.gamma,
+                "bins_per_dim": config.grid.per_dim, "n_bins_log10": math.log10(config.grid.n_bins),
+                "prime_bits": config.prime.bit_length(), "n_syndromes": config.n_syndromes,
+                "unlearning_mode": config.unlearning, "server_mode": config.server_mode,
+                "n_removals": len(stream) - args.leave, "points_per_removal": args.points_per_removal,
+                "n_clients_left": args.leave, "n_points_removed": n - remaining.shape[0],
+                "n_reseeds": reseeds,
+                "n_reclusterings": sum(server["reclustered"]),
+                "n_points_decoded": server["totals"][-1],
+                "phi_f": phi_f, "phi_c": phi_c, "phi_c_star": phi_star,
+                "loss_ratio": _ratio(phi_f, phi_star),
+                "clients_agree": all(
                     np.array_equal(np.asarray(results[parties.clients[c]]["centroids"]), centroids) for c in present
                 ),
             }
-            paper = PAPER_TABLE1.get(dataset.name)
-            if paper is not None:
-                summary["paper loss ratio MUFC (Table 1)"] = f"{paper['MUFC'][0]} ± {paper['MUFC'][1]}"
             if config.unlearning == "exact" and not config.fresh_randomness:
                 # Same public parameters (gamma and p stay fixed over a run), same keys, the
                 # remaining points only: the protocol's model must be the same array.
@@ -270,39 +439,45 @@ class MUFCPlugin:
                     kept = [(x[parties.parts[c][1][np.isin(parties.parts[c][1], xs_ids[i])]],
                              parties.parts[c][1][np.isin(parties.parts[c][1], xs_ids[i])])
                             for i, c in enumerate(present)]
-                    fresh = replay(kept, config, key, (), evaluate=False, retrains=1)
-                    same: Any = bool(np.array_equal(fresh.centroids, centroids))
+                    with progress_task("MUFC retrained on the remaining data (exactness check)"):
+                        fresh = replay(kept, config, key, (), evaluate=False, retrains=1)
+                    summary["model_equals_retrain"] = bool(np.array_equal(fresh.centroids, centroids))
                 else:
-                    same = "n/a (clients left: the client count is part of the public parameters)"
-                summary["model equals training on the remaining data (same keys)"] = same
+                    summary["model_equals_retrain"] = None
+                    summary["model_equals_retrain_skipped"] = (
+                        "clients left: the client count is part of the public parameters")
             if not args.no_baselines:
-                seeds_x = xs
-                kfed = baselines.kfed(args.seed, seeds_x, k, config.k_client)
-                summary["K-FED loss ratio"] = baselines.induced_loss(
-                    seeds_x, kfed.local_positions, kfed.local_labels, kfed.centroids) / phi_star
-                dc = baselines.ClientDCKMeans(args.seed, seeds_x, [np.arange(len(s)) for s in seeds_x], k)
-                summary["DC-KM loss ratio"] = baselines.induced_loss(
-                    seeds_x, dc.local_positions, dc.local_labels, dc.centroids) / phi_star
-                if paper is not None:
-                    summary["paper loss ratio K-FED / DC-KM (Table 1)"] = (
-                        f"{paper['K-FED'][0]} ± {paper['K-FED'][1]} / {paper['DC-KM'][0]} ± {paper['DC-KM'][1]}")
-            if not args.no_timing and stream:
-                timed = replay(parts, config, key, stream, retrains=args.retrains)
-                base = reference_loss(x, k, args.seed)
-                times = [s.total_s for s in timed.steps]
+                with progress_task("K-FED baseline"):
+                    kfed = baselines.kfed(args.seed, xs, k, config.k_client)
+                    summary["loss_ratio_kfed"] = _ratio(baselines.induced_loss(
+                        xs, kfed.local_positions, kfed.local_labels, kfed.centroids), phi_star)
+                with progress_task("DC-KM baseline"):
+                    dc = baselines.ClientDCKMeans(args.seed, xs, [np.arange(len(s)) for s in xs], k)
+                    summary["loss_ratio_dckm"] = _ratio(baselines.induced_loss(
+                        xs, dc.local_positions, dc.local_labels, dc.centroids), phi_star)
+            timed = not args.no_timing and bool(stream)
+            if timed:
+                with progress_task("timed replay of the removal stream", total=len(stream)) as advance:
+                    run = replay(parts, config, key, stream, retrains=args.retrains, progress=lambda _: advance())
+                with progress_task("phi_c*: scikit-learn KMeans on all the data"):
+                    base = reference_loss(x, k, args.seed)
+                times_ms = 1e3 * np.array([s.total_s for s in run.steps])
                 summary.update({
-                    "training s (slowest client + server, replay)": timed.train_client_s + timed.train_server_s,
-                    "mean s per removal (replay)": timed.mean_removal_s,
-                    "complete retraining s (replay, median)": timed.retrain_s,
-                    "unlearning speed-up over complete retraining": timed.speedup,
-                    "paper: mean speed-up over retraining (Sec. 6)": PAPER_MEAN_SPEEDUP,
-                    "replay matches the protocol's model": bool(np.array_equal(timed.centroids, centroids)),
-                    "cumulative removal time s": np.cumsum(times).tolist(),
-                    "cumulative retraining time s": (timed.retrain_s * np.arange(1, len(times) + 1)).tolist(),
-                    "loss ratio per step": [s.loss / base for s in timed.steps],
+                    "train_ms": 1e3 * (run.train_client_s + run.train_server_s),
+                    "removal_ms_mean": float(times_ms.mean()),
+                    "removal_ms_std": float(times_ms.std()),
+                    "retrain_ms": 1e3 * run.retrain_s,
+                    "speedup_over_retrain": _number(run.speedup),
+                    "replay_matches_protocol": bool(np.array_equal(run.centroids, centroids)),
+                    "cumulative_removal_s": np.cumsum(times_ms / 1e3).tolist(),
+                    "cumulative_retrain_s": (run.retrain_s * np.arange(1, len(times_ms) + 1)).tolist(),
+                    "loss_ratio_per_removal": [_ratio(s.loss, base) for s in run.steps],
                 })
+            paper = paper_figures(dataset.name, timed=timed)
+            if paper:
+                summary["paper"] = paper
             summary["centroids"] = centroids.tolist()
-            return summary
+            return _headline_first(summary, HEADLINE)
 
         return RunPlan(
             roster=parties.roster,
@@ -314,12 +489,19 @@ class MUFCPlugin:
             iterations=len(stream) + 1,
             phases=("setup", "aggregate", "removal", "model"),
             plot_results=plot_stream,
-            analytic={
-                "analytic syndrome payload per client per aggregation (T·ceil(log2 p / 8) bytes)":
-                    config.syndrome_bytes(),
-                "dense secure aggregation of the B^d count vector would send (bytes per client)":
-                    f"{config.grid.n_bins * config.width:.3e}",
+            labels={
+                **LABELS,
+                "analytic_syndrome_bytes_per_client": "analytic syndrome payload per client per aggregation "
+                "(T·ceil(log2 p / 8) bytes)",
+                "dense_aggregation_bytes_per_client": "dense secure aggregation of the B^d count vector "
+                "would send (bytes per client)",
             },
+            analytic={
+                "analytic_syndrome_bytes_per_client": config.syndrome_bytes(),
+                # B^d can exceed a float's range only beyond 10^308 bins; the count stays exact
+                "dense_aggregation_bytes_per_client": config.grid.n_bins * config.width,
+            },
+            max_frame_bytes=frame_limit(config, d),
         )
 
 

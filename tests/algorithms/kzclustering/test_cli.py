@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
 
 import fedproto.algorithms  # noqa: F401
 from fedproto.algorithms.kzclustering import _kernels
-from fedproto.algorithms.kzclustering.cli import KZCENTER
+from fedproto.algorithms.kzclustering.cli import CENTER_PHASES, KZCENTER, prepare_data
 from fedproto.algorithms.kzclustering.data import OUTLIER_LABEL, gaussian_mixture, inject_outliers, synthetic_dataset
 from fedproto import cli as core_cli
 from fedproto import registry
@@ -29,25 +30,70 @@ def parse(plugin, argv):
 async def run_plan(plan):
     machines = {p: plan.make_machine(p) for p in plan.roster}
     network = MemoryNetwork(list(plan.roster))
-    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=plan.session))
+    results = await run_parties(machines, network, config=RuntimeConfig(session=plan.session))
     return {p: plan.result_to_json(p, r) for p, r in results.items()}
 
 
 async def test_plan_runs_over_the_memory_transport():
-    args = parse(KZCENTER, ["--data", "iris", "--machines", "3", "--k", "3", "--eps", "0.5",
+    args = parse(KZCENTER, ["--data", "iris", "--machines", "3", "--k", "3", "--slack", "0.5",
                             "--inject-outliers", "6", "--compare", "charikar,mkcwm,random-kzc"])
     plan = KZCENTER.plan(args, load_dataset("iris"))
     assert plan.roster == ("coordinator", "machine-0", "machine-1", "machine-2")
     results = await run_plan(plan)
     json.dumps(results)  # JSON-ready
     summary = plan.summarize(results)
-    assert summary["n"] == 156 and summary["z"] == 6 and summary["machines"] == 3
-    assert summary["points beyond L_out"] <= summary["allowed (1+eps)z"]
-    assert sum(results[f"machine-{i}"]["outliers"] for i in range(3)) == summary["points beyond L_out"]
-    assert summary["radius ((1+eps)z outliers removed)"] <= summary["certified radius L_out"]
-    assert summary["words (all messages)"] == sum(v for k, v in summary.items() if k.startswith("words: "))
-    assert "mkcwm: words (all / paper)" in summary and summary["charikar: radius (z removed)"] > 0
-    json.dumps(summary)
+    assert (summary["n_points"], summary["z"], summary["n_clients"], summary["slack"]) == (156, 6, 3, 0.5)
+    assert summary["n_outliers"] <= summary["outlier_budget"] == 9
+    assert sum(results[f"machine-{i}"]["outliers"] for i in range(3)) == summary["n_outliers"]
+    assert summary["radius_budget_removed"] <= summary["radius"]
+    assert summary["radius_budget_removed"] <= summary["radius_z_removed"]
+    phases = [key for key in summary if key.startswith("words_phase_") and key.removeprefix("words_phase_") in CENTER_PHASES]
+    assert phases and summary["words_total"] == sum(summary[key] for key in phases)
+    # the baselines: words of the distributed ones, radius of all, keys snake_case
+    assert summary["words_total_mkcwm"] >= summary["words_points_mkcwm"] > 0
+    assert summary["words_total_random_kzc"] >= summary["words_points_random_kzc"] > 0
+    assert "words_total_charikar" not in summary and summary["radius_z_removed_charikar"] > 0
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", key) for key in summary)
+    assert all(not isinstance(v, str) for k, v in summary.items() if k not in ("data_set", "search"))
+    # every result key but the arrays has a readable label or reads well with "_" -> " "
+    assert plan.labels["radius"] == "certified radius L_out"
+    assert plan.labels["radius_z_removed_charikar"] == "charikar: radius (z removed)"
+    json.dumps(summary, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    ("new", "old"),
+    [
+        (["--clients", "4", "--slack", "0.25", "--probe-batch", "3", "--normalize"],
+         ["--machines", "4", "--eps", "0.25", "--batch", "3", "--normalize", "minmax"]),
+        (["--clients", "2", "--slack", "0.5", "--probe-batch", "0", "--normalize", "none"],
+         ["--machines", "2", "--eps", "0.5", "--batch", "0"]),
+    ],
+)
+def test_old_option_spellings_are_hidden_aliases(new, old):
+    """``--eps``, ``--batch`` and ``--machines`` set the same options as ``--slack``,
+    ``--probe-batch`` and ``--clients``; the old spellings are not in ``--help``."""
+    a, b = parse(KZCENTER, ["--k", "3", *new]), parse(KZCENTER, ["--k", "3", *old])
+    assert vars(a) == vars(b)
+    assert not hasattr(a, "eps") and not hasattr(a, "batch") and not hasattr(a, "machines")
+    parser = argparse.ArgumentParser()
+    core_cli._common_arguments(parser, party=False)
+    KZCENTER.add_arguments(parser)
+    text = parser.format_help()
+    assert "--slack" in text and "--probe-batch" in text and "--machines" in text
+    assert "--eps" not in text and "--batch " not in text
+    assert parse(KZCENTER, ["--k", "3"]).normalize == "none"
+
+
+def test_normalize_minmax_scales_features_and_none_keeps_them():
+    raw = load_dataset("wine")
+    scaled, m = prepare_data(parse(KZCENTER, ["--data", "wine", "--normalize", "--machines", "3"]), raw)
+    kept, _ = prepare_data(parse(KZCENTER, ["--data", "wine", "--normalize", "none"]), raw)
+    assert m == 3
+    np.testing.assert_array_equal(kept.x, raw.x)
+    assert np.allclose(scaled.x.min(axis=0), -1) and np.allclose(scaled.x.max(axis=0), 1)
+    with pytest.raises(SystemExit):
+        parse(KZCENTER, ["--normalize", "zscore"])
 
 
 @pytest.mark.parametrize(
@@ -55,8 +101,9 @@ async def test_plan_runs_over_the_memory_transport():
     [
         (["--k", "200"], "k = 200"),
         (["--k", "3", "--z", "150"], "z = 150"),
-        (["--k", "3", "--z", "5", "--eps", "0"], "eps"),
-        (["--k", "3", "--z", "5", "--eps", "1.5"], "eps"),
+        (["--k", "3", "--z", "5", "--slack", "0"], "slack"),
+        (["--k", "3", "--z", "5", "--eps", "1.5"], "slack"),
+        (["--k", "3", "--probe-batch", "-1"], "probe-batch"),
         (["--k", "3", "--machines", "0"], "machines"),
         (["--k", "3", "--machines", "151"], "parties"),
         (["--k", "3", "--compare", "best"], "unknown baseline"),
@@ -74,12 +121,13 @@ def test_the_fedproto_command_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(registry, "load_protocol", lambda name: KZCENTER)
     report = tmp_path / "report.json"
     code = core_cli.main(["run", "kzcenter", "--synthetic", "300", "--machines", "3", "--k", "4", "--z", "10",
-                          "--inject-outliers", "10", "--eps", "0.5", "--quiet", "--report", str(report)])
+                          "--inject-outliers", "10", "--slack", "0.5", "--quiet", "--report", str(report)])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "certified radius" in out.out
     doc = json.loads(report.read_text())
-    assert doc["results"]["points beyond L_out"] <= 15 and doc["communication_rounds"] == 7
+    assert doc["results"]["n_outliers"] <= 15 and doc["communication_rounds"] == 7
+    assert doc["results"]["n_clients"] == 3 and doc["results"]["slack"] == 0.5
     code = core_cli.main(["run", "kzcenter", "--data", "wine", "--k", "500", "--quiet"])
     err = capsys.readouterr().err
     assert code == 1 and "k = 500" in err and "Traceback" not in err

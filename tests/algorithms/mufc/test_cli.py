@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import trio
 
-from fedproto.algorithms.mufc.cli import PROTOCOL, removal_stream, unit_box
+from fedproto.algorithms.mufc.cli import LABELS, PAPER_MEAN_SPEEDUP, PROTOCOL, paper_figures, removal_stream, unit_box
 from fedproto.cli import main
 from fedproto.data import load_dataset
 from fedproto.metering import Meter
+from fedproto.progress import use_display
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transports.memory import MemoryNetwork
 
@@ -38,7 +39,7 @@ def run_plan(plan):
         network = MemoryNetwork(plan.roster)
         meter = Meter(trio.current_time)
         machines = {p: plan.make_machine(p) for p in plan.roster}
-        results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=plan.session),
+        results = await run_parties(machines, network, config=RuntimeConfig(session=plan.session),
                                     meter=meter)
         return results, meter.report(protocol="mufc", transport="memory", session=plan.session, parties=plan.roster)
 
@@ -47,20 +48,116 @@ def run_plan(plan):
 
 
 def test_plan_runs_and_summarises_with_exactness_and_the_analytic_bytes():
-    args = parse(["--remove", "4", "--batch", "2", "--no-timing", "--n-init", "2"])
+    args = parse(["--removals", "4", "--points-per-removal", "2", "--no-timing", "--n-init", "2"])
     plan = PROTOCOL.plan(args, load_dataset("iris"))
     results, report = run_plan(plan)
     summary = plan.summarize(results)
-    assert summary["points removed"] == 8 and summary["decoded point count (final)"] == 142
-    assert summary["model equals training on the remaining data (same keys)"] is True
-    assert summary["clients agree on the model"] is True
-    assert summary["loss ratio phi_f / phi_c*"] >= summary["phi_c (nearest centroid)"] / summary[
-        "phi_c* (scikit-learn KMeans, 10 restarts)"] - 1e-12  # phi_f >= phi_c
+    assert summary["n_points_removed"] == 8 and summary["n_points_decoded"] == 142
+    assert summary["n_removals"] == 4 and summary["points_per_removal"] == 2 and summary["n_points"] == 150
+    assert summary["model_equals_retrain"] is True
+    assert summary["clients_agree"] is True
+    assert summary["loss_ratio"] == summary["phi_f"] / summary["phi_c_star"]
+    assert summary["loss_ratio"] >= summary["phi_c"] / summary["phi_c_star"] - 1e-12  # phi_f >= phi_c
+    assert 0 < summary["loss_ratio_kfed"] and 0 < summary["loss_ratio_dckm"]
+    assert "paper" not in summary  # iris is not in the paper's Table 1
     # every share is T * width payload bytes: the analytic figure is what each client uploads
-    per_client = plan.analytic["analytic syndrome payload per client per aggregation (T·ceil(log2 p / 8) bytes)"]
+    per_client = plan.analytic["analytic_syndrome_bytes_per_client"]
     shares = [link for link in report.links if link.tag == "mufc.syndromes"]
     assert len(shares) == 3 * 5
     assert all(per_client < link.payload_bytes < per_client + 64 for link in shares)
+
+
+def _check_result_keys(summary, labels):
+    """Result keys (and the paper's) are snake_case identifiers; no value is a number written as
+    a string; the labels name keys of the summary, readably."""
+    for key, value in [*summary.items(), *summary.get("paper", {}).items()]:
+        assert key.isidentifier() and key == key.lower(), key
+        if isinstance(value, str):
+            with pytest.raises(ValueError):
+                float(value.split(" ")[0])
+    shown = {key for key in summary if key in labels} | {key for key in summary.get("paper", {}) if key in labels}
+    assert {"loss_ratio", "removal_ms_mean", "retrain_ms", "speedup_over_retrain", "phi_c_star"} <= shown
+    assert labels["phi_c_star"] == "phi_c* (scikit-learn KMeans, 10 restarts)"
+
+
+class RecordingDisplay:
+    """A progress display that records each task: ``[description, total, steps advanced, removed]``."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def add_task(self, description, *, total=None):
+        self.tasks.append([description, total, 0, False])
+        return len(self.tasks) - 1
+
+    def advance(self, task_id, advance=1):
+        self.tasks[task_id][2] += advance
+
+    def remove_task(self, task_id):
+        self.tasks[task_id][3] = True
+
+
+def test_summary_keys_are_identifiers_with_labels_and_numbers():
+    args = parse(["--clients", "3", "--removals", "2", "--retrains", "1", "--n-init", "2"])
+    dataset = load_dataset("iris")
+    plan = PROTOCOL.plan(args, dataset)
+    results = run_plan(plan)[0]
+    display = RecordingDisplay()
+    with use_display(display):
+        summary = plan.summarize(results)
+    # every phase after the protocol shows progress; the timed replay counts its requests
+    tasks = {description: (total, done, removed) for description, total, done, removed in display.tasks}
+    assert {"K-FED baseline", "DC-KM baseline"} <= set(tasks)
+    assert tasks["timed replay of the removal stream"] == (2, 2, True)
+    assert all(removed for _, _, removed in tasks.values())
+    _check_result_keys(summary, plan.labels)
+    assert summary["data_set"] == "iris" and summary["n_clients"] == 3 and summary["k"] == 3
+    # the timed replay: a mean and a spread as two numbers, retraining slower than one removal
+    assert summary["removal_ms_mean"] > 0 and summary["removal_ms_std"] >= 0
+    assert summary["speedup_over_retrain"] == pytest.approx(summary["retrain_ms"] / summary["removal_ms_mean"])
+    assert len(summary["cumulative_removal_s"]) == len(summary["loss_ratio_per_removal"]) == 2
+    assert summary["replay_matches_protocol"] is True
+    # the paper's figures sit apart, keyed like the measured ones (iris is not in Table 1)
+    assert summary["paper"] == {"speedup_over_retrain": PAPER_MEAN_SPEEDUP}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedproto.algorithms.mufc.cli import plot_stream
+
+    fig, ax = plt.subplots()
+    plot_stream(ax, summary)  # reads the cumulative times and loss ratios under their result keys
+    assert [len(line.get_xdata()) for line in ax.get_lines()] == [2, 2]
+    assert len(fig.axes) == 2  # the loss ratio's twin axis
+    plt.close(fig)
+
+
+def test_paper_figures_are_table_1_as_numbers():
+    figures = paper_figures("celltype", timed=False)
+    assert figures["loss_ratio_mean"] == 1.14 and figures["loss_ratio_std"] == 0.03
+    assert figures["loss_ratio_kfed_mean"] == 1.72 and figures["loss_ratio_dckm_std"] == 0.01
+    assert "speedup_over_retrain" not in figures
+    assert paper_figures("gaussian", timed=True)["speedup_over_retrain"] == 84.0
+    assert paper_figures("iris", timed=False) == {}
+    assert all(key in LABELS for key in paper_figures("gaussian", timed=True))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "dest", "value"),
+    [
+        ("--remove", "--removals", "removals", 7),
+        ("--batch", "--points-per-removal", "points_per_removal", 3),
+        ("--gamma", "--quantization-step", "quantization_step", 0.25),
+        ("--max-iter", "--max-iterations", "max_iterations", 40),
+    ],
+)
+def test_old_option_spellings_stay_hidden_aliases(capsys, old, new, dest, value):
+    assert getattr(parse([old, str(value)]), dest) == value == getattr(parse([new, str(value)]), dest)
+    parser = argparse.ArgumentParser()
+    PROTOCOL.add_arguments(parser)
+    text = parser.format_help()
+    assert new in text and old not in text.replace(new, "")
 
 
 def test_removal_stream_is_random_valid_and_keeps_k_points():
@@ -86,7 +183,7 @@ def test_unit_box_keeps_unit_data_and_scales_the_rest():
 
 @pytest.mark.skipif(not CELLTYPE.is_file(), reason="needs ../shared/data/celltype.npz")
 def test_celltype_uses_its_own_hundred_client_split():
-    args = parse(["--data", str(CELLTYPE), "--remove", "0"])
+    args = parse(["--data", str(CELLTYPE), "--removals", "0"])
     plan = PROTOCOL.plan(args, load_dataset(str(CELLTYPE)))
     assert len(plan.roster) == 101
 
@@ -97,12 +194,18 @@ def fedproto(*argv, cwd):
 
 
 def test_command_line_run_writes_the_report_and_plot(tmp_path):
-    out = fedproto("run", "mufc", "--data", "gaussian-small", "--clients", "4", "--remove", "3", "--quiet",
+    out = fedproto("run", "mufc", "--data", "gaussian-small", "--clients", "4", "--removals", "3", "--quiet",
                    "--retrains", "1", "--report", str(tmp_path / "run.json"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "loss ratio" in out.stdout and "unlearning speed-up" in out.stdout
+    # the readable labels; the headline results come first, so the shortened table keeps them
+    first_table = out.stdout.split("rows shown")[0]
+    assert "mufc on gaussian-small" in first_table
+    assert "loss ratio phi_f / phi_c*" in first_table and "unlearning speed-up" in first_table
     report = json.loads((tmp_path / "run.json").read_text())
-    assert report["results"]["model equals training on the remaining data (same keys)"] is True
+    results = report["results"]
+    assert results["model_equals_retrain"] is True
+    assert isinstance(results["loss_ratio"], float) and isinstance(results["removal_ms_mean"], float)
+    assert results["n_removals"] == 3 and results["n_clients"] == 4
     assert (tmp_path / "run.png").stat().st_size > 0
 
 
@@ -111,10 +214,13 @@ def test_command_line_run_writes_the_report_and_plot(tmp_path):
     [
         (["--k", "0"], "--k must be at least 1"),
         (["--k", "500"], "larger than the number of points"),
-        (["--remove", "1000"], "can serve another removal"),
+        (["--removals", "1000"], "can serve another removal"),
         (["--leave", "3"], "every one of the 3 clients"),
         (["--split", "file"], "client_X"),
-        (["--gamma", "-1"], "gamma"),
+        (["--quantization-step", "-1"], "--quantization-step must be positive"),
+        (["--gamma", "0"], "--quantization-step must be positive"),
+        (["--max-iterations", "0"], "--max-iterations must be at least 1"),
+        (["--points-per-removal", "0"], "--points-per-removal at least 1"),
     ],
 )
 def test_bad_arguments_print_one_line(capsys, argv, message):

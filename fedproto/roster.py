@@ -1,0 +1,228 @@
+"""The roster of a multi-process run: who takes part, where each party listens, the run's secret.
+
+One JSON format serves the CLI (``fedproto party ... --roster FILE``), the process launcher
+(:func:`fedproto.launcher.launch_local`), the examples and the docs::
+
+    {
+      "session": 1234,
+      "secret": "9f1c...e0 (hex, at least 16 bytes)",
+      "parties": [
+        {"name": "server", "address": "10.0.0.1:7000"},
+        {"name": "client-0", "address": "10.0.0.2:7000"}
+      ]
+    }
+
+``parties`` is in roster order (the order every process of the run agrees on). ``session`` is
+optional; when it is given, a party started with arguments that make another session refuses to
+run. The secret authenticates every connection of the run (see the TCP transport), so the file is
+written readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Roster", "MIN_SECRET_BYTES"]
+
+#: Shortest accepted secret (bytes).
+MIN_SECRET_BYTES = 16
+_SESSION_LIMIT = 2**64
+
+
+def _check_address(party: str, address: Any) -> str:
+    """``address`` if it is ``"host:port"`` (IPv6 as ``"[::1]:port"``), else ValueError."""
+    if not isinstance(address, str):
+        raise ValueError(f"the address of {party!r} must be a 'host:port' string, got {type(address).__name__}")
+    text = address.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        ok = bool(sep) and rest.startswith(":")
+        port = rest[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        ok = bool(sep) and ":" not in host
+    if not ok or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"the address of {party!r} must be 'host:port' with a port in 0..65535, got {address!r}")
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Roster:
+    """The parties of a run, their addresses, the run's shared secret and optionally its session.
+
+    Args:
+        parties: every party name, in roster order (unique, non-empty strings).
+        addresses: ``{party: "host:port"}`` for every party (IPv6 as ``"[::1]:port"``).
+        secret: the run's shared secret, at least 16 bytes (:meth:`create` draws 32).
+        session: the run's session id in 0..2**64-1, or ``None`` when the roster does not fix it.
+
+    Raises:
+        ValueError: duplicate or empty names, a party without an address (or an address for a
+            party outside the roster), an address that is not ``host:port``, a short secret, a
+            session out of range.
+        TypeError: the secret is not bytes.
+    """
+
+    parties: tuple[str, ...]
+    addresses: dict[str, str] = dataclasses.field(hash=False)
+    secret: bytes = dataclasses.field(repr=False)
+    session: int | None = None
+
+    def __post_init__(self) -> None:
+        parties = tuple(self.parties)
+        if not parties:
+            raise ValueError("the roster lists no parties")
+        for name in parties:
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"party names must be non-empty strings, got {name!r}")
+        duplicates = sorted({p for p in parties if parties.count(p) > 1})
+        if duplicates:
+            raise ValueError(f"party names must be unique; repeated: {', '.join(duplicates)}")
+        addresses = dict(self.addresses)
+        missing = [p for p in parties if p not in addresses]
+        if missing:
+            raise ValueError(f"no address for {', '.join(missing)}")
+        extra = sorted(set(addresses) - set(parties))
+        if extra:
+            raise ValueError(f"addresses for parties outside the roster: {', '.join(map(str, extra))}")
+        checked = {p: _check_address(p, addresses[p]) for p in parties}
+        if not isinstance(self.secret, bytes | bytearray):
+            raise TypeError(f"the secret must be bytes, got {type(self.secret).__name__}")
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(self.secret)}")
+        session = self.session
+        if session is not None and (
+            isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < _SESSION_LIMIT
+        ):
+            raise ValueError(f"the session must be an integer in 0..2**64-1, got {session!r}")
+        object.__setattr__(self, "parties", parties)
+        object.__setattr__(self, "addresses", checked)
+        object.__setattr__(self, "secret", bytes(self.secret))
+
+    @classmethod
+    def create(
+        cls, addresses: Mapping[str, str], *, session: int | None = None, secret_bytes: int = 32
+    ) -> "Roster":
+        """A roster with a fresh random secret (:func:`secrets.token_bytes`).
+
+        Args:
+            addresses: ``{party: "host:port"}`` in roster order.
+            session: the run's session id, or ``None``.
+            secret_bytes: length of the secret (at least 16).
+        """
+        return cls(tuple(addresses), dict(addresses), secrets.token_bytes(secret_bytes), session)
+
+    # -- JSON -----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The roster in its JSON layout (see the module docstring)."""
+        doc: dict[str, Any] = {}
+        if self.session is not None:
+            doc["session"] = self.session
+        doc["secret"] = self.secret.hex()
+        doc["parties"] = [{"name": p, "address": self.addresses[p]} for p in self.parties]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> "Roster":
+        """Parse the JSON layout (already decoded).
+
+        Raises:
+            ValueError: one line saying what is wrong.
+        """
+        if not isinstance(doc, dict):
+            raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+        unknown = sorted(set(doc) - {"session", "secret", "parties"})
+        if unknown:
+            raise ValueError(f"unknown keys {', '.join(map(repr, unknown))} (expected session, secret, parties)")
+        if "parties" not in doc:
+            raise ValueError("no 'parties' list of {\"name\": ..., \"address\": \"host:port\"}")
+        entries = doc["parties"]
+        if not isinstance(entries, list):
+            raise ValueError(f"'parties' must be a list, got {type(entries).__name__}")
+        names: list[str] = []
+        addresses: dict[str, str] = {}
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or set(entry) != {"name", "address"}:
+                raise ValueError(f"parties[{i}] must be an object with exactly 'name' and 'address'")
+            name = entry["name"]
+            if not isinstance(name, str):
+                raise ValueError(f"parties[{i}]: the name must be a string, got {name!r}")
+            if name in addresses:
+                raise ValueError(f"party names must be unique; repeated: {name}")
+            names.append(name)
+            addresses[name] = entry["address"]
+        if "secret" not in doc:
+            raise ValueError("no 'secret' (hex)")
+        secret_text = doc["secret"]
+        try:
+            if not isinstance(secret_text, str):
+                raise ValueError
+            secret = bytes.fromhex(secret_text)
+        except ValueError:
+            raise ValueError("the secret must be a hex string") from None
+        session = doc.get("session")
+        if session is not None and (isinstance(session, bool) or not isinstance(session, int)):
+            raise ValueError(f"the session must be an integer, got {session!r}")
+        return cls(tuple(names), addresses, secret, session)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "Roster":
+        """Read a roster file.
+
+        Raises:
+            ValueError: the file cannot be read or is not a valid roster; the message is one line
+                naming the file and the problem.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read roster {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError:
+            raise ValueError(f"cannot read roster {path}: not UTF-8 text") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"roster {path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        try:
+            return cls.from_dict(doc)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"roster {path}: {exc}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the roster as JSON, readable and writable by its owner only (mode 0600).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
+            json.dump(self.to_dict(), handle, indent=2)
+            handle.write("\n")
+        return path
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def check_matches(self, parties: Sequence[str], session: int, *, source: str = "the roster") -> None:
+        """Check that this roster is for the run these arguments make.
+
+        Args:
+            parties: the run's parties in roster order.
+            session: the run's session id.
+            source: how to name the roster in the message (e.g. its file).
+
+        Raises:
+            ValueError: other parties, another order, or another session.
+        """
+        if tuple(parties) != self.parties:
+            raise ValueError(f"{source} lists {list(self.parties)}, this run needs {list(parties)}")
+        if self.session is not None and self.session != session:
+            raise ValueError(f"{source} is for session {self.session}, these arguments make session {session}")
