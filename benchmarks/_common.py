@@ -2,6 +2,8 @@
 
 What lives here:
 
+* the options every script shares (``--quick``: a smoke-sized run of a few seconds; ``--json PATH``:
+  also write the script's table(s) as a list of records) and the record writer behind ``--json``;
 * machine facts (Python, NumPy, JAX, Trio, msgpack versions, CPU count, load average at start),
   printed once at the top of every script;
 * a rich console that keeps tables on one line when the output is not a terminal;
@@ -19,14 +21,19 @@ directory is then first on ``sys.path``, which is how they import this module.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
 import gc
+import json
+import math
 import os
 import platform
+import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,20 +47,25 @@ from fedproto.messages import Message, Outgoing
 
 __all__ = [
     "PAYLOAD_SHAPES",
+    "RECORD_KEY",
     "PingMachine",
     "PongMachine",
     "StreamAck",
     "StreamSink",
     "StreamSource",
+    "add_common_arguments",
     "best_of",
     "fmt_bytes",
     "fmt_ratio",
     "machine_facts",
     "make_console",
     "median",
+    "parse_args",
     "payload_array",
     "print_machine_facts",
+    "record",
     "timed",
+    "write_records",
 ]
 
 #: FastLloyd-sized payloads: ``uint32 [rows, cols]``. 24 B is one update of k = 2, d = 2
@@ -155,6 +167,86 @@ def fmt_ratio(ratio: float, target: float | None = None, *, at_least: bool = Tru
 def fmt_bytes(n: float) -> str:
     """Thousands-separated integer bytes."""
     return f"{int(round(n)):,}"
+
+
+# --- shared options and JSON records -----------------------------------------------------------------
+
+#: A record key: a snake_case identifier with its unit in the name (``ms_per_iteration``,
+#: ``payload_bytes``, ``total_s``).
+RECORD_KEY = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+
+#: The values a record holds.
+Scalar = str | int | float | bool | None
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, quick: str) -> None:
+    """Add ``--quick`` (help text ``quick``: what the small run does) and ``--json PATH``."""
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument(
+        "--json", metavar="PATH", type=Path, default=None,
+        help="also write the table(s) here as a JSON array of records: one flat object per row, "
+        "snake_case keys with units, the table's name under 'table'",
+    )
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, then refuse (exit 2) a ``--json`` path whose directory does not
+    exist, before anything is measured."""
+    args = parser.parse_args(argv)
+    path = getattr(args, "json", None)
+    if path is not None and not path.resolve().parent.is_dir():
+        parser.error(f"--json: the directory {path.resolve().parent} does not exist")
+    return args
+
+
+def _scalar(value: Any) -> Scalar:
+    if value is None or isinstance(value, str | bool):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    raise TypeError(f"a record value must be a str, int, float, bool or None, not {type(value).__name__}")
+
+
+def record(table: str, **fields: Any) -> dict[str, Scalar]:
+    """One row of a table as a flat record: ``{"table": table, **fields}``.
+
+    NumPy scalars become Python numbers; NaN and infinities become ``None`` (JSON has neither).
+
+    Raises:
+        ValueError: a key (or ``table``) is not a snake_case identifier.
+        TypeError: a value is not a scalar (lists and dicts do not belong in a record).
+    """
+    out: dict[str, Scalar] = {"table": table}
+    for key, value in fields.items():
+        out[key] = _scalar(value)
+    for key in (table, *out):
+        if not RECORD_KEY.fullmatch(key):
+            raise ValueError(f"record keys and table names are snake_case identifiers, got {key!r}")
+    return out
+
+
+def write_records(path: Path | None, records: Iterable[Mapping[str, Scalar]], console: Any = None) -> None:
+    """Write ``records`` to ``path`` as a JSON array (nothing when ``path`` is ``None``).
+
+    Raises:
+        ValueError: a record key is not snake_case, or a record is not flat.
+    """
+    if path is None:
+        return
+    rows = [dict(r) for r in records]
+    for row in rows:
+        for key, value in row.items():
+            if not RECORD_KEY.fullmatch(key):
+                raise ValueError(f"record key {key!r} is not a snake_case identifier")
+            _scalar(value)
+    Path(path).write_text(json.dumps(rows, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    if console is not None:
+        console.print(f"{len(rows)} records written to {path}", highlight=False)
 
 
 # --- timing ----------------------------------------------------------------------------------------

@@ -44,6 +44,13 @@ Run::
     python benchmarks/fastlloyd_timing.py                   # full grid, no latency (about a minute)
     python benchmarks/fastlloyd_timing.py --paper-latency   # 0.25 ms per send
     python benchmarks/fastlloyd_timing.py --quick           # smoke test, a few seconds
+    python benchmarks/fastlloyd_timing.py --json t3.json    # also the table as JSON records
+
+``--json PATH`` writes one record per row (table ``fastlloyd_timing``): ``n_points``, ``k``, ``d``,
+``ring_bits``, ``iterations``, ``ms_per_iteration``, ``run_ms_per_iteration``,
+``paper_ms_per_iteration`` (``null`` off Table 3's grid), ``bytes_per_iteration``,
+``analytic_bytes_per_iteration``, ``envelope_bytes_per_iteration``, ``paper_bytes_per_iteration``,
+``central_ms_per_iteration``, ``latency_ms_per_send``.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ from typing import Any
 import jax
 import numpy as np
 import trio
-from _common import make_console, median, print_machine_facts
+from _common import add_common_arguments, make_console, median, parse_args, print_machine_facts, record, write_records
 from rich.progress import Progress
 from rich.table import Table
 
@@ -147,7 +154,7 @@ async def run_once(
     machines = build_parties(x, config, n_clients, seed=seed, session=session)
     network = MemoryNetwork(list(machines), latency_s=latency_s)
     meter = Meter(trio.current_time)
-    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=session), meter=meter)
+    results = await run_parties(machines, network, config=RuntimeConfig(session=session), meter=meter)
     return meter.report(
         protocol="fastlloyd", transport="memory", session=session, parties=list(machines),
         results={"centroids": results["client-0"].centroids},
@@ -233,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper-latency", action="store_true", help="0.25 ms per send, like the paper")
     parser.add_argument("--ring-bits", default="auto", choices=["auto", "32", "64"], help="ring width")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, split, entropy and noise")
-    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
-    args = parser.parse_args(argv)
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    args = parse_args(parser, argv)
     if args.paper_latency:
         args.latency_ms = 0.25
     if args.quick:
@@ -276,8 +283,18 @@ def main(argv: list[str] | None = None) -> int:
         "envelope", "paper bytes", "central ms", "fed/central",
     ):
         table.add_column(col, justify="right")
+    records = []
     for row in rows:
         paper_ms, paper_bytes = PAPER_TABLE3.get((row.n, row.k, row.d), (None, 32 * row.k * (row.d + 1)))
+        records.append(record(
+            "fastlloyd_timing", n_points=row.n, k=row.k, d=row.d, ring_bits=row.ring_bits,
+            iterations=row.iterations, ms_per_iteration=row.ms_per_iteration,
+            run_ms_per_iteration=row.run_ms_per_iteration, paper_ms_per_iteration=paper_ms,
+            bytes_per_iteration=row.bytes_per_iteration, analytic_bytes_per_iteration=row.analytic_bytes,
+            envelope_bytes_per_iteration=row.bytes_per_iteration - row.analytic_bytes,
+            paper_bytes_per_iteration=paper_bytes, central_ms_per_iteration=row.central_ms,
+            latency_ms_per_send=args.latency_ms,
+        ))
         table.add_row(
             f"{row.n:,}", str(row.k), str(row.d), str(row.ring_bits), str(row.iterations),
             f"{row.ms_per_iteration:.2f}", f"{row.run_ms_per_iteration:.2f}",
@@ -293,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "(8-byte elements) = 32 k (d+1) for M = 2; ours 2 M k (d+1) w/8 = 8 M k (d+1) with the 32-bit ring, "
         "16 M k (d+1) with the 64-bit ring, plus one msgpack envelope per frame (the envelope column)."
     )
+    write_records(args.json, records, console)
     return 0
 
 

@@ -25,10 +25,16 @@ trimmed cost) and centralised k-means-- (cost only).
 A plot (words against z on a log scale, and the radius against z) is written to ``--plot``
 (default: ``kz_communication.png`` in the system's temporary directory).
 
+``--json PATH`` writes one record per row: table ``kz_center`` (``method``, ``z``, ``centralised``,
+``words_total``, ``words_points``, ``payload_bytes``, ``message_phases``, ``radius_z_removed``,
+``time_s``; the centralised methods' words are the whole data set, n d, and their bytes and phases
+are ``null``), table ``kz_center_growth`` (``method``, ``words_ratio_max_z_to_zero``) and, with
+``--means``, table ``kz_means`` (``method``, ``z``, ``words_total``, ``trimmed_cost``).
+
 Run::
 
     python benchmarks/kz_communication.py            # n = 4000 + 400 outliers, m = 5, k = 10
-    python benchmarks/kz_communication.py --quick    # n = 800 + 80, a smoke test
+    python benchmarks/kz_communication.py --quick    # n = 300 + 30, z in {0, 30}: a smoke test
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import make_console, print_machine_facts
+from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
 from rich.table import Table
 
 import fedproto.algorithms  # noqa: F401
@@ -104,22 +110,22 @@ def kz_means(x, parts, k, z, eps, mode, seed):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small instance (smoke test)")
-    parser.add_argument("--n", type=int, default=None, help="inliers (default 4000; 800 with --quick)")
+    add_common_arguments(parser, quick="small instance, two values of z (smoke test)")
+    parser.add_argument("--n", type=int, default=None, help="inliers (default 4000; 300 with --quick)")
     parser.add_argument("--d", type=int, default=5, help="features (default 5)")
     parser.add_argument("--k", type=int, default=10, help="centres (default 10)")
     parser.add_argument("--machines", type=int, default=5, help="machines m (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--means", action="store_true", help="also run the (k,z)-means comparison")
     parser.add_argument("--plot", default=None, help="where to write the plot (PNG/SVG/PDF)")
-    args = parser.parse_args()
-    n = args.n or (800 if args.quick else 4000)
+    args = parse_args(parser)
+    n = args.n or (300 if args.quick else 4000)
     injected = n // 10
     data = synthetic_dataset(n, args.d, args.k, injected, seed=args.seed)
     x = data.x
     total = x.shape[0]
     parts = partition(total, args.machines, seed=args.seed)
-    zs = sorted({0, injected // 8, injected // 4, injected // 2, injected})
+    zs = sorted({0, injected} if args.quick else {0, injected // 8, injected // 4, injected // 2, injected})
     console = make_console()
     print_machine_facts(console, "distributed (k,z)-center: communication against z", {
         "data": f"{data.name} (n = {total}, d = {args.d}, {injected} injected outliers)",
@@ -158,9 +164,15 @@ def main() -> None:
     table = Table(title="(k,z)-center: communication and radius (z points removed) against z", title_justify="left")
     for col in ("method", "z", "words (all)", "paper words", "payload bytes", "phases", "radius", "time s"):
         table.add_column(col, justify="right" if col != "method" else "left")
+    records = []
     for name in methods:
         for row in rows[name]:
             central = row["bytes"] is None
+            records.append(record(
+                "kz_center", method=name, z=row["z"], centralised=central, words_total=row["words"],
+                words_points=None if central else row["paper"], payload_bytes=row["bytes"],
+                message_phases=row["phases"], radius_z_removed=row["radius"], time_s=row["s"],
+            ))
             table.add_row(
                 name, str(row["z"]),
                 f"{row['words']:,}" + (" (all data)" if central else ""),
@@ -178,6 +190,7 @@ def main() -> None:
     for name in methods[:-3]:
         first, last = rows[name][0]["words"], rows[name][-1]["words"]
         growth.add_row(name, f"{last / first:.2f}")
+        records.append(record("kz_center_growth", method=name, words_ratio_max_z_to_zero=last / first))
     console.print(growth)
 
     means_rows: dict[str, list[dict]] = {}
@@ -202,6 +215,8 @@ def main() -> None:
         for name, items in means_rows.items():
             for row in items:
                 mtable.add_row(name, str(row["z"]), f"{row['words']:,}", f"{row['cost']:.1f}")
+                records.append(record("kz_means", method=name, z=row["z"], words_total=row["words"],
+                                      trimmed_cost=row["cost"]))
             mtable.add_section()
         console.print(mtable)
 
@@ -210,26 +225,38 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = plt.get_cmap("tab20")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    # 11 methods: tab20's ten strong hues, then a light one; centralised methods dashed.
+    tab20 = plt.get_cmap("tab20")
+    colours = [tab20(i) for i in (*range(0, 20, 2), *range(1, 20, 2))]
+    markers = "osD^v<>pPXh*"
     for i, name in enumerate(methods):
         zs_ = [r["z"] for r in rows[name]]
         style = "--" if name in ("greedy", "charikar", "kzc") else "-"
-        colour = colours(2 * i % 20 + (2 * i // 20))
-        axes[0].plot(zs_, [r["words"] for r in rows[name]], style, marker="o", color=colour, label=name)
-        axes[1].plot(zs_, [r["radius"] for r in rows[name]], style, marker="o", color=colour, label=name)
+        for ax, key in ((axes[0], "words"), (axes[1], "radius")):
+            ax.plot(zs_, [r[key] for r in rows[name]], style, marker=markers[i % len(markers)],
+                    color=colours[i % len(colours)], label=name)
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("z")
-    axes[0].set_ylabel("words (all messages)")
+    axes[0].set_ylabel("words (all messages, log scale)")
     axes[0].set_title("communication against z")
-    axes[1].set_xlabel("z")
-    axes[1].set_ylabel("radius with z outliers removed")
+    radii = [r["radius"] for name in methods for r in rows[name] if r["radius"] > 0]
+    if radii and max(radii) > 100 * min(radii):
+        axes[1].set_yscale("log")
+    axes[1].set_ylabel("radius with z outliers removed" + (" (log scale)" if axes[1].get_yscale() == "log" else ""))
     axes[1].set_title("cost against z")
-    axes[1].legend(fontsize="small")
-    fig.tight_layout()
+    for ax in axes:
+        ax.set_xlabel("z (outliers allowed)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", frameon=False)
+    fig.suptitle(f"distributed (k,z)-center on {data.name} (n = {total:,}, m = {args.machines}, k = {args.k})")
     path = Path(args.plot) if args.plot else Path(tempfile.gettempdir()) / "kz_communication.png"
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     console.print(f"plot written to {path}")
+    write_records(args.json, records, console)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,19 @@ whose dense distance matrices would not fit in the available RAM (the protocol k
 Run::
 
     python benchmarks/kz_scale.py                 # n up to 10^6, budget 60 s per run
-    python benchmarks/kz_scale.py --quick         # n up to 3.10^3, budget 20 s (a smoke test)
+    python benchmarks/kz_scale.py --quick         # n = 10^3 only, budget 20 s, no cProfile run (a smoke test)
+    python benchmarks/kz_scale.py --json kz.json  # also the tables as JSON records
+
+``--json PATH`` writes one record per row: table ``kz_scale`` (``n_points``, ``n_points_per_machine``,
+``z``, ``grid_size``, ``fetches``, ``communication_rounds``, ``words_total``, ``payload_bytes``,
+``total_s``, ``round_s_mean``, ``round_s_max``, ``error``: why a size did not finish, else
+``null``), table ``kz_scale_time_split`` (``n_points``, ``total_s`` and one ``*_s`` per part:
+``machine_distances_s``, ``machine_aggregate_s``, ``machine_other_s``, ``coordinator_solver_s``,
+``coordinator_other_s``, ``runtime_codec_s``), table ``kz_scale_rounds`` (``n_points``,
+``round_idx``, ``round_wall_s``), table ``kz_scale_baselines`` (``n_points``,
+``method``: ``kzc`` or ``greedy``, ``total_s``, ``radius``, ``dist_kzc_total_s``,
+``dist_kzc_radius``, ``time_ratio``, ``radius_ratio``, ``error``) and, when the profile runs, table
+``kz_scale_profile`` (``function``, ``calls``, ``tottime_s``, ``cumtime_s``).
 """
 
 from __future__ import annotations
@@ -53,9 +65,11 @@ import time
 from pathlib import Path
 
 SIZES = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
-QUICK_SIZES = (1_000, 3_000)
+QUICK_SIZES = (1_000,)
 TIME_KEYS = ("machine distances", "machine aggregate", "machine other", "coordinator solver",
              "coordinator other", "runtime + codec")
+#: The record key of each part of :data:`TIME_KEYS`.
+TIME_RECORD_KEYS = {key: key.replace(" + ", "_").replace(" ", "_") + "_s" for key in TIME_KEYS}
 
 
 # --- worker side (one run per subprocess) ---------------------------------------------------------
@@ -160,7 +174,7 @@ def _worker_dist(args) -> dict:
     async def go():
         meter = Meter(trio.current_time)
         results = await run_parties(
-            machines, network.endpoints(), config=RuntimeConfig(session=1, deadline_s=3600.0), meter=meter
+            machines, network, config=RuntimeConfig(session=1, deadline_s=3600.0), meter=meter
         )
         return results, meter.report(protocol="dist-kzc", transport="memory", session=1, parties=list(machines))
 
@@ -310,7 +324,9 @@ def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="n up to 3,000 and a 20 s budget (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="n = 1,000 only, a 20 s budget, no profile (smoke test)")
+    parser.add_argument("--json", metavar="PATH", type=Path, default=None,
+                        help="also write the tables here as a JSON array of records (see the module docstring)")
     parser.add_argument("--budget-s", type=float, default=None, help="per-run budget in seconds (default 60; 20 with --quick)")
     parser.add_argument("--max-n", type=int, default=None, help="largest n to try (default 10^6)")
     parser.add_argument("--k", type=int, default=20, help="centres, and components of the mixture (default 20)")
@@ -322,13 +338,15 @@ def main() -> None:
     parser.add_argument("--worker", choices=("dist", "kzc", "greedy"), help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
+    if "--worker" in sys.argv:
+        args = parser.parse_args()
         worker(args)
         return
 
-    from _common import make_console, print_machine_facts
+    from _common import make_console, parse_args, print_machine_facts, record, write_records
     from rich.table import Table
+
+    args = parse_args(parser)
 
     budget = args.budget_s if args.budget_s is not None else (20.0 if args.quick else 60.0)
     sizes = [n for n in (QUICK_SIZES if args.quick else SIZES) if args.max_n is None or n <= args.max_n]
@@ -366,12 +384,19 @@ def main() -> None:
     for col in ("n", "n_i", "z", "|grid|", "fetches", "rounds", "words", "payload bytes", "total s", "s/round (mean)",
                 "max round s"):
         table.add_column(col, justify="right")
+    records = []
     for row in ours:
         if "error" in row:
             table.add_row(f"{row['n']:,}", *["-"] * 7, row["error"], "-", "-")
+            records.append(record("kz_scale", n_points=row["n"], error=row["error"]))
             continue
         walls = row["round_wall_s"]
-        split = row["split"]
+        records.append(record(
+            "kz_scale", n_points=row["n"], n_points_per_machine=row["n_i"], z=row["z"], grid_size=row["grid"],
+            fetches=row["fetches"], communication_rounds=row["rounds"], words_total=row["words"],
+            payload_bytes=row["bytes"], total_s=row["total_s"], round_s_mean=sum(walls) / max(len(walls), 1),
+            round_s_max=max(walls, default=0.0), error=None,
+        ))
         table.add_row(
             f"{row['n']:,}", f"{row['n_i']:,}", f"{row['z']:,}", str(row["grid"]), str(row["fetches"]),
             str(row["rounds"]), f"{row['words']:,}",
@@ -391,6 +416,8 @@ def main() -> None:
             split = row["split"]
             where.add_row(f"{row['n']:,}", f"{row['total_s']:.2f}",
                           *[f"{split[key]:.2f} ({100 * split[key] / row['total_s']:.0f}%)" for key in TIME_KEYS])
+            records.append(record("kz_scale_time_split", n_points=row["n"], total_s=row["total_s"],
+                                  **{TIME_RECORD_KEYS[key]: split[key] for key in TIME_KEYS}))
     console.print(where)
 
     rounds = Table(title="round wall times (s) from the report's round_wall_s", title_justify="left")
@@ -399,6 +426,8 @@ def main() -> None:
     for row in ours:
         if "error" not in row:
             rounds.add_row(f"{row['n']:,}", "  ".join(f"{w:.3f}" for w in row["round_wall_s"]))
+            records += [record("kz_scale_rounds", n_points=row["n"], round_idx=i, round_wall_s=w)
+                        for i, w in enumerate(row["round_wall_s"])]
     console.print(rounds)
 
     base = Table(title="baselines in the same run: centralised kzc and greedy on the same data", title_justify="left")
@@ -412,6 +441,15 @@ def main() -> None:
         radius_cells = [f"{mine['radius']:.3f}" if mine else "-"]
         for kind in ("kzc", "greedy"):
             res = central[kind].get(n, {"error": "not run"})
+            ok = "error" not in res
+            records.append(record(
+                "kz_scale_baselines", n_points=n, method=kind, total_s=res["total_s"] if ok else None,
+                radius=res["radius"] if ok else None, dist_kzc_total_s=mine["total_s"] if mine else None,
+                dist_kzc_radius=mine["radius"] if mine else None,
+                time_ratio=mine["total_s"] / res["total_s"] if mine and ok else None,
+                radius_ratio=mine["radius"] / res["radius"] if mine and ok and res["radius"] > 0 else None,
+                error=None if ok else res["error"],
+            ))
             if "error" in res:
                 cells += [res["error"], "-"]
                 radius_cells += ["-", "-"]
@@ -430,7 +468,7 @@ def main() -> None:
                       f"({largest['total_s']:.2f} s, {largest['rounds']} rounds)", highlight=False)
     else:
         console.print(f"no n finished within {budget:g} s", highlight=False)
-    if finished and not args.no_profile:
+    if finished and not args.no_profile and not args.quick:
         largest = finished[-1]
         prof = run_worker("dist", largest["n"], args, 3 * budget, profile=True)
         if "error" in prof:
@@ -444,7 +482,10 @@ def main() -> None:
             shown = [item for item in prof["profile"] if item["cumtime"] < 0.98 * prof["total_s"]][:10]
             for item in shown:
                 ptable.add_row(item["function"], f"{item['calls']:,}", f"{item['tottime']:.2f}", f"{item['cumtime']:.2f}")
+                records.append(record("kz_scale_profile", function=item["function"], calls=item["calls"],
+                                      tottime_s=item["tottime"], cumtime_s=item["cumtime"]))
             console.print(ptable)
+    write_records(args.json, records, console)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,12 @@ Run::
     python benchmarks/message_rate.py            # full run (about a minute)
     python benchmarks/message_rate.py --quick    # smoke test, a few seconds
     python benchmarks/message_rate.py --profile  # also print where the time goes
+    python benchmarks/message_rate.py --quick --json rate.json   # the tables as JSON records
+
+``--json PATH`` writes one record per row: table ``message_rate`` (``pattern``, ``payload``,
+``raw_bytes``, ``frame_bytes``, ``bare_msg_per_s``, ``fedproto_msg_per_s``, ``ratio``,
+``target_ratio``) and table ``stage_cost`` (``payload``, ``bare_us_per_msg``,
+``transport_us_per_msg``, ``send_path_us_per_msg``, ``runtime_us_per_msg``).
 """
 
 from __future__ import annotations
@@ -42,16 +48,20 @@ import time
 import numpy as np
 import trio
 from _common import (
-    pingpong_encoded,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
     StreamSink,
     StreamSource,
+    add_common_arguments,
     fmt_ratio,
     make_console,
+    parse_args,
     payload_array,
+    pingpong_encoded,
     print_machine_facts,
+    record,
+    write_records,
 )
 from rich.table import Table
 
@@ -127,7 +137,7 @@ async def runtime_pingpong(array: np.ndarray, rounds: int) -> float:
     network = MemoryNetwork(list(machines))
     meter = Meter(trio.current_time)
     t0 = time.perf_counter()
-    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=SESSION), meter=meter)
+    results = await run_parties(machines, network, config=RuntimeConfig(session=SESSION), meter=meter)
     elapsed = time.perf_counter() - t0
     assert results == {"a": rounds, "b": rounds}
     assert sum(link.messages for link in meter.report(
@@ -144,7 +154,7 @@ async def runtime_stream(array: np.ndarray, messages: int, burst: int) -> float:
     }
     network = MemoryNetwork(list(machines))
     t0 = time.perf_counter()
-    results = await run_parties(machines, network.endpoints(), config=RuntimeConfig(session=SESSION))
+    results = await run_parties(machines, network, config=RuntimeConfig(session=SESSION))
     elapsed = time.perf_counter() - t0
     assert results == {"a": messages // burst, "b": messages}
     return elapsed
@@ -235,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (best is kept)")
     parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of the full runtime")
-    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
-    args = parser.parse_args(argv)
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    args = parse_args(parser, argv)
     if args.quick:
         args.rounds, args.messages, args.burst, args.repeats = 300, 600, 100, 2
     if args.messages % args.burst:
@@ -269,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         stages.add_column(col, justify="left" if col == "payload" else "right")
 
     misses = []
+    records = []
     for i, name in enumerate(args.payloads):
         array = payload_array(PAYLOAD_SHAPES[name], seed=args.seed + i)
         raw = array.tobytes()
@@ -298,7 +309,16 @@ def main(argv: list[str] | None = None) -> int:
                 pattern, name, f"{len(raw):,}", f"{frame:,}", f"{n / best['bare']:,.0f}",
                 f"{n / best['runtime']:,.0f}", fmt_ratio(ratio, TARGET_RATIO),
             )
+            records.append(record(
+                "message_rate", pattern=pattern, payload=name, raw_bytes=len(raw), frame_bytes=frame,
+                bare_msg_per_s=n / best["bare"], fedproto_msg_per_s=n / best["runtime"], ratio=ratio,
+                target_ratio=TARGET_RATIO,
+            ))
         us = {k: 1e6 * v / n_pp for k, v in pp.items()}
+        records.append(record(
+            "stage_cost", payload=name, bare_us_per_msg=us["bare"], transport_us_per_msg=us["transport"],
+            send_path_us_per_msg=us["path"], runtime_us_per_msg=us["runtime"],
+        ))
         stages.add_row(
             name,
             f"{us['bare']:.2f}",
@@ -314,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_runtime(console, rounds=min(args.rounds, 5_000), top=25)
     if misses:
         console.print(f"Below the target ratio {TARGET_RATIO}: " + "; ".join(misses))
+    write_records(args.json, records, console)
     return 0
 
 

@@ -32,6 +32,13 @@ Run::
     python benchmarks/scale.py --clients 2000      # smaller
     python benchmarks/scale.py --quick             # smoke test: 200 vs 50 clients
     python benchmarks/scale.py --profile           # also cProfile the big run's run_parties
+    python benchmarks/scale.py --quick --json s.json   # the tables as JSON records
+
+``--json PATH`` writes one record per row: table ``scale_runs`` (``n_clients``, ``ring_bits``,
+``build_s``, ``keyed_s``, ``iteration_s``, ``run_s``, ``run_ms_per_client``, ``messages``,
+``setup_bytes``, ``iteration_bytes``, ``analytic_iteration_bytes``, ``peak_rss_mib``,
+``tracemalloc_peak_mib``) and table ``scale_per_client`` (``phase``, ``baseline_clients``,
+``baseline_ms_per_client``, ``clients``, ``ms_per_client``, ``ratio``).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import tracemalloc
 
 import numpy as np
 import trio
-from _common import make_console, print_machine_facts
+from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -142,7 +149,7 @@ async def run(machines: dict, progress: Progress | None) -> tuple[RunReport, flo
 
     start = trio.current_time()
     results = await run_parties(
-        machines, network.endpoints(), config=RuntimeConfig(session=SESSION, deadline_s=3600.0), meter=meter,
+        machines, network, config=RuntimeConfig(session=SESSION, deadline_s=3600.0), meter=meter,
         observer=observer,
     )
     assert len(results) == len(machines) and keyed["count"] == n_clients
@@ -200,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of data, entropy and noise")
     parser.add_argument("--tracemalloc", action="store_true", help="also measure the tracemalloc peak (slower)")
     parser.add_argument("--profile", action="store_true", help="cProfile the big run (slower) and print the top")
-    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
-    args = parser.parse_args(argv)
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    args = parse_args(parser, argv)
     if args.quick:
         args.clients, args.baseline_clients = 200, 50
 
@@ -239,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "setup bytes", "iteration bytes", "analytic iter bytes", "peak RSS MiB",
     ) + (("tracemalloc peak MiB",) if args.tracemalloc else ()):
         table.add_column(col, justify="right")
+    records = []
     for r in results:
         rep = r.report
         by_round = rep.bytes_by_round()
@@ -251,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.tracemalloc:
             row.append(f"{r.tracemalloc_peak_mib:,.1f}")
         table.add_row(*row)
+        records.append(record(
+            "scale_runs", n_clients=r.clients, ring_bits=r.ring_bits, build_s=r.build_s, keyed_s=r.keyed_s,
+            iteration_s=r.iteration_s, run_s=r.run_s, run_ms_per_client=1e3 * r.run_s / r.clients,
+            messages=rep.messages, setup_bytes=rep.setup_bytes, iteration_bytes=sum(by_round.values()),
+            analytic_iteration_bytes=config_bytes, peak_rss_mib=r.maxrss_mib,
+            tracemalloc_peak_mib=r.tracemalloc_peak_mib if args.tracemalloc else None,
+        ))
     console.print(table)
 
     ratios = Table(
@@ -263,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         a = 1e3 * getattr(base, phase) / base.clients
         b = 1e3 * getattr(big, phase) / big.clients
         ratios.add_row(phase.removesuffix("_s"), f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}")
+        records.append(record(
+            "scale_per_client", phase=phase.removesuffix("_s"), baseline_clients=base.clients,
+            baseline_ms_per_client=a, clients=big.clients, ms_per_client=b, ratio=b / a,
+        ))
     console.print(ratios)
     if base.ring_bits != big.ring_bits:
         console.print(
@@ -272,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if profiler is not None:
         print_profile(console, profiler, 30, f"cProfile of run_parties with {big.clients:,} clients (by cumulative time)")
+    write_records(args.json, records, console)
     return 0
 
 

@@ -22,6 +22,14 @@ What it measures
 
 A two-panel figure (decode time against m; bytes against d) is written to ``--plot`` if given.
 
+``--json PATH`` writes one record per row: table ``scma_decoding`` (``field``, ``prime_bits``,
+``m``, ``k``, ``n_clients``, ``n_syndromes``, ``encode_s``, ``pair_mask_s``, ``sum_s``,
+``berlekamp_massey_s``, ``decode_s``, ``decode_over_sum``, ``decode_growth`` against the previous
+m, ``null`` for the first) and table ``scma_upload`` (``d``, ``prime_bits``, ``d_log2_b``,
+``width_bytes``, ``scma_bytes``, ``dense_bytes_log10``, ``dense_over_scma_log10``,
+``clear_float32_bytes``; the dense vector's bytes as a base-10 logarithm, since B^d overflows
+a float long before d = 200).
+
 Run::
 
     python benchmarks/scma.py                 # full (a few minutes: m up to 10,000)
@@ -39,7 +47,17 @@ import random
 import flint
 from rich.table import Table
 
-from _common import best_of, fmt_bytes, make_console, print_machine_facts, timed
+from _common import (
+    add_common_arguments,
+    best_of,
+    fmt_bytes,
+    make_console,
+    parse_args,
+    print_machine_facts,
+    record,
+    timed,
+    write_records,
+)
 from fedproto.algorithms import scma
 
 #: name -> (n, B, d): the data size and grid of the field (spec mufc.md 2.7).
@@ -118,11 +136,11 @@ def fmt_ratio_big(numerator: int, denominator: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="m up to 100, d up to 20 (seconds)")
+    add_common_arguments(parser, quick="m up to 100, d up to 20 (seconds)")
     parser.add_argument("--tmi", action="store_true", help="add the 5048-bit TMI-like field at m = 2 and 8")
     parser.add_argument("--plot", default=None, help="write a PNG figure to this path (default: no figure)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parse_args(parser)
 
     plan = {
         "celltype-like": [10, 100] if args.quick else [10, 100, 1000, 10_000],
@@ -140,7 +158,7 @@ def main() -> None:
     })
 
     rng = random.Random(args.seed)
-    rows, curves = [], {}
+    rows, curves, records = [], {}, []
     for name, ms in plan.items():
         n, b, d = FIELDS[name]
         prime_s, p = timed(lambda n=n, b=b, d=d: scma.field_prime(n, b**d))
@@ -151,6 +169,13 @@ def main() -> None:
         for m in ms:
             r = decode_row(rng, p, n, b**d, m)
             growth = "" if previous is None else f"{r['decode_s'] / previous:.1f}x"
+            records.append(record(
+                "scma_decoding", field=name.replace("-", "_"), prime_bits=p.bit_length(), m=m, k=r["K"],
+                n_clients=r["L"], n_syndromes=r["T"], encode_s=r["encode_s"], pair_mask_s=r["pair_s"],
+                sum_s=r["sum_s"], berlekamp_massey_s=r["bm_s"], decode_s=r["decode_s"],
+                decode_over_sum=r["decode_s"] / r["sum_s"],
+                decode_growth=None if previous is None else r["decode_s"] / previous,
+            ))
             previous = r["decode_s"]
             curves[name].append((m, r["decode_s"], r["sum_s"], r["encode_s"]))
             rows.append([
@@ -183,6 +208,11 @@ def main() -> None:
             raise AssertionError("a message does not fit T * width bytes")
         dense_bytes = b**d * width
         byte_curve.append((d, scma_bytes, dense_bytes))
+        records.append(record(
+            "scma_upload", d=d, prime_bits=p.bit_length(), d_log2_b=d * math.log2(b), width_bytes=width,
+            scma_bytes=scma_bytes, dense_bytes_log10=math.log10(dense_bytes),
+            dense_over_scma_log10=math.log10(dense_bytes) - math.log10(scma_bytes), clear_float32_bytes=4 * k * d,
+        ))
         byte_rows.append([
             str(d), str(p.bit_length()), f"{d * math.log2(b):.1f}", str(width), fmt_bytes(scma_bytes),
             fmt_power(dense_bytes), fmt_ratio_big(dense_bytes, scma_bytes), fmt_bytes(4 * k * d),
@@ -203,7 +233,9 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        from matplotlib.ticker import MaxNLocator
+
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
         for i, (name, points) in enumerate(curves.items()):
             ms = [pt[0] for pt in points]
             color = f"C{i}"
@@ -215,18 +247,19 @@ def main() -> None:
         left.set_xlabel("non-zeros m = K L")
         left.set_ylabel("seconds")
         left.set_title("Server time")
-        left.legend(fontsize="small")
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
         ds = [pt[0] for pt in byte_curve]
         right.plot(ds, [math.log10(pt[1]) for pt in byte_curve], marker="o", label="SCMA: T * width")
         right.plot(ds, [math.log10(pt[2]) for pt in byte_curve], marker="o", label="dense: B^d * width")
         right.set_xlabel("d (B = 111)")
+        right.xaxis.set_major_locator(MaxNLocator(integer=True))
         right.set_ylabel("log10 bytes per client")
         right.set_title("Upload per client")
-        right.legend(fontsize="small")
-        fig.tight_layout()
+        right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
         fig.savefig(args.plot, dpi=110)
         plt.close(fig)
         console.print(f"plot written to {args.plot}")
+    write_records(args.json, records, console)
 
 
 if __name__ == "__main__":

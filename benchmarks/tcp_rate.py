@@ -31,6 +31,14 @@ Run::
 
     python benchmarks/tcp_rate.py            # full run (about a minute)
     python benchmarks/tcp_rate.py --quick    # smoke test, a few seconds
+    python benchmarks/tcp_rate.py --quick --json tcp.json   # the tables as JSON records
+
+``--json PATH`` writes one record per row: table ``tcp_round_trips`` (``payload``, ``raw_bytes``,
+``bare_rt_per_s``, ``codec_tcp_rt_per_s``, ``runtime_rt_per_s``, ``codec_tcp_ratio``,
+``runtime_ratio``, ``target_ratio``, and the four ``*_us_per_rt``) and table ``envelope``
+(``k``, ``d``, ``ring_bits``, ``raw_bytes``, ``masked_update_frame_bytes``,
+``masked_update_envelope_bytes``, ``noisy_aggregate_frame_bytes``,
+``noisy_aggregate_envelope_bytes``, ``npy_header_bytes``, ``target_envelope_bytes``).
 """
 
 from __future__ import annotations
@@ -45,14 +53,18 @@ import time
 import numpy as np
 import trio
 from _common import (
-    pingpong_encoded,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
+    add_common_arguments,
     fmt_ratio,
     make_console,
+    parse_args,
     payload_array,
+    pingpong_encoded,
     print_machine_facts,
+    record,
+    write_records,
 )
 from rich.table import Table
 
@@ -223,7 +235,8 @@ def envelope_bytes(message_cls: type, shape: tuple[int, int], dtype: str, *, ses
     return len(frame), len(frame) - array.nbytes
 
 
-def envelope_table(kds: list[tuple[int, int]]) -> tuple[Table, list[str]]:
+def envelope_table(kds: list[tuple[int, int]]) -> tuple[Table, list[str], list[dict]]:
+    """The envelope table, its misses of the target, and its rows as records."""
     table = Table(
         title=(
             f"Envelope overhead of FastLloyd frames (session {ENVELOPE_SESSION:#x}, round {ENVELOPE_ROUND}; "
@@ -237,6 +250,7 @@ def envelope_table(kds: list[tuple[int, int]]) -> tuple[Table, list[str]]:
     ):
         table.add_column(col, justify="right")
     misses = []
+    records = []
     for k, d in kds:
         for bits, dtype in ((32, "uint32"), (64, "uint64")):
             shape = (k, d + 1)
@@ -256,7 +270,13 @@ def envelope_table(kds: list[tuple[int, int]]) -> tuple[Table, list[str]]:
                 f"{agg_env} {'ok' if agg_env <= TARGET_ENVELOPE_BYTES else 'MISS'}", str(npy),
                 f"{npy / max(up_env, agg_env):.1f}x",
             )
-    return table, misses
+            records.append(record(
+                "envelope", k=k, d=d, ring_bits=bits, raw_bytes=k * (d + 1) * bits // 8,
+                masked_update_frame_bytes=up_frame, masked_update_envelope_bytes=up_env,
+                noisy_aggregate_frame_bytes=agg_frame, noisy_aggregate_envelope_bytes=agg_env,
+                npy_header_bytes=npy, target_envelope_bytes=TARGET_ENVELOPE_BYTES,
+            ))
+    return table, misses, records
 
 
 # --- driver ------------------------------------------------------------------------------------------
@@ -267,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5_000, help="round trips per run")
     parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (best is kept)")
     parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
-    parser.add_argument("--quick", action="store_true", help="tiny run for a smoke test (a few seconds)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
-    args = parser.parse_args(argv)
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    args = parse_args(parser, argv)
     if args.quick:
         args.rounds, args.repeats = 200, 2
 
@@ -296,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         table.add_column(col, justify="left" if col == "payload" else "right")
     misses = []
+    records = []
     for name, b in best.items():
         raw = int(np.prod(PAYLOAD_SHAPES[name])) * 4
         r_codec = b["bare"] / b["codec"]
@@ -310,14 +331,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{1e6 * b['codec'] / args.rounds:.1f}",
             f"{1e6 * b['runtime'] / args.rounds:.1f}",
         )
+        records.append(record(
+            "tcp_round_trips", payload=name, raw_bytes=raw, bare_rt_per_s=args.rounds / b["bare"],
+            codec_tcp_rt_per_s=args.rounds / b["codec"], runtime_rt_per_s=args.rounds / b["runtime"],
+            codec_tcp_ratio=r_codec, runtime_ratio=r_runtime, target_ratio=TARGET_RATIO,
+            bare_us_per_rt=1e6 * b["bare"] / args.rounds, tcp_only_us_per_rt=1e6 * b["transport"] / args.rounds,
+            codec_tcp_us_per_rt=1e6 * b["codec"] / args.rounds, runtime_us_per_rt=1e6 * b["runtime"] / args.rounds,
+        ))
     console.print(table)
 
-    envelopes, env_misses = envelope_table([(2, 2), (2, 5), (5, 2), (5, 5), (15, 2), (100, 2)])
+    envelopes, env_misses, env_records = envelope_table([(2, 2), (2, 5), (5, 2), (5, 5), (15, 2), (100, 2)])
     console.print(envelopes)
     if misses:
         console.print(f"Below the target ratio {TARGET_RATIO}: " + "; ".join(misses))
     if env_misses:
         console.print(f"Envelope above {TARGET_ENVELOPE_BYTES} B: " + "; ".join(env_misses))
+    write_records(args.json, records + env_records, console)
     return 0
 
 

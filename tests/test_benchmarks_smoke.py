@@ -1,7 +1,12 @@
-"""Every benchmark script runs with ``--quick`` and prints its table (a smoke test, not a timing)."""
+"""Every benchmark script runs with ``--quick --json``: it prints its table and writes its rows as
+JSON records (a smoke test, not a timing), and the shared record writer refuses what is not a
+flat record."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -9,34 +14,126 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
-#: script -> a line of its main table's title.
-SCRIPTS = {
-    "message_rate.py": "Message rate (messages/s, best of repeats)",
-    "tcp_rate.py": "Round trips/s over TCP loopback",
-    "fastlloyd_timing.py": "FastLloyd, M = 2, epsilon = 0.1",
-    "scale.py": "One FastLloyd iteration, all parties in one process",
-    "kz_communication.py": "(k,z)-center: communication and radius (z points removed) against z",
-    "kz_scale.py": "dist-kzc over the memory transport: time per round as n grows",
-    "deletion_streams.py": "Amortised seconds per deletion",
-    "scma.py": "SCMA decoding time as the support m = K*L grows",
-    "mufc_unlearning.py": "Unlearning: mean seconds per random removal",
+#: script -> (a line of its main table's title, the tables its ``--quick`` run writes).
+SCRIPTS: dict[str, tuple[str, set[str]]] = {
+    "message_rate.py": ("Message rate (messages/s, best of repeats)", {"message_rate", "stage_cost"}),
+    "tcp_rate.py": ("Round trips/s over TCP loopback", {"tcp_round_trips", "envelope"}),
+    "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
+    "scale.py": ("One FastLloyd iteration, all parties in one process", {"scale_runs", "scale_per_client"}),
+    "kz_communication.py": (
+        "(k,z)-center: communication and radius (z points removed) against z", {"kz_center", "kz_center_growth"}
+    ),
+    "kz_scale.py": (
+        "dist-kzc over the memory transport: time per round as n grows",
+        {"kz_scale", "kz_scale_time_split", "kz_scale_rounds", "kz_scale_baselines"},
+    ),
+    "deletion_streams.py": ("Amortised seconds per deletion", {"deletion_timing", "deletion_quality"}),
+    "scma.py": ("SCMA decoding time as the support m = K*L grows", {"scma_decoding", "scma_upload"}),
+    "mufc_unlearning.py": ("Unlearning: mean seconds per random removal", {"mufc_quality", "mufc_unlearning"}),
 }
-#: scripts whose quick run still takes tens of seconds: run with ``-m slow``.
-SLOW = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "mufc_unlearning.py"}
+#: Scripts that draw a figure (sent to the test's temporary directory).
+PLOTTING = {"kz_communication.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
+#: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
+#: would take the default run of this file past a minute): run with ``-m slow``.
+SLOW = {"deletion_streams.py", "mufc_unlearning.py"}
+
+
+def _load_common():
+    """Import ``benchmarks/_common.py`` (a script helper, not a package)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("benchmark_common", BENCHMARKS / "_common.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+common = _load_common()
+
+
+def test_every_script_is_listed_here_and_in_the_readme():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == set(SCRIPTS)
+    readme = (BENCHMARKS / "README.md").read_text()
+    for script, (_, tables) in SCRIPTS.items():
+        assert f"`{script}" in readme, script
+        for table in tables:
+            assert f"`{table}`" in readme, (script, table)
 
 
 @pytest.mark.parametrize(
     "script", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in sorted(SCRIPTS)]
 )
-def test_benchmark_runs_quick_and_prints_its_table(script):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+def test_benchmark_runs_quick_prints_its_table_and_writes_records(script, tmp_path):
+    title, tables = SCRIPTS[script]
+    path = tmp_path / "records.json"
+    command = [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(path)]
+    if script in PLOTTING:
+        command += ["--plot", str(tmp_path / "figure.png")]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert SCRIPTS[script] in out.stdout, out.stdout[-4000:]
+    assert title in out.stdout, out.stdout[-4000:]
     assert "numpy" in out.stdout and "jax" in out.stdout  # the machine facts come first
+    records = json.loads(path.read_text())
+    assert isinstance(records, list) and records
+    for row in records:
+        assert isinstance(row, dict)
+        assert all(common.RECORD_KEY.fullmatch(key) for key in row), row
+        assert all(v is None or isinstance(v, str | int | float | bool) for v in row.values()), row
+    assert {row["table"] for row in records} == tables
+    for table in tables:  # every table has a number in it, not only labels
+        rows = [row for row in records if row["table"] == table]
+        assert any(isinstance(v, int | float) and not isinstance(v, bool) for row in rows for v in row.values())
+    if script in PLOTTING:
+        assert (tmp_path / "figure.png").stat().st_size > 0
+
+
+def test_json_into_a_missing_directory_is_a_usage_error_before_any_work(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "message_rate.py"), "--quick", "--json", str(tmp_path / "no" / "r.json")],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "--json" in out.stderr and "does not exist" in out.stderr
+    assert "Message rate" not in out.stdout
+
+
+def test_record_converts_numpy_scalars_and_non_finite_floats():
+    np = pytest.importorskip("numpy")
+    row = common.record("t", n_points=np.int64(3), ratio=np.float32(0.5), ok=np.bool_(True), gap=math.nan,
+                        top=math.inf, name="x")
+    assert row == {"table": "t", "n_points": 3, "ratio": 0.5, "ok": True, "gap": None, "top": None, "name": "x"}
+    assert type(row["n_points"]) is int and type(row["ratio"]) is float and type(row["ok"]) is bool
+    json.dumps(row, allow_nan=False)
+
+
+@pytest.mark.parametrize(("table", "fields"), [
+    ("t", {"Payload bytes": 1}),
+    ("t", {"bytes/iter": 1}),
+    ("Not Snake", {"n": 1}),
+])
+def test_record_refuses_keys_that_are_not_snake_case(table, fields):
+    with pytest.raises(ValueError, match="snake_case"):
+        common.record(table, **fields)
+
+
+def test_record_refuses_nested_values():
+    with pytest.raises(TypeError, match="record value"):
+        common.record("t", walls=[0.1, 0.2])
+
+
+def test_write_records_writes_a_json_array_and_checks_every_row(tmp_path):
+    path = tmp_path / "r.json"
+    rows = [common.record("a", x_s=1.5), common.record("b", n=2)]
+    common.write_records(path, rows)
+    assert json.loads(path.read_text()) == rows
+    with pytest.raises(ValueError, match="snake_case"):
+        common.write_records(path, [{"table": "a", "Bad Key": 1}])
+    with pytest.raises(TypeError):
+        common.write_records(path, [{"table": "a", "nested": {"x": 1}}])
+    common.write_records(None, rows)  # no --json: nothing written, no error
