@@ -40,13 +40,15 @@ against a budget of ``2.5 B + 1 MiB``, long strings and bytes before they are bu
 ``Unpacker``'s own copy of the frame, at most ``3.5 B + 1 MiB`` in all. Plain fields are for
 metadata; bulk data travels as arrays (views of their data bytes: one copy of the frame's) or as
 big integers.
-Big integers are outside that budget: they decode to the tuple of Python ``int`` their field
-declares, a pointer and an ``int`` object per value (28 to 44 bytes; none for 1-byte values,
-which are shared small ints), that is 8 to 18 times their wire size for widths of 1 to 4 bytes,
-5.5 times at 8 bytes and under 4 times from 16 bytes up. Their width is checked against the
-field's declaration, and against the width the message states when that field comes first,
-before any integer is built; bounding their number further takes a frame limit per message
-class, from its declared shapes and the run's options.
+Big integers decode to the tuple of Python ``int`` their field declares, a pointer and an
+``int`` object per value (28 to 44 bytes; none for 1-byte values, which are shared small ints),
+that is 8 to 18 times their wire size for widths of 1 to 4 bytes, 5.5 times at 8 bytes and 2 to
+4 times from 16 bytes up. Their width is checked against the field's declaration, and against the
+width the message states when that field comes first, and their decoded size is held to the same
+``2.5 B + 1 MiB`` from their count and width, before any integer is built: a frame of many narrow
+integers is refused (the protocols' own syndrome frames, tens of thousands of wide field
+elements, stay far inside it), and the run's frame limit, from each protocol's declared shapes,
+bounds them further.
 
 Encoding checks the same rules, so a malformed message fails in its sender (``TypeError`` naming
 ``TAG.field``) rather than in every receiver: a plain field must hold what its annotation says,
@@ -289,8 +291,9 @@ _SMALL_MAPS = 2
 _SMALL_STR = 32
 
 # The streaming path: what it builds (every scalar, string and bytes object, and the tuples of
-# plain fields; not the integers of big-integer fields) may take this many bytes per frame byte
-# plus this allowance; a frame whose values would take more is refused.
+# plain fields) may take this many bytes per frame byte plus this allowance; a frame whose values
+# would take more is refused. The integers of a big-integer field are held to the same bound, on
+# either path, from their count and width before any is built.
 _PLAIN_BYTES_PER_FRAME_BYTE = 2.5
 _PLAIN_ALLOWANCE_BYTES = 1 << 20
 _MAX_PLAIN_DEPTH = 32  # nesting of a plain field whose annotation the codec does not know
@@ -387,10 +390,22 @@ def _make_array(spec: _FieldPlan, where: str, code: Any, shape: Any, data: Any, 
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def _make_bigints(spec: _FieldPlan, where: str, width: Any, data: Any, stated: Any) -> tuple[int, ...]:
+def _bigints_decoded_bytes(count: int, width: int) -> int:
+    """Memory ``count`` decoded integers of ``width`` bytes take: a tuple pointer each, an ``int``
+    object each (none for 1-byte values: shared small ints), and a native 8-byte scratch copy
+    for widths 3 to 7."""
+    int_bytes = 0 if width == 1 else sys.getsizeof(256**width - 1)
+    scratch = 8 if 2 < width < 8 else 0
+    return count * (_POINTER_BYTES + int_bytes + scratch)
+
+
+def _make_bigints(
+    spec: _FieldPlan, where: str, width: Any, data: Any, stated: Any, frame_bytes: int
+) -> tuple[int, ...]:
     """A big-integer field from its parts. The width is checked against the field's declaration,
-    and against the width the message states when that field came first, before any integer is
-    built."""
+    and against the width the message states when that field came first, and what the integers
+    would take decoded is held to the frame's budget (``2.5 * frame_bytes + 1 MiB``), before any
+    integer is built."""
     if type(width) is not int or width <= 0:
         raise DecodeError(f"{where}: width must be a positive integer")
     if spec.width is not None and width != spec.width:
@@ -399,6 +414,12 @@ def _make_bigints(spec: _FieldPlan, where: str, width: Any, data: Any, stated: A
         raise DecodeError(f"{where}: big integers travel with width {width}, the message states {_brief(stated)}")
     if not isinstance(data, bytes) or len(data) % width:
         raise DecodeError(f"{where}: data length is not a multiple of width {width}")
+    decoded = _bigints_decoded_bytes(len(data) // width, width)
+    if decoded > _PLAIN_BYTES_PER_FRAME_BYTE * frame_bytes + _PLAIN_ALLOWANCE_BYTES:
+        raise DecodeError(
+            f"{where}: {len(data) // width:,} integers of {width} bytes would take {decoded:,} bytes decoded, "
+            f"more than {_PLAIN_BYTES_PER_FRAME_BYTE:g} times the {frame_bytes:,}-byte frame"
+        )
     return _uints_from_bytes(data, width)
 
 
@@ -450,7 +471,7 @@ def _build(cls: type, tag: str, kwargs: dict[str, Any], widths: dict[str, int]) 
         raise DecodeError(f"{tag}: invalid field values: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode_body(source: Any, cls: type, tag: str, max_frame_bytes: int) -> Message:
+def _decode_body(source: Any, cls: type, tag: str, max_frame_bytes: int, frame_bytes: int) -> Message:
     """Decode the body from ``source`` (a :class:`_ListBody` or a :class:`_Reader`)."""
     plan = _plan(cls)
     shapes = _plain_shapes(cls)
@@ -467,7 +488,7 @@ def _decode_body(source: Any, cls: type, tag: str, max_frame_bytes: int) -> Mess
         elif spec.kind == _BIGINTS:
             width, data = source.bigint_parts()
             stated = kwargs.get(spec.width_from) if spec.width_from else None
-            kwargs[spec.name] = _make_bigints(spec, where, width, data, stated)
+            kwargs[spec.name] = _make_bigints(spec, where, width, data, stated, frame_bytes)
             if spec.width_from:
                 widths[spec.width_from] = width
         else:
@@ -598,7 +619,7 @@ def _decode_small(view: memoryview, max_frame_bytes: int) -> tuple[Envelope, Mes
     body = _ListBody(obj["b"])
     try:
         cls = _check_envelope(obj["v"], obj["t"], obj["s"], obj["r"], obj["p"])
-        message = _decode_body(body, cls, obj["t"], max_frame_bytes)
+        message = _decode_body(body, cls, obj["t"], max_frame_bytes, len(view))
     except DecodeError:
         raise
     except Exception as exc:  # NumPy and Python errors of the checks alike: the frame is refused
@@ -843,7 +864,7 @@ def _decode_streaming(view: memoryview, max_frame_bytes: int) -> tuple[Envelope,
             fields["b"] = None
             if len(fields) == len(_ENVELOPE_KEYS):  # v, t, s, r, p came first: decode the body in place
                 cls = _check_envelope(*(fields[k] for k in "vtsrp"))
-                message = _decode_body(reader, cls, fields["t"], max_frame_bytes)
+                message = _decode_body(reader, cls, fields["t"], max_frame_bytes, len(view))
             else:  # step over the body now, decode it once the envelope is known
                 start = reader.tell()
                 reader.skip()
@@ -855,7 +876,7 @@ def _decode_streaming(view: memoryview, max_frame_bytes: int) -> tuple[Envelope,
             cls = _check_envelope(*(fields[k] for k in "vtsrp"))
         if body_span is not None:
             reader.restart(*body_span)
-            message = _decode_body(reader, cls, fields["t"], max_frame_bytes)
+            message = _decode_body(reader, cls, fields["t"], max_frame_bytes, len(view))
         assert message is not None
         return Envelope(*(fields[k] for k in "vtsrp")), message
     except DecodeError:

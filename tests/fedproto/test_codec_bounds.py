@@ -240,18 +240,44 @@ def test_legitimate_plain_tuples_fit_the_budget():
     assert peak < 4 * len(frame)
 
 
-@pytest.mark.parametrize("width", [1, 2, 3, 8, 16, 32])
-def test_big_integers_cost_their_python_ints_and_no_more(width):
-    # the message's tuple of ints is unavoidable (8 bytes of tuple per value, plus an int object
-    # where the value is not a shared small int); nothing else grows with the frame but copies of
-    # its bytes (2 MiB frames: tracing millions of int allocations is slow)
-    count = 2 * MiB // width
+def _syndromes(count: int, width: int) -> bytes:
     values = b"\xff" * (count * width)
     body = b"\x93\x00" + bytes([width]) + b"\x92" + bytes([width]) + _bin32(len(values)) + values
-    frame = _envelope("mufc.syndromes", body)
+    return _envelope("mufc.syndromes", body)
+
+
+def _decoded_int_bytes(count: int, width: int) -> int:
+    # the message's tuple of ints is unavoidable: 8 bytes of tuple per value, plus an int object
+    # where the value is not a shared small int
+    return count * (8 + (0 if width == 1 else sys.getsizeof(256**width - 1)))
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8, 16, 32])
+def test_big_integers_within_the_budget_cost_their_python_ints_and_no_more(width):
+    # as many integers as the frame's budget (2.5 bytes per frame byte + 1 MiB) admits at this
+    # width, up to 2 MiB of them: count * per_value <= 2.5 * count * width + 1 MiB
+    per_value = _decoded_int_bytes(1, width) + (8 if 2 < width < 8 else 0)
+    excess = per_value - 2.5 * width
+    count = 2 * MiB // width if excess <= 0 else min(2 * MiB // width, int(MiB / excess) - 64)
+    frame = _syndromes(count, width)
     peak, outcome = _peak(frame)
     assert isinstance(outcome, mufc.MaskedSyndromes) and len(outcome.values) == count
-    int_bytes = 0 if width == 1 else sys.getsizeof(256**width - 1)
-    tuple_bytes = count * (8 + int_bytes)
     scratch = 8 * count if 1 < width < 8 else 0  # the values as native 8-byte integers, vectorised
-    assert peak < tuple_bytes + scratch + 2 * len(frame) + 64 * 1024
+    assert peak < _decoded_int_bytes(count, width) + scratch + 2 * len(frame) + 64 * 1024
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8, 16])
+def test_a_16_mib_frame_of_narrow_big_integers_is_refused_before_they_are_built(width):
+    frame = _syndromes(HOSTILE_BYTES // width, width)
+    peak, outcome = _peak(frame)
+    assert isinstance(outcome, DecodeError) and "would take" in str(outcome)
+    assert str(outcome).startswith("mufc.syndromes.values:")
+    assert peak < PEAK_LIMIT
+
+
+def test_wide_big_integers_of_a_16_mib_frame_decode_within_the_issue_bound():
+    # 32-byte field elements (a 256-bit prime, as MUFC's grids give) cost about twice their bytes
+    frame = _syndromes(HOSTILE_BYTES // 32, 32)
+    peak, outcome = _peak(frame)
+    assert isinstance(outcome, mufc.MaskedSyndromes)
+    assert peak < 3.5 * len(frame) + MiB
