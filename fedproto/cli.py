@@ -154,8 +154,16 @@ def _global_arguments(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
-def _common_arguments(parser: argparse.ArgumentParser, *, party: bool, needs_data: bool = True) -> None:
-    """The options every protocol shares (``needs_data=False``: no data options)."""
+def _common_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    party: bool,
+    needs_data: bool = True,
+    partitions: Sequence[str] = PARTITIONS,
+    default_partition: str = "iid",
+) -> None:
+    """The options every protocol shares (``needs_data=False``: no data options; a plugin may
+    name its own ``--partition`` schemes and default, e.g. a paper's own split)."""
     group = parser.add_argument_group("run")
     if needs_data:
         group.add_argument(
@@ -167,7 +175,10 @@ def _common_arguments(parser: argparse.ArgumentParser, *, party: bool, needs_dat
         help="seed of the split, initialisation and noise (default 0)",
     )
     if needs_data:
-        group.add_argument("--partition", choices=PARTITIONS, default="iid", help="how data is split over clients")
+        group.add_argument(
+            "--partition", choices=tuple(partitions), default=default_partition,
+            help=f"how data is split over clients (default {default_partition})",
+        )
     group.add_argument(
         "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default 60)"
     )
@@ -263,7 +274,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         for spec, plugin in plugins.items():
             description = _plugin_description(plugin)
             sub = protocols.add_parser(spec, help=description, description=description)
-            _common_arguments(sub, party=is_party, needs_data=getattr(plugin, "needs_data", True))
+            _common_arguments(
+                sub,
+                party=is_party,
+                needs_data=getattr(plugin, "needs_data", True),
+                partitions=getattr(plugin, "partitions", PARTITIONS),
+                default_partition=getattr(plugin, "default_partition", "iid"),
+            )
             add_arguments = getattr(plugin, "add_arguments", None)
             if add_arguments is not None:
                 add_arguments(sub)

@@ -8,6 +8,9 @@ A protocol plugin is an object with:
   turn results into JSON and a summary;
 * optionally ``needs_data = False``: a protocol without data (a secure sum, gossip); the CLI then
   adds no data options (``--data``, ``--partition``) and calls ``plan(args, None)``;
+* optionally ``partitions`` and ``default_partition``: the ``--partition`` schemes the plugin
+  understands, when they are not :data:`fedproto.data.PARTITIONS` (``iid``, ``uneven``,
+  ``label-skew``) with default ``iid`` (MUFC offers the paper's ``noniid`` split and a file's own);
 * optionally ``generated_datasets``: ``{name: (seed) -> Dataset}``, data sets the plugin builds
   itself (a paper's synthetic mixture); ``--data NAME`` picks them before any file lookup.
 

@@ -22,11 +22,13 @@ gives the readable label of each); the paper's figures go under ``paper`` (:func
 The baselines, the exactness check and the timed replay after the protocol report their progress
 through :func:`fedproto.progress.progress_task`.
 
-Splits (``--split``): ``file`` (the ``client_X``/``client_sizes`` split stored in an ``.npz``,
-Celltype's non-i.i.d. split; the default when the file has one), ``iid`` or ``noniid`` (the
-authors' split, each client holding at most ``--k-prime`` clusters; default when no file split).
+Splits (``--partition``, with this plugin's own schemes): ``file`` (the ``client_X``/
+``client_sizes`` split stored in an ``.npz``, Celltype's non-i.i.d. split; the default when the
+file has one), ``iid`` or ``noniid`` (the authors' split, each client holding at most
+``--k-prime`` clusters; default when no file split).
 
-Old option spellings stay accepted, hidden from ``--help``: ``--remove`` (``--removals``),
+Old option spellings stay accepted, hidden from ``--help``: ``--split`` (``--partition``),
+``--remove`` (``--removals``),
 ``--batch`` (``--points-per-removal``), ``--gamma`` (``--quantization-step``) and ``--max-iter``
 (``--max-iterations``).
 """
@@ -297,12 +299,19 @@ class MUFCPlugin:
         "gaussian-small": lambda seed: dataclasses.replace(gaussian_mixture(seed, n_per=300), name="gaussian-small"),
     }
 
+    #: ``--partition`` schemes: ``auto`` (the file's split if it has one, else ``noniid``), ``file``
+    #: (an ``.npz``'s ``client_X``/``client_sizes``, Celltype's), ``iid``, ``noniid`` (the authors'
+    #: split: each client holds at most ``--k-prime`` clusters).
+    partitions = ("auto", "file", "iid", "noniid")
+    default_partition = "auto"
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("mufc")
         group.add_argument("--k", type=int, default=None, help="clusters K (default: the paper's K for the data)")
         group.add_argument("--k-client", type=int, default=None, help="seeds per client (default K)")
-        group.add_argument("--split", choices=("auto", "file", "iid", "noniid"), default="auto",
-                           help="client split (default: the file's split if it has one, else noniid)")
+        # --partition (a common option, with this plugin's schemes) was --split
+        group.add_argument("--split", dest="partition", choices=self.partitions, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
         group.add_argument("--k-prime", type=int, default=None,
                            help="clusters per client in the noniid split (default ceil(sqrt(K)))")
         group.add_argument("--quantization-step", type=float, default=None,
@@ -339,10 +348,10 @@ class MUFCPlugin:
         n, d = x.shape
         if k > n:
             raise ValueError(f"K = {k} is larger than the number of points ({n})")
-        split = args.split
+        split = args.partition
         rows = _file_split(args.data, dataset.x) if split in ("auto", "file") else None
         if split == "file" and rows is None:
-            raise ValueError("--split file needs an .npz data file with client_X and client_sizes")
+            raise ValueError("--partition file needs an .npz data file with client_X and client_sizes")
         if rows is None:
             if args.clients < 1:
                 raise ValueError("--clients must be at least 1")
@@ -417,7 +426,7 @@ class MUFCPlugin:
             reseeds = sum(sum(results[c]["reseeded"]) for c in parties.clients if c in results)
             summary: dict[str, Any] = {
                 "data_set": dataset.name, "n_points": n, "d": d, "k": k, "k_client": config.k_client,
-                "n_clients": n_clients, "split": split, "quantization_step": config.grid.gamma,
+                "n_clients": n_clients, "partition": split, "quantization_step": config.grid.gamma,
                 "bins_per_dim": config.grid.per_dim, "n_bins_log10": math.log10(config.grid.n_bins),
                 "prime_bits": config.prime.bit_length(), "n_syndromes": config.n_syndromes,
                 "unlearning_mode": config.unlearning, "server_mode": config.server_mode,

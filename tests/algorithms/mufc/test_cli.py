@@ -28,7 +28,7 @@ def parse(argv):
     parser.add_argument("--data", default="iris")
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partition", default="iid")
+    parser.add_argument("--partition", default=PROTOCOL.default_partition)
     parser.add_argument("--deadline", type=float, default=60.0)
     PROTOCOL.add_arguments(parser)
     return parser.parse_args(argv)
@@ -216,7 +216,8 @@ def test_command_line_run_writes_the_report_and_plot(tmp_path):
         (["--k", "500"], "larger than the number of points"),
         (["--removals", "1000"], "can serve another removal"),
         (["--leave", "3"], "every one of the 3 clients"),
-        (["--split", "file"], "client_X"),
+        (["--partition", "file"], "client_X"),
+        (["--split", "file"], "client_X"),  # the old spelling
         (["--quantization-step", "-1"], "--quantization-step must be positive"),
         (["--gamma", "0"], "--quantization-step must be positive"),
         (["--max-iterations", "0"], "--max-iterations must be at least 1"),
@@ -229,3 +230,16 @@ def test_bad_arguments_print_one_line(capsys, argv, message):
     assert code != 0
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_partition_takes_mufc_schemes_and_split_is_its_old_spelling(capfd):
+    from fedproto import cli
+
+    for argv, scheme in ((["--partition", "iid"], "iid"), (["--split", "noniid"], "noniid"), ([], "auto")):
+        parser = cli.build_parser(["run", "mufc"])
+        args = parser.parse_args(["run", "mufc", *argv])
+        assert args.partition == scheme
+    # the common schemes MUFC does not implement are refused, not silently ignored
+    assert cli.main(["run", "mufc", "--partition", "label-skew"]) == 2
+    err = capfd.readouterr().err
+    assert "--partition" in err and "noniid" in err and len(err.strip().splitlines()) == 1
