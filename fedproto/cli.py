@@ -602,14 +602,17 @@ def _print_run(
     from fedproto.report import plot_report, render_report, render_summary
 
     shown = {_label(plan, k): v for k, v in summary.items() if not isinstance(v, list | dict)}
-    shown.update({_label(plan, k): v for k, v in plan.analytic.items()})
-    shown["largest frame accepted (bytes)"] = report.options.get("max_frame_bytes_in_force", args.max_frame_bytes)
+    # the analytic costs beside the measured ones, in a table of their own so that a long
+    # summary, shortened, never hides them
+    costs = {_label(plan, k): v for k, v in plan.analytic.items()}
     if report.algorithm_rounds:
         per_iteration = (report.payload_bytes - report.setup_bytes) / report.algorithm_rounds
-        shown["measured payload bytes per algorithm round (envelopes included)"] = per_iteration
+        costs["measured payload bytes per algorithm round (envelopes included)"] = per_iteration
+    costs["largest frame accepted (bytes)"] = report.options.get("max_frame_bytes_in_force", args.max_frame_bytes)
     data_name = summary.get("data_set", getattr(args, "data", None))
     title = args.protocol_name if data_name is None else f"{args.protocol_name} on {data_name}"
     render_summary(console, title, shown, full=args.full)
+    render_summary(console, "Cost: analytic and measured", costs, full=args.full)
     if report.paper:
         paper = {_label(plan, k): v for k, v in report.paper.items() if not isinstance(v, list | dict)}
         render_summary(console, "Figures from the paper", paper, full=args.full)
