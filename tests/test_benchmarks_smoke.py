@@ -21,6 +21,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "message_rate.py": ("Message rate (messages/s, best of repeats)", {"message_rate", "stage_cost"}),
     "tcp_rate.py": ("Round trips/s over TCP loopback", {"tcp_round_trips", "envelope"}),
     "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
+    "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
     "scale.py": ("One FastLloyd iteration, all parties in one process", {"scale_runs", "scale_per_client"}),
     "kz_communication.py": (
         "(k,z)-center: communication and radius (z points removed) against z", {"kz_center", "kz_center_growth"}
@@ -36,8 +37,9 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
 #: Scripts that draw a figure (sent to the test's temporary directory).
 PLOTTING = {"kz_communication.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
-#: would take the default run of this file past a minute): run with ``-m slow``.
-SLOW = {"deletion_streams.py", "mufc_unlearning.py"}
+#: would take the default run of this file past a minute), and transport_rounds (it starts three
+#: MPI ranks that each import JAX): run with ``-m slow``.
+SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py"}
 
 
 def _load_common():
