@@ -23,6 +23,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, requires
 from pathlib import Path
 from typing import Any
@@ -256,15 +257,9 @@ def load_protocol(spec: str) -> Any:
 def describe_protocols() -> list[PluginInfo]:
     """One :class:`PluginInfo` per installed protocol (each is imported; a broken one is reported,
     not raised)."""
-    out = []
-    for name, entry in sorted(_group(PROTOCOL_GROUP).items()):
-        try:
-            plugin = _check_plugin(_load_entry_point("protocol", name, entry), f"protocol {name!r}")
-        except PluginLoadError as exc:
-            out.append(PluginInfo(name, "", str(exc).removeprefix(f"cannot load protocol {name!r}: ")))
-            continue
-        out.append(PluginInfo(name, _description(plugin)))
-    return out
+    return _describe(
+        PROTOCOL_GROUP, "protocol", lambda name, obj: _check_plugin(obj, f"protocol {name!r}")
+    )
 
 
 # --- transports ------------------------------------------------------------------------------------
@@ -291,14 +286,20 @@ def load_transport(name: str) -> Any:
 
 def describe_transports() -> list[PluginInfo]:
     """One :class:`PluginInfo` per installed transport (a broken one is reported, not raised)."""
+    return _describe(TRANSPORT_GROUP, "transport", lambda name, obj: obj)
+
+
+def _describe(group: str, kind: str, check: Callable[[str, Any], Any]) -> list[PluginInfo]:
+    """Load every entry point of ``group`` (``check`` validates what it loads); a plugin that
+    fails is described by its error, never raised."""
     out = []
-    for name, entry in sorted(_group(TRANSPORT_GROUP).items()):
+    for name, entry in sorted(_group(group).items()):
         try:
-            network = _load_entry_point("transport", name, entry)
+            obj = check(name, _load_entry_point(kind, name, entry))
         except PluginLoadError as exc:
-            out.append(PluginInfo(name, "", str(exc).removeprefix(f"cannot load transport {name!r}: ")))
+            out.append(PluginInfo(name, "", str(exc).removeprefix(f"cannot load {kind} {name!r}: ")))
             continue
-        out.append(PluginInfo(name, _description(network)))
+        out.append(PluginInfo(name, _description(obj)))
     return out
 
 

@@ -12,11 +12,12 @@
 """
 
 from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
-from fedproto.testing.faults import Faults
+from fedproto.testing.faults import DelegatingTransport, Faults
 from fedproto.testing.harness import Frame, Harness
 from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
 
 __all__ = [
+    "DelegatingTransport",
     "Harness",
     "Frame",
     "Faults",

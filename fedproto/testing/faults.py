@@ -1,9 +1,13 @@
-"""Fault injection parameters for the in-memory transport.
+"""Fault injection: parameters for the in-memory transport, and a base for fault wrappers.
 
 :class:`Faults` describes, for one :class:`~fedproto.transports.memory.MemoryNetwork`, which
 frames to drop, duplicate or delay, and which parties crash after how many frames. Every draw
 comes from one seeded ``random.Random`` per ``(sender, receiver)`` link, so the faults on a link
 repeat exactly for the same seed and traffic, whatever order Trio runs tasks in.
+
+:class:`DelegatingTransport` wraps any endpoint and passes everything through; a test subclasses
+it to change one thing (a send that hangs, a receive that stalls, an endpoint that closes
+after ``n`` frames) over any transport.
 """
 
 from __future__ import annotations
@@ -11,7 +15,36 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["Faults"]
+from fedproto.transport import Transport
+
+__all__ = ["DelegatingTransport", "Faults"]
+
+
+class DelegatingTransport(Transport):
+    """An endpoint that passes every call to ``inner`` (subclass it to change one thing).
+
+    Args:
+        inner: the wrapped endpoint; ``party``, ``roster`` and ``framing_overhead_bytes`` are
+            taken from it.
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.party = inner.party
+        self.roster = inner.roster
+        self.framing_overhead_bytes = inner.framing_overhead_bytes
+
+    async def send(self, dest: str, frame: bytes) -> None:
+        await self.inner.send(dest, frame)
+
+    async def receive(self) -> tuple[str, bytes]:
+        return await self.inner.receive()
+
+    def receive_nowait(self) -> tuple[str, bytes] | None:
+        return self.inner.receive_nowait()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @dataclasses.dataclass(frozen=True)

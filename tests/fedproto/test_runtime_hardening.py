@@ -25,7 +25,7 @@ from fedproto.messages import AbortNotice, Message, array_field
 from fedproto.metering import MAX_REJECTED_KEPT, Meter
 from fedproto.runtime import ABORT_PHASE, RuntimeConfig, run_parties, run_party
 from fedproto.testing.toy import Contribution, SumCoordinator, SumWorker
-from fedproto.transport import Transport
+from fedproto.testing import DelegatingTransport
 from fedproto.transports.memory import Faults, MemoryNetwork
 
 LOGGER = "fedproto.runtime"
@@ -44,26 +44,6 @@ def expected_sums(n_workers=2, rounds=2, dim=3):
     return np.stack([total * (r + 1) for r in range(rounds)]).astype(np.float64)
 
 
-class Wrapped(Transport):
-    """A transport that delegates everything to ``inner`` (subclasses change one thing)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.party = inner.party
-        self.roster = inner.roster
-        self.framing_overhead_bytes = inner.framing_overhead_bytes
-
-    async def send(self, dest, frame):
-        await self.inner.send(dest, frame)
-
-    async def receive(self):
-        return await self.inner.receive()
-
-    def receive_nowait(self):
-        return self.inner.receive_nowait()
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
 # --- 1. a frame that crashes the decoder is the sender's fault ----------------------------------
@@ -135,7 +115,7 @@ async def test_a_decoder_exception_in_a_party_alone_does_not_end_it(monkeypatch,
 # --- 2. deadlines count silence, not work -----------------------------------------------------------
 
 
-class SlowFirstFrame(Wrapped):
+class SlowFirstFrame(DelegatingTransport):
     """Takes ``busy_s`` over the first frame it returns, as a party busy with one hostile frame."""
 
     def __init__(self, inner, busy_s):
@@ -307,7 +287,7 @@ async def test_notices_stay_linear_when_every_client_of_a_dead_coordinator_fails
     assert sum(aborts.values()) <= n_workers and {k[3] for k in aborts} == {"c"}
 
 
-class SendToHangs(Wrapped):
+class SendToHangs(DelegatingTransport):
     """After its first frame, sending to ``stuck`` never completes (a peer behind a dead link)."""
 
     def __init__(self, inner, stuck):

@@ -24,7 +24,7 @@ from fedproto.messages import Message, array_field
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.testing.toy import SumCoordinator, SumWorker
-from fedproto.transport import Transport
+from fedproto.testing import DelegatingTransport
 from fedproto.transports._framing import send_frame
 from fedproto.transports.tcp import TcpTransport, open_tcp_network
 
@@ -69,28 +69,9 @@ async def test_malformed_frames_from_an_authenticated_peer_are_refused_and_the_r
     assert {r["sender"] for r in meter.rejected} == {"w1"}
 
 
-class Delegating(Transport):
-    """A transport that passes everything to ``inner`` (subclasses change one thing)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.party, self.roster = inner.party, inner.roster
-        self.framing_overhead_bytes = inner.framing_overhead_bytes
-
-    async def send(self, dest, frame):
-        await self.inner.send(dest, frame)
-
-    async def receive(self):
-        return await self.inner.receive()
-
-    def receive_nowait(self):
-        return self.inner.receive_nowait()
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
-class ClosesAfter(Delegating):
+class ClosesAfter(DelegatingTransport):
     """Closes its TCP endpoint when it tries to send frame ``n + 1``, as a killed process would."""
 
     def __init__(self, inner, n):
@@ -161,7 +142,7 @@ async def test_a_flood_of_refused_connections_makes_a_handful_of_lines(caplog):
     assert "malformed hello" in after[1]
 
 
-class BlocksOnFrame(Delegating):
+class BlocksOnFrame(DelegatingTransport):
     """Blocks the whole event loop for ``busy_s`` on its ``n``-th received frame (CPU-bound work)."""
 
     def __init__(self, inner, n, busy_s):
