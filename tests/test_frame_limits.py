@@ -23,6 +23,7 @@ from fedproto import registry
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.metering import Meter
 from fedproto.plugin import RunPlan
+from fedproto.testing import DelegatingTransport
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transport import Transport
 from fedproto.transports.memory import MemoryNetwork
@@ -121,27 +122,17 @@ def test_a_smaller_user_limit_wins(observed, capsys):
     assert report.options["max_frame_bytes_in_force"] == 4000 and report.options["max_frame_bytes"] == 4000
 
 
-class SendsFramesFirst(Transport):
+class SendsFramesFirst(DelegatingTransport):
     """A party's endpoint that first sends ``frames`` to ``dest``, then behaves as ``inner``."""
 
     def __init__(self, inner: Transport, dest: str, frames: list[bytes]) -> None:
-        self.inner, self.dest, self.frames = inner, dest, list(frames)
-        self.party, self.roster = inner.party, inner.roster
-        self.framing_overhead_bytes = inner.framing_overhead_bytes
+        super().__init__(inner)
+        self.dest, self.frames = dest, list(frames)
 
     async def send(self, dest: str, frame: bytes) -> None:
         while self.frames:
             await self.inner.send(self.dest, self.frames.pop(0))
         await self.inner.send(dest, frame)
-
-    async def receive(self) -> tuple[str, bytes]:
-        return await self.inner.receive()
-
-    def receive_nowait(self) -> tuple[str, bytes] | None:
-        return self.inner.receive_nowait()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_a_frame_one_byte_above_the_plans_limit_is_refused_by_its_receiver():
