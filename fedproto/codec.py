@@ -123,6 +123,7 @@ class _FieldPlan:
     ndim: int | None = None
     width: int | None = None
     width_from: str | None = None  # big integers: the plain int field that states their width
+    packed: bool = False  # big integers kept as a uint8 [count, width] array (the wire form)
     check: Any = None  # for plain fields: a callable returning True when the value is acceptable
     expected: str = ""  # for plain fields: the annotation, for error messages
 
@@ -171,7 +172,10 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
             items.append(_FieldPlan(f.name, _ARRAY, dtypes=f.metadata["dtypes"], ndim=f.metadata["ndim"]))
         elif kind == "bigints":
             items.append(
-                _FieldPlan(f.name, _BIGINTS, width=f.metadata["width"], width_from=f.metadata.get("width_from"))
+                _FieldPlan(
+                    f.name, _BIGINTS, width=f.metadata["width"], width_from=f.metadata.get("width_from"),
+                    packed=f.metadata.get("packed", False),
+                )
             )
         else:
             annotation = hints.get(f.name, Any)
@@ -202,15 +206,27 @@ def _names(dtypes: frozenset[np.dtype]) -> str:
 
 
 def _encode_bigints(values: Any, spec: _FieldPlan, tag: str, message: Any = None) -> list[Any]:
+    stated = getattr(message, spec.width_from) if spec.width_from and message is not None else None
+    if spec.packed:
+        return _encode_packed(values, spec, tag, stated)
     ints = [int(v) for v in values]
     if any(v < 0 for v in ints):
         raise ValueError(f"{tag}.{spec.name}: big integers must be non-negative")
     needed = max((max(ints).bit_length() + 7) // 8 if ints else 1, 1)
-    stated = getattr(message, spec.width_from) if spec.width_from and message is not None else None
     width = spec.width or stated or needed
     if needed > width:
         raise ValueError(f"{tag}.{spec.name}: a value needs {needed} bytes, the field allows {width}")
     return [width, b"".join(v.to_bytes(width, "big") for v in ints)]
+
+
+def _encode_packed(values: Any, spec: _FieldPlan, tag: str, stated: Any) -> list[Any]:
+    if not (isinstance(values, np.ndarray) and values.dtype == np.uint8 and values.ndim == 2):
+        raise TypeError(f"{tag}.{spec.name}: a packed big-integer field takes a uint8 [count, width] array")
+    width = values.shape[1]
+    expected = spec.width or stated
+    if width < 1 or (expected is not None and width != expected):
+        raise ValueError(f"{tag}.{spec.name}: rows of {width} bytes, the field takes {expected or 'at least 1'}")
+    return [width, values.tobytes()]
 
 
 def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) -> bytes:
@@ -229,7 +245,8 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
         TypeError: a plain field's value does not match its annotation (the check decoding
             applies), an array field has the wrong dtype or number of dimensions, or the message
             is not a registered message; the message names ``TAG.field``.
-        ValueError: a big integer is negative or wider than its field.
+        ValueError: a big integer is negative or wider than its field (or a packed field's rows
+            are not of its width).
     """
     cls = type(message)
     tag = getattr(cls, "TAG", None)
@@ -401,7 +418,7 @@ def _bigints_decoded_bytes(count: int, width: int) -> int:
 
 def _make_bigints(
     spec: _FieldPlan, where: str, width: Any, data: Any, stated: Any, frame_bytes: int
-) -> tuple[int, ...]:
+) -> tuple[int, ...] | np.ndarray:
     """A big-integer field from its parts. The width is checked against the field's declaration,
     and against the width the message states when that field came first, and what the integers
     would take decoded is held to the frame's budget (``2.5 * frame_bytes + 1 MiB``), before any
@@ -414,6 +431,8 @@ def _make_bigints(
         raise DecodeError(f"{where}: big integers travel with width {width}, the message states {_brief(stated)}")
     if not isinstance(data, bytes) or len(data) % width:
         raise DecodeError(f"{where}: data length is not a multiple of width {width}")
+    if spec.packed:  # a read-only view of the frame's bytes: no integer is built
+        return np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
     decoded = _bigints_decoded_bytes(len(data) // width, width)
     if decoded > _PLAIN_BYTES_PER_FRAME_BYTE * frame_bytes + _PLAIN_ALLOWANCE_BYTES:
         raise DecodeError(

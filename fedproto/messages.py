@@ -8,6 +8,9 @@ field travels (see :mod:`fedproto.codec`):
   little-endian bytes; the declared dtype and number of dimensions are enforced on decode;
 * ``tuple[int, ...]`` fields declared with :func:`bigints_field` hold integers of any size
   (prime-field elements) and travel as fixed-width big-endian bytes with the width stated;
+  ``bigints_field(..., packed=True)`` keeps them in that wire form in memory, a ``uint8``
+  array ``[count, width]`` (one big-endian integer per row), so vectorised field arithmetic
+  (:mod:`fedproto.algorithms.scma`) never converts element by element;
 * ``int``, ``float``, ``str``, ``bytes``, ``bool`` and tuples of them travel as msgpack natives.
 
 *Actions* (:class:`Send`, :class:`Broadcast`) are what a protocol machine asks the runtime to do;
@@ -80,8 +83,8 @@ def array_field(dtype: str | tuple[str, ...], ndim: int) -> Any:
     return dataclasses.field(metadata={"kind": "array", "dtypes": dtypes, "ndim": int(ndim)})
 
 
-def bigints_field(width_bytes: int | None = None, *, width_from: str | None = None) -> Any:
-    """Declare a ``tuple[int, ...]`` field of non-negative integers of arbitrary size.
+def bigints_field(width_bytes: int | None = None, *, width_from: str | None = None, packed: bool = False) -> Any:
+    """Declare a field of non-negative integers of arbitrary size.
 
     Args:
         width_bytes: fixed width of each element on the wire; ``None`` uses the smallest width
@@ -89,8 +92,14 @@ def bigints_field(width_bytes: int | None = None, *, width_from: str | None = No
         width_from: name of a plain ``int`` field of the same message that states the width
             (e.g. the byte width of a prime field fixed at run time); the decoder refuses a frame
             whose data width differs from it.
+        packed: the field's value is the wire form itself, a C-contiguous ``numpy.ndarray`` of
+            dtype ``uint8`` and shape ``[count, width]`` whose rows are big-endian unsigned
+            integers (decoded frames give a read-only view of the frame's bytes, no copy);
+            otherwise a ``tuple[int, ...]``. The bytes on the wire are the same either way.
     """
-    return dataclasses.field(metadata={"kind": "bigints", "width": width_bytes, "width_from": width_from})
+    return dataclasses.field(
+        metadata={"kind": "bigints", "width": width_bytes, "width_from": width_from, "packed": bool(packed)}
+    )
 
 
 class Message:

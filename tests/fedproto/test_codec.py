@@ -47,6 +47,16 @@ class FixedWidth(Message):
     elements: tuple[int, ...] = bigints_field(width_bytes=16)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackedPair(Message):
+    """The same integers twice: as ints and in their packed wire form."""
+
+    TAG = "test.packed"
+    width: int
+    ints: tuple[int, ...] = bigints_field(width_from="width")
+    packed: np.ndarray = bigints_field(width_from="width", packed=True)
+
+
 arrays = st.sampled_from(DTYPES).flatmap(
     lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=6))
 )
@@ -277,3 +287,37 @@ def test_array_field_rejects_unwireable_dtype():
         array_field("complex128", 1)
     with pytest.raises(ValueError, match="cannot travel"):
         array_field("object", 1)
+
+
+@pytest.mark.parametrize("width", [1, 3, 9, 40])
+def test_a_packed_bigints_field_travels_as_the_same_bytes_and_decodes_without_building_ints(width):
+    rng = np.random.default_rng(width)
+    ints = tuple(int(v) for v in rng.integers(0, 256, size=(7, width), dtype=np.uint64).astype(object).sum(axis=1))
+    rows = np.frombuffer(b"".join(v.to_bytes(width, "big") for v in ints), np.uint8).reshape(7, width)
+    message = PackedPair(width=width, ints=ints, packed=rows)
+    frame = encode_frame(message, session=1, round_idx=0, phase="x")
+    body = msgpack.unpackb(frame)["b"]
+    assert body[1] == body[2] == [width, rows.tobytes()]  # identical wire form
+    _, decoded = decode_frame(frame)
+    assert decoded.ints == ints
+    assert decoded.packed.dtype == np.uint8 and decoded.packed.shape == (7, width)
+    assert np.array_equal(decoded.packed, rows) and not decoded.packed.flags.writeable
+    empty = decode_frame(encode_frame(PackedPair(width=width, ints=(), packed=rows[:0]), session=1, round_idx=0,
+                                      phase="x"))[1]
+    assert empty.packed.shape == (0, width)
+
+
+def test_a_packed_bigints_field_refuses_wrong_values_on_both_ends():
+    rows = np.zeros((2, 4), np.uint8)
+    with pytest.raises(TypeError, match="uint8"):
+        encode_frame(PackedPair(width=4, ints=(0, 0), packed=[[0] * 4] * 2), session=1, round_idx=0, phase="x")
+    with pytest.raises(ValueError, match="rows of 4 bytes"):
+        encode_frame(PackedPair(width=3, ints=(0, 0), packed=rows), session=1, round_idx=0, phase="x")
+    frame = encode_frame(PackedPair(width=4, ints=(0, 0), packed=rows), session=1, round_idx=0, phase="x")
+    packed = msgpack.unpackb(frame)
+    packed["b"][2] = [4, b"\x00" * 7]  # not a multiple of the width
+    with pytest.raises(DecodeError, match="multiple of width"):
+        decode_frame(msgpack.packb(packed, use_bin_type=True))
+    packed["b"][2] = [2, b"\x00" * 8]  # a width other than the stated one
+    with pytest.raises(DecodeError):
+        decode_frame(msgpack.packb(packed, use_bin_type=True))
