@@ -55,7 +55,9 @@ from fedproto.errors import RemoteProtocolError
 __all__ = [
     "PROVEN_PRIME_BITS",
     "SyndromeDecodingError",
+    "aggregate_packed",
     "aggregate_syndromes",
+    "check_packed",
     "dealer_masks",
     "decode_syndromes",
     "error_locator",
@@ -63,10 +65,13 @@ __all__ = [
     "field_roots",
     "field_width",
     "mask_syndromes",
+    "pack_elements",
     "pairwise_masks",
     "pairwise_seed",
     "rs_syndromes",
     "uniform_elements",
+    "unpack_elements",
+    "update_syndromes",
 ]
 
 PROVEN_PRIME_BITS = 512
@@ -154,6 +159,132 @@ def _prime_ctx(p: object) -> flint.fmpz_mod_poly_ctx:
 
 def _int_bytes(value: int) -> bytes:
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+# --------------------------------------------------------------------------------------------
+# Packed field elements: the wire form, uint8 [T, width] big-endian rows
+# --------------------------------------------------------------------------------------------
+
+
+def pack_elements(values: Sequence[int], p: int) -> np.ndarray:
+    """Field elements in their wire form: one ``field_width(p)``-byte big-endian row each.
+
+    Args:
+        values: ``[T]`` ints in ``[0, p)``.
+        p: the field size.
+
+    Returns:
+        ``uint8`` array ``[T, field_width(p)]`` (C-contiguous): what a packed `bigints_field`
+        carries (:class:`~fedproto.algorithms.mufc.messages.MaskedSyndromes`).
+
+    Raises:
+        ValueError: an element outside ``[0, p)``. TypeError: non-integer elements.
+
+    References:
+        Spec mufc.md 1.10 (``T * width`` payload bytes).
+    """
+    p = _check_modulus(p)
+    values = _check_elements("values", values, p)
+    width = field_width(p)
+    raw = b"".join(v.to_bytes(width, "big") for v in values)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(len(values), width)
+
+
+def unpack_elements(packed: np.ndarray) -> list[int]:
+    """The ints of packed big-endian rows (`pack_elements`'s inverse), ``[T]``."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    if packed.ndim != 2:
+        raise ValueError(f"packed elements must be a [T, width] array, got shape {packed.shape}")
+    return _column_sums(packed[None]).tolist()
+
+
+def check_packed(name: str, packed: object, p: int, length: int | None = None) -> np.ndarray:
+    """``packed`` as ``uint8 [T, field_width(p)]`` rows that are all field elements (vectorised).
+
+    Returns:
+        The array (unchanged when it already has the dtype).
+
+    Raises:
+        TypeError: not a ``uint8`` array. ValueError: wrong shape, or a row ``>= p`` (its
+        position is named).
+    """
+    if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8):
+        raise TypeError(f"{name} must be a uint8 array of packed field elements")
+    width = field_width(p)
+    if packed.ndim != 2 or packed.shape[1] != width or (length is not None and packed.shape[0] != length):
+        want = f"[{'T' if length is None else length}, {width}]"
+        raise ValueError(f"{name} must have shape {want}, got {list(packed.shape)}")
+    _check_below(name, packed.reshape(-1, width), p)
+    return packed
+
+
+def _check_below(name: str, rows: np.ndarray, p: int) -> None:
+    """Raise ValueError naming the first of the big-endian ``rows`` ``[m, width]`` that is ``>= p``.
+
+    Rows are compared with ``p - 1`` on their leading (up to) eight bytes read as one big-endian
+    integer; only rows that tie there (rare for field elements) are compared byte by byte.
+    """
+    if not rows.shape[0]:
+        return
+    width = rows.shape[1]
+    top = np.frombuffer((p - 1).to_bytes(width, "big"), dtype=np.uint8)
+    lead = min(width, 8)
+    rows = np.ascontiguousarray(rows)
+    if lead == 8:  # the leading eight bytes of every row, without a copy
+        head = np.ndarray((rows.shape[0],), dtype=">u8", buffer=rows, strides=(width,))
+        limit = int.from_bytes(top[:8].tobytes(), "big")
+    else:
+        head = rows[:, 0].astype(np.uint64)
+        for b in range(1, lead):
+            head = (head << np.uint64(8)) | rows[:, b]
+        limit = int.from_bytes(top[:lead].tobytes(), "big")
+    bad = head > limit
+    tied = np.flatnonzero(head == limit)
+    if tied.size and width > lead:
+        sub, rest = rows[tied, lead:], top[lead:]
+        differs = sub != rest
+        first = differs.argmax(axis=1)
+        pick = np.arange(tied.size)
+        bad[tied[differs[pick, first] & (sub[pick, first] > rest[first])]] = True
+    if bad.any():
+        i = int(np.argmax(bad))
+        value = int.from_bytes(rows[i].tobytes(), "big")
+        raise ValueError(f"{name}[{i}] = {value} is not a field element in [0, p) with p = {p}")
+
+
+def _column_sums(words: np.ndarray) -> np.ndarray:
+    """Exact integer sums ``sum_s words[s, i]`` of big-endian words, ``[S, T, w]`` uint8 -> object ``[T]``.
+
+    Digits are summed per byte column in 64-bit integers, four columns are folded into one
+    32-bit-aligned group (below ``S * 2^32``, exact for ``S < 2^32``), and the ``ceil(w / 4)``
+    groups of each element are joined as Python ints: a handful of vectorised operations for
+    the whole stack instead of ``S * T`` big-integer additions.
+    """
+    n_rows, width = words.shape[1], words.shape[2]
+    # the narrowest accumulator that cannot overflow: 255 * S must fit
+    wide = np.uint16 if words.shape[0] <= 257 else np.uint32 if words.shape[0] <= 16_843_009 else np.uint64
+    digits = np.add.reduce(words, axis=0, dtype=wide).astype(np.uint64)
+    pad = -width % 4
+    if pad:
+        digits = np.concatenate([np.zeros((n_rows, pad), np.uint64), digits], axis=1)
+    digits = digits.reshape(n_rows, -1, 4)
+    groups = (digits[..., 0] << 24) + (digits[..., 1] << 16) + (digits[..., 2] << 8) + digits[..., 3]
+    total = groups[:, 0].astype(object)
+    for g in range(1, groups.shape[1]):
+        total = (total << 32) + groups[:, g].astype(object)
+    return total
+
+
+def _powers(base: int, count: int, p: int) -> np.ndarray:
+    """``[base^0, ..., base^(count-1)] mod p`` as an object array, by doubling (``log count`` steps)."""
+    out = np.empty(count, dtype=object)
+    out[0] = 1 % p
+    filled, step = 1, base % p
+    while filled < count:
+        n = min(filled, count - filled)
+        out[filled : filled + n] = out[:n] * step % p
+        filled, step = filled + n, step * step % p
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,6 +508,54 @@ def rs_syndromes(counts: Mapping[int, int], p: int, n_syndromes: int) -> list[in
     return _coefficients(_syndrome_series(ctx, items, n_syndromes), n_syndromes)
 
 
+def update_syndromes(syndromes: Sequence[int], change: Mapping[int, int], p: int) -> list[int]:
+    """The syndromes of ``q + change`` from those of ``q``: ``S_i + sum_j c_j j^(i-1) mod p``.
+
+    Syndromes are linear in ``q``, so after a removal (one count down, or a few seeds moved:
+    at most ``2K`` changed bins) a client updates its ``T`` syndromes with one vector of powers
+    per changed bin instead of recomputing them from the whole count vector; the result equals
+    `rs_syndromes` of the new counts.
+
+    Args:
+        syndromes: ``[T]`` field elements, the syndromes of ``q``.
+        change: ``{j: c_j}`` signed count changes (indices in ``[1, p - 1]``; zeros ignored).
+        p: the field size (a prime).
+
+    Returns:
+        ``[T]`` ints in ``[0, p)``.
+
+    Raises:
+        ValueError: an element outside ``[0, p)`` or an index outside ``[1, p - 1]``.
+        TypeError: non-integer elements, indices or changes.
+
+    References:
+        Pan et al. Algorithm 2, client lines, and Sec. 5.3 (linearity); spec mufc.md 2.2, 3.5.
+    """
+    p = _check_modulus(p)
+    values = np.asarray(_check_elements("syndromes", syndromes, p), dtype=object)
+    if not isinstance(change, Mapping):
+        raise TypeError(f"change must be a mapping {{bin index: count change}}, got {type(change).__name__}")
+    items = []
+    for raw_j, raw_c in change.items():
+        j, c = _check_int("bin index", raw_j), _check_int("count change", raw_c)
+        if not 1 <= j < p:
+            raise ValueError(f"bin index {j} is outside [1, p - 1]")
+        if c % p:
+            items.append((j, c % p))
+    if len(items) <= _POWERS_MAX_BINS:  # one vector of powers per bin
+        for j, c in items:
+            values = (values + c * _powers(j, values.shape[0], p)) % p
+    else:  # many bins (a re-seed): the power series of the change, as `rs_syndromes`
+        delta = _coefficients(_syndrome_series(_prime_ctx(p), sorted(items), values.shape[0]), values.shape[0])
+        values = (values + np.asarray(delta, dtype=object)) % p
+    return values.tolist()
+
+
+#: Changed bins up to which `update_syndromes` adds one vector of powers per bin; above, one
+#: FLINT power series of the whole change is cheaper.
+_POWERS_MAX_BINS = 2
+
+
 def mask_syndromes(syndromes: Sequence[int], mask: Sequence[int], p: int) -> list[int]:
     """A client's message: ``(S_i + z_i) mod p`` elementwise.
 
@@ -507,21 +686,12 @@ def _pair_vector(seed: bytes, p: int, n_syndromes: int, round_idx: int) -> list[
     return [int.from_bytes(stream[i : i + word], "big") % p for i in range(0, len(stream), word)]
 
 
-def _packed_sum(streams: list[bytes], n_syndromes: int, word: int) -> list[int]:
-    """Element-wise integer sums of several streams of ``T`` words, without a Python loop over
-    elements per stream: each stream becomes one big integer whose ``T`` slots have one spare
-    high byte per 255 streams, so slots never carry into each other when the big integers add."""
+def _stream_sums(streams: list[bytes], n_syndromes: int, word: int) -> np.ndarray:
+    """Element-wise integer sums of several streams of ``T`` big-endian words (object ``[T]``)."""
     if not streams:
-        return [0] * n_syndromes
-    spare = (len(streams).bit_length() + 7) // 8
-    slot = word + spare
-    total = 0
-    for stream in streams:
-        padded = np.zeros((n_syndromes, slot), dtype=np.uint8)
-        padded[:, spare:] = np.frombuffer(stream, dtype=np.uint8).reshape(n_syndromes, word)
-        total += int.from_bytes(padded.tobytes(), "big")
-    raw = total.to_bytes(n_syndromes * slot, "big")
-    return [int.from_bytes(raw[i : i + slot], "big") for i in range(0, len(raw), slot)]
+        return np.zeros(n_syndromes, dtype=object)
+    stack = np.frombuffer(b"".join(streams), dtype=np.uint8).reshape(len(streams), n_syndromes, word)
+    return _column_sums(stack)
 
 
 def pairwise_masks(party: int, pair_seeds: Mapping[int, bytes], p: int, n_syndromes: int, round_idx: int) -> list[int]:
@@ -532,7 +702,7 @@ def pairwise_masks(party: int, pair_seeds: Mapping[int, bytes], p: int, n_syndro
     ``HKDF(pair seed, info = label || p || T || round_idx)`` cut into ``T`` words of
     ``field_width(p) + 8`` bytes, each reduced mod p (uniform on F_p up to a statistical distance
     below ``2^-64`` per element; faster than rejection sampling because the words of all peers
-    are summed as packed big integers, one addition per peer instead of one per element).
+    are summed column by column in NumPy, not one big-integer addition per element and peer).
     Summed over a set of parties that each list all the others in ``pair_seeds``, every ``r``
     appears once with ``+`` and once with ``-``: the masks cancel. Each mask alone (indeed any
     ``L - 1`` of them) is uniform. Masks are fresh per ``round_idx``; never reuse one (two
@@ -574,9 +744,7 @@ def pairwise_masks(party: int, pair_seeds: Mapping[int, bytes], p: int, n_syndro
             raise ValueError(f"party {party} cannot hold a pair seed with itself")
         stream = _pair_words(pair_seeds[peer], p, n_syndromes, round_idx, word)
         (plus if peer > party else minus).append(stream)
-    high = _packed_sum(plus, n_syndromes, word)
-    low = _packed_sum(minus, n_syndromes, word)
-    return [(a - b) % p for a, b in zip(high, low, strict=True)]
+    return ((_stream_sums(plus, n_syndromes, word) - _stream_sums(minus, n_syndromes, word)) % p).tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,6 +777,53 @@ def aggregate_syndromes(messages: Iterable[Sequence[int]], p: int, n_syndromes: 
     if not checked:
         raise ValueError("no messages to aggregate")
     return [sum(column) % p for column in zip(*checked)]
+
+
+def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> list[int]:
+    """`aggregate_syndromes` on packed shares: ``S_i = sum_l S_i^(l) mod p``, vectorised.
+
+    Each share is the wire form of a message (`pack_elements`, a packed `bigints_field`), so the
+    server sums the frames' bytes directly: one digit sum over the stack and one reduction per
+    element, instead of ``L * T`` big-integer additions (measured by
+    ``benchmarks/mufc_unlearning.py``).
+
+    Args:
+        shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
+        p: field size (>= 2).
+        n_syndromes: ``T``.
+
+    Returns:
+        ``[T]`` ints in ``[0, p)``.
+
+    Raises:
+        ValueError: no shares, a share of the wrong shape, or an element outside ``[0, p)``
+            (the share's position is named). TypeError: a share that is not a ``uint8`` array.
+
+    References:
+        Pan et al. Algorithm 2, server line 1; spec mufc.md 2.4 step 1.
+    """
+    p = _check_modulus(p)
+    n_syndromes = _check_count("n_syndromes", n_syndromes, 1)
+    width = field_width(p)
+    if not (isinstance(shares, np.ndarray) and shares.ndim == 3):
+        shares = list(shares)
+        for index, share in enumerate(shares):
+            if not (isinstance(share, np.ndarray) and share.dtype == np.uint8):
+                raise TypeError(f"shares[{index}] must be a uint8 array of packed field elements")
+            if share.shape != (n_syndromes, width):
+                raise ValueError(f"shares[{index}] must have shape [{n_syndromes}, {width}], got {list(share.shape)}")
+        shares = np.stack(shares) if shares else np.zeros((0, n_syndromes, width), np.uint8)
+    elif shares.dtype != np.uint8 or shares.shape[1:] != (n_syndromes, width):
+        raise ValueError(f"shares must be a uint8 [L, {n_syndromes}, {width}] stack, got {shares.dtype} {list(shares.shape)}")
+    if shares.shape[0] == 0:
+        raise ValueError("no shares to aggregate")
+    try:
+        _check_below("shares", shares.reshape(-1, width), p)
+    except ValueError:
+        for index in range(shares.shape[0]):  # name the share
+            check_packed(f"shares[{index}]", shares[index], p, n_syndromes)
+        raise
+    return (_column_sums(shares) % p).tolist()
 
 
 def _locator(ctx: flint.fmpz_mod_poly_ctx, sums: list[int]):
@@ -843,11 +1058,33 @@ def _decode(
     # S(x) == Omega / g mod x^T iff S(x) g(x) == Omega mod x^T, and since the low m coefficients
     # of S g are Omega by definition, iff S(x) g(x) mod x^T has degree < m. One product of
     # length T instead of m * T power sums.
-    if ctx(sums).mul_low(g, n_syndromes).degree() >= m:
+    if not _reproduces(ctx, sums, g, m, p):
         raise SyndromeDecodingError(
             "syndrome decoding failed: the decoded counts do not reproduce all syndromes"
         )
     return dict(sorted(zip(indices, counts, strict=True)))
+
+
+#: Up to this locator degree the re-encoding check runs as the linear recurrence on NumPy object
+#: arrays (a few vectorised operations, no FLINT conversion of the T sums); above it, as one FLINT
+#: product, whose conversion cost no longer dominates.
+_RECURRENCE_CHECK_MAX = 4
+
+
+def _reproduces(ctx: flint.fmpz_mod_poly_ctx, sums: list[int], g: flint.fmpz_mod_poly, m: int, p: int) -> bool:
+    """Whether ``S(x) g(x) mod x^T`` has degree ``< m``, i.e. the recurrence ``sum_k g_k s_{n-k} = 0``
+    holds for every ``n`` in ``[m, T)``."""
+    n_syndromes = len(sums)
+    if m > _RECURRENCE_CHECK_MAX:
+        return ctx(sums).mul_low(g, n_syndromes).degree() < m
+    if n_syndromes <= m:
+        return True
+    seq = np.asarray(sums, dtype=object)
+    acc = seq[m:].copy()  # g_0 = 1
+    for k, coefficient in enumerate(_coefficients(g, m + 1)[1:], start=1):
+        if coefficient:
+            acc = acc + coefficient * seq[m - k : n_syndromes - k]
+    return not (acc % p).any()
 
 
 def decode_update(
@@ -896,24 +1133,34 @@ def decode_update(
     sums = _check_elements("sums", sums, p)
     previous_sums = _check_elements("previous_sums", previous_sums, p, len(sums))
     full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
-    difference = [(a - b) % p for a, b in zip(sums, previous_sums, strict=True)]
+    difference = ((np.asarray(sums, dtype=object) - np.asarray(previous_sums, dtype=object)) % p).tolist()
     try:
         change = decode_syndromes(
             difference, p, max_support=len(sums) // 2, max_index=max_index, signed=True, support_hint=change_hint
         ) if any(difference) else {}
     except SyndromeDecodingError:
         return decode_syndromes(sums, p, **full)
-    counts = {int(j): int(c) for j, c in previous_counts.items()}
-    for j, c in change.items():
-        counts[j] = counts.get(j, 0) + c
-    counts = {j: c for j, c in sorted(counts.items()) if c != 0}
+    # q' = q + change; q was valid, so only the changed bins need checking (and the key order,
+    # ascending, only changes when a bin appears)
+    counts = dict(previous_counts)
+    keys = list(counts)
+    appeared = any(a >= b for a, b in zip(keys, keys[1:]))  # not ascending: sort at the end
+    span = keys if appeared else keys[:1] + keys[-1:]
+    if any(c <= 0 for c in counts.values()) or any(not 1 <= j <= max_index for j in span):
+        return decode_syndromes(sums, p, **full)
     total = sum(counts.values())
-    if (
-        any(c < 0 for c in counts.values())
-        or len(counts) > max_support
-        or any(not 1 <= j <= max_index for j in counts)
-        or (max_total is not None and total > max_total)
-        or total % p != sums[0]
-    ):
+    for j, c in change.items():
+        new = counts.get(j, 0) + c
+        appeared |= j not in counts
+        if new < 0 or not 1 <= j <= max_index:
+            return decode_syndromes(sums, p, **full)
+        if new:
+            counts[j] = new
+        else:
+            counts.pop(j, None)
+        total += c
+    if appeared:
+        counts = dict(sorted(counts.items()))
+    if len(counts) > max_support or (max_total is not None and total > max_total) or total % p != sums[0]:
         return decode_syndromes(sums, p, **full)
     return counts

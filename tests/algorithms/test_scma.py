@@ -799,3 +799,97 @@ def test_packed_pair_masks_equal_the_element_by_element_definition():
             for i in range(17)
         ]
         assert mask == expected
+
+
+# ------------------------------------------------------------------ packed elements (the wire form)
+
+
+@pytest.mark.parametrize("p", [13, 257, P69, scma.field_prime(10, 2**300)])
+def test_pack_unpack_round_trip_and_the_packed_range_check(p):
+    rng = random.Random(p % 1000)
+    width = scma.field_width(p)
+    values = [0, 1, p - 1, p // 2] + [rng.randrange(p) for _ in range(60)]
+    packed = scma.pack_elements(values, p)
+    assert packed.dtype == np.uint8 and packed.shape == (len(values), width)
+    assert packed.tobytes() == b"".join(v.to_bytes(width, "big") for v in values)
+    assert scma.unpack_elements(packed) == values
+    assert scma.check_packed("x", packed, p, len(values)) is packed
+    # rows >= p are refused and named, also when they tie with p - 1 on the leading bytes
+    for bad in (p, p + 1, 256**width - 1, (p - 1) | 1 if (p - 1) | 1 >= p else p):
+        rows = np.array(packed)
+        rows[7] = np.frombuffer(bad.to_bytes(width, "big"), np.uint8)
+        with pytest.raises(ValueError, match=r"x\[7\] = "):
+            scma.check_packed("x", rows, p)
+    with pytest.raises(TypeError):
+        scma.check_packed("x", values, p)
+    with pytest.raises(ValueError, match="shape"):
+        scma.check_packed("x", packed[:, :-1] if width > 1 else packed.reshape(1, -1), p)
+    with pytest.raises(ValueError, match="shape"):
+        scma.check_packed("x", packed, p, len(values) + 1)
+
+
+@pytest.mark.parametrize("p", [13, P69, scma.field_prime(10, 2**300)])
+def test_aggregate_packed_equals_the_integer_sum(p):
+    rng = random.Random(5)
+    for n_parties in (1, 2, 7, 300):
+        shares = [[rng.randrange(p) for _ in range(11)] for _ in range(n_parties)]
+        expected = scma.aggregate_syndromes(shares, p, 11)
+        packed = [scma.pack_elements(s, p) for s in shares]
+        assert scma.aggregate_packed(packed, p, 11) == expected
+        assert scma.aggregate_packed(np.stack(packed), p, 11) == expected
+    top = [scma.pack_elements([p - 1] * 11, p)] * 300  # the largest column sums: no carry is lost
+    assert scma.aggregate_packed(top, p, 11) == [300 * (p - 1) % p] * 11
+
+
+def test_aggregate_packed_refuses_bad_shares_and_names_them():
+    p = P69
+    good = scma.pack_elements(list(range(5)), p)
+    with pytest.raises(ValueError, match="no shares"):
+        scma.aggregate_packed([], p, 5)
+    with pytest.raises(ValueError, match=r"shares\[1\] must have shape"):
+        scma.aggregate_packed([good, good[:4]], p, 5)
+    with pytest.raises(TypeError, match=r"shares\[0\]"):
+        scma.aggregate_packed([list(range(5))], p, 5)
+    bad = np.array(good)
+    bad[2] = 255
+    with pytest.raises(ValueError, match=r"shares\[1\]\[2\] = "):
+        scma.aggregate_packed([good, bad, good], p, 5)
+
+
+def test_update_syndromes_equals_recomputing_them():
+    rng = random.Random(11)
+    assert scma.update_syndromes(scma.rs_syndromes({3: 2}, 13, 5), {3: -2, 5: 1}, 13) == scma.rs_syndromes({5: 1}, 13, 5)
+    for p, t in ((P69, 40), (scma.field_prime(100, 10**6), 33)):
+        bins = min(p - 1, 10**6)
+        before = _random_counts(rng, 12, bins)
+        after = dict(before)
+        # a count down, a bin emptied, a bin appearing, a count up (a re-seed moves several bins)
+        first, second = list(before)[:2]
+        after[first] -= 1
+        after.pop(second)
+        new_bin = next(j for j in range(1, bins + 1) if j not in before)
+        after[new_bin] = 3
+        change = {j: after.get(j, 0) - before.get(j, 0) for j in set(before) | set(after)}
+        updated = scma.update_syndromes(scma.rs_syndromes(before, p, t), change, p)
+        assert updated == scma.rs_syndromes({j: c % p for j, c in after.items() if c % p}, p, t)
+    with pytest.raises(ValueError, match="outside"):
+        scma.update_syndromes([0, 0], {0: 1}, 13)
+    with pytest.raises(TypeError):
+        scma.update_syndromes([0, 0], [(1, 1)], 13)
+
+
+@pytest.mark.parametrize("support", [1, 4, 5, 9])
+def test_reencoding_check_agrees_on_both_paths(support):
+    """Degrees up to _RECURRENCE_CHECK_MAX are checked as a recurrence on NumPy, above as a FLINT
+    product: both accept the true sums and refuse one changed syndrome past the locator's terms."""
+    rng = random.Random(support)
+    counts = _random_counts(rng, support, 10**9)
+    good = scma.rs_syndromes(counts, P69, 4 * support + 6)
+    kwargs = dict(max_support=support, max_index=10**9)
+    assert scma.decode_syndromes(good, P69, **kwargs) == dict(sorted(counts.items()))
+    assert scma.decode_syndromes(good, P69, support_hint=support, **kwargs) == dict(sorted(counts.items()))
+    for position in (2 * support, len(good) - 1):
+        bad = list(good)
+        bad[position] = (bad[position] + 1) % P69
+        with pytest.raises(SyndromeDecodingError):
+            scma.decode_syndromes(bad, P69, support_hint=support, **kwargs)
