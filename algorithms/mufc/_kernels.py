@@ -7,9 +7,11 @@ the shared coupling-friendly Gumbel-max k-means++ of `fedproto.algorithms.kmeans
 ``(step key, point id)``), so re-running a step on data without a point that was never chosen
 reproduces the step's draw exactly.
 
-Dtypes: float64 throughout (``algorithms`` enables JAX's 64-bit mode): costs are sums of up to
-~10^5 squared distances and the weighted-versus-replicated equivalence is checked to ~1e-12;
-positions and rows are int32.
+Dtypes: float64 (``algorithms`` enables JAX's 64-bit mode): costs are sums of up to ~10^5
+squared distances and the weighted-versus-replicated equivalence is checked to ~1e-12; the one
+exception is the server's batched nearest-centroid search in Lloyd (`weighted_kmeans_noise`),
+float32 products (the means, the seeding and the costs stay float64); positions and rows are
+int32.
 
 References:
     Pan, Sima, Prakash, Rana, Milenkovic. Machine Unlearning of Federated Clusters (ICLR 2023):
@@ -28,7 +30,14 @@ import jax.numpy as jnp
 
 from fedproto.algorithms import kmeans
 
-__all__ = ["first_removed_position", "unlearn_seeding", "weighted_kmeans_runs", "weighted_lloyd"]
+__all__ = [
+    "first_removed_position",
+    "seeding_noise",
+    "unlearn_seeding",
+    "weighted_kmeans_noise",
+    "weighted_kmeans_runs",
+    "weighted_lloyd",
+]
 
 
 @jax.jit
@@ -175,6 +184,125 @@ def weighted_lloyd(
     return centroids, labels, jnp.sum(w * sq), n_iter
 
 
+@functools.partial(jax.jit, static_argnames=("k", "capacity"))
+def seeding_noise(keys: jax.Array, k: int, capacity: int) -> jax.Array:
+    """The Gumbel noise of `weighted_kmeans_runs`: ``g[r, s, j] = Gumbel(fold_in(fold_in(keys[r], s), j))``.
+
+    It depends only on the keys and the padded size, so a server that re-clusters with the same
+    key (coupled randomness) draws it once and reuses it across rounds (`weighted_kmeans_noise`).
+
+    Args:
+        keys: ``[r]`` stack of run keys (`fedproto.algorithms.kmeans.seeding_keys`).
+        k: seeding steps (static). capacity: padded rows ``c`` (static).
+
+    Returns:
+        ``[r, k, c]`` float64.
+    """
+    ids = jnp.arange(capacity, dtype=jnp.uint32)
+
+    def run(key):
+        return jax.vmap(lambda s: kmeans.gumbel_by_id(jax.random.fold_in(key, s), ids))(jnp.arange(k, dtype=jnp.uint32))
+
+    return jax.vmap(run)(keys)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def weighted_kmeans_noise(
+    noise: jax.Array,
+    x: jax.Array,
+    weights: jax.Array,
+    valid: jax.Array,
+    k: int,
+    tol_abs: float | jax.Array,
+    max_iter: int | jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`weighted_kmeans_runs` from its seeding noise (`seeding_noise`), all runs in one batch.
+
+    Seeding is that of `fedproto.algorithms.kmeans.kmeanspp_seeding` with the same noise (D^2
+    weights from direct squared differences in float64), drawn as the equivalent exponential race
+    ``argmax_j u_j e^{g_j}`` (no logarithm per row and step). The runs then advance together: one batched assignment per Lloyd iteration
+    (nearest centroid by ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32, the bulk of
+    the work; ties to the lowest index) and one one-hot product in float64 for the weighted means
+    (exact sums, deterministic on every backend); each run freezes once its own stopping rule
+    holds (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``),
+    until every run has stopped or ``max_iter``. Each run's cost is evaluated at the end with
+    direct squared differences in float64.
+
+    Args:
+        noise: ``[r, k, c]`` float64 Gumbel noise.
+        x, weights, valid, k, tol_abs, max_iter: as `weighted_kmeans_runs`.
+
+    Returns:
+        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64, ``[r]`` float64, ``[r]`` int32.
+
+    References:
+        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982.
+    """
+    f64, f32 = jnp.float64, jnp.float32
+    x = jnp.asarray(x, f64)
+    w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
+    n_runs, n_rows, d = noise.shape[0], x.shape[0], x.shape[1]
+    runs = jnp.arange(n_runs)
+
+    race = jnp.exp(noise)  # Gumbel-max as an exponential race: argmax u e^g = argmax (log u + g)
+
+    def draw(s, carry):
+        rows, mind = carry
+        weight = jnp.where(s == 0, w[None, :], jnp.where(w > 0, w * mind, 0.0))
+        score = weight * race[:, s, :]
+        j = jnp.argmax(score, axis=1).astype(jnp.int32)
+        ok = score[runs, j] > 0
+        diff = x[None, :, :] - x[j][:, None, :]
+        d2 = jnp.sum(diff * diff, axis=-1)
+        closer = ok[:, None] & valid[None, :] & (d2 < mind)
+        return rows.at[:, s].set(jnp.where(ok, j, -1)), jnp.where(closer, d2, mind)
+
+    mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
+    rows, _ = jax.lax.fori_loop(0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), mind0))
+    active = rows >= 0
+    count = jnp.sum(active, axis=1).astype(jnp.int32)
+    init = x[jnp.where(active, rows, rows[:, :1])]
+
+    x32 = x.astype(f32)
+    wx1 = jnp.concatenate([w[:, None] * x, w[:, None]], axis=1)  # sums and masses in one product
+    centres = jnp.arange(k)
+    offset = jnp.where(active, 0.0, jnp.inf).astype(f32)  # inactive centroids attract nothing
+
+    def assign(c):
+        c32 = c.astype(f32)
+        score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x32, c32)
+        return jnp.argmin(score + offset[:, None, :], axis=2).astype(jnp.int32)
+
+    def cond(state):
+        _, _, it, done = state
+        return jnp.any(~done) & (it < max_iter)
+
+    def body(state):
+        c, prev, it, done = state
+        labels = assign(c)
+        onehot = (labels[:, :, None] == centres).astype(f64)
+        both = jnp.einsum("rnk,ne->rke", onehot, wx1)
+        sums, mass = both[..., :d], both[..., d]
+        keep = (mass > 0) & active
+        new = jnp.where(keep[..., None], sums / jnp.where(keep, mass, 1.0)[..., None], c)
+        shift = jnp.sum(jnp.where(active[..., None], (new - c) ** 2, 0.0), axis=(1, 2))
+        stable = jnp.all((labels == prev) | (w <= 0)[None, :], axis=1)
+        new = jnp.where(done[:, None, None], c, new)
+        labels = jnp.where(done[:, None], prev, labels)
+        return new, labels, it + 1, done | stable | (shift <= tol_abs)
+
+    state = (init, jnp.full((n_runs, n_rows), -1, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(n_runs, bool))
+    centroids, _, _, _ = jax.lax.while_loop(cond, body, state)
+    # costs: each row charged its squared distance (direct differences) to its nearest centroid,
+    # found with float64 products
+    score = jnp.sum(centroids * centroids, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x, centroids)
+    nearest = jnp.argmin(jnp.where(active[:, None, :], score, jnp.inf), axis=2)
+    diff = x[None, :, :] - jnp.take_along_axis(centroids, nearest[..., None], axis=1)
+    costs = jnp.sum(w[None, :] * jnp.sum(diff * diff, axis=-1), axis=1)
+    centroids = jnp.where(active[..., None], centroids, centroids[:, :1, :])
+    return centroids, costs, count
+
+
 @functools.partial(jax.jit, static_argnames=("k",))
 def weighted_kmeans_runs(
     keys: jax.Array,
@@ -188,10 +316,11 @@ def weighted_kmeans_runs(
     """Independent weighted K-means++ runs (D^2 seeding + weighted Lloyd), one per key.
 
     Each run seeds with weighted D^2 sampling (`fedproto.algorithms.kmeans.kmeanspp_seeding` with
-    ``weights``; the Gumbel noise is keyed by row number) and runs `weighted_lloyd` from the
-    seeds. If the weighted rows hold fewer than ``k`` distinct points, seeding stops after
-    ``m < k`` seeds (every row then sits on a seed, cost 0); the missing centroids are filled
-    with copies of centroid 0, which attract no points under the lowest-index tie rule.
+    ``weights``; the Gumbel noise is keyed by row number) and runs weighted Lloyd from the
+    seeds (the rule of `weighted_lloyd`). If the weighted rows hold fewer than ``k`` distinct
+    points, seeding stops after ``m < k`` seeds (every row then sits on a seed, cost 0); the
+    missing centroids are filled with copies of centroid 0, which attract no points under the
+    lowest-index tie rule. The runs are batched (`weighted_kmeans_noise`).
 
     Args:
         keys: ``[r]`` stack of keys, one per run.
@@ -210,15 +339,5 @@ def weighted_kmeans_runs(
         Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6 (weighted server mode,
         ``n_init`` restarts as in the authors' code, 5.2).
     """
-    ids = jnp.arange(x.shape[0], dtype=jnp.uint32)
-    w = jnp.where(valid, jnp.asarray(weights, jnp.float64), 0.0)
-
-    def one(key):
-        rows, count = kmeans.kmeanspp_seeding(key, x, ids, valid, k, weights=w)
-        active = rows >= 0
-        init = x[jnp.where(active, rows, rows[0])]
-        centroids, _, cost, _ = weighted_lloyd(x, w, init, active, tol_abs, max_iter)
-        centroids = jnp.where(active[:, None], centroids, centroids[0])
-        return centroids, cost, count
-
-    return jax.vmap(one)(keys)
+    noise = seeding_noise(keys, k, x.shape[0])
+    return weighted_kmeans_noise(noise, x, weights, valid, k, tol_abs, max_iter)

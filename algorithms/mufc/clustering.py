@@ -15,6 +15,7 @@ References:
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
 from collections.abc import Mapping, Sequence
@@ -42,7 +43,12 @@ SERVER_MODES = ("weighted", "uniform")
 
 
 def server_points(
-    counts: Mapping[int, int], grid: Grid, mode: str, key: jax.Array
+    counts: Mapping[int, int],
+    grid: Grid,
+    mode: str,
+    key: jax.Array,
+    *,
+    centre_cache: dict[int, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The server data set ``X_s`` built from the aggregated counts ``q``.
 
@@ -58,6 +64,8 @@ def server_points(
         grid: the public grid.
         mode: ``"weighted"`` or ``"uniform"``.
         key: a `jax.random` key for the uniform samples.
+        centre_cache: optional ``{bin index: centre [d]}`` that this call reads and extends, so
+            a server re-clustering after each removal computes only the centres of new bins.
 
     Returns:
         ``(points, weights)``: ``[m, d]`` float64 and ``[m]`` float64 (integer-valued).
@@ -81,7 +89,13 @@ def server_points(
             raise ValueError(f"bin {raw_j} has count {q}; counts must be positive")
         items.append((operator.index(raw_j), q))
     items.sort()
-    centres = grid.bin_centres([j for j, _ in items])
+    if centre_cache is None:
+        centres = grid.bin_centres([j for j, _ in items])
+    else:
+        missing = [j for j, _ in items if j not in centre_cache]
+        if missing:
+            centre_cache.update(zip(missing, grid.bin_centres(missing), strict=True))
+        centres = np.array([centre_cache[j] for j, _ in items], dtype=np.float64).reshape(len(items), grid.d)
     q_arr = np.asarray([q for _, q in items], dtype=np.int64)
     if mode == "weighted":
         return centres, q_arr.astype(np.float64)
@@ -168,14 +182,34 @@ def weighted_kmeans(
     wp = np.zeros(cap)
     wp[:m] = w
     valid = np.arange(cap) < m
-    keys = kmeans.seeding_keys(key, operator.index(n_init))
-    centroids, costs, _ = _kernels.weighted_kmeans_runs(
-        keys, jnp.asarray(xp), jnp.asarray(wp), jnp.asarray(valid), operator.index(k),
-        _tolerance(pts, w, tol), operator.index(max_iter),
+    noise = _seeding_noise(key, operator.index(n_init), operator.index(k), cap)
+    centroids, costs, _ = _kernels.weighted_kmeans_noise(
+        noise, xp, wp, valid, operator.index(k), _tolerance(pts, w, tol), operator.index(max_iter),
     )
     costs_h = np.asarray(costs)
     best = int(np.argmin(costs_h))
-    return np.asarray(centroids[best]), float(costs_h[best])
+    return np.asarray(centroids)[best], float(costs_h[best])
+
+
+#: Seeding noise of recent keys: a server that re-clusters with one key (coupled randomness)
+#: draws its noise once per padded size instead of once per round.
+_NOISE_CACHE: collections.OrderedDict[tuple[bytes, int, int, int], jax.Array] = collections.OrderedDict()
+_NOISE_CACHE_SIZE = 8
+
+
+def _seeding_noise(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
+    """`_kernels.seeding_noise` of ``seeding_keys(key, n_init)``, cached by the key's bits."""
+    raw = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    ident = (np.asarray(raw).tobytes() + str(key.dtype).encode(), n_init, k, cap)
+    noise = _NOISE_CACHE.get(ident)
+    if noise is None:
+        noise = _kernels.seeding_noise(kmeans.seeding_keys(key, n_init), k, cap)
+        _NOISE_CACHE[ident] = noise
+        while len(_NOISE_CACHE) > _NOISE_CACHE_SIZE:
+            _NOISE_CACHE.popitem(last=False)
+    else:
+        _NOISE_CACHE.move_to_end(ident)
+    return noise
 
 
 def induced_labels(local_centroids: np.ndarray, grid: Grid, centroids: np.ndarray) -> np.ndarray:

@@ -90,21 +90,34 @@ class AggregationRequest(Message):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MaskedSyndromes(Message):
     """``T`` masked syndromes, elements of F_p, each ``width = ceil(bitlength(p) / 8)`` bytes on
-    the wire (spec 1.10: payload ``T * width`` bytes), for aggregation attempt ``attempt``."""
+    the wire (spec 1.10: payload ``T * width`` bytes), for aggregation attempt ``attempt``.
+
+    ``values`` is kept in its wire form, ``uint8 [T, width]`` big-endian rows (a packed
+    `~fedproto.messages.bigints_field`), so the server sums the frames' bytes without building
+    ``T`` integers per client (`fedproto.algorithms.scma.aggregate_packed`). A sequence of ints
+    is accepted too and packed at construction.
+    """
 
     TAG = "mufc.syndromes"
     attempt: int
     width: int
-    values: tuple[int, ...] = bigints_field(width_from="width")
+    values: np.ndarray = bigints_field(width_from="width", packed=True)
 
     def __post_init__(self) -> None:
         _check_count(self.attempt, "attempt")
         _check_count(self.width, "width", minimum=1)
-        if not self.values:
+        values = self.values
+        if not isinstance(values, np.ndarray):
+            try:
+                raw = b"".join(int(v).to_bytes(self.width, "big") for v in values)
+            except OverflowError:
+                raise ValueError(f"every value must be a non-negative integer of {self.width} bytes") from None
+            values = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.width)
+            object.__setattr__(self, "values", values)
+        if values.dtype != np.uint8 or values.ndim != 2 or values.shape[1] != self.width:
+            raise ValueError(f"values must be a uint8 [T, {self.width}] array of packed field elements")
+        if not values.shape[0]:
             raise ValueError("values must not be empty")
-        limit = 1 << (8 * self.width)
-        if any(not 0 <= v < limit for v in self.values):
-            raise ValueError(f"every value must fit {self.width} bytes")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

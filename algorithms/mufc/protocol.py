@@ -90,6 +90,7 @@ __all__ = [
     "MUFCServerResult",
     "ServerModel",
     "make_config",
+    "refresh_syndromes",
 ]
 
 SERVER = "server"
@@ -210,6 +211,24 @@ def _mask_stream(round_idx: int, attempt: int) -> int:
     return (round_idx << _ATTEMPT_BITS) | attempt
 
 
+def refresh_syndromes(
+    local: LocalSeeding, counts: Mapping[int, int], syndromes: Sequence[int], config: MUFCConfig
+) -> tuple[dict[int, int], list[int]]:
+    """A client's count vector and syndromes after an unlearning step, updated from the old ones.
+
+    Only the bins whose count changed (one after a removal that moved no seed, at most ``2K``
+    otherwise) enter `fedproto.algorithms.scma.update_syndromes`; the result equals
+    ``rs_syndromes(local.counts(grid))``.
+
+    Returns:
+        ``(q', S')``: the new ``{bin index: count}`` and ``[T]`` syndromes.
+    """
+    new = local.counts(config.grid)
+    change = {j: new.get(j, 0) - counts.get(j, 0) for j in new.keys() | counts.keys()}
+    change = {j: c for j, c in change.items() if c}
+    return new, scma.update_syndromes(syndromes, change, config.prime)
+
+
 # ------------------------------------------------------------------------------------- server
 
 
@@ -231,24 +250,67 @@ class ServerModel:
         self.counts: dict[int, int] | None = None
         self.centroids: np.ndarray | None = None
         self._sums: list[int] = []
+        self._centres: dict[int, np.ndarray] = {}
+        self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
-    def decode(self, shares: Sequence[Sequence[int]], *, max_total: int, fresh: bool = False) -> dict[int, int]:
-        """Sum the active clients' shares and decode the count vector (``fresh``: from scratch,
-        otherwise the change since the last round, at most 2K non-zeros; same result).
+    def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> list[int]:
+        """The sum of the active clients' packed shares over F_p (the masks cancel).
+
+        Args:
+            shares: per active client, the ``uint8 [T, width]`` wire form of its
+                :class:`MaskedSyndromes` values (or one ``[L, T, width]`` stack).
+
+        Returns:
+            ``[T]`` ints in ``[0, p)``.
+
+        Raises:
+            ValueError, TypeError: a share of the wrong shape or type, or outside F_p.
+        """
+        return scma.aggregate_packed(shares, self.config.prime, self.config.n_syndromes)
+
+    def decode(self, sums: Sequence[int], *, n_clients: int, max_total: int, fresh: bool = False) -> dict[int, int]:
+        """Decode the count vector from this round's sums (``fresh``: from scratch, otherwise the
+        change since the last round, at most 2K non-zeros; same result).
+
+        Args:
+            sums: `sum_shares` of this round. n_clients: clients whose shares it holds (the
+                support bound is ``K * n_clients``). max_total: the most points it may count.
 
         Raises:
             SyndromeDecodingError: the sum fails a validity check.
         """
         cfg = self.config
-        sums = scma.aggregate_syndromes(shares, cfg.prime, cfg.n_syndromes)
-        bounds = dict(max_support=cfg.k_client * len(shares), max_index=cfg.grid.n_bins, max_total=max_total)
+        bounds = dict(max_support=cfg.k_client * n_clients, max_index=cfg.grid.n_bins, max_total=max_total)
         if self.counts is None or fresh:
             counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
         else:
             counts = scma.decode_update(sums, self._sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
                                         **bounds)
-        self._sums = sums
+        self._sums = list(sums)
         return counts
+
+    def _keys(self, round_idx: int) -> tuple[jax.Array, jax.Array]:
+        """(clustering key, server-points key) of a round; one pair for the run under coupled randomness."""
+        if self.config.fresh_randomness or self._round_keys is None:
+            key = jax.random.fold_in(self.key, round_idx if self.config.fresh_randomness else 0)
+            keys = (key, jax.random.fold_in(key, 1))
+            if self.config.fresh_randomness:
+                return keys
+            self._round_keys = keys
+        return self._round_keys
+
+    def needs_clustering(self, counts: Mapping[int, int], *, force: bool = False) -> bool:
+        """Whether adopting ``counts`` re-runs K-means++ (the mode's rule; always the first time).
+
+        ``exact``/``literal``: iff the counts differ from the current ones (equal counts give the
+        same server data, so the same model under coupled randomness); ``lazy``: iff the support
+        (the set of non-empty bins) differs, the authors' policy.
+        """
+        if self.counts is None or force:
+            return True
+        if self.config.unlearning == "lazy":
+            return counts.keys() != self.counts.keys()
+        return counts != self.counts
 
     def adopt(self, counts: dict[int, int], round_idx: int, *, force: bool = False) -> bool:
         """Take ``counts`` as the current aggregate; re-cluster if the mode asks (or ``force``).
@@ -257,15 +319,10 @@ class ServerModel:
             Whether K-means++ ran.
         """
         cfg = self.config
-        if self.counts is None or force:
-            recluster = True
-        elif cfg.unlearning == "lazy":
-            recluster = counts.keys() != self.counts.keys()
-        else:
-            recluster = counts != self.counts
+        recluster = self.needs_clustering(counts, force=force)
         if recluster:
-            key = jax.random.fold_in(self.key, round_idx if cfg.fresh_randomness else 0)
-            points, weights = server_points(counts, cfg.grid, cfg.server_mode, jax.random.fold_in(key, 1))
+            key, points_key = self._keys(round_idx)
+            points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
             centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
             self.centroids = np.asarray(centroids)
         self.counts = counts
@@ -416,8 +473,10 @@ class MUFCServer(ProtocolMachine):
                 sender,
                 self,
             )
-        if any(v >= cfg.prime for v in message.values):
-            raise _remote(f"{sender} sent a value outside F_p", sender, self)
+        try:
+            scma.check_packed("values", message.values, cfg.prime, cfg.n_syndromes)
+        except ValueError:
+            raise _remote(f"{sender} sent a value outside F_p", sender, self) from None
         self._shares[c] = message.values
         return []
 
@@ -440,7 +499,8 @@ class MUFCServer(ProtocolMachine):
 
     def _aggregate(self) -> list[Outgoing]:
         previous = self._totals[-1] if self._totals else self.n_points
-        counts = self._model.decode([self._shares[c] for c in self._active], max_total=previous)
+        sums = self._model.sum_shares([self._shares[c] for c in self._active])
+        counts = self._model.decode(sums, n_clients=len(self._active), max_total=previous)
         total = sum(counts.values())
         if total > previous or (not self._totals and not self._dropped and total != self.n_points):
             raise RemoteProtocolError(
@@ -680,8 +740,8 @@ class MUFCClient(ProtocolMachine):
         mask = scma.pairwise_masks(
             self.index, seeds, cfg.prime, cfg.n_syndromes, _mask_stream(self.round_idx, attempt)
         )
-        values = scma.mask_syndromes(self._syndromes, mask, cfg.prime)
-        share = MaskedSyndromes(attempt=attempt, width=cfg.width, values=tuple(values))
+        values = scma.pack_elements(scma.mask_syndromes(self._syndromes, mask, cfg.prime), cfg.prime)
+        share = MaskedSyndromes(attempt=attempt, width=cfg.width, values=values)
         return self.send(self.server, share, phase="aggregate")
 
     def _on_open(self, sender: str, message: AggregationRequest) -> list[Outgoing]:
@@ -721,8 +781,7 @@ class MUFCClient(ProtocolMachine):
         self._reseeded.append(outcome.reseeded)
         if cfg.unlearning == "literal" and not outcome.reseeded:
             return  # the paper's wording: q^(l) is refreshed only when the client re-seeds
-        self._counts = self._local.counts(cfg.grid)
-        self._syndromes = scma.rs_syndromes(self._counts, cfg.prime, cfg.n_syndromes)
+        self._counts, self._syndromes = refresh_syndromes(self._local, self._counts, self._syndromes, cfg)
 
     def _outcome(self) -> MUFCClientResult:
         ids, positions = self._local.assignment()

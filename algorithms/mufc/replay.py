@@ -18,17 +18,21 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 
 from fedproto.algorithms import scma
 from fedproto.algorithms.mufc.clustering import federated_loss
-from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel
+from fedproto.algorithms.mufc.messages import MaskedSyndromes, ModelUpdate
+from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel, refresh_syndromes
 from fedproto.algorithms.mufc.seeding import LocalSeeding
+from fedproto.codec import decode_frame, encode_frame
 
 __all__ = ["RemovalStep", "Replay", "replay"]
 
@@ -40,10 +44,16 @@ class RemovalStep:
     Attributes:
         client: the requesting client; whole_client: it left the federation.
         reseeded: Algorithm 3 re-seeded (False when the client left).
-        client_s: the requesting client's time (Algorithm 3 and syndromes).
-        server_s: the server's time (sum of shares, decoding, clustering if needed).
+        client_s: the requesting client's time (Algorithm 3 and its syndromes' update).
+        server_s: the server's time: ``share_sum_s + decode_s + cluster_s``.
         reclustered: the server re-ran K-means++.
         loss: phi_f on the remaining data after the step (``None`` if not evaluated).
+        share_sum_s: the server's sum of the active clients' packed shares.
+        decode_s: the server's syndrome decoding (the change since the last round).
+        cluster_s: the server's weighted K-means++ (0 when it did not re-cluster).
+        codec_s: encoding and decoding the round's frames, apart from the above: the
+            requesting client's share, the server's decoding of every active client's share
+            and the model update (one encoding, one decoding).
     """
 
     client: int
@@ -53,10 +63,14 @@ class RemovalStep:
     server_s: float
     reclustered: bool
     loss: float | None
+    share_sum_s: float = 0.0
+    decode_s: float = 0.0
+    cluster_s: float = 0.0
+    codec_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        """Time of the removal round: client plus server."""
+        """Time of the removal round: client plus server (codec apart)."""
         return self.client_s + self.server_s
 
 
@@ -98,20 +112,50 @@ def _timed(fn: Callable[[], object]) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Garbage collection off while timing (a collection pause must not become "the slowest
+    client" or a removal's time); one collection before, the collector restored after."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Server:
-    """The parties' server computation (:class:`ServerModel`) with the run's point bound."""
+    """The parties' server computation (:class:`ServerModel`) with the run's point bound, timed
+    part by part, over the decoded frames of the active clients' shares."""
 
     def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int) -> None:
         self.model, self.total = ServerModel(config, key), n_points
+        self.share_sum_s = self.decode_s = self.cluster_s = 0.0
 
     @property
     def centroids(self) -> np.ndarray | None:
         return self.model.centroids
 
-    def step(self, shares: Sequence[Sequence[int]], round_idx: int, *, force: bool = False) -> bool:
-        counts = self.model.decode(shares, max_total=self.total, fresh=force)
+    def step(self, shares: Sequence[np.ndarray], round_idx: int, *, force: bool = False) -> bool:
+        t0 = time.perf_counter()
+        sums = self.model.sum_shares(shares)
+        t1 = time.perf_counter()
+        counts = self.model.decode(sums, n_clients=len(shares), max_total=self.total, fresh=force)
+        t2 = time.perf_counter()
         self.total = sum(counts.values())
-        return self.model.adopt(counts, round_idx, force=force)
+        recluster = self.model.adopt(counts, round_idx, force=force)
+        t3 = time.perf_counter()
+        self.share_sum_s, self.decode_s, self.cluster_s = t1 - t0, t2 - t1, t3 - t2
+        return recluster
+
+
+def _share_frame(syndromes: Sequence[int], cfg: MUFCConfig, round_idx: int) -> bytes:
+    """A client's share as the server receives it (unmasked: the masks cancel in the sum and
+    their generation is not timed), encoded with the run's envelope."""
+    share = MaskedSyndromes(attempt=0, width=cfg.width, values=scma.pack_elements(syndromes, cfg.prime))
+    return encode_frame(share, session=0, round_idx=round_idx, phase="aggregate")
 
 
 def replay(
@@ -142,23 +186,39 @@ def replay(
     """
     if retrains < 1:
         raise ValueError("retrains must be at least 1")
-    cfg = config
+    with _collector_paused():
+        return _replay(parts, config, key, requests, retrains, evaluate, progress)
+
+
+def _replay(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]],
+    cfg: MUFCConfig,
+    key: jax.Array,
+    requests: Sequence[tuple[int, Sequence[int] | None]],
+    retrains: int,
+    evaluate: bool,
+    progress: Callable[[int], None] | None,
+) -> Replay:
     active = list(range(len(parts)))
     locals_: list[LocalSeeding] = []
+    counts: list[dict[int, int]] = []
     syndromes: list[list[int]] = []
     client_times = []
     for c, (x, ids) in enumerate(parts):
         def train(c=c, x=x, ids=ids):
             local = LocalSeeding(x, ids, cfg.k_client, jax.random.fold_in(key, c + 1),
                                  lloyd_iterations=cfg.lloyd_iterations)
-            return local, scma.rs_syndromes(local.counts(cfg.grid), cfg.prime, cfg.n_syndromes)
+            q = local.counts(cfg.grid)
+            return local, q, scma.rs_syndromes(q, cfg.prime, cfg.n_syndromes)
 
-        (local, syn), seconds = _timed(train)
+        (local, q, syn), seconds = _timed(train)
         locals_.append(local)
+        counts.append(q)
         syndromes.append(syn)
         client_times.append(seconds)
+    frames = [_share_frame(syn, cfg, 0) for syn in syndromes]
     server = _Server(cfg, jax.random.fold_in(key, 0), sum(x.shape[0] for x, _ in parts))
-    _, train_server_s = _timed(lambda: server.step(syndromes, 0))
+    _, train_server_s = _timed(lambda: server.step([decode_frame(f)[1].values for f in frames], 0))
 
     def loss() -> float:
         xs, cents, poss = [], [], []
@@ -177,6 +237,7 @@ def replay(
     retrain_times: list[float] = []
     steps = []
     for s, (c, batch) in enumerate(requests, start=1):
+        codec_s = 0.0
         if batch is None:
             active.remove(c)
             reseeded, client_s = False, 0.0
@@ -188,15 +249,30 @@ def replay(
                     jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c + 1), 1 << 20), s)
                     if cfg.fresh_randomness else None))
                 if cfg.unlearning != "literal" or outcome.reseeded:
-                    syndromes[c] = scma.rs_syndromes(locals_[c].counts(cfg.grid), cfg.prime, cfg.n_syndromes)
+                    counts[c], syndromes[c] = refresh_syndromes(locals_[c], counts[c], syndromes[c], cfg)
                 return outcome.reseeded
 
             reseeded, client_s = _timed(unlearn)
             removed[c].update(batch)
-        recluster, server_s = _timed(lambda: server.step([syndromes[a] for a in active], s))
-        steps.append(RemovalStep(c, batch is None, bool(reseeded), client_s, server_s, bool(recluster),
-                                 loss() if evaluate else None))
+            frames[c], codec_s = _timed(lambda c=c: _share_frame(syndromes[c], cfg, s))
+        # the server receives every active client's share frame (the others' were encoded
+        # between rounds: their masks do not depend on the request)
+        t0 = time.perf_counter()
+        shares = [decode_frame(frames[a])[1].values for a in active]
+        codec_s += time.perf_counter() - t0
+        recluster = server.step(shares, s)
+        server_s = server.share_sum_s + server.decode_s + server.cluster_s
+        assert server.centroids is not None
+        t0 = time.perf_counter()
+        update = ModelUpdate(version=s, reclustered=bool(recluster), centroids=server.centroids)
+        decode_frame(encode_frame(update, session=0, round_idx=s, phase="model"))
+        codec_s += time.perf_counter() - t0
+        steps.append(RemovalStep(
+            c, batch is None, bool(reseeded), client_s, server_s, bool(recluster), loss() if evaluate else None,
+            share_sum_s=server.share_sum_s, decode_s=server.decode_s, cluster_s=server.cluster_s, codec_s=codec_s,
+        ))
         if s - 1 in retrain_at:
+            gc.collect()
             retrain_times.append(_complete_retraining(parts, active, removed, cfg, key))
         if progress is not None:
             progress(s)
@@ -227,7 +303,7 @@ def _complete_retraining(
 
         syn, seconds = _timed(train)
         slowest = max(slowest, seconds)
-        syndromes.append(syn)
+        syndromes.append(scma.pack_elements(syn, cfg.prime))
     n_left = sum(int(np.sum(~np.isin(ids, list(removed[c])))) for c, (_, ids) in enumerate(parts) if c in active)
     server = _Server(cfg, jax.random.fold_in(key, 0), n_left)
     _, server_s = _timed(lambda: server.step(syndromes, 0, force=True))

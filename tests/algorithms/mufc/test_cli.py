@@ -115,6 +115,10 @@ def test_summary_keys_are_identifiers_with_labels_and_numbers():
     # the timed replay: a mean and a spread as two numbers, retraining slower than one removal
     assert summary["removal_ms_mean"] > 0 and summary["removal_ms_std"] >= 0
     assert summary["speedup_over_retrain"] == pytest.approx(summary["retrain_ms"] / summary["removal_ms_mean"])
+    # the per-removal breakdown adds up to the removal time; the codec is measured apart
+    parts = ("client", "share_sum", "decode", "cluster")
+    assert all(summary[f"{part}_ms_mean"] >= 0 for part in parts) and summary["codec_ms_mean"] > 0
+    assert sum(summary[f"{part}_ms_mean"] for part in parts) == pytest.approx(summary["removal_ms_mean"])
     assert len(summary["cumulative_removal_s"]) == len(summary["loss_ratio_per_removal"]) == 2
     assert summary["replay_matches_protocol"] is True
     # the paper's figures sit apart, keyed like the measured ones (iris is not in Table 1)

@@ -15,8 +15,9 @@ import trio
 
 from fedproto.algorithms import scma
 from fedproto.algorithms.mufc.messages import AggregationRequest, MaskedSyndromes, ModelUpdate, PeerKeys, PublicKey, RemovalRequest
-from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties, make_config
+from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties, ServerModel, make_config
 from fedproto.algorithms.mufc.replay import replay
+from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.errors import DecodeError, InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
@@ -149,7 +150,7 @@ def test_unaffected_clients_do_not_recompute():
     harness.run()
     for c, (seeds, counts) in before.items():
         assert machines[c]._local.seeds == seeds and machines[c]._counts == counts
-    assert len(sent) == 3 and len({v for v in sent.values()}) == 3  # fresh masks every round
+    assert len(sent) == 3 and len({v.tobytes() for v in sent.values()}) == 3  # fresh masks every round
     p = config.prime
     # the difference between rounds is mask only: client 1's unmasked syndromes are fixed
     syndromes = scma.rs_syndromes(before["client-1"][1], p, config.n_syndromes)
@@ -249,7 +250,7 @@ def test_a_corrupted_share_is_detected_never_decoded_into_a_wrong_model():
     def corrupt(frame):
         envelope, message = decode_frame(frame.data)
         if frame.sender == "client-0" and isinstance(message, MaskedSyndromes):
-            values = list(message.values)
+            values = scma.unpack_elements(message.values)
             values[3] = (values[3] + 1) % config.prime
             message = dataclasses.replace(message, values=tuple(values))
             return encode_frame(message, session=9, round_idx=envelope.round_idx, phase=envelope.phase)
@@ -322,7 +323,9 @@ def test_bad_removal_streams_are_refused_before_the_run():
 def test_share_width_is_checked_on_the_wire():
     share = MaskedSyndromes(attempt=0, width=9, values=(1, 2, 3))
     frame = encode_frame(share, session=1, round_idx=0, phase="aggregate")
-    assert decode_frame(frame)[1] == share
+    decoded = decode_frame(frame)[1]
+    assert (decoded.attempt, decoded.width) == (share.attempt, share.width)
+    assert np.array_equal(decoded.values, share.values) and scma.unpack_elements(decoded.values) == [1, 2, 3]
     assert len(frame) > 27  # three elements of 9 bytes each, whatever their size
     forged = frame.replace(b"\x09", b"\x08", 1)
     with pytest.raises(DecodeError):
@@ -349,3 +352,41 @@ async def test_memory_transport_run_equals_the_harness(autojump_clock):
     results = await run_parties(parties.machines(), network, config=RuntimeConfig(session=9))
     np.testing.assert_array_equal(results[SERVER].centroids, expected[SERVER].centroids)
     assert results[SERVER].totals == expected[SERVER].totals
+
+
+def test_a_server_reusing_its_caches_clusters_like_a_fresh_one():
+    """The server keeps its clustering key, the seeding noise and the bin centres between rounds
+    (coupled randomness); after any sequence of rounds its model equals a fresh server's on the
+    same counts, and counts equal to the current ones skip the clustering without changing it."""
+    x, ids, parts, config = federation()
+    model = ServerModel(config, jax.random.fold_in(KEY, 0))
+    counts = {}
+    for c, (xc, idc) in enumerate(parts):
+        local = LocalSeeding(xc, idc, config.k_client, jax.random.fold_in(KEY, c + 1))
+        for j, q in local.counts(config.grid).items():
+            counts[j] = counts.get(j, 0) + q
+    assert model.adopt(dict(counts), 0)
+    rng = np.random.default_rng(2)
+    for round_idx in range(1, 6):
+        j = int(rng.choice(sorted(counts)))
+        counts[j] -= 1
+        if not counts[j]:
+            del counts[j]
+        assert model.adopt(dict(counts), round_idx)
+        fresh = ServerModel(config, jax.random.fold_in(KEY, 0))
+        fresh.adopt(dict(counts), 0)
+        np.testing.assert_array_equal(model.centroids, fresh.centroids)
+    before = model.centroids
+    assert not model.adopt(dict(counts), 6)  # the same counts: no clustering, the same model
+    assert model.centroids is before
+
+
+def test_the_replay_breaks_each_removal_down():
+    x, ids, parts, config = federation()
+    requests = [(0, (int(parts[0][1][3]),)), (1, (int(parts[1][1][2]),)), (2, None)]
+    run = replay(parts, config, KEY, requests, retrains=1, evaluate=False)
+    for step in run.steps:
+        assert step.server_s == pytest.approx(step.share_sum_s + step.decode_s + step.cluster_s)
+        assert min(step.share_sum_s, step.decode_s, step.codec_s) > 0
+        assert (step.cluster_s > 0) == step.reclustered
+    assert run.steps[-1].client_s == 0.0 and run.steps[-1].whole_client
