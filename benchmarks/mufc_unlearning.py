@@ -26,7 +26,8 @@ clients non-i.i.d. with K' = 4 clusters per client; K = 10), per replicate r (5;
   the paper's own measurement. The ``target ms`` column holds issue 13's goals (Celltype exact
   3 ms, lazy 1 ms; Gaussian exact 8 ms).
 
-Compilation is excluded (one warm-up replay per data set), except with ``--quick``: a smoke test
+Compilation is excluded (a warm-up replay per replicate key re-seeds one client of every padded
+size, `fedproto.algorithms.mufc.replay.warm_up_requests`), except with ``--quick``: a smoke test
 on the Gaussian set alone, 50 points per component over 10 clients, without the warm-up (its
 times include compilation; the output says so) and without the K-FED and DC-KM baselines (their
 own kernels' compilation would double the run; tests/algorithms/mufc covers them). Mask
@@ -42,7 +43,8 @@ both ``null`` for a baseline not run) over replicates beside ``paper_*_mean`` an
 ``share_sum_ms_per_removal``, ``decode_ms_per_removal``, ``cluster_ms_per_removal``, then
 ``codec_ms_per_removal``, ``removal_ms_mean``, ``target_removal_ms`` (issue 13's goal, ``null``
 where none), ``retrain_ms``, ``speedup_over_retrain``, ``paper_speedup_over_retrain``,
-``ratio_to_paper``, ``syndrome_bytes_per_client``).
+``ratio_to_paper``, ``syndrome_bytes_per_client``, ``mask_ms_per_round``: one client's mask
+expansion for a round, done between rounds).
 
 Run::
 
@@ -67,7 +69,7 @@ from fedproto.algorithms.mufc.cli import PAPER_MEAN_SPEEDUP, PAPER_TABLE1, remov
 from fedproto.algorithms.mufc.clustering import reference_loss
 from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
 from fedproto.algorithms.mufc.protocol import make_config
-from fedproto.algorithms.mufc.replay import replay
+from fedproto.algorithms.mufc.replay import replay, warm_up_requests
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 #: Mean ms per removal the project aims at (issue 13), per (data set, unlearning mode).
@@ -120,7 +122,7 @@ def main() -> int:
                 "removal ms", "target ms", "codec", "retrain ms", "speed-up", "paper", "ratio to paper",
                 "syndrome B/client"):
         speed.add_column(col, justify="right")
-    curves, records = {}, []
+    curves, records, masks = {}, [], {}
     for name, x, rows, k, k_client in datasets(args.quick):
         n, d = x.shape
         ids = np.arange(n, dtype=np.int64)
@@ -131,8 +133,9 @@ def main() -> int:
         ratios = {"MUFC": [], "K-FED": [], "DC-KM": []}
         timing = {"exact": [], "lazy": []}
         if not args.quick:  # warm-up: compile every shape the replay meets (excluded from the timings)
-            warm = removal_stream([len(r) for r in rows], [ids[r] for r in rows], min(removals, 5), 1, 0, k_client, 99)
-            replay(parts, config, jax.random.PRNGKey(99), warm, retrains=1, evaluate=False)
+            for r in range(reps):
+                replay(parts, config, jax.random.PRNGKey(r), warm_up_requests(parts, config, jax.random.PRNGKey(r)),
+                       retrains=1, evaluate=False)
         for r in range(reps):
             key = jax.random.PRNGKey(r)
             stream = removal_stream([len(rr) for rr in rows], [ids[rr] for rr in rows], removals, 1, 0, k_client, 1000 + r)
@@ -199,7 +202,9 @@ def main() -> int:
                 codec_ms_per_removal=ms("codec_s"), removal_ms_mean=removal_ms, target_removal_ms=target,
                 retrain_ms=retrain_ms, speedup_over_retrain=factor, paper_speedup_over_retrain=PAPER_MEAN_SPEEDUP,
                 ratio_to_paper=factor / PAPER_MEAN_SPEEDUP, syndrome_bytes_per_client=config.syndrome_bytes(),
+                mask_ms_per_round=1e3 * float(np.median([run.mask_s for run in runs])),
             ))
+            masks[name] = 1e3 * float(np.median([run.mask_s for run in runs]))
     console.print(quality)
     console.print(speed)
     console.print("removal = the requesting client (Algorithm 3 and its syndromes' update) + the server's round "
@@ -207,6 +212,8 @@ def main() -> int:
                   "every active client's share and the model update) is measured apart. speed-up = complete "
                   "retraining (slowest client's re-seeding + server) / mean removal; ratio to paper >= 1 beats "
                   "its 84x; target ms: issue 13's goal (ratio = target / measured, >= 1 meets it).")
+    console.print("mask expansion per client and round, done between rounds (not in the removal time): "
+                  + ", ".join(f"{name} {value:.2f} ms" for name, value in masks.items()))
     if args.quick:
         console.print("--quick: no warm-up, so the times above include JAX compilation (a smoke test, not a "
                       "measurement)")

@@ -26,7 +26,9 @@ Removal request ``s`` (round ``s``, Algorithm 4): the client holding the points 
 contributing). The server opens round ``s`` among the remaining clients
 (:class:`AggregationRequest`); every active client uploads its syndromes with fresh masks
 (unaffected clients resend their cached q^(l), so their unmasked syndromes are unchanged); the
-server decodes q' and re-clusters iff the mode asks for it, then sends version ``s``.
+server decodes q' and re-clusters iff the mode asks for it, then sends version ``s``. A client
+without a request expands its mask for the next round as soon as it has the model (masks depend
+only on the active set and the round), so its share costs one addition when the round opens.
 
 Unlearning modes (spec 3.5): ``exact`` (default: the requesting client always refreshes q^(l),
 so q' != q and the server always re-clusters; the pipeline's output is distributed exactly as a
@@ -671,6 +673,8 @@ class MUFCClient(ProtocolMachine):
         self._centroids: np.ndarray | None = None
         self._version = -1
         self._left = False
+        self._active: tuple[int, ...] = tuple(range(config.n_clients))
+        self._next_mask: tuple[tuple[tuple[int, ...], int], list[int]] | None = None
 
     @staticmethod
     def _check_requests(
@@ -734,12 +738,19 @@ class MUFCClient(ProtocolMachine):
         }
         return [self._share(tuple(range(self.config.n_clients)), 0)]
 
+    def _mask(self, active: tuple[int, ...], stream: int) -> list[int]:
+        """This client's zero-sum mask for one aggregation attempt among ``active``."""
+        cached = self._next_mask
+        if cached is not None and cached[0] == (active, stream):
+            return cached[1]
+        seeds = {m: self._pair_seeds[m] for m in active if m != self.index}
+        return scma.pairwise_masks(self.index, seeds, self.config.prime, self.config.n_syndromes, stream)
+
     def _share(self, active: tuple[int, ...], attempt: int) -> Outgoing:
         cfg = self.config
-        seeds = {m: self._pair_seeds[m] for m in active if m != self.index}
-        mask = scma.pairwise_masks(
-            self.index, seeds, cfg.prime, cfg.n_syndromes, _mask_stream(self.round_idx, attempt)
-        )
+        self._active = active
+        mask = self._mask(active, _mask_stream(self.round_idx, attempt))
+        self._next_mask = None
         values = scma.pack_elements(scma.mask_syndromes(self._syndromes, mask, cfg.prime), cfg.prime)
         share = MaskedSyndromes(attempt=attempt, width=cfg.width, values=values)
         return self.send(self.server, share, phase="aggregate")
@@ -762,6 +773,11 @@ class MUFCClient(ProtocolMachine):
             return []
         self.round_idx += 1
         if self.round_idx not in self.requests:
+            # between rounds: expand the next round's mask now (the masks do not depend on the
+            # data, only on the active set and the round), off the next aggregation's path
+            stream = _mask_stream(self.round_idx, 0)
+            if len(self._active) > 1:
+                self._next_mask = ((self._active, stream), self._mask(self._active, stream))
             return []
         batch = self.requests[self.round_idx]
         if batch is None:

@@ -390,3 +390,22 @@ def test_the_replay_breaks_each_removal_down():
         assert min(step.share_sum_s, step.decode_s, step.codec_s) > 0
         assert (step.cluster_s > 0) == step.reclustered
     assert run.steps[-1].client_s == 0.0 and run.steps[-1].whole_client
+
+
+def test_a_mask_expanded_between_rounds_equals_the_one_computed_on_demand():
+    x, ids, parts, config = federation()
+    requests = [(0, (int(parts[0][1][3]),)), (0, (int(parts[0][1][5]),))]
+    machines = MUFCParties(parts, config, key=KEY, requests=requests).machines()
+    sent = {}
+
+    def spy(frame):
+        envelope, message = decode_frame(frame.data)
+        if frame.sender == "client-1" and isinstance(message, MaskedSyndromes):
+            sent[envelope.round_idx] = scma.unpack_elements(message.values)
+        return frame.data
+
+    Harness(machines, session=9, tamper=spy).run()
+    client = machines["client-1"]
+    for round_idx in (1, 2):  # removal rounds: client 1 had expanded these masks in advance
+        mask = scma.pairwise_masks(1, client._pair_seeds, config.prime, config.n_syndromes, round_idx << 16)
+        assert sent[round_idx] == scma.mask_syndromes(client._syndromes, mask, config.prime)
