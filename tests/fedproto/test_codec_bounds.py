@@ -19,7 +19,7 @@ import fedproto.algorithms.fastlloyd.messages as fastlloyd
 import fedproto.algorithms.mufc.messages as mufc
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.errors import DecodeError
-from fedproto.messages import Message, array_field
+from fedproto.messages import Message, array_field, bigints_field
 
 MiB = 1 << 20
 HOSTILE_BYTES = 16 * MiB
@@ -240,10 +240,20 @@ def test_legitimate_plain_tuples_fit_the_budget():
     assert peak < 4 * len(frame)
 
 
-def _syndromes(count: int, width: int) -> bytes:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BigInts(Message):
+    """Big integers decoded as a tuple of ints (MUFC's shares, in contrast, stay packed)."""
+
+    TAG = "test.bigints"
+    attempt: int
+    width: int
+    values: tuple[int, ...] = bigints_field(width_from="width")
+
+
+def _syndromes(count: int, width: int, tag: str = "test.bigints") -> bytes:
     values = b"\xff" * (count * width)
     body = b"\x93\x00" + bytes([width]) + b"\x92" + bytes([width]) + _bin32(len(values)) + values
-    return _envelope("mufc.syndromes", body)
+    return _envelope(tag, body)
 
 
 def _decoded_int_bytes(count: int, width: int) -> int:
@@ -261,7 +271,7 @@ def test_big_integers_within_the_budget_cost_their_python_ints_and_no_more(width
     count = 2 * MiB // width if excess <= 0 else min(2 * MiB // width, int(MiB / excess) - 64)
     frame = _syndromes(count, width)
     peak, outcome = _peak(frame)
-    assert isinstance(outcome, mufc.MaskedSyndromes) and len(outcome.values) == count
+    assert isinstance(outcome, BigInts) and len(outcome.values) == count
     scratch = 8 * count if 1 < width < 8 else 0  # the values as native 8-byte integers, vectorised
     assert peak < _decoded_int_bytes(count, width) + scratch + 2 * len(frame) + 64 * 1024
 
@@ -271,7 +281,7 @@ def test_a_16_mib_frame_of_narrow_big_integers_is_refused_before_they_are_built(
     frame = _syndromes(HOSTILE_BYTES // width, width)
     peak, outcome = _peak(frame)
     assert isinstance(outcome, DecodeError) and "would take" in str(outcome)
-    assert str(outcome).startswith("mufc.syndromes.values:")
+    assert str(outcome).startswith("test.bigints.values:")
     assert peak < PEAK_LIMIT
 
 
@@ -279,5 +289,13 @@ def test_wide_big_integers_of_a_16_mib_frame_decode_within_the_issue_bound():
     # 32-byte field elements (a 256-bit prime, as MUFC's grids give) cost about twice their bytes
     frame = _syndromes(HOSTILE_BYTES // 32, 32)
     peak, outcome = _peak(frame)
-    assert isinstance(outcome, mufc.MaskedSyndromes)
+    assert isinstance(outcome, BigInts)
     assert peak < 3.5 * len(frame) + MiB
+
+
+@pytest.mark.parametrize("width", [1, 9, 32])
+def test_a_16_mib_frame_of_packed_big_integers_decodes_as_a_view_of_its_bytes(width):
+    frame = _syndromes(HOSTILE_BYTES // width, width, tag="mufc.syndromes")
+    peak, outcome = _peak(frame)
+    assert isinstance(outcome, mufc.MaskedSyndromes) and outcome.values.shape == (HOSTILE_BYTES // width, width)
+    assert peak < 1.1 * len(frame)
