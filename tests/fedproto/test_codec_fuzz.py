@@ -96,9 +96,13 @@ def _random_fields(rng: np.random.Generator, cls: type[Message]) -> dict[str, ob
                 values = rng.integers(0, max(rows, 2), shape)
             fields[f.name] = values.astype(dtype)
         elif kind == "bigints":
-            width = f.metadata["width"] or int(rng.integers(1, 20))
+            stated = fields.get(f.metadata.get("width_from") or "")  # a width another field already set
+            width = f.metadata["width"] or stated or int(rng.integers(1, 20))
             count = int(rng.integers(1, 7))
-            fields[f.name] = tuple(int.from_bytes(rng.bytes(width), "big") for _ in range(count))
+            if f.metadata.get("packed"):
+                fields[f.name] = np.frombuffer(rng.bytes(width * count), np.uint8).reshape(count, width)
+            else:
+                fields[f.name] = tuple(int.from_bytes(rng.bytes(width), "big") for _ in range(count))
             if f.metadata.get("width_from"):
                 fields[f.metadata["width_from"]] = width
         elif f.name not in fields:
@@ -117,7 +121,8 @@ def _raw_body(cls: type[Message], fields: dict[str, object]) -> list[object]:
             body.append([_code(arr.dtype), list(arr.shape), arr.tobytes()])
         elif kind == "bigints":
             width = f.metadata["width"] or fields.get(f.metadata.get("width_from") or "", 0) or 8
-            body.append([width, b"".join(v.to_bytes(width, "big") for v in value)])
+            data = value.tobytes() if isinstance(value, np.ndarray) else b"".join(v.to_bytes(width, "big") for v in value)
+            body.append([width, data])
         else:
             body.append(list(value) if isinstance(value, tuple) else value)
     return body
