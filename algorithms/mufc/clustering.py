@@ -125,6 +125,7 @@ def weighted_kmeans(
     n_init: int = 10,
     max_iter: int = 300,
     tol: float = 1e-4,
+    min_rows: int = 0,
 ) -> tuple[np.ndarray, float]:
     """Weighted K-means++: plain weighted D^2 seeding + weighted Lloyd, best of ``n_init`` runs.
 
@@ -148,6 +149,9 @@ def weighted_kmeans(
         n_init: number of independent runs, ``>= 1`` (the authors' code: 10; 3 for FEMNIST).
         max_iter: maximum Lloyd iterations per run, ``>= 1`` (code: 300).
         tol: relative tolerance on the centroid shift, ``>= 0``.
+        min_rows: pad to at least this many rows (a server that knows its largest point set,
+            K * L bins, pads every round alike, so one compiled shape serves the whole run;
+            padding rows have weight 0 and change nothing).
 
     Returns:
         ``(centroids, cost)``: ``[k, d]`` float64 and the weighted cost
@@ -176,7 +180,7 @@ def weighted_kmeans(
     if not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol must be non-negative, got {tol!r}")
     m = pts.shape[0]
-    cap = kmeans.capacity(m)
+    cap = kmeans.capacity(max(m, operator.index(min_rows)))
     xp = np.zeros((cap, pts.shape[1]))
     xp[:m] = pts
     wp = np.zeros(cap)

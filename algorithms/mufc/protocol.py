@@ -325,7 +325,9 @@ class ServerModel:
         if recluster:
             key, points_key = self._keys(round_idx)
             points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
-            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
+            bound = cfg.k_client * cfg.n_clients if cfg.server_mode == "weighted" else 0  # at most K L bins
+            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter,
+                                           min_rows=bound)
             self.centroids = np.asarray(centroids)
         self.counts = counts
         return recluster
