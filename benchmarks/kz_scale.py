@@ -1,55 +1,69 @@
-"""Distributed (k,z)-center at scale: time per round of dist-kzc as n grows over m = 5 machines.
+"""Distributed (k,z)-clustering at scale: dist-kzc up to 10^6 points, (k,z)-means/median up to 10^5.
 
 What it measures
 ----------------
-For n = 10^3, 3.10^3, 10^4, 3.10^4, 10^5, 3.10^5, 10^6 (stopping at the first n that does not
-finish within ``--budget-s``, default 60 s): the spec's synthetic Gaussian mixture (d = 5, k
-components) with z = 1% of n outliers injected by the spec's recipe (so n points in total), split
-at random over m = 5 machines, and Guo & Li's dist-kzc (k = 20, z = n/100, eps = 0.1) run by
-``run_parties`` over a :class:`~fedproto.transports.memory.MemoryNetwork` with a :class:`Meter` (every
-frame goes through the real codec).
+**dist-kzc** for n = 10^3, 3.10^3, 10^4, 3.10^4, 10^5, 3.10^5, 10^6 (stopping at the first n that
+does not finish within ``--budget-s``, default 120 s): the spec's synthetic Gaussian mixture
+(d = 5, k components) with z = 1% of n outliers injected by the spec's recipe (n points in all),
+split at random over m = 5 machines, and Guo & Li's dist-kzc (k = 20, z = n/100, eps = 0.1) with
+the protocol's default search, run by ``run_parties`` over a
+:class:`~fedproto.transports.memory.MemoryNetwork` with a :class:`Meter` (every frame goes through
+the real codec). No radius bounds: the machines first send their extents.
 
-Setting: no domain knowledge of the optimal radius (``radius_bounds=None``: the machines first
-send their extent and the coordinator builds the grid, spec 2.4's practical alternative) and the
-**binary** search over the grid (``search="binary"``, ``batch=1``: O(log |grid|) fetches instead
-of walking up the grid), with the coordinator's refinement on (the protocol's default).
+The sub-machine split (spec 2.7, Guo & Li Appendix B): machine i's points are split by
+`solvers.split_sub_machines` into ``t_i = ceil(n_i / 10,000)`` parts and dist-kzc runs over the
+``m' = sum_i t_i`` virtual machines. The protocol does not yet learn m' from the machines (its
+threshold ``y = eps z / (k m')`` and count bound need it), so here every part is a party of the
+run, ``n_machines = m'`` (20 parts per machine at 10^6: m' = 100). Words and rounds are
+therefore those of m' parties; a machine that spoke for its t_i parts would send the
+sums of their counts and one message per phase. Each party aggregates without an ``n_i x n_i``
+matrix (`solvers.SubMachines`: k-d tree neighbour pairs or blocks of distance rows).
 
-Per n, the main table gives: message phases (rounds), words, payload bytes, the total run time
-(``run_parties`` only; data generation excluded), the mean time per round (from the report's
-``round_wall_s``), and where the time goes, measured by timing the handlers and solver functions
-during the run: machine-side distance matrices (``_kernels.pairwise_distances``, JAX, compile
-included), machine-side aggregation (``solvers.aggregate``, one per grid guess), the rest of the
-machine handlers (extent, outlier labels), the coordinator's solver (``KzCoordinator._solve``:
-kzc + refinement), the rest of the coordinator, and the runtime/codec (everything else).
+Per n, the main table gives m', the grid size, probe rounds and fetches, rounds, words, payload bytes,
+the total run time (``run_parties`` only; data generation excluded), the peak resident memory
+of the run's process (``ru_maxrss`` from ``os.wait4`` on the subprocess: it includes the data,
+about 48 bytes a point, and the interpreter with NumPy, SciPy and JAX, about 0.3 GiB), and
+where the time goes, timed inside the run: machine extents (`solvers.local_extent`), machine
+aggregations (`solvers.SubMachines.aggregate`), the rest of the machine handlers, the
+coordinator's solver (``KzCoordinator._solve``: kzc, refinement, polishing), the rest of the
+coordinator, and the runtime/codec (everything else).
 
-Baselines measured in the same run, on the same data, for the sizes where they finish in the
-budget: the centralised kzc (the paper's (2, 4) solver with the exact radius search on the pooled
-data) and Gonzalez's greedy (farthest-first, outliers ignored), with time ratios ours/centralised
-and the radius ratio ours/centralised (radius after removing z points, the paper's objective).
-A cProfile of the largest n that finished (a separate, profiled run) lists the top 10 functions by
-cumulative time.
+Baselines measured in the same run, on the same data, where they finish in the budget: the
+centralised kzc (the paper's (2, 4) solver with the exact radius search on the pooled data) and
+Gonzalez's greedy (farthest-first, outliers ignored); time ratios ours/centralised and radius
+ratios (radius after removing z points, the paper's objective).
+
+**(k,z)-means and (k,z)-median** (``KzMeansMachine``/``KzMeansCoordinator``, k = 20, z = n/100,
+eps = 0.1, 5 machines, the same data) for n = 10^3, 10^4, 10^5: time, peak memory, words, and the
+cost with z and with (1+eps) z outliers removed (sum of distances, squared for means), beside
+the centralised k-means-- on the pooled data (Chawla & Gionis; its centres scored the same way).
 
 Every run is a subprocess of this script, killed when it exceeds the budget (the clock starts
-once its data is built), so a run that is too slow or too big cannot hang the benchmark. A size
-whose dense distance matrices would not fit in the available RAM (the protocol keeps one
-``n_i x n_i`` float64 matrix per machine, spec 2.7) is not started and counts as not finishing.
+once its data is built), so a run that is too slow or too big cannot hang the benchmark. The
+centralised kzc holds an ``n x n`` distance matrix; a size whose matrix would not fit in the
+available RAM is not started.
 
 Run::
 
-    python benchmarks/kz_scale.py                 # n up to 10^6, budget 60 s per run
-    python benchmarks/kz_scale.py --quick         # n = 10^3 only, budget 20 s, no cProfile run (a smoke test)
+    python benchmarks/kz_scale.py                 # everything (a few minutes)
+    python benchmarks/kz_scale.py --quick         # dist-kzc at n = 10^3 only, budget 30 s (a smoke test)
     python benchmarks/kz_scale.py --json kz.json  # also the tables as JSON records
+    python benchmarks/kz_scale.py --no-polish     # dist-kzc with KzCenterConfig(polish=False)
+    python benchmarks/kz_scale.py --sub-machine-points 5000   # smaller sub-machines (more of them)
 
-``--json PATH`` writes one record per row: table ``kz_scale`` (``n_points``, ``n_points_per_machine``,
-``z``, ``grid_size``, ``fetches``, ``communication_rounds``, ``words_total``, ``payload_bytes``,
-``total_s``, ``round_s_mean``, ``round_s_max``, ``error``: why a size did not finish, else
-``null``), table ``kz_scale_time_split`` (``n_points``, ``total_s`` and one ``*_s`` per part:
-``machine_distances_s``, ``machine_aggregate_s``, ``machine_other_s``, ``coordinator_solver_s``,
-``coordinator_other_s``, ``runtime_codec_s``), table ``kz_scale_rounds`` (``n_points``,
-``round_idx``, ``round_wall_s``), table ``kz_scale_baselines`` (``n_points``,
-``method``: ``kzc`` or ``greedy``, ``total_s``, ``radius``, ``dist_kzc_total_s``,
-``dist_kzc_radius``, ``time_ratio``, ``radius_ratio``, ``error``) and, when the profile runs, table
-``kz_scale_profile`` (``function``, ``calls``, ``tottime_s``, ``cumtime_s``).
+``--json PATH`` writes one record per row: table ``kz_scale`` (``n_points``, ``n_machines``,
+``virtual_machines``, ``z``, ``grid_size``, ``probe_rounds``, ``fetches``, ``communication_rounds``,
+``words_total``, ``payload_bytes``, ``total_s``, ``peak_rss_bytes``, ``radius``, ``error``: why a
+size did not finish, else ``null``), table ``kz_scale_time_split`` (``n_points``, ``total_s`` and
+one ``*_s`` per part: ``machine_extent_s``, ``machine_aggregate_s``, ``machine_other_s``,
+``coordinator_solver_s``, ``coordinator_other_s``, ``runtime_codec_s``), table
+``kz_scale_rounds`` (``n_points``, ``round_idx``, ``round_wall_s``), table ``kz_scale_baselines``
+(``n_points``, ``method``: ``kzc`` or ``greedy``, ``total_s``,
+``peak_rss_bytes``, ``radius``, ``dist_kzc_total_s``, ``dist_kzc_radius``, ``time_ratio``,
+``radius_ratio``, ``error``), table ``kz_scale_means`` (not with ``--quick``) (``n_points``, ``objective``: ``means``
+or ``median``, ``total_s``, ``peak_rss_bytes``, ``words_total``, ``cost_z``,
+``cost_1eps_z``, ``baseline_cost_z``, ``cost_ratio``, ``baseline_s``, ``error``) and, when the
+profile runs, table ``kz_scale_profile`` (``function``, ``calls``, ``tottime_s``, ``cumtime_s``).
 """
 
 from __future__ import annotations
@@ -57,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import queue
 import subprocess
 import sys
@@ -65,8 +80,10 @@ import time
 from pathlib import Path
 
 SIZES = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
+MEANS_SIZES = (1_000, 10_000, 100_000)
 QUICK_SIZES = (1_000,)
-TIME_KEYS = ("machine distances", "machine aggregate", "machine other", "coordinator solver",
+SUB_MACHINE_POINTS = 10_000
+TIME_KEYS = ("machine extent", "machine aggregate", "machine other", "coordinator solver",
              "coordinator other", "runtime + codec")
 #: The record key of each part of :data:`TIME_KEYS`.
 TIME_RECORD_KEYS = {key: key.replace(" + ", "_").replace(" ", "_") + "_s" for key in TIME_KEYS}
@@ -90,7 +107,7 @@ def _radius(x, centres, z: int) -> float:
 
 def _instrument(timers: dict[str, float]) -> None:
     """Time the machines' and the coordinator's handlers and the solver functions they call."""
-    from fedproto.algorithms.kzclustering import _kernels, solvers
+    from fedproto.algorithms.kzclustering import solvers
     from fedproto.algorithms.kzclustering.protocol import KzCoordinator, KzMachine
 
     role: list[str | None] = [None]
@@ -111,7 +128,7 @@ def _instrument(timers: dict[str, float]) -> None:
 
         setattr(cls, name, wrapper)
 
-    def wrap_function(owner, name: str, label: str) -> None:
+    def wrap_timed(owner, name: str, label: str, *, prefix: bool = True) -> None:
         orig = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
@@ -119,28 +136,34 @@ def _instrument(timers: dict[str, float]) -> None:
             try:
                 return orig(*args, **kwargs)
             finally:
-                key = f"{role[0]}:{label}"
+                key = f"{role[0]}:{label}" if prefix else label
                 timers[key] = timers.get(key, 0.0) + time.perf_counter() - t0
 
         setattr(owner, name, wrapper)
 
-    for name in ("_start", "_on_grid", "_on_guesses", "_on_centres"):
-        wrap_handler(KzMachine, name, "machine")
-    for name in ("_start", "_advance", "_on_extent", "_on_counts", "_on_points", "_on_outlier_count"):
-        wrap_handler(KzCoordinator, name, "coordinator")
-    wrap_function(_kernels, "pairwise_distances", "distances")
-    wrap_function(solvers, "aggregate", "aggregate")
-    # _solve is a method called inside the coordinator's handlers: time it as a function of the class
-    orig_solve = KzCoordinator._solve
+    for name in ("_start", "_on_grid", "_on_probes", "_on_fetch", "_on_guesses", "_on_centres"):
+        if hasattr(KzMachine, name):
+            wrap_handler(KzMachine, name, "machine")
+    for name in ("_start", "_advance", "_on_extent", "_on_counts", "_on_probe_counts", "_on_points",
+                 "_on_representatives", "_on_outlier_count"):
+        if hasattr(KzCoordinator, name):
+            wrap_handler(KzCoordinator, name, "coordinator")
+    wrap_timed(solvers, "local_extent", "extent")
+    wrap_timed(solvers.SubMachines, "aggregate", "aggregate")
+    wrap_timed(KzCoordinator, "_solve", "coordinator:solve", prefix=False)
 
-    def solve(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return orig_solve(self, *args, **kwargs)
-        finally:
-            timers["coordinator:solve"] = timers.get("coordinator:solve", 0.0) + time.perf_counter() - t0
 
-    KzCoordinator._solve = solve
+def _virtual_machines(x, parts, max_points: int):
+    """The sub-machine split of every machine: ``(points of each virtual machine, t_i per machine)``."""
+    from fedproto.algorithms.kzclustering import solvers
+
+    virtual, counts = [], []
+    for part in parts:
+        local = x[part]
+        pieces = solvers.split_sub_machines(local, max_points)
+        virtual += [local[p] for p in pieces]
+        counts.append(len(pieces))
+    return virtual, counts
 
 
 def _worker_dist(args) -> dict:
@@ -161,11 +184,14 @@ def _worker_dist(args) -> dict:
     x, z = _dataset(args.n, args.k, args.d, args.seed)
     n = x.shape[0]
     parts = partition(n, args.machines, seed=args.seed)
-    config = KzCenterConfig(k=args.k, z=z, eps=args.eps, n_machines=args.machines, d=args.d, search="binary")
-    names = [machine_name(i) for i in range(args.machines)]
+    virtual, counts = _virtual_machines(x, parts, args.sub_machine_points)
+    options = {} if args.search is None else {"search": args.search}
+    config = KzCenterConfig(k=args.k, z=z, eps=args.eps, n_machines=len(virtual), d=args.d,
+                            polish=not args.no_polish, **options)
+    names = [machine_name(i) for i in range(len(virtual))]
     machines = {COORDINATOR: KzCoordinator(COORDINATOR, config=config, machines=names)}
-    for i, name in enumerate(names):
-        machines[name] = KzMachine(name, config=config, points=x[parts[i]])
+    for name, points in zip(names, virtual):
+        machines[name] = KzMachine(name, config=config, points=points)
     timers: dict[str, float] = {}
     if not args.profile:  # the profiled run shows the real functions, not the timing wrappers
         _instrument(timers)
@@ -190,18 +216,20 @@ def _worker_dist(args) -> dict:
     result = results[COORDINATOR]
     machine = timers.get("machine", 0.0)
     coordinator = timers.get("coordinator", 0.0)
-    dist_s = timers.get("machine:distances", 0.0)
+    extent_s = timers.get("machine:extent", 0.0)
     agg_s = timers.get("machine:aggregate", 0.0)
     solve_s = timers.get("coordinator:solve", 0.0)
     out = {
         "n": n, "z": z, "rounds": report.communication_rounds, "words": result.total_words,
         "bytes": report.payload_bytes, "total_s": total, "round_wall_s": list(report.round_wall_s),
-        "n_i": max(len(p) for p in parts), "grid": int(len(result.grid)), "fetches": len(result.fetches),
+        "virtual": len(virtual), "t_i": counts,
+        "grid": int(len(result.grid)), "fetches": len(result.fetches),
+        "probes": sum(1 for (_, phase) in result.words if phase == "probe"),
         "radius": _radius(x, result.centres, z),
         "split": {} if args.profile else {
-            "machine distances": dist_s,
+            "machine extent": extent_s,
             "machine aggregate": agg_s,
-            "machine other": machine - dist_s - agg_s,
+            "machine other": machine - extent_s - agg_s,
             "coordinator solver": solve_s,
             "coordinator other": coordinator - solve_s,
             "runtime + codec": total - machine - coordinator,
@@ -233,30 +261,76 @@ def _worker_central(args) -> dict:
     return {"n": x.shape[0], "z": z, "total_s": total, "radius": _radius(x, x[idx], z)}
 
 
+def _worker_means(args) -> dict:
+    import trio
+
+    import fedproto.algorithms  # noqa: F401
+    from fedproto.algorithms.kzclustering import _kernels, solvers
+    from fedproto.algorithms.kzclustering.means import (
+        KzMeansConfig,
+        KzMeansCoordinator,
+        KzMeansMachine,
+        centralised_kmeans_minus_minus,
+    )
+    from fedproto.algorithms.kzclustering.protocol import COORDINATOR, machine_name
+    from fedproto.data import partition
+    from fedproto.metering import Meter
+    from fedproto.runtime import RuntimeConfig, run_parties
+    from fedproto.transports.memory import MemoryNetwork
+
+    power = 2 if args.worker == "means" else 1
+    x, z = _dataset(args.n, args.k, args.d, args.seed)
+    n = x.shape[0]
+    parts = partition(n, args.machines, seed=args.seed)
+    config = KzMeansConfig(k=args.k, z=z, eps=args.eps, n_machines=args.machines, d=args.d, power=power,
+                           seed=args.seed)
+    names = [machine_name(i) for i in range(args.machines)]
+    machines = {COORDINATOR: KzMeansCoordinator(COORDINATOR, config=config, machines=names)}
+    for i, name in enumerate(names):
+        machines[name] = KzMeansMachine(name, config=config, points=x[parts[i]], index=i)
+    network = MemoryNetwork(list(machines))
+
+    async def go():
+        return await run_parties(machines, network, config=RuntimeConfig(session=1, deadline_s=3600.0),
+                                 meter=Meter(trio.current_time))
+
+    print("READY", flush=True)
+    t0 = time.perf_counter()
+    results = trio.run(go)
+    total = time.perf_counter() - t0
+    result = results[COORDINATOR]
+
+    def cost(centres, outliers):
+        return solvers.trimmed_cost(_kernels.nearest_centres(x, centres)[0], outliers, power)
+
+    t1 = time.perf_counter()
+    baseline = centralised_kmeans_minus_minus(x, args.k, z, seed=args.seed)
+    baseline_s = time.perf_counter() - t1
+    return {"n": n, "z": z, "total_s": total, "words": result.total_words,
+            "cost_z": cost(result.centres, z), "cost_1eps_z": cost(result.centres, (1 + args.eps) * z),
+            "baseline_cost_z": cost(baseline, z), "baseline_s": baseline_s}
+
+
 def worker(args) -> None:
-    out = _worker_dist(args) if args.worker == "dist" else _worker_central(args)
+    if args.worker == "dist":
+        out = _worker_dist(args)
+    elif args.worker in ("means", "median"):
+        out = _worker_means(args)
+    else:
+        out = _worker_central(args)
     print("RESULT " + json.dumps(out), flush=True)
 
 
 # --- driver side ---------------------------------------------------------------------------------
 
 
-def _bucket(n: int) -> int:
-    return max(8, 1 << max(0, n - 1).bit_length())
-
-
-def memory_needed(kind: str, n: int, machines: int) -> float:
-    """Rough peak bytes of one run (dense matrices only; see the module docstring)."""
-    if kind == "dist":
-        n_i = math.ceil(n / machines)
-        # every machine keeps its n_i^2 float64 matrix; the one being built also has JAX's padded
-        # buffer and the copy, and the extent's ``dist[dist > 0]`` mask and values
-        return 8.0 * machines * n_i**2 + 8.0 * _bucket(n_i) ** 2 + 17.0 * n_i**2
+def memory_needed(kind: str, n: int) -> float:
+    """Rough peak bytes of one run, where a dense matrix decides it (else 0)."""
     if kind == "kzc":
-        # n^2 float64 matrix, padded JAX buffer, upper-triangle indices and values (+ sorted copies),
-        # the bool ball matrix and its int64 cast in ``weights @ inner``
-        return 45.0 * n**2 + 8.0 * _bucket(n) ** 2
-    return 200.0 * n  # greedy: O(n d)
+        # the n x n float64 matrix plus blocks of rows (the exact radius search lists breakpoints
+        # only between two sampled ones beyond 2,048 points)
+        return 10.0 * n**2
+    return 0.0
 
 
 def available_memory() -> float:
@@ -271,8 +345,12 @@ def available_memory() -> float:
 
 
 def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False) -> dict:
-    """Run one measurement in a subprocess; ``{"error": ...}`` if it did not finish in the budget."""
-    need = memory_needed(kind, n, args.machines)
+    """Run one measurement in a subprocess; ``{"error": ...}`` if it did not finish in the budget.
+
+    The result gains ``peak_rss_bytes``: the subprocess's ``ru_maxrss`` (``os.wait4``), also when it
+    was killed.
+    """
+    need = memory_needed(kind, n)
     have = available_memory()
     if need > 0.8 * have:
         return {"error": f"not started: needs ~{need / 2**30:.0f} GiB RAM ({have / 2**30:.0f} GiB available)"}
@@ -280,6 +358,11 @@ def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False)
            "--d", str(args.d), "--eps", str(args.eps), "--machines", str(args.machines), "--seed", str(args.seed)]
     if profile:
         cmd.append("--profile")
+    cmd += ["--sub-machine-points", str(args.sub_machine_points)]
+    if args.no_polish:
+        cmd.append("--no-polish")
+    if args.search is not None:
+        cmd += ["--search", args.search]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     lines: queue.Queue[str | None] = queue.Queue()
@@ -299,15 +382,17 @@ def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False)
     threading.Thread(target=pump_err, daemon=True).start()
     deadline = time.monotonic() + max(120.0, budget)  # setup: imports and data generation
     started = False
+    out: dict
     try:
         while True:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                return {"error": f"did not finish in {budget:g} s" if started else "setup did not finish"}
+                out = {"error": f"did not finish in {budget:g} s" if started else "setup did not finish"}
+                break
             if line is None:
-                proc.wait()
-                return {"error": f"worker exited with code {proc.returncode}: {''.join(errors)[-300:].strip()}"}
+                out = {"error": "worker exited early: " + "".join(errors)[-300:].strip()}
+                break
             if line.startswith("READY"):
                 started = True
                 deadline = time.monotonic() + budget
@@ -315,19 +400,29 @@ def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False)
                 out = json.loads(line[len("RESULT "):])
                 if out["total_s"] > budget:
                     out["error"] = f"did not finish in {budget:g} s"
-                return out
+                break
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.wait()
+        _, _, usage = os.wait4(proc.pid, 0)
+        proc.returncode = proc.returncode if proc.returncode is not None else -9
+    out["peak_rss_bytes"] = int(usage.ru_maxrss) * 1024  # kilobytes on Linux
+    return out
+
+
+def _gib(n_bytes: float | None) -> str:
+    return "-" if n_bytes is None else f"{n_bytes / 2**30:.2f}"
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
+    from rich.table import Table
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="n = 1,000 only, a 20 s budget, no profile (smoke test)")
-    parser.add_argument("--json", metavar="PATH", type=Path, default=None,
-                        help="also write the tables here as a JSON array of records (see the module docstring)")
-    parser.add_argument("--budget-s", type=float, default=None, help="per-run budget in seconds (default 60; 20 with --quick)")
+    add_common_arguments(parser, quick="dist-kzc at n = 1,000 only, a 30 s budget, no means/median rows, no "
+                                       "profile (a smoke test)")
+    parser.add_argument("--budget-s", type=float, default=None, help="per-run budget in seconds (default 120; 30 with --quick)")
     parser.add_argument("--max-n", type=int, default=None, help="largest n to try (default 10^6)")
     parser.add_argument("--k", type=int, default=20, help="centres, and components of the mixture (default 20)")
     parser.add_argument("--d", type=int, default=5, help="features (default 5)")
@@ -335,27 +430,33 @@ def main() -> None:
     parser.add_argument("--machines", type=int, default=5, help="machines m (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile run")
-    parser.add_argument("--worker", choices=("dist", "kzc", "greedy"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-means", action="store_true", help="skip the (k,z)-means/median rows")
+    parser.add_argument("--no-polish", action="store_true",
+                        help="dist-kzc without the coordinator's polishing (KzCenterConfig(polish=False))")
+    parser.add_argument("--sub-machine-points", type=int, default=SUB_MACHINE_POINTS,
+                        help=f"largest sub-machine of the split (default {SUB_MACHINE_POINTS:,}, the authors')")
+    parser.add_argument("--search", choices=("probe", "linear", "binary"), default=None,
+                        help="dist-kzc radius search (default: the protocol's default)")
+    parser.add_argument("--worker", choices=("dist", "kzc", "greedy", "means", "median"), help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     if "--worker" in sys.argv:
-        args = parser.parse_args()
-        worker(args)
+        worker(parser.parse_args())
         return
-
-    from _common import make_console, parse_args, print_machine_facts, record, write_records
-    from rich.table import Table
-
     args = parse_args(parser)
 
-    budget = args.budget_s if args.budget_s is not None else (20.0 if args.quick else 60.0)
+    budget = args.budget_s if args.budget_s is not None else (30.0 if args.quick else 120.0)
     sizes = [n for n in (QUICK_SIZES if args.quick else SIZES) if args.max_n is None or n <= args.max_n]
+    means_sizes = [n for n in (QUICK_SIZES if args.quick else MEANS_SIZES) if args.max_n is None or n <= args.max_n]
     console = make_console()
-    print_machine_facts(console, "distributed (k,z)-center: time per round as n grows", {
+    print_machine_facts(console, "distributed (k,z)-clustering at scale", {
         "data": f"synthetic Gaussian mixture (d = {args.d}, {args.k} components) + z = 1% of n injected outliers",
-        "sizes n": ", ".join(f"{n:,}" for n in sizes),
+        "sizes n (dist-kzc)": ", ".join(f"{n:,}" for n in sizes),
+        "sizes n (means, median)": "none" if args.no_means or args.quick else ", ".join(f"{n:,}" for n in means_sizes),
         "machines m": args.machines, "k": args.k, "eps": args.eps,
-        "protocol": "dist-kzc, extent round (no radius bounds), binary search, batch 1, refinement",
+        "sub-machines": f"at most {args.sub_machine_points:,} points (split_sub_machines); every part is a party",
+        "protocol": f"dist-kzc, extent round (no radius bounds), search {args.search or 'default'}, refinement, "
+                    f"polishing {'off' if args.no_polish else 'on'}",
         "transport": "run_parties + MemoryNetwork + Meter (real codec)",
         "budget per run": f"{budget:g} s (subprocess killed beyond it)",
         "RAM available": f"{available_memory() / 2**30:.1f} GiB",
@@ -380,28 +481,30 @@ def main() -> None:
         if "error" in row:
             break
 
-    table = Table(title="dist-kzc over the memory transport: time per round as n grows", title_justify="left")
-    for col in ("n", "n_i", "z", "|grid|", "fetches", "rounds", "words", "payload bytes", "total s", "s/round (mean)",
-                "max round s"):
+    table = Table(title="dist-kzc over the memory transport: time per round as n grows "
+                        "(5 machines split into m' virtual machines)", title_justify="left")
+    for col in ("n", "m'", "z", "|grid|", "probe rounds", "fetches", "rounds", "words", "payload bytes", "total s",
+                "peak RSS GiB", "radius"):
         table.add_column(col, justify="right")
     records = []
     for row in ours:
-        if "error" in row:
-            table.add_row(f"{row['n']:,}", *["-"] * 7, row["error"], "-", "-")
-            records.append(record("kz_scale", n_points=row["n"], error=row["error"]))
+        if "total_s" not in row:
+            table.add_row(f"{row['n']:,}", *["-"] * 8, row["error"], _gib(row.get("peak_rss_bytes")), "-")
+            records.append(record("kz_scale", n_points=row["n"], n_machines=args.machines,
+                                  peak_rss_bytes=row.get("peak_rss_bytes"), error=row["error"]))
             continue
-        walls = row["round_wall_s"]
         records.append(record(
-            "kz_scale", n_points=row["n"], n_points_per_machine=row["n_i"], z=row["z"], grid_size=row["grid"],
-            fetches=row["fetches"], communication_rounds=row["rounds"], words_total=row["words"],
-            payload_bytes=row["bytes"], total_s=row["total_s"], round_s_mean=sum(walls) / max(len(walls), 1),
-            round_s_max=max(walls, default=0.0), error=None,
+            "kz_scale", n_points=row["n"], n_machines=args.machines, virtual_machines=row["virtual"], z=row["z"],
+            grid_size=row["grid"], probe_rounds=row["probes"], fetches=row["fetches"],
+            communication_rounds=row["rounds"], words_total=row["words"], payload_bytes=row["bytes"],
+            total_s=row["total_s"], peak_rss_bytes=row["peak_rss_bytes"], radius=row["radius"],
+            error=row.get("error"),
         ))
         table.add_row(
-            f"{row['n']:,}", f"{row['n_i']:,}", f"{row['z']:,}", str(row["grid"]), str(row["fetches"]),
-            str(row["rounds"]), f"{row['words']:,}",
-            f"{row['bytes']:,}", f"{row['total_s']:.2f}", f"{sum(walls) / max(len(walls), 1):.3f}",
-            f"{max(walls, default=0.0):.3f}",
+            f"{row['n']:,}", str(row["virtual"]), f"{row['z']:,}", str(row["grid"]), str(row["probes"]),
+            str(row["fetches"]), str(row["rounds"]), f"{row['words']:,}", f"{row['bytes']:,}",
+            f"{row['total_s']:.2f}" + (" (over budget)" if "error" in row else ""), _gib(row["peak_rss_bytes"]),
+            f"{row['radius']:.3f}",
         )
     console.print(table)
 
@@ -412,7 +515,7 @@ def main() -> None:
     for key in TIME_KEYS:
         where.add_column(key, justify="right")
     for row in ours:
-        if "error" not in row:
+        if "total_s" in row:
             split = row["split"]
             where.add_row(f"{row['n']:,}", f"{row['total_s']:.2f}",
                           *[f"{split[key]:.2f} ({100 * split[key] / row['total_s']:.0f}%)" for key in TIME_KEYS])
@@ -424,48 +527,77 @@ def main() -> None:
     rounds.add_column("n", justify="right")
     rounds.add_column("round_wall_s")
     for row in ours:
-        if "error" not in row:
+        if "total_s" in row:
             rounds.add_row(f"{row['n']:,}", "  ".join(f"{w:.3f}" for w in row["round_wall_s"]))
             records += [record("kz_scale_rounds", n_points=row["n"], round_idx=i, round_wall_s=w)
                         for i, w in enumerate(row["round_wall_s"])]
     console.print(rounds)
 
     base = Table(title="baselines in the same run: centralised kzc and greedy on the same data", title_justify="left")
-    for col in ("n", "dist-kzc s", "kzc s", "dist-kzc / kzc time", "greedy s", "dist-kzc / greedy time",
+    for col in ("n", "dist-kzc s", "kzc s", "kzc peak GiB", "dist-kzc / kzc time", "greedy s",
                 "radius dist-kzc", "radius kzc", "ours / kzc radius", "radius greedy", "ours / greedy radius"):
         base.add_column(col, justify="right")
     for row in ours:
         n = row["n"]
-        mine = row if "error" not in row else None
-        cells = [f"{n:,}", f"{mine['total_s']:.2f}" if mine else row["error"]]
-        radius_cells = [f"{mine['radius']:.3f}" if mine else "-"]
+        mine = row if "total_s" in row and "error" not in row else None
+        cells = {"n": f"{n:,}", "ours_s": f"{mine['total_s']:.2f}" if mine else row.get("error", "-"),
+                 "ours_r": f"{mine['radius']:.3f}" if mine else "-"}
         for kind in ("kzc", "greedy"):
             res = central[kind].get(n, {"error": "not run"})
             ok = "error" not in res
             records.append(record(
                 "kz_scale_baselines", n_points=n, method=kind, total_s=res["total_s"] if ok else None,
-                radius=res["radius"] if ok else None, dist_kzc_total_s=mine["total_s"] if mine else None,
-                dist_kzc_radius=mine["radius"] if mine else None,
+                peak_rss_bytes=res.get("peak_rss_bytes"), radius=res["radius"] if ok else None,
+                dist_kzc_total_s=mine["total_s"] if mine else None, dist_kzc_radius=mine["radius"] if mine else None,
                 time_ratio=mine["total_s"] / res["total_s"] if mine and ok else None,
                 radius_ratio=mine["radius"] / res["radius"] if mine and ok and res["radius"] > 0 else None,
                 error=None if ok else res["error"],
             ))
-            if "error" in res:
-                cells += [res["error"], "-"]
-                radius_cells += ["-", "-"]
-            else:
-                cells += [f"{res['total_s']:.2f}", f"{mine['total_s'] / res['total_s']:.2f}" if mine else "-"]
-                radius_cells += [f"{res['radius']:.3f}",
-                                 f"{mine['radius'] / res['radius']:.2f}" if mine and res["radius"] > 0 else "-"]
-        base.add_row(*cells[:2], cells[2], cells[3], cells[4], cells[5], radius_cells[0], radius_cells[1],
-                     radius_cells[2], radius_cells[3], radius_cells[4])
+            cells[f"{kind}_s"] = f"{res['total_s']:.2f}" if ok else res["error"]
+            cells[f"{kind}_peak"] = _gib(res.get("peak_rss_bytes")) if ok else "-"
+            cells[f"{kind}_tr"] = f"{mine['total_s'] / res['total_s']:.2f}" if mine and ok else "-"
+            cells[f"{kind}_r"] = f"{res['radius']:.3f}" if ok else "-"
+            cells[f"{kind}_rr"] = f"{mine['radius'] / res['radius']:.2f}" if mine and ok and res["radius"] > 0 else "-"
+        base.add_row(cells["n"], cells["ours_s"], cells["kzc_s"], cells["kzc_peak"], cells["kzc_tr"],
+                     cells["greedy_s"], cells["ours_r"], cells["kzc_r"], cells["kzc_rr"], cells["greedy_r"],
+                     cells["greedy_rr"])
     console.print(base)
 
-    finished = [row for row in ours if "error" not in row]
+    if not args.no_means and not args.quick:
+        means_table = Table(title="(k,z)-means and (k,z)-median over 5 machines, beside centralised k-means--",
+                            title_justify="left")
+        for col in ("n", "objective", "total s", "peak RSS GiB", "words", "cost (z out)", "cost ((1+eps)z out)",
+                    "k-means-- cost (z out)", "ours / k-means--", "k-means-- s"):
+            means_table.add_column(col, justify="right")
+        for objective in ("means", "median"):
+            for n in means_sizes:
+                console.print(f"n = {n:,}: (k,z)-{objective} ...", highlight=False)
+                res = run_worker(objective, n, args, budget)
+                ok = "error" not in res
+                ratio = res["cost_z"] / res["baseline_cost_z"] if ok and res["baseline_cost_z"] > 0 else None
+                records.append(record(
+                    "kz_scale_means", n_points=n, objective=objective, total_s=res.get("total_s"),
+                    peak_rss_bytes=res.get("peak_rss_bytes"), words_total=res.get("words"),
+                    cost_z=res.get("cost_z"), cost_1eps_z=res.get("cost_1eps_z"),
+                    baseline_cost_z=res.get("baseline_cost_z"), cost_ratio=ratio, baseline_s=res.get("baseline_s"),
+                    error=None if ok else res["error"],
+                ))
+                if ok:
+                    means_table.add_row(f"{n:,}", objective, f"{res['total_s']:.2f}", _gib(res["peak_rss_bytes"]),
+                                        f"{res['words']:,}", f"{res['cost_z']:.4g}", f"{res['cost_1eps_z']:.4g}",
+                                        f"{res['baseline_cost_z']:.4g}", f"{ratio:.3f}" if ratio else "-",
+                                        f"{res['baseline_s']:.2f}")
+                else:
+                    means_table.add_row(f"{n:,}", objective, res["error"], _gib(res.get("peak_rss_bytes")),
+                                        *["-"] * 6)
+        console.print(means_table)
+
+    finished = [row for row in ours if "total_s" in row and "error" not in row]
     if finished:
         largest = finished[-1]
         console.print(f"largest n that finished within {budget:g} s: {largest['n']:,} "
-                      f"({largest['total_s']:.2f} s, {largest['rounds']} rounds)", highlight=False)
+                      f"({largest['total_s']:.2f} s, peak {_gib(largest['peak_rss_bytes'])} GiB, "
+                      f"{largest['rounds']} rounds)", highlight=False)
     else:
         console.print(f"no n finished within {budget:g} s", highlight=False)
     if finished and not args.no_profile and not args.quick:
@@ -474,12 +606,12 @@ def main() -> None:
         if "error" in prof:
             console.print(f"profiled run: {prof['error']}", highlight=False)
         else:
-            ptable = Table(title=f"cProfile of the dist-kzc run at n = {largest['n']:,}: top 10 by cumulative time "
+            ptable = Table(title=f"cProfile of the dist-kzc run at n = {largest['n']:,}: top 12 by cumulative time "
                                  f"(profiled run {prof['total_s']:.2f} s; frames spanning the whole run, i.e. the "
                                  "trio/run_parties scaffolding, left out)", title_justify="left")
             for col in ("function", "calls", "tottime s", "cumtime s"):
                 ptable.add_column(col, justify="right" if col != "function" else "left")
-            shown = [item for item in prof["profile"] if item["cumtime"] < 0.98 * prof["total_s"]][:10]
+            shown = [item for item in prof["profile"] if item["cumtime"] < 0.98 * prof["total_s"]][:12]
             for item in shown:
                 ptable.add_row(item["function"], f"{item['calls']:,}", f"{item['tottime']:.2f}", f"{item['cumtime']:.2f}")
                 records.append(record("kz_scale_profile", function=item["function"], calls=item["calls"],

@@ -1,29 +1,40 @@
 """Dense array kernels of (k,z)-clustering: distances, nearest centres, truncated costs.
 
-These are the vectorised parts of the algorithms: `jax.jit`-compiled, pure functions of arrays,
-float64 (importing `algorithms` turns on JAX's 64-bit mode; ball tests compare distances with
-radii, and float32 would flip points at the ball boundary, spec section 2.8).
+The vectorised parts of the algorithms. Distances between point sets (and to the nearest centre)
+are NumPy code with one fixed order of floating-point operations (below); the other kernels are
+`jax.jit`-compiled pure functions of arrays. Everything is float64 (importing `algorithms` turns
+on JAX's 64-bit mode): ball tests compare distances with radii, and float32 would flip points at
+the ball boundary (spec section 2.8).
 
-Shapes are padded to power-of-two row counts before they reach the compiled functions. A run has
-one point set per machine, each of its own size, and a test suite has hundreds of tiny instances:
-without padding every new size would compile again (about 0.1 s each). Padding rows are
-discarded before returning, so the results are exactly those of the unpadded computation.
+**The canonical distance.** ``d(p, q) = sqrt(s)`` with ``s = (p_0 - q_0)^2``, then
+``s = s + (p_j - q_j)^2`` for ``j = 1 .. d-1`` in that order, each operation rounded to float64
+(no fused multiply-add, no reassociation). `pairwise_distances` (whole matrices, tile by tile)
+and `pair_distances` (chosen index pairs) apply exactly these operations, so they agree bit for
+bit, whatever the shapes: a blocked or sparse computation of a ball ``d(p, q) <= r`` then makes
+the same decisions as the dense matrix, ties at the boundary included. A `jax.jit` kernel cannot
+promise this: XLA picks a summation order (and fuses multiply-adds) per vectorisation lane, and
+the result of one entry changed with the shape of the call (measured: a third of the entries of
+a 700 x 700 matrix in d = 5 differed in the last bit from a sequential sum, and a row block
+differed from the same rows of the full matrix). The expanded form ``|x|^2 - 2x.y + |y|^2`` is
+not used either: it cancels catastrophically for nearby points and breaks exact ties on
+integer fixtures. Being symmetric (``(a-b)^2 == (b-a)^2`` exactly), ``d(p, q) == d(q, p)``.
+
+Shapes of the jitted kernels are padded to power-of-two row counts before they reach the
+compiled functions. A run has one point set per machine, each of its own size, and a test suite
+has hundreds of tiny instances: without padding every new size would compile again (about 0.1 s
+each). Padding rows are discarded before returning, so the results are exactly those of the
+unpadded computation.
 
 The sequential greedy procedures (aggregation, the Charikar-style covers, farthest-first,
-reverse greedy) live in :mod:`fedproto.algorithms.kzclustering.solvers` as NumPy code: each step depends on
-the previous one and touches only the points it removes, which costs O(n^2) in total with
-incremental counts, whereas a jitted ``lax.while_loop`` would redo an O(n^2) matrix-vector
-product per step.
-
-Distances are computed as ``sqrt(sum((x - y)^2))`` (not the expanded ``|x|^2 - 2x.y + |y|^2``,
-which cancels catastrophically for nearby points and breaks exact ties on integer fixtures);
-under `jit` XLA fuses the broadcast into the reduction, so the ``[n, m, d]`` difference tensor is
-not materialised.
+reverse greedy) live in :mod:`fedproto.algorithms.kzclustering.solvers` as NumPy code: each step
+depends on the previous one and touches only the points it removes.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +42,8 @@ import numpy as np
 
 __all__ = [
     "nearest_centres",
+    "pair_distances",
+    "pair_distances_by_columns",
     "pairwise_distances",
     "truncated_cost_curve",
     "uniform_draws",
@@ -44,23 +57,26 @@ def _bucket(n: int) -> int:
     return max(_MIN_BUCKET, 1 << max(0, int(n) - 1).bit_length())
 
 
-def _pad_rows(x: np.ndarray, rows: int, fill_row: np.ndarray | None = None) -> np.ndarray:
-    if x.shape[0] == rows:
-        return x
-    pad = np.zeros((rows - x.shape[0], x.shape[1]), dtype=x.dtype) if fill_row is None else np.broadcast_to(
-        fill_row, (rows - x.shape[0], x.shape[1])
-    )
-    return np.concatenate([x, pad], axis=0)
+_TILE_COLS = 4096
+_TILE_ENTRIES = 1 << 18
+_PAIR_CHUNK = 1 << 15
 
 
-@jax.jit
-def _pairwise_distances(x: jax.Array, y: jax.Array) -> jax.Array:
-    diff = x[:, None, :] - y[None, :, :]
-    return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+def _as_points(x: np.ndarray, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(x, dtype=np.float64)
+    y = x if y is None else np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(f"need [n, d] and [m, d] arrays, got {x.shape} and {y.shape}")
+    return x, y
 
 
 def pairwise_distances(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
-    """Euclidean distances between the rows of ``x`` and of ``y``.
+    """Euclidean distances between the rows of ``x`` and of ``y`` (the canonical distance).
+
+    Computed in tiles of 2^18 entries (at most 4096 columns; the temporaries stay in cache), with
+    the fixed order of operations of the module docstring, so every entry equals `pair_distances`
+    of the same two rows bit for bit. From 2^21 entries on, two threads share the tiles (the
+    values do not depend on which thread computes them).
 
     Args:
         x: points ``[n, d]`` float64.
@@ -72,27 +88,132 @@ def pairwise_distances(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray
     Raises:
         ValueError: the arrays are not 2-D or their widths differ.
     """
-    x = np.asarray(x, dtype=np.float64)
-    y = x if y is None else np.asarray(y, dtype=np.float64)
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"need [n, d] and [m, d] arrays, got {x.shape} and {y.shape}")
+    x, y = _as_points(x, y)
     n, m = x.shape[0], y.shape[0]
+    out = np.empty((n, m), dtype=np.float64)
     if n == 0 or m == 0:
-        return np.zeros((n, m), dtype=np.float64)
-    out = np.asarray(_pairwise_distances(_pad_rows(x, _bucket(n)), _pad_rows(y, _bucket(m))))
-    return np.array(out[:n, :m], dtype=np.float64)  # cut in NumPy: a jax slice would compile per size
+        return out
+    if x.shape[1] == 0:
+        out.fill(0.0)
+        return out
+    yt = np.ascontiguousarray(y.T)
+    cols = min(m, _TILE_COLS)
+    rows = max(1, _TILE_ENTRIES // cols)  # narrow results (few centres) get tall tiles
+    starts = list(range(0, n, rows))
+    workers = _distance_workers() if n * m >= _PARALLEL_ENTRIES else 1
+    if workers == 1:
+        _distance_tiles(x, yt, out, starts, rows, cols)
+    else:
+        # tiles are independent and NumPy releases the GIL inside each operation; every entry is
+        # computed by the same operations whichever thread runs it
+        shares = [starts[w::workers] for w in range(workers)]
+        list(_pool().map(lambda share: _distance_tiles(x, yt, out, share, rows, cols), shares))
+    return out
 
 
-@jax.jit
-def _nearest_centres(x: jax.Array, centres: jax.Array) -> tuple[jax.Array, jax.Array]:
-    dist = _pairwise_distances(x, centres)
-    return jnp.min(dist, axis=1), jnp.argmin(dist, axis=1).astype(jnp.int64)
+_PARALLEL_ENTRIES = 1 << 21
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _distance_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = concurrent.futures.ThreadPoolExecutor(_distance_workers(), thread_name_prefix="kz-distances")
+    return _POOL
+
+
+def _distance_tiles(x: np.ndarray, yt: np.ndarray, out: np.ndarray, starts: list[int], rows: int, cols: int) -> None:
+    """Fill the row tiles of ``out`` that start at ``starts`` (the canonical distance)."""
+    m = out.shape[1]
+    tmp = np.empty((min(out.shape[0], rows), cols), dtype=np.float64)
+    for r0 in starts:
+        xb = x[r0 : r0 + rows]
+        for c0 in range(0, m, cols):
+            s = out[r0 : r0 + rows, c0 : c0 + cols]
+            t = tmp[: s.shape[0], : s.shape[1]]
+            np.subtract(xb[:, 0, None], yt[0, None, c0 : c0 + cols], out=s)
+            np.multiply(s, s, out=s)
+            for j in range(1, x.shape[1]):
+                np.subtract(xb[:, j, None], yt[j, None, c0 : c0 + cols], out=t)
+                np.multiply(t, t, out=t)
+                np.add(s, t, out=s)
+            np.sqrt(s, out=s)
+
+
+def pair_distances(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """The canonical distances ``d(x[rows[e]], y[cols[e]])`` of chosen index pairs.
+
+    The same operations as `pairwise_distances`, entry for entry, so the results are identical
+    to the corresponding matrix entries (the blocked and sparse ball tests rely on it). Works in
+    chunks of 2^15 pairs, so the temporaries stay in cache.
+
+    Args:
+        x: points ``[n, d]`` float64.
+        rows: indices into ``x`` ``[P]`` (any integer dtype; broadcast against ``cols``).
+        cols: indices into ``y`` ``[P]``.
+        y: points ``[m, d]`` float64 (default: ``x``).
+
+    Returns:
+        float64 ``[P]``.
+
+    Raises:
+        ValueError: the arrays are not 2-D or their widths differ.
+    """
+    x, y = _as_points(x, y)
+    xt = np.ascontiguousarray(x.T)
+    return pair_distances_by_columns(xt, rows, cols, xt if y is x else np.ascontiguousarray(y.T))
+
+
+def pair_distances_by_columns(
+    xt: np.ndarray, rows: np.ndarray, cols: np.ndarray, yt: np.ndarray | None = None
+) -> np.ndarray:
+    """`pair_distances` for points stored by coordinate: ``xt`` is ``[d, n]`` (C-contiguous).
+
+    For callers that measure many pair sets on the same points and keep the transposed copy.
+
+    Args:
+        xt: coordinates ``[d, n]`` float64, C-contiguous.
+        rows: indices into the columns of ``xt`` ``[P]``.
+        cols: indices into the columns of ``yt`` ``[P]``.
+        yt: ``[d, m]`` (default: ``xt``).
+
+    Returns:
+        float64 ``[P]``, equal bit for bit to `pair_distances` of the untransposed points.
+    """
+    yt = xt if yt is None else yt
+    rows, cols = np.broadcast_arrays(np.asarray(rows), np.asarray(cols))
+    rows, cols = rows.ravel(), cols.ravel()
+    out = np.empty(rows.shape[0], dtype=np.float64)
+    if out.shape[0] == 0:
+        return out
+    if xt.shape[0] == 0:
+        out.fill(0.0)
+        return out
+    t = np.empty(min(out.shape[0], _PAIR_CHUNK), dtype=np.float64)
+    for e0 in range(0, out.shape[0], _PAIR_CHUNK):
+        r, c = rows[e0 : e0 + _PAIR_CHUNK], cols[e0 : e0 + _PAIR_CHUNK]
+        s = out[e0 : e0 + _PAIR_CHUNK]
+        u = t[: s.shape[0]]
+        np.subtract(xt[0].take(r), yt[0].take(c), out=s)
+        np.multiply(s, s, out=s)
+        for j in range(1, xt.shape[0]):
+            np.subtract(xt[j].take(r), yt[j].take(c), out=u)
+            np.multiply(u, u, out=u)
+            np.add(s, u, out=s)
+        np.sqrt(s, out=s)
+    return out
 
 
 def nearest_centres(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distance of each point to its nearest centre, and that centre's index.
 
-    Ties go to the lowest centre index. With no centres every distance is ``inf`` and every index
+    The canonical distance (`pairwise_distances`, in blocks of rows), so a machine that labels
+    its points against a radius the coordinator certified from the same distances makes the same
+    decisions, ties included. Ties go to the lowest centre index. With no centres every distance is ``inf`` and every index
     is -1 (an empty centre set serves no point: all of them are outliers).
 
     Args:
@@ -110,11 +231,17 @@ def nearest_centres(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.
     n, c = x.shape[0], centres.shape[0]
     if c == 0:
         return np.full(n, np.inf), np.full(n, -1, dtype=np.int64)
-    if n == 0:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    # padded centres repeat centre 0, so neither the minimum nor the first arg-minimum changes
-    dist, labels = _nearest_centres(_pad_rows(x, _bucket(n)), _pad_rows(centres, _bucket(c), centres[0]))
-    return np.array(np.asarray(dist)[:n], dtype=np.float64), np.array(np.asarray(labels)[:n], dtype=np.int64)
+    dist = np.empty(n, dtype=np.float64)
+    labels = np.empty(n, dtype=np.int64)
+    rows = max(1, _NEAREST_ENTRIES // c)
+    for r0 in range(0, n, rows):
+        block = pairwise_distances(x[r0 : r0 + rows], centres)
+        labels[r0 : r0 + rows] = np.argmin(block, axis=1)  # the first minimum: the lowest index
+        dist[r0 : r0 + rows] = block[np.arange(block.shape[0]), labels[r0 : r0 + rows]]
+    return dist, labels
+
+
+_NEAREST_ENTRIES = 1 << 22
 
 
 @functools.partial(jax.jit, static_argnames=("power",))

@@ -325,6 +325,7 @@ class KzMeansMachine(ProtocolMachine):
         self._key = config.key(index)
         self._grid = np.zeros(0)
         self._centres = np.zeros((0, config.d))
+        self._nearest: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
         self._costs = np.zeros(0)
 
     def _check_sender(self, sender: str) -> None:
@@ -344,18 +345,14 @@ class KzMeansMachine(ProtocolMachine):
     def _start(self) -> list[Outgoing]:
         cfg = self.config
         if cfg.mode == "truncated" and cfg.radius_bounds is None:
-            n = self.points.shape[0]
-            if n == 0:
-                extent = LocalExtent(n_points=0, min_distance=math.inf, radius=0.0, anchor=np.zeros((0, cfg.d)))
-            else:
-                dist = _kernels.pairwise_distances(self.points)
-                positive = dist[dist > 0]
-                extent = LocalExtent(
-                    n_points=n,
-                    min_distance=float(positive.min()) if positive.size else math.inf,
-                    radius=float(dist[0].max()),
-                    anchor=self.points[:1].copy(),
-                )
+            # k-d tree and distance rows: the same numbers as the dense matrix, without the n_i^2 memory
+            local = solvers.local_extent(self.points)
+            extent = LocalExtent(
+                n_points=local.n_points,
+                min_distance=local.min_distance,
+                radius=local.radius,
+                anchor=self.points[: min(local.n_points, 1)].copy(),
+            )
             return [self.send(self.coordinator, extent, phase="extent")]
         self.move_to(MeansMachineState.AWAIT_TOTALS)
         return [self._local_costs(_grid_from_bounds(cfg))]
@@ -363,7 +360,8 @@ class KzMeansMachine(ProtocolMachine):
     def _local_costs(self, grid: np.ndarray) -> Outgoing:
         self._grid = np.asarray(grid, dtype=np.float64)
         self._centres = self.local_solution()
-        dist, _ = _kernels.nearest_centres(self.points, self._centres)
+        self._nearest = _kernels.nearest_centres(self.points, self._centres)  # reused by every radius's coreset
+        dist, _ = self._nearest
         if self.points.shape[0] == 0:
             self._costs = np.zeros(self._grid.shape[0])
         else:
@@ -391,7 +389,8 @@ class KzMeansMachine(ProtocolMachine):
             share = self._costs[j] / total if total > 0 else 0.0
             count = int(round(message.samples * share))
             draws = _kernels.uniform_draws(jax.random.fold_in(self._key, j + 1), count)
-            pts, w = solvers.bel_coreset(draws, self.points, self._centres, float(radius), cfg.power)
+            pts, w = solvers.bel_coreset(draws, self.points, self._centres, float(radius), cfg.power,
+                                         nearest=self._nearest)
             parts.append(pts)
             weights.append(w)
             sizes.append(pts.shape[0])

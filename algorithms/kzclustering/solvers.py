@@ -26,25 +26,36 @@ References:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
 import math
 
 import numpy as np
+from scipy.spatial import cKDTree
 
 from fedproto.algorithms.kzclustering import _kernels
 
 __all__ = [
+    "DEFAULT_SUB_MACHINE_POINTS",
     "Aggregation",
     "Cover",
+    "Extent",
+    "PointIndex",
+    "SubMachines",
     "aggregate",
+    "aggregate_points",
     "center_cost",
     "cover_breakpoints",
     "farthest_first",
     "greedy_cover",
     "kzc",
+    "local_extent",
     "pad_centres",
     "radius_grid",
     "smallest_cover_radius",
+    "split_sub_machines",
+    "sub_machine_count",
 ]
 
 CANDIDATES = ("all", "uncovered")
@@ -119,6 +130,13 @@ class Aggregation:
         return int(self.reps.shape[0]) + int(self.overflow)
 
 
+def _check_aggregate_args(radius: float, threshold: float, candidates: str) -> None:
+    if not radius >= 0 or not threshold >= 0:
+        raise ValueError(f"radius and threshold must be >= 0, got {radius} and {threshold}")
+    if candidates not in CANDIDATES:
+        raise ValueError(f"candidates must be one of {CANDIDATES}, got {candidates!r}")
+
+
 def aggregate(
     dist: np.ndarray,
     radius: float,
@@ -156,10 +174,7 @@ def aggregate(
     dist = np.asarray(dist, dtype=np.float64)
     if dist.ndim != 2 or dist.shape[0] != dist.shape[1]:
         raise ValueError(f"dist must be a square matrix, got shape {dist.shape}")
-    if not radius >= 0 or not threshold >= 0:
-        raise ValueError(f"radius and threshold must be >= 0, got {radius} and {threshold}")
-    if candidates not in CANDIDATES:
-        raise ValueError(f"candidates must be one of {CANDIDATES}, got {candidates!r}")
+    _check_aggregate_args(radius, threshold, candidates)
     n = dist.shape[0]
     inner = dist <= 2.0 * radius
     outer_radius = 4.0 * radius
@@ -191,6 +206,638 @@ def aggregate(
         discarded=int(alive.sum()),
         overflow=overflow,
     )
+
+
+# --- memory-lean aggregation: blocked distances, exact neighbour pairs, sub-machines -------------
+
+DEFAULT_SUB_MACHINE_POINTS = 10_000
+"""Largest sub-machine of the split (Guo & Li, Appendix B; the authors' code uses 10,000)."""
+
+METHODS = ("auto", "pairs", "blocked")
+"""How `aggregate_points` finds balls: k-d tree neighbour pairs, blocked distance rows, or a choice."""
+
+_SLACK = 1e-9
+"""Relative slack of k-d tree radius queries: the tree's own rounding may differ from the
+canonical distance by a few ulps, so it is asked for a slightly larger ball and every candidate
+is then tested with the canonical distance (`_kernels.pair_distances`)."""
+_TINY = 1e-150
+"""Absolute slack of the same queries: canonical distances below about 2e-162 underflow to 0."""
+_BLOCK_ROWS = 256
+_MAX_BATCH = 1024
+_SAMPLE = 256
+_CACHE_BYTES_PER_POINT = 2048
+_MAX_PAIRS = 1 << 25
+"""Most directed neighbour pairs the ``pairs`` method may hold (16 bytes each, about 512 MiB)."""
+
+
+def _query_radius(radius: float) -> float:
+    return radius * (1.0 + _SLACK) + _TINY
+
+
+def split_sub_machines(points: np.ndarray, max_points: int = DEFAULT_SUB_MACHINE_POINTS) -> list[np.ndarray]:
+    """Split one machine's points into ``t = max(1, ceil(n / max_points))`` sub-machines.
+
+    Sub-machine j takes the points ``j, j + t, j + 2t, ...`` (a stride, not contiguous chunks: a
+    machine whose points arrive sorted, e.g. by cluster, still gets sub-machines that look like
+    the whole machine). Deterministic; sizes differ by at most one; every point is in exactly one
+    part (unlike the authors' ``evenly_partition``, which drops trailing points when
+    ``n mod t >= floor(n / t)``, spec section 6).
+
+    Args:
+        points: the machine's points ``[n, d]`` (only ``n`` is used).
+        max_points: largest sub-machine, ``>= 1``.
+
+    Returns:
+        ``t`` int64 index arrays into ``points``, each sorted, of sizes ``floor(n/t)`` or
+        ``ceil(n/t)`` (one empty array when ``n = 0``).
+
+    Raises:
+        ValueError: ``max_points < 1``.
+
+    References:
+        Guo & Li, Appendix B ("machine multiplication"); spec sections 2.7 and 6.
+    """
+    if max_points < 1:
+        raise ValueError(f"max_points must be at least 1, got {max_points}")
+    n = int(np.shape(points)[0])
+    t = sub_machine_count(n, max_points)
+    return [np.arange(j, n, t, dtype=np.int64) for j in range(t)]
+
+
+def sub_machine_count(n_points: int, max_points: int = DEFAULT_SUB_MACHINE_POINTS) -> int:
+    """``t_i = max(1, ceil(n_i / max_points))``: the virtual machines that machine i stands for.
+
+    A machine of at most ``max_points`` points (empty ones included) is one virtual machine, so
+    without large machines ``m' = sum_i t_i = m`` and nothing changes.
+
+    Raises:
+        ValueError: a negative ``n_points`` or ``max_points < 1``.
+    """
+    if n_points < 0 or max_points < 1:
+        raise ValueError(f"need n_points >= 0 and max_points >= 1, got {n_points} and {max_points}")
+    return max(1, -(-int(n_points) // int(max_points)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Extent:
+    """What a machine reports in the extent round (spec 2.4, practical alternative).
+
+    Attributes:
+        n_points: ``n_i``.
+        min_distance: the smallest positive pairwise distance, ``inf`` with fewer than two
+            distinct points.
+        anchor: index of the anchor point (always 0), -1 when there are no points.
+        radius: the largest distance from the anchor (0 without points).
+    """
+
+    n_points: int
+    min_distance: float
+    anchor: int
+    radius: float
+
+
+def local_extent(points: np.ndarray, *, block_rows: int = _BLOCK_ROWS) -> Extent:
+    """``n_i``, the smallest positive distance and the anchor's radius, without an ``[n, n]`` matrix.
+
+    Equal to what the dense matrix gives (``min(D[D > 0])`` and ``max(D[0])``, canonical
+    distances): the smallest distinct-neighbour distance found by a k-d tree over the distinct
+    points bounds the answer, and every pair within that bound (plus slack) is re-measured with
+    the canonical distance. Up to 2,048 points, or if the tree finds only pairs that underflow to
+    0, it scans blocks of ``block_rows`` distance rows instead (``O(n^2)`` time, ``O(block_rows
+    n)`` memory).
+
+    Args:
+        points: ``[n, d]`` float64.
+        block_rows: rows per distance block of the scan.
+
+    Returns:
+        The :class:`Extent`.
+
+    References:
+        Spec section 2.4 ("practical alternative"); `KzMachine`'s extent message.
+    """
+    x = np.asarray(points, dtype=np.float64)
+    n = x.shape[0]
+    if n == 0:
+        return Extent(0, math.inf, -1, 0.0)
+    radius = float(_kernels.pairwise_distances(x[:1], x).max())
+    if n <= 2048:
+        return Extent(n, _scan_min_distance(x, block_rows), 0, radius)
+    distinct = np.unique(x, axis=0)
+    if distinct.shape[0] < 2:
+        return Extent(n, math.inf, 0, radius)
+    tree = cKDTree(distinct)
+    nearest, _ = tree.query(distinct, k=2)
+    bound = float(nearest[:, 1].min())
+    pairs = tree.query_pairs(_query_radius(bound), output_type="ndarray")
+    dist = _kernels.pair_distances(distinct, pairs[:, 0], pairs[:, 1])
+    dist = dist[dist > 0]
+    dmin = float(dist.min()) if dist.size else _scan_min_distance(distinct, block_rows)
+    return Extent(n, dmin, 0, radius)
+
+
+def _scan_min_distance(x: np.ndarray, block_rows: int) -> float:
+    best = math.inf
+    for r0 in range(0, x.shape[0], block_rows):
+        dist = _kernels.pairwise_distances(x[r0 : r0 + block_rows], x)
+        positive = dist[dist > 0]
+        if positive.size:
+            best = min(best, float(positive.min()))
+    return best
+
+
+def _top_candidates(score: np.ndarray, threshold: float, size: int) -> np.ndarray:
+    """The first ``size`` candidates in the greedy's order (largest score, then smallest index)
+    among those with ``score > threshold``."""
+    if size <= 1 or score.shape[0] == 1:
+        p = int(np.argmax(score))
+        return np.array([p], dtype=np.int64) if score[p] > threshold else np.zeros(0, dtype=np.int64)
+    eligible = score > threshold
+    cand = np.flatnonzero(eligible)
+    if cand.shape[0] > size:
+        # scores are counts (small non-negative integers): the size-th largest from a histogram
+        hist = np.bincount(score[cand])
+        above = np.cumsum(hist[::-1])
+        floor = hist.shape[0] - 1 - int(np.searchsorted(above, size))
+        cand = np.flatnonzero(eligible & (score >= floor))
+    return cand[np.argsort(-score[cand], kind="stable")[:size]]
+
+
+def _independent_prefix(x: np.ndarray, chosen: np.ndarray, reach: float) -> int:
+    """Length of the longest prefix of ``chosen`` whose points are pairwise farther than ``reach``
+    (with a relative margin of 1e-6, so "farther" survives rounding)."""
+    b = chosen.shape[0]
+    if b <= 1:
+        return b
+    close = _kernels.pairwise_distances(x[chosen]) <= reach * (1.0 + 1e-6) + _TINY
+    hit = np.tril(close, k=-1).any(axis=1)
+    first = int(np.argmax(hit))
+    return first if hit[first] else b
+
+
+def _greedy(x, count, radius, threshold, max_reps, candidates, absorb, decrement, max_batch) -> Aggregation:
+    """Algorithm 2's loop on maintained counts, several steps at a time when that changes nothing.
+
+    ``count[p] = |ball_U(p, 2L)|`` is kept up to date by ``decrement(absorbed, alive)`` after
+    every removal. The loop takes the best candidates in the greedy's order (largest count,
+    smallest index) and accepts the longest prefix whose points are pairwise farther than 6L:
+    removing ``ball_U(p_j, 4L)`` cannot change the count of a point farther than 6L from p_j (its
+    2L ball misses that 4L ball), and no count grows, so each of them is still the argmax at its
+    turn and the result equals the one-step-at-a-time loop of `aggregate` (equality is tested).
+    ``absorb(chosen, alive)`` returns, for each newly absorbed point, the position in ``chosen``
+    of the first representative whose 4L ball holds it (the sequential order of absorption).
+
+    References:
+        Guo & Li, Algorithm 2; spec section 2.2 (incremental counts).
+    """
+    n = count.shape[0]
+    alive = np.ones(n, dtype=bool)
+    owner = np.full(n, -1, dtype=np.int64)
+    reps: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    n_reps = 0
+    overflow = False
+    only_uncovered = candidates == "uncovered"
+    size = 1
+    while n:
+        score = np.where(alive, count, -1) if only_uncovered else count
+        top = _top_candidates(score, threshold, size)
+        if top.shape[0] == 0:
+            break
+        room = math.inf if max_reps is None else max_reps - n_reps
+        if room <= 0:
+            overflow = True
+            break
+        keep = _independent_prefix(x, top, 6.0 * radius)
+        chosen = top[: int(min(keep, room))]
+        pos, absorbed = absorb(chosen, alive)
+        owner[absorbed] = n_reps + pos
+        alive[absorbed] = False
+        decrement(absorbed, alive)
+        reps.append(chosen)
+        weights.append(np.bincount(pos, minlength=chosen.shape[0]))
+        n_reps += chosen.shape[0]
+        if keep > room:  # the next candidate qualifies and is untouched: the cap is exceeded
+            overflow = True
+            break
+        size = min(2 * size, max_batch) if keep == top.shape[0] else max(2, keep)
+    return Aggregation(
+        reps=np.concatenate(reps) if reps else np.zeros(0, dtype=np.int64),
+        weights=np.concatenate(weights).astype(np.int64) if weights else np.zeros(0, dtype=np.int64),
+        owner=owner,
+        discarded=int(alive.sum()),
+        overflow=overflow,
+    )
+
+
+def _first_owner(n: int, width: int, idx: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For points listed (possibly several times) with the positions of the balls holding them,
+    the smallest position per point: ``(pos, points)``."""
+    if width == 1:
+        return pos, idx
+    best = np.full(n, width, dtype=np.int64)
+    np.minimum.at(best, idx, pos)
+    absorbed = np.flatnonzero(best < width)
+    return best[absorbed], absorbed
+
+
+@dataclasses.dataclass(frozen=True)
+class _PairCache:
+    """Directed neighbour pairs within ``radius`` (canonical distance), as CSR with distances."""
+
+    radius: float
+    indptr: np.ndarray
+    cols: np.ndarray
+    dist: np.ndarray
+
+
+class PointIndex:
+    """One (sub-)machine's points, ready for aggregations at many radii without an ``[n, n]`` matrix.
+
+    Two exact ways to run Algorithm 2 (`aggregate` on the dense matrix gives the same result,
+    tested):
+
+    * ``pairs``: a k-d tree (``scipy.spatial.cKDTree``) lists the pairs within 2L, each re-measured
+      with the canonical distance; counts are the degrees and a removal subtracts the rows of
+      the removed points. Time and memory O(pairs within 2L); the representatives' 4L balls come
+      from tree queries. The pairs of the largest radius so far are kept (up to
+      ``pair_cache_bytes``) and filtered for smaller radii, which a radius search asks for
+      often.
+    * ``blocked``: blocks of ``block_rows`` canonical distance rows; O(n^2) time per radius,
+      never more than ``block_rows x n`` distances at once.
+
+    ``auto`` takes ``pairs`` when a sample of ball sizes predicts at most ``n^2 / 4`` and at most
+    2^25 directed pairs, ``blocked`` otherwise (and for up to 512 points).
+
+    Args:
+        points: ``[n, d]`` float64 (finite).
+        method: ``"auto"``, ``"pairs"`` or ``"blocked"``.
+        block_rows: rows per distance block (also the largest batch of representatives taken at
+            once by the blocked method).
+        pair_cache_bytes: the most bytes of neighbour pairs kept between calls (0: none).
+
+    Raises:
+        ValueError: an unknown ``method``, ``block_rows < 1`` or a negative cache size.
+
+    References:
+        Guo & Li, Algorithm 2; spec sections 2.2 and 2.8 ("for n_i > ~2e4 use blocked distance
+        computation or the sub-machine split").
+    """
+
+    def __init__(
+        self,
+        points: np.ndarray,
+        *,
+        method: str = "auto",
+        block_rows: int = _BLOCK_ROWS,
+        pair_cache_bytes: int = 64 << 20,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if block_rows < 1 or pair_cache_bytes < 0:
+            raise ValueError("block_rows must be >= 1 and pair_cache_bytes >= 0")
+        self.points = np.ascontiguousarray(points, dtype=np.float64)
+        if self.points.ndim != 2:
+            raise ValueError(f"points must have shape [n, d], got {self.points.shape}")
+        self.method = method
+        self.block_rows = int(block_rows)
+        self.pair_cache_bytes = int(pair_cache_bytes)
+        self._tree: cKDTree | None = None
+        self._columns: np.ndarray | None = None
+        self._enclosing: float | None = None
+        self._cache: _PairCache | None = None
+
+    @property
+    def n_points(self) -> int:
+        return int(self.points.shape[0])
+
+    @property
+    def enclosing_radius(self) -> float:
+        """The largest distance from the centre of the bounding box (so every pairwise distance is
+        at most twice it, up to rounding); 0 without points."""
+        if self._enclosing is None:
+            x = self.points
+            centre = (x.min(axis=0) + x.max(axis=0)) / 2.0 if x.shape[0] else np.zeros(x.shape[1])
+            self._enclosing = float(_kernels.pairwise_distances(centre[None, :], x).max(initial=0.0))
+        return self._enclosing
+
+    @property
+    def columns(self) -> np.ndarray:
+        """The points stored by coordinate, ``[d, n]`` (for `_kernels.pair_distances_by_columns`)."""
+        if self._columns is None:
+            self._columns = np.ascontiguousarray(self.points.T)
+        return self._columns
+
+    @property
+    def tree(self) -> cKDTree:
+        """The k-d tree of the points (built on first use)."""
+        if self._tree is None:
+            self._tree = cKDTree(self.points)
+        return self._tree
+
+    def choose_method(self, radius: float) -> str:
+        """The method ``auto`` uses at this radius (see the class docstring)."""
+        n = self.n_points
+        if self.method != "auto":
+            return self.method
+        if n <= 512:
+            return "blocked"
+        if self._cache is not None and self._cache.radius >= 2.0 * radius:
+            return "pairs"
+        sample = np.unique(np.linspace(0, n - 1, min(n, _SAMPLE)).astype(np.int64))
+        sizes = self.tree.query_ball_point(self.points[sample], _query_radius(2.0 * radius), return_length=True)
+        directed = (float(np.mean(sizes)) - 1.0) * n
+        return "pairs" if directed <= min(n * n / 4.0, _MAX_PAIRS) else "blocked"
+
+    def aggregate(
+        self, radius: float, threshold: float, *, max_reps: int | None = None, candidates: str = "all"
+    ) -> Aggregation:
+        """Aggregating(Q, L, y) on these points; the same result as `aggregate` on their matrix.
+
+        Args:
+            radius: the guess L, ``>= 0``.
+            threshold: y, ``>= 0``.
+            max_reps: the cap of `aggregate` (``None``: no cap).
+            candidates: ``"all"`` or ``"uncovered"`` (see `aggregate`).
+
+        Returns:
+            The :class:`Aggregation` (indices into ``points``).
+
+        Raises:
+            ValueError: as `aggregate`.
+        """
+        _check_aggregate_args(radius, threshold, candidates)
+        radius = float(radius)
+        n = self.n_points
+        if n == 0:
+            return aggregate(np.zeros((0, 0)), radius, threshold, max_reps=max_reps, candidates=candidates)
+        if 2.0 * self.enclosing_radius * (1.0 + _SLACK) + _TINY <= 2.0 * radius:
+            # every 2L ball holds every point: point 0 has the largest ball (smallest index on the
+            # tie), and its 4L ball absorbs everything; then no ball holds anything
+            if not n > threshold:
+                return Aggregation(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                   np.full(n, -1, dtype=np.int64), n, False)
+            if max_reps is not None and max_reps < 1:
+                return Aggregation(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                   np.full(n, -1, dtype=np.int64), n, True)
+            return Aggregation(np.zeros(1, dtype=np.int64), np.array([n], dtype=np.int64),
+                               np.zeros(n, dtype=np.int64), 0, False)
+        if self.choose_method(radius) == "pairs":
+            return self._aggregate_pairs(radius, threshold, max_reps, candidates)
+        return self._aggregate_blocked(radius, threshold, max_reps, candidates)
+
+    # -- the pairs method ---------------------------------------------------------------------------
+
+    def _neighbours(self, inner: float) -> tuple[np.ndarray, np.ndarray]:
+        """CSR ``(indptr [n+1], indices)`` of the pairs at canonical distance ``<= inner`` (no self-pairs)."""
+        n = self.n_points
+        cache = self._cache
+        if cache is not None and cache.radius >= inner:
+            keep = cache.dist <= inner
+            kept = np.zeros(keep.shape[0] + 1, dtype=np.int64)
+            np.cumsum(keep, out=kept[1:])
+            return kept[cache.indptr], cache.cols[keep]
+        pairs = self.tree.query_pairs(_query_radius(inner), output_type="ndarray")
+        index_type = np.int32 if n < 1 << 31 else np.int64
+        pairs = pairs.astype(index_type)
+        dist = _kernels.pair_distances_by_columns(self.columns, pairs[:, 0], pairs[:, 1])
+        keep = dist <= inner
+        first, second, dist = pairs[keep, 0], pairs[keep, 1], dist[keep]
+        rows = np.concatenate([first, second])
+        # n <= 2^16: NumPy's stable sort of uint16 is a radix sort
+        order = np.argsort(rows.astype(np.uint16) if n <= 1 << 16 else rows, kind="stable")
+        cols = np.concatenate([second, first]).take(order)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+        if 12 * cols.shape[0] + indptr.nbytes <= self.pair_cache_bytes:
+            self._cache = _PairCache(inner, indptr, cols, np.concatenate([dist, dist]).take(order))
+        return indptr, cols
+
+    def _aggregate_pairs(self, radius, threshold, max_reps, candidates) -> Aggregation:
+        x, n = self.points, self.n_points
+        inner, outer = 2.0 * radius, 4.0 * radius
+        indptr, indices = self._neighbours(inner)
+        count = np.diff(indptr) + 1  # |ball_Q(p, 2L)|, p itself included
+        tree = self.tree
+
+        def absorb(chosen: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            balls = tree.query_ball_point(x[chosen], _query_radius(outer), return_sorted=False)
+            sizes = np.fromiter(map(len, balls), dtype=np.int64, count=chosen.shape[0])
+            idx = np.fromiter(itertools.chain.from_iterable(balls), dtype=np.int64, count=int(sizes.sum()))
+            pos = np.repeat(np.arange(chosen.shape[0], dtype=np.int64), sizes)
+            live = alive[idx]
+            idx, pos = idx[live], pos[live]
+            near = _kernels.pair_distances_by_columns(self.columns, chosen[pos], idx) <= outer
+            return _first_owner(n, chosen.shape[0], idx[near], pos[near])
+
+        def decrement(absorbed: np.ndarray, alive: np.ndarray) -> None:
+            count[absorbed] -= 1
+            starts = indptr[absorbed]
+            sizes = indptr[absorbed + 1] - starts
+            total = int(sizes.sum())
+            if total:
+                flat = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(total)
+                neighbours = indices[flat]
+                if total > n // 4:
+                    np.subtract(count, np.bincount(neighbours, minlength=n), out=count)
+                else:
+                    np.subtract.at(count, neighbours, 1)
+
+        return _greedy(x, count, radius, threshold, max_reps, candidates, absorb, decrement, _MAX_BATCH)
+
+    # -- the blocked method -------------------------------------------------------------------------
+
+    def _aggregate_blocked(self, radius, threshold, max_reps, candidates) -> Aggregation:
+        x, n, rows = self.points, self.n_points, self.block_rows
+        inner, outer = 2.0 * radius, 4.0 * radius
+        count = np.empty(n, dtype=np.int64)
+        for r0 in range(0, n, rows):
+            count[r0 : r0 + rows] = np.count_nonzero(_kernels.pairwise_distances(x[r0 : r0 + rows], x) <= inner, axis=1)
+
+        def absorb(chosen: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            within = _kernels.pairwise_distances(x[chosen], x) <= outer
+            within &= alive
+            absorbed = np.flatnonzero(within.any(axis=0))
+            return np.argmax(within[:, absorbed], axis=0).astype(np.int64), absorbed
+
+        def decrement(absorbed: np.ndarray, alive: np.ndarray) -> None:
+            # subtract the removed points' rows, or recount from the remaining ones if fewer
+            remaining = np.flatnonzero(alive)
+            source = absorbed if absorbed.shape[0] <= remaining.shape[0] else remaining
+            total = np.zeros(n, dtype=np.int64)
+            for r0 in range(0, source.shape[0], rows):
+                block = _kernels.pairwise_distances(x[source[r0 : r0 + rows]], x) <= inner
+                total += np.count_nonzero(block, axis=0)
+            if source is absorbed:
+                np.subtract(count, total, out=count)
+            else:
+                count[:] = total
+
+        return _greedy(x, count, radius, threshold, max_reps, candidates, absorb, decrement, rows)
+
+
+def aggregate_points(
+    points: np.ndarray,
+    radius: float,
+    threshold: float,
+    *,
+    max_reps: int | None = None,
+    candidates: str = "all",
+    method: str = "auto",
+    block_rows: int = _BLOCK_ROWS,
+) -> Aggregation:
+    """`aggregate` from the points instead of a distance matrix: the same result, lean memory.
+
+    Equal to ``aggregate(_kernels.pairwise_distances(points), radius, threshold, ...)``
+    (representatives, weights, owners, discarded count, overflow), because both test balls with
+    the same canonical distance; but the ``[n, n]`` matrix is never formed (see
+    :class:`PointIndex` for the two methods and their costs). For several radii on the same
+    points, keep a :class:`PointIndex`.
+
+    Args:
+        points: ``[n, d]`` float64.
+        radius: the guess L, ``>= 0``.
+        threshold: y, ``>= 0``.
+        max_reps: the cap of `aggregate` (``None``: no cap).
+        candidates: ``"all"`` or ``"uncovered"``.
+        method: ``"auto"``, ``"pairs"`` or ``"blocked"``.
+        block_rows: rows per distance block.
+
+    Returns:
+        The :class:`Aggregation`.
+
+    Raises:
+        ValueError: as `aggregate`, or an unknown ``method``.
+
+    References:
+        Guo & Li, Algorithm 2 (Section 2.1); spec sections 2.2 and 2.8.
+    """
+    index = PointIndex(points, method=method, block_rows=block_rows, pair_cache_bytes=0)
+    return index.aggregate(radius, threshold, max_reps=max_reps, candidates=candidates)
+
+
+class SubMachines:
+    """A machine split into sub-machines, aggregated as ``t_i`` virtual machines (Appendix B).
+
+    The machine's points are split by `split_sub_machines`; each part gets its own
+    :class:`PointIndex`, and an aggregation at L is the concatenation of the parts'
+    aggregations (representatives as indices into the machine's points, in part order). Every
+    part uses the same threshold and the same overall cap, which the caller sets for the
+    *virtual* machine count ``m' = sum_i t_i``: ``y = eps z / (k m')`` and
+    ``max_reps = floor(k m' (1 + 1/eps))`` (the paper runs dist-kzc over the m' virtual
+    machines). The guarantees of the split are those of Algorithm 2 on each part: the weights
+    plus the discarded points are ``n_i``, and each point moves at most 4L, to a representative
+    of its own part.
+
+    The parts are aggregated in order and the machine stops once its representatives exceed
+    ``max_reps`` (the coordinator rejects that L anyway); the parts left out count as discarded,
+    so ``discarded`` is then an upper bound, as in `aggregate`. With ``workers > 1``, that many
+    parts are aggregated at once in threads (the k-d tree and NumPy release the GIL); the result
+    does not depend on ``workers``.
+
+    Args:
+        points: the machine's points ``[n_i, d]`` float64.
+        max_points: largest part.
+        workers: parts aggregated in parallel, ``>= 1``.
+        method: passed to every :class:`PointIndex`.
+        pair_cache_bytes: neighbour-pair cache of the whole machine, shared evenly by the parts
+            (default 2 KiB per point: the pairs of balls of about 80 points on average).
+
+    Raises:
+        ValueError: ``max_points < 1``, ``workers < 1`` or an invalid ``method``.
+
+    References:
+        Guo & Li, Appendix B; spec section 2.7 ("use sub-machines if n_i is large").
+    """
+
+    def __init__(
+        self,
+        points: np.ndarray,
+        *,
+        max_points: int = DEFAULT_SUB_MACHINE_POINTS,
+        workers: int = 1,
+        method: str = "auto",
+        pair_cache_bytes: int | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.points = np.ascontiguousarray(points, dtype=np.float64)
+        self.parts = split_sub_machines(self.points, max_points)
+        if pair_cache_bytes is None:
+            pair_cache_bytes = _CACHE_BYTES_PER_POINT * self.points.shape[0]
+        share = int(pair_cache_bytes) // len(self.parts)
+        self.indexes = [PointIndex(self.points[p], method=method, pair_cache_bytes=share) for p in self.parts]
+        self.workers = int(workers)
+
+    @property
+    def count(self) -> int:
+        """``t_i``: the number of parts (virtual machines)."""
+        return len(self.parts)
+
+    def extent(self) -> Extent:
+        """The machine's :class:`Extent` (over all its points, not per part)."""
+        return local_extent(self.points)
+
+    def aggregate(
+        self, radius: float, threshold: float, *, max_reps: int | None = None, candidates: str = "all"
+    ) -> Aggregation:
+        """The machine's aggregation at L: every part's, concatenated (see the class docstring).
+
+        Args:
+            radius: L, ``>= 0``.
+            threshold: y for the virtual machine count.
+            max_reps: the overall cap for the virtual machine count (``None``: none).
+            candidates: ``"all"`` or ``"uncovered"``.
+
+        Returns:
+            An :class:`Aggregation` over the machine's points; ``count`` exceeds ``max_reps`` iff
+            the machine's representatives do.
+        """
+        _check_aggregate_args(radius, threshold, candidates)
+        n = self.points.shape[0]
+        owner = np.full(n, -1, dtype=np.int64)
+        reps: list[np.ndarray] = []
+        weights: list[np.ndarray] = []
+        n_reps, discarded, overflow = 0, 0, False
+        pending = list(range(self.count))
+
+        def run(j: int) -> Aggregation:
+            return self.indexes[j].aggregate(radius, threshold, max_reps=max_reps, candidates=candidates)
+
+        pool = concurrent.futures.ThreadPoolExecutor(self.workers) if self.workers > 1 else None
+        try:
+            while pending and not overflow:
+                wave, pending = pending[: self.workers], pending[self.workers :]
+                # each part runs with the whole cap; a smaller remaining room only cuts its result short
+                results = list(pool.map(run, wave)) if pool is not None else [run(j) for j in wave]
+                for j, agg in zip(wave, results):
+                    part = self.parts[j]
+                    if overflow:
+                        discarded += part.shape[0]
+                        continue
+                    room = None if max_reps is None else max_reps - n_reps
+                    taken = agg.reps.shape[0] if room is None else min(agg.reps.shape[0], room)
+                    cut = room is not None and (agg.reps.shape[0] > room or (agg.reps.shape[0] == room and agg.overflow))
+                    local = agg.owner.copy()
+                    local[local >= taken] = -1
+                    owner[part] = np.where(local >= 0, local + n_reps, -1)
+                    reps.append(part[agg.reps[:taken]])
+                    weights.append(agg.weights[:taken])
+                    discarded += int(np.count_nonzero(local < 0))
+                    n_reps += taken
+                    overflow = cut
+        finally:
+            if pool is not None:
+                pool.shutdown()
+        for j in pending:
+            discarded += self.parts[j].shape[0]
+        return Aggregation(
+            reps=np.concatenate(reps) if reps else np.zeros(0, dtype=np.int64),
+            weights=np.concatenate(weights).astype(np.int64) if weights else np.zeros(0, dtype=np.int64),
+            owner=owner,
+            discarded=discarded,
+            overflow=overflow,
+        )
 
 
 # --- greedy covers (Algorithm 1 and Charikar et al.) --------------------------------------------
@@ -253,10 +900,29 @@ def greedy_cover(
         raise ValueError("k must be at least 1")
     if weights.shape != (n,):
         raise ValueError(f"weights must have shape [{n}], got {weights.shape}")
-    inner = dist <= grow * radius
+    inner_radius = grow * radius
     outer_radius = expand * radius
+    # integer weights: blocks of rows through BLAS in float32 (float64 when the total weight
+    # reaches 2^24), exact because every partial sum is an integer the type represents, and
+    # without an n x n integer copy of the ball matrix; other weights: the plain products
+    mass = float(np.abs(weights).sum()) if n else 0.0
+    exact_blocks = weights.dtype.kind in "iub" and n and mass < 2.0**53
+    inner = None if exact_blocks else dist <= inner_radius
+    block_type = np.float32 if mass < 2.0**24 else np.float64  # every partial sum an exact integer
+
+    def ball_weights(rows: np.ndarray) -> np.ndarray:
+        """``sum_{i in rows} w_i [d(i, p) <= G r]`` for every p (the ball matrix is symmetric)."""
+        if inner is not None:
+            return weights[rows] @ inner[rows]
+        total = np.zeros(n, dtype=np.float64)
+        w = weights.astype(block_type)
+        for r0 in range(0, rows.shape[0], _BLOCK_ROWS):
+            block = rows[r0 : r0 + _BLOCK_ROWS]
+            total += w[block] @ (dist[block] <= inner_radius).astype(block_type)
+        return total.astype(weights.dtype)
+
     alive = np.ones(n, dtype=bool)
-    score = weights @ inner if n else np.zeros(0, dtype=weights.dtype)  # symmetric: column sums
+    score = ball_weights(np.arange(n)) if n else np.zeros(0, dtype=weights.dtype)
     centres: list[int] = []
     for _ in range(k):
         if not alive.any():
@@ -265,7 +931,7 @@ def greedy_cover(
         centres.append(p)
         removed = np.flatnonzero(alive & (dist[p] <= outer_radius))
         alive[removed] = False
-        score = score - weights[removed] @ inner[removed]
+        score = score - ball_weights(removed)
     uncovered = weights[alive].sum().item() if n else 0
     return Cover(
         centres=np.asarray(centres, dtype=np.int64),
@@ -366,24 +1032,81 @@ def smallest_cover_radius(
         Spec section 2.5 (lo-fails/hi-passes search) and the coordinator refinement; Charikar et
         al. 2001 (exact radius search over pairwise distances).
     """
-    candidates = cover_breakpoints(dist, grow=grow, expand=expand)
-    if upper is not None:
-        if not upper >= 0:
-            raise ValueError(f"upper must be >= 0, got {upper}")
-        candidates = candidates[candidates < upper]
-        candidates = np.append(candidates, upper)
-    best = greedy_cover(dist, weights, k, budget, float(candidates[-1]), grow=grow, expand=expand)
+    dist = np.asarray(dist, dtype=np.float64)
+    if upper is not None and not upper >= 0:
+        raise ValueError(f"upper must be >= 0, got {upper}")
+
+    def cover_at(r: float) -> Cover:
+        return greedy_cover(dist, weights, k, budget, r, grow=grow, expand=expand)
+
+    if dist.shape[0] <= _FULL_BREAKPOINTS:
+        candidates = cover_breakpoints(dist, grow=grow, expand=expand)
+        if upper is not None:
+            candidates = np.append(candidates[candidates < upper], upper)
+        best = cover_at(float(candidates[-1]))
+        return _bisect_covers(candidates, -1, best, cover_at) if best.ok else None
+    # large inputs: the same lo-fails/hi-succeeds search, first over a sample of the breakpoints,
+    # then over every breakpoint between the two sampled ones it ends at (never all n^2 of them)
+    if upper is None:
+        vmax = max((float(dist[r0 : r0 + _BLOCK_ROWS].max()) for r0 in range(0, dist.shape[0], _BLOCK_ROWS)))
+        top = float(max(_round_up_quotients(np.array([vmax]), grow)[0], _round_up_quotients(np.array([vmax]), expand)[0]))
+    else:
+        top = float(upper)
+    best = cover_at(top)
     if not best.ok:
         return None
-    lo, hi = -1, candidates.shape[0] - 1
+    sample = _breakpoints_between(dist, -math.inf, top, grow, expand, stride=max(1, dist.shape[0] // 256))
+    if sample.shape[0] > _SAMPLE_BREAKPOINTS:
+        sample = sample[np.linspace(0, sample.shape[0] - 1, _SAMPLE_BREAKPOINTS).astype(np.int64)]
+    coarse = np.append(sample, top)
+    lo, best, hi_value = _bisect_covers_with_bounds(coarse, -1, best, cover_at)
+    lo_value = float(coarse[lo]) if lo >= 0 else -math.inf
+    fine = np.append(_breakpoints_between(dist, lo_value, hi_value, grow, expand), hi_value)
+    return _bisect_covers(fine, -1, best, cover_at)
+
+
+_FULL_BREAKPOINTS = 2048
+"""Up to this many points `smallest_cover_radius` lists every breakpoint (the plain search)."""
+_SAMPLE_BREAKPOINTS = 1 << 15
+
+
+def _bisect_covers_with_bounds(candidates, lo, best, cover_at):
+    """lo-fails/hi-succeeds bisection over sorted ``candidates`` (the last one succeeds, with
+    cover ``best``); returns ``(lo index, cover at hi, hi value)`` with ``hi = lo + 1``."""
+    hi = candidates.shape[0] - 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        cover = greedy_cover(dist, weights, k, budget, float(candidates[mid]), grow=grow, expand=expand)
+        cover = cover_at(float(candidates[mid]))
         if cover.ok:
             hi, best = mid, cover
         else:
             lo = mid
-    return best
+    return lo, best, float(candidates[hi])
+
+
+def _bisect_covers(candidates, lo, best, cover_at) -> Cover:
+    return _bisect_covers_with_bounds(candidates, lo, best, cover_at)[1]
+
+
+def _breakpoints_between(dist, low, high, grow, expand, *, stride: int = 1) -> np.ndarray:
+    """The breakpoints ``{0} + {v/G} + {v/E}`` (as in `cover_breakpoints`) strictly between ``low``
+    and ``high``, sorted and unique, from the rows ``0, stride, 2 stride, ...`` of the upper
+    triangle (``stride = 1``: all of them), scanned in blocks of rows."""
+    n = dist.shape[0]
+    found = [np.zeros(1)] if low < 0.0 < high else []
+    rows = np.arange(0, n, stride)
+    # distances whose quotients can fall in (low, high): a prefilter with room for the rounding
+    v_low = max(low * min(grow, expand) * (1.0 - 1e-12), 0.0) if low > 0 else 0.0
+    v_high = high * max(grow, expand) * (1.0 + 1e-12)
+    for r0 in range(0, rows.shape[0], _BLOCK_ROWS):
+        block = rows[r0 : r0 + _BLOCK_ROWS]
+        part = dist[block]
+        keep = (part > v_low) & (part < v_high) & (np.arange(n)[None, :] > block[:, None])  # upper triangle
+        values = np.unique(part[keep])
+        for factor in (grow, expand):
+            q = _round_up_quotients(values, factor)
+            found.append(q[(q > low) & (q < high)])
+    return np.unique(np.concatenate(found)) if found else np.zeros(0)
 
 
 # --- farthest-first and padding -----------------------------------------------------------------
@@ -660,7 +1383,7 @@ def kmeans_minus_minus(draws: np.ndarray, x: np.ndarray, k: int, z: int, *, iter
 
 
 def bel_coreset(draws: np.ndarray, x: np.ndarray, centres: np.ndarray, radius: float,
-                power: int) -> tuple[np.ndarray, np.ndarray]:
+                power: int, *, nearest: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One machine's part of a Balcan-Ehrlich-Liang coreset for the truncated cost ``min(d, L)^l``.
 
     Samples ``len(draws)`` points i.i.d. with probability ``m(p) / c``, ``m(p) = min(d(p, B), L)^l``,
@@ -675,6 +1398,8 @@ def bel_coreset(draws: np.ndarray, x: np.ndarray, centres: np.ndarray, radius: f
         centres: the local solution B_i ``[c, d]`` (``c >= 1`` when ``n_i >= 1``).
         radius: the truncation L (``inf`` for plain BEL).
         power: l.
+        nearest: ``_kernels.nearest_centres(x, centres)`` if the caller has it (a machine builds
+            one coreset per radius from the same B_i); computed here otherwise.
 
     Returns:
         ``(points, weights)``: ``[t' + c, d]`` (samples, then the centres; ``t' = 0`` when every
@@ -688,7 +1413,7 @@ def bel_coreset(draws: np.ndarray, x: np.ndarray, centres: np.ndarray, radius: f
     centres = np.asarray(centres, dtype=np.float64)
     if x.shape[0] == 0:
         return np.zeros((0, x.shape[1])), np.zeros(0)
-    dist, labels = _kernels.nearest_centres(x, centres)
+    dist, labels = _kernels.nearest_centres(x, centres) if nearest is None else nearest
     mass = np.minimum(dist, radius) ** power
     total = float(mass.sum())
     counts = np.bincount(labels, minlength=centres.shape[0]).astype(np.float64)
