@@ -24,7 +24,8 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
     "scale.py": ("One FastLloyd iteration, all parties in one process", {"scale_runs", "scale_per_client"}),
     "kz_communication.py": (
-        "(k,z)-center: communication and radius (z points removed) against z", {"kz_center", "kz_center_growth"}
+        "(k,z)-center: communication and radius (z points removed) against z",
+        {"kz_center", "kz_authors", "kz_center_growth"},
     ),
     "kz_scale.py": (
         "dist-kzc over the memory transport: time per round as n grows",

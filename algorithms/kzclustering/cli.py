@@ -64,7 +64,7 @@ from fedproto.algorithms.kzclustering.baselines import (
     charikar,
     greedy,
 )
-from fedproto.algorithms.kzclustering.config import SEARCHES, KzCenterConfig, check_instance
+from fedproto.algorithms.kzclustering.config import COUNT_TESTS, SEARCHES, KzCenterConfig, check_instance
 from fedproto.algorithms.kzclustering.data import synthetic_dataset, with_outliers
 from fedproto.algorithms.kzclustering.messages import (
     AggregatedCounts,
@@ -74,8 +74,12 @@ from fedproto.algorithms.kzclustering.messages import (
     LocalCosts,
     LocalExtent,
     OutlierCount,
+    ProbeCounts,
+    RadiusFetch,
     RadiusGrid,
     RadiusGuesses,
+    RadiusProbes,
+    Representatives,
     WeightedPoints,
 )
 from fedproto.algorithms.kzclustering.means import (
@@ -107,6 +111,7 @@ __all__ = [
     "KzCenterPlugin",
     "KzMeansPlugin",
     "center_frame_limit",
+    "center_rounds_bound",
     "grid_size_bound",
     "means_frame_limit",
     "prepare_data",
@@ -114,7 +119,7 @@ __all__ = [
 ]
 
 CENTRALISED = ("greedy", "charikar", "kzc")
-CENTER_PHASES = ("extent", "grid", "counts", "fetch", "points", "centres", "outliers")
+CENTER_PHASES = ("extent", "grid", "probe", "counts", "fetch", "points", "centres", "outliers")
 NORMALIZATIONS = ("minmax", "none")
 
 #: Readable labels of the result and analytic keys shared by the three plugins.
@@ -123,7 +128,9 @@ LABELS: dict[str, str] = {
     "n_points": "points n",
     "n_clients": "machines m",
     "slack": "slack (paper's eps)",
-    "probe_batch": "guesses probed per round (0 = all)",
+    "probe_batch": "guesses asked per round (0 = all)",
+    "probe_rounds": "probe rounds",
+    "probes": "guesses probed",
     "radius": "certified radius L_out",
     "n_outliers": "points beyond the outlier radius",
     "outlier_budget": "allowed (1+slack)z",
@@ -138,8 +145,8 @@ LABELS: dict[str, str] = {
     "cost_z_removed": "cost (z removed)",
     "cost_budget_removed": "cost ((1+slack)z removed)",
     "coreset_samples": "coreset samples per radius",
-    "max_representatives_per_guess": "max representatives per guess k m (1+1/slack)",
-    "round3_words_bound_per_guess": "Round-3 words bound per guess k m (1+1/slack)(d+1)",
+    "max_representatives_per_guess": "max representatives per guess (the count test's bound)",
+    "round3_words_bound_per_guess": "Round-3 words bound per guess (count bound x (d+1))",
     "count_threshold": "threshold y = slack z / (k m)",
     "objective_power": "objective exponent l",
     "score_outlier_budget": "outlier budget of the score",
@@ -261,29 +268,46 @@ def grid_size_bound(x: np.ndarray, eps: float, *, objective: str, radius_bounds:
 def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: int) -> int:
     """The largest frame any party of a (k,z)-center run sends (bytes, envelope included).
 
-    The grid, the counts (two per guess) and a fetch of every guess at once (``--probe-batch
-    0``) are ``T`` long (:func:`grid_size_bound`); a fetch reply holds, for each fetched guess, at
-    most ``min(n_i, k m (1 + 1/eps))`` representatives ``[d]`` with their weights (a machine
-    refuses to send a guess beyond the count test), ``n_i`` at most ``largest_machine``. How many
-    a machine sends depends on its data, so this bound can exceed the observed frames several
-    times; it is what an honest machine may send.
+    The grid, the counts (two per guess) and a fetch or probe round of every guess at once
+    (``--probe-batch 0``) are ``T`` long (:func:`grid_size_bound`); a fetch reply holds, for each
+    fetched guess, at most ``min(n_i, count bound)`` representatives ``[d]`` with their weights (a
+    machine's count above the bound fails the count test, so that guess is never fetched), ``n_i``
+    at most ``largest_machine``. How many a machine sends depends on its data, so this bound can
+    exceed the observed frames several times; it is what an honest machine may send.
     """
     d, k = config.d, config.k
     t = grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
-    fetched = min(config.batch, t) if config.batch else t
-    reps = fetched * min(largest_machine, config.max_reps)
+    asked = min(config.batch, t) if config.batch else t
+    reps = min(largest_machine, config.max_reps)
     return max(
         max_frame_bytes(LocalExtent, arrays={"anchor": (1, d)}),
         max_frame_bytes(RadiusGrid, arrays={"radii": (t,)}),
         max_frame_bytes(AggregatedCounts, arrays={"counts": (t,), "discarded": (t,)}),
-        max_frame_bytes(RadiusGuesses, arrays={"indices": (fetched,)}),
+        max_frame_bytes(RadiusGuesses, arrays={"indices": (asked,)}),
         max_frame_bytes(
             WeightedPoints,
-            arrays={"indices": (fetched,), "sizes": (fetched,), "points": (reps, d), "weights": (reps,)},
+            arrays={"indices": (asked,), "sizes": (asked,), "points": (asked * reps, d), "weights": (asked * reps,)},
         ),
+        max_frame_bytes(RadiusProbes, arrays={"radii": (asked,)}),
+        max_frame_bytes(ProbeCounts, arrays={"counts": (asked,), "discarded": (asked,)}),
+        max_frame_bytes(RadiusFetch),
+        max_frame_bytes(Representatives, arrays={"points": (reps, d), "weights": (reps,)}),
         max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
         max_frame_bytes(OutlierCount),
     )
+
+
+def center_rounds_bound(config: KzCenterConfig, grid_size: int) -> int:
+    """Algorithm rounds of a (k,z)-center run when the first fetch succeeds (for progress bars and
+    the run's time limit): the extent round (without radius bounds), then the counts (``linear``,
+    ``binary``) or at most ``ceil(log_{b+1} T) + 1`` probe rounds (``probe``, b guesses per
+    round), a fetch, and the answer."""
+    extent = 0 if config.radius_bounds else 1
+    if config.search != "probe":
+        return extent + 3
+    b = config.batch
+    probes = 1 if b == 0 or grid_size <= 1 else math.ceil(math.log(grid_size) / math.log(b + 1)) + 1
+    return extent + probes + 2
 
 
 def means_frame_limit(config: KzMeansConfig, x: np.ndarray) -> int:
@@ -377,13 +401,20 @@ class KzCenterPlugin:
         group.add_argument("--z", type=int, default=None, help="outliers (default: --inject-outliers)")
         add_slack_argument(group, 0.1, "bicriteria slack in (0, 1]: at most (1+slack)z outliers (the paper's "
                            "eps; default 0.1)")
-        group.add_argument("--search", choices=SEARCHES, default="linear", help="search over the radius grid")
+        group.add_argument("--search", choices=SEARCHES, default="probe",
+                           help="search over the radius grid: probe (counts of a few guesses per round, then one "
+                                "fetch; default), linear or binary (counts of every guess first)")
         group.add_argument("--probe-batch", type=int, default=1,
-                           help="radius guesses probed per round (0 = all at once; default 1)")
+                           help="radius guesses asked per round (0 = all at once; default 1)")
         _add_alias(group, "--batch", "probe_batch", type=int)
+        group.add_argument("--count-test", choices=COUNT_TESTS, default="tight",
+                           help="Round-2 count bound: tight, k m + z/(floor(y)+1) (default), or the paper's "
+                                "k m (1+1/slack)")
         group.add_argument("--candidates", choices=("all", "uncovered"), default="all",
                            help="aggregation centres from all points (paper) or uncovered ones")
         group.add_argument("--no-refine", action="store_true", help="certify 24 L instead of refining kzc's radius")
+        group.add_argument("--no-polish", action="store_true",
+                           help="keep kzc's centres (no swap local search on the representatives)")
         group.add_argument("--radius-bounds", type=float, nargs=2, default=None, metavar=("A", "B"),
                            help="known interval for the optimal radius (skips the extent round)")
         group.add_argument("--compare", default="greedy",
@@ -404,6 +435,7 @@ class KzCenterPlugin:
             k=args.k, z=z, eps=args.slack, n_machines=m, d=d,
             radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
             search=args.search, batch=args.probe_batch, candidates=args.candidates, refine=not args.no_refine,
+            count_test=args.count_test, polish=not args.no_polish,
         )
         parts = partition(n, m, scheme=args.partition, seed=args.seed, labels=dataset.y)
         names = tuple(machine_name(i) for i in range(m))
@@ -424,12 +456,14 @@ class KzCenterPlugin:
             result_to_json=center_result_to_json,
             summarize=summarize,
             role_of=lambda p: "coordinator" if p == COORDINATOR else "machine",
-            iterations=3 if config.radius_bounds else 4,
+            iterations=center_rounds_bound(
+                config, grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
+            ),
             phases=CENTER_PHASES,
             plot_results=lambda ax, summary: plot_centres(ax, x, summary),
             analytic={
-                "max_representatives_per_guess": config.max_reps,
-                "round3_words_bound_per_guess": config.max_reps * (d + 1),
+                "max_representatives_per_guess": config.count_bound,
+                "round3_words_bound_per_guess": config.count_bound * (d + 1),
                 "count_threshold": config.threshold,
             },
             labels={
@@ -457,9 +491,12 @@ def center_result_to_json(party: str, result: Any) -> dict[str, Any]:
             "discarded": result.discarded,
             "n_points": result.n,
             "grid_size": int(result.grid.shape[0]),
+            "probed": result.probed.astype(int).tolist(),
             "pass2": result.pass2.astype(int).tolist(),
+            "probe_rounds": [list(p) for p in result.probe_rounds],
             "fetches": [list(f) for f in result.fetches],
             "rejected": list(result.rejected),
+            "polished": bool(result.polished),
             "outliers": result.outliers,
             "representatives": result.representatives,
             "words_by_phase": result.words_by_phase(),
@@ -504,8 +541,11 @@ def summarize_center(
         "outlier_budget": float(config.outlier_budget),
         "accepted_guess": float(coordinator["guess"]),
         "grid_size": int(coordinator["grid_size"]),
+        "probe_rounds": len(coordinator["probe_rounds"]),
+        "probes": sum(len(p) for p in coordinator["probe_rounds"]),
         "fetch_rounds": len(coordinator["fetches"]),
         "rejected_guesses": len(coordinator["rejected"]),
+        "polished": bool(coordinator["polished"]),
         "words_total": int(coordinator["total_words"]),
         "words_points": int(coordinator["representatives"] * config.d),
     }

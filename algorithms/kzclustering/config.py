@@ -2,8 +2,9 @@
 
 Every party of a run is built from the same :class:`KzCenterConfig`: k, z, eps, the number of
 machines m and the dimension are known to all (Guo & Li, Section 2.2: "known to all parties: n,
-k, z, m, L, eps"; n itself is learnt from the machines' first messages). The search options are
-this project's design decisions (spec 2.5, GAPs 1 and 2).
+k, z, m, L, eps"; n itself is learnt from the machines' first messages). The search options, the
+count test and the polishing are this project's design decisions (spec 2.5, GAPs 1 and 2; issue
+15), documented with the protocol (`fedproto.algorithms.kzclustering.protocol`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["KzCenterConfig", "SEARCHES", "check_instance"]
+__all__ = ["COUNT_TESTS", "KzCenterConfig", "SEARCHES", "check_instance"]
 
-SEARCHES = ("linear", "binary")
+#: Radius searches: ``probe`` (the default: bisection with count probes, then one fetch),
+#: ``linear`` and ``binary`` (counts of every guess first, then fetches).
+SEARCHES = ("probe", "linear", "binary")
+
+#: Round-2 count tests: ``tight`` (``k m + floor(z / (floor(y) + 1))``) or ``paper``
+#: (``k m (1 + 1/eps)``).
+COUNT_TESTS = ("tight", "paper")
 
 
 def check_instance(n: int, k: int, z: int) -> None:
@@ -50,15 +57,27 @@ class KzCenterConfig:
             "domain knowledge"); the grid is then ``A (1+eps)^t`` up to ``>= B`` and the extent
             round is skipped. ``None`` (default): machines first send their extent and the
             coordinator builds the grid (spec 2.4, "practical alternative").
-        search: ``"linear"``: fetch the smallest untried candidate that passes PASS2 and move up
-            on "No" (spec 2.5, GAP 2 fix); ``"binary"``: lo-fails/hi-passes search over the grid.
-        batch: candidates fetched per round: 1 = one at a time; b > 1 = the next b (linear) or b
-            evenly spaced probes (binary), trading words for rounds; 0 = every PASS2 candidate in
-            one round ("all-parallel", exactly one fetch).
+        search: ``"probe"`` (default): lo-fails/hi-passes bisection over the grid in which the
+            coordinator asks the machines for the counts of ``batch`` guesses per round (machines
+            aggregate only for those), then fetches the points of the one guess the bisection
+            ends at (more only after a kzc "No", spec 2.5 GAP 2); ``"linear"``: counts of every
+            guess first, then fetch the smallest untried candidate that passes PASS2 and move up
+            on "No"; ``"binary"``: counts of every guess first, then lo-fails/hi-passes over the
+            grid with fetches.
+        batch: guesses asked per round: 1 = one at a time; b > 1 = b evenly spaced probes
+            (``probe``, ``binary``) or the next b candidates (``linear``), trading words for
+            rounds; 0 = all at once (``probe``: the counts of every guess in one round;
+            ``linear``/``binary``: every PASS2 candidate in one fetch, "all-parallel").
         candidates: ``"all"`` (Algorithm 2: representatives from all of P_i) or ``"uncovered"``.
         refine: after a successful fetch, search the smallest kzc radius L'' <= 5L on the fetched
             points and certify ``L_out = 4 L'' + 4 L`` (spec 2.5, coordinator refinement);
             ``False`` reports ``L_out = 24 L``.
+        count_test: the Round-2 count bound (see :attr:`count_bound`): ``"tight"`` (default)
+            or ``"paper"``.
+        polish: after kzc, improve the centres by swap local search on the representatives
+            (`fedproto.algorithms.kzclustering.polish`), keeping the certificate L_out; only when
+            ``z > 0`` (with z = 0 the evaluated cost is the single farthest point, which the
+            representatives locate only to within 4L).
 
     Raises:
         ValueError: a parameter out of range.
@@ -70,10 +89,12 @@ class KzCenterConfig:
     n_machines: int
     d: int
     radius_bounds: tuple[float, float] | None = None
-    search: str = "linear"
+    search: str = "probe"
     batch: int = 1
     candidates: str = "all"
     refine: bool = True
+    count_test: str = "tight"
+    polish: bool = True
 
     def __post_init__(self) -> None:
         for name in ("k", "z", "n_machines", "d", "batch"):
@@ -96,6 +117,11 @@ class KzCenterConfig:
             raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
         if self.candidates not in ("all", "uncovered"):
             raise ValueError(f"candidates must be 'all' or 'uncovered', got {self.candidates!r}")
+        if self.count_test not in COUNT_TESTS:
+            raise ValueError(f"count_test must be one of {COUNT_TESTS}, got {self.count_test!r}")
+        for name in ("refine", "polish"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.radius_bounds is not None:
             lo, hi = self.radius_bounds
             if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
@@ -114,6 +140,39 @@ class KzCenterConfig:
         ``11 k m``, not ``11 k m - 1``).
         """
         return int(math.floor(self.k * self.n_machines * (1.0 + 1.0 / self.eps) * (1.0 + 1e-12)))
+
+    @property
+    def count_bound(self) -> int:
+        """The largest total ``sum_i |P'_i|`` that passes the Round-2 count test.
+
+        ``"paper"``: :attr:`max_reps` ``= k m (1 + 1/eps)`` (Lemma 2.6). ``"tight"``:
+        ``min(max_reps, k m + floor(z / (floor(y) + 1)))``, the same lemma with the integer
+        rounding kept: if L >= L*, fix optimal centres C* with at most z outliers, z_i of them on
+        machine i. A representative whose ``2L`` ball (taken in U) holds an inlier q absorbs every
+        remaining point of q's cluster (all within ``2L* + 2L <= 4L`` of it), so each cluster
+        yields at most one such representative: at most k per machine. Any other representative's
+        ball holds only outliers, more than y of them, i.e. at least ``floor(y) + 1``, all absorbed:
+        at most ``z_i / (floor(y) + 1)`` per machine. Summed: ``k m + z / (floor(y) + 1)``. So a
+        total above the bound still certifies L < L* (every L >= L* passes), and the bound is
+        always at most the paper's (``floor(y) + 1 > y`` and ``z / y = k m / eps``). With
+        ``z = 0`` it is ``k m``: at most k representatives per machine.
+
+        References:
+            Guo & Li, Lemmas 2.3 and 2.6; spec sections 2.2 and 2.3.
+        """
+        if self.count_test == "paper":
+            return self.max_reps
+        return min(self.max_reps, self.k * self.n_machines + self.z // (math.floor(self.threshold) + 1))
+
+    @property
+    def sends_discarded(self) -> bool:
+        """Whether probe replies carry discarded counts: only when ``y >= 1``.
+
+        With ``y < 1`` every remaining point's own ``2L`` ball holds it (more than y points), so
+        aggregation absorbs every point and discards none (unless it stops at the ``max_reps``
+        cap, which fails the count test anyway): the counts are all 0 and both sides know it.
+        """
+        return self.threshold >= 1.0
 
     @property
     def outlier_budget(self) -> float:

@@ -4,12 +4,23 @@ Distributed (k,z)-center (`fedproto.algorithms.kzclustering.protocol`), in messa
 
 * :class:`LocalExtent` machine -> coordinator: ``n_i``, the machine's smallest nonzero distance,
   an anchor point and the radius around it (only when no radius bounds are configured; spec 2.4);
-* :class:`RadiusGrid` coordinator -> machines: the grid of radius guesses;
-* :class:`AggregatedCounts` machine -> coordinator: ``|P'_i(L)|`` and ``|U_i(L)|`` for every guess
-  (Phase 1, with the discarded counts of the GAP 1 fix), plus ``n_i``;
-* :class:`RadiusGuesses` coordinator -> machines: which guesses to send the data of (Phase 2);
-* :class:`WeightedPoints` machine -> coordinator: the representatives and weights of those guesses
-  (Phase 3);
+* the ``probe`` search (the default):
+
+  - :class:`RadiusProbes` coordinator -> machines: the radii to aggregate at;
+  - :class:`ProbeCounts` machine -> coordinator: ``|P'_i(L)|`` per probed radius, and ``|U_i(L)|``
+    when the threshold y is at least 1 (below it nothing is ever discarded);
+  - :class:`RadiusFetch` coordinator -> machines: the one radius whose data to send;
+  - :class:`Representatives` machine -> coordinator: its representatives and weights;
+
+* the ``linear`` and ``binary`` searches:
+
+  - :class:`RadiusGrid` coordinator -> machines: the grid of radius guesses;
+  - :class:`AggregatedCounts` machine -> coordinator: ``|P'_i(L)|`` and ``|U_i(L)|`` for every
+    guess (Phase 1, with the discarded counts of the GAP 1 fix), plus ``n_i``;
+  - :class:`RadiusGuesses` coordinator -> machines: which guesses to send the data of (Phase 2);
+  - :class:`WeightedPoints` machine -> coordinator: the representatives and weights of those
+    guesses (Phase 3);
+
 * :class:`FinalCentres` coordinator -> machines: the centres and the certified radius L_out
   (Phase 5);
 * :class:`OutlierCount` machine -> coordinator: how many local points lie beyond L_out (Phase 6).
@@ -42,8 +53,12 @@ __all__ = [
     "LocalSummary",
     "OutlierBudget",
     "OutlierCount",
+    "ProbeCounts",
+    "RadiusFetch",
     "RadiusGrid",
     "RadiusGuesses",
+    "RadiusProbes",
+    "Representatives",
     "WeightedPoints",
     "message_words",
 ]
@@ -104,6 +119,67 @@ class LocalExtent(Message):
         if self.anchor.shape[0] > 1:
             raise ValueError(f"anchor must hold at most one point, got {self.anchor.shape[0]}")
         _check_points(self.anchor, "anchor")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RadiusProbes(Message):
+    """``probe`` search: the radii to aggregate at, float64 ``[b]``, ``b >= 1``, finite, ``>= 0``
+    and strictly increasing."""
+
+    TAG = "kz.probe"
+    radii: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        r = self.radii
+        if r.shape[0] < 1:
+            raise ValueError("at least one radius must be probed")
+        if not (np.all(np.isfinite(r)) and np.all(r >= 0) and np.all(np.diff(r) > 0)):
+            raise ValueError("probe radii must be finite, >= 0 and strictly increasing")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProbeCounts(Message):
+    """``probe`` search: per probed radius, ``|P'_i(L)|`` (int64 ``[b]``) and ``|U_i(L)|`` (int64
+    ``[b]``, or ``[0]`` when the threshold y is below 1: then no point is ever discarded)."""
+
+    TAG = "kz.probecounts"
+    counts: np.ndarray = array_field("int64", 1)
+    discarded: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        if self.discarded.shape not in (self.counts.shape, (0,)):
+            raise ValueError("discarded counts must match the counts, or be empty")
+        _check_nonnegative(self.counts, "counts")
+        _check_nonnegative(self.discarded, "discarded counts")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RadiusFetch(Message):
+    """``probe`` search: the probed radius whose representatives to send (finite, ``>= 0``)."""
+
+    TAG = "kz.fetchradius"
+    radius: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.radius) and self.radius >= 0):
+            raise ValueError("radius must be finite and >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Representatives(Message):
+    """``probe`` search: the representatives ``[r, d]`` float64 of the fetched radius and their
+    weights ``[r]`` int64 (>= 1); r is the count the machine reported for that radius."""
+
+    TAG = "kz.representatives"
+    points: np.ndarray = array_field("float64", 2)
+    weights: np.ndarray = array_field("int64", 1)
+
+    def __post_init__(self) -> None:
+        if self.points.shape[0] != self.weights.shape[0]:
+            raise ValueError("one weight per representative")
+        _check_points(self.points, "points")
+        if self.weights.size and int(self.weights.min()) < 1:
+            raise ValueError("weights must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 Theory of operation (Guo & Li, "Distributed k-Clustering for Data with Heavy Noise", NeurIPS 2018,
 Section 2, Algorithms 1-3 and Appendix B; spec kz-clustering.md sections 2.1-2.7, with the fixes
-of GAPs 1 and 2).
+of GAPs 1 and 2; the ``probe`` search, the tight count test and the polishing answer issue 15).
 
 Roles: one :class:`KzCoordinator` (party ``coordinator``) and m :class:`KzMachine` s (parties
 ``machine-0 .. machine-{m-1}``), in a star: machines talk only to the coordinator. Machine i holds
@@ -12,66 +12,104 @@ m, d and the search options).
 Idea: for a guess L, machine i absorbs every ball ``ball(p, 4L)`` around a point whose ``2L``
 ball holds more than ``y = eps z / (k m)`` of its remaining points into one weighted
 representative (`solvers.aggregate`); the remaining points are discarded. If L >= L* (the optimal
-radius), the machines produce at most ``k m (1 + 1/eps)`` representatives in total and discard at
-most ``(1+eps) z`` points (Lemmas 2.6, 2.7), and the coordinator's Charikar-style solver kzc
-(Algorithm 1, radii 2L'/4L') covers the representatives with ``z' = (1+eps) z - discarded``
-outlier weight at ``L' = 5L``. So the coordinator searches the grid of guesses for the smallest
-one that passes.
+radius), the machines produce few representatives in total and discard at most ``(1+eps) z``
+points (Lemmas 2.6, 2.7), and the coordinator's Charikar-style solver kzc (Algorithm 1, radii
+2L'/4L') covers the representatives with ``z' = (1+eps) z - discarded`` outlier weight at
+``L' = 5L``. So the coordinator searches the grid of guesses for the smallest one that passes.
+Machines aggregate lazily: only at the radii the coordinator asks about, once per radius
+(guesses below the local spacing, or above the local reach, share one aggregation).
 
-Message sequence (round ``r`` = one machine upload, then one coordinator download):
+The grid. Without ``radius_bounds`` (spec 2.4, practical alternative) machines first send
+:class:`LocalExtent` (phase ``extent``: ``n_i``, the local smallest nonzero distance, an anchor,
+the radius around it); the coordinator bounds the diameter by ``max (r_i + d(a_i, a_j) + r_j)``
+and builds ``[0, g, g(1+eps), ...]`` up to the first value ``>= diameter / 2``, with ``g = min_i
+dmin_i / 4``. Every machine aggregates identically for all L in ``[0, g)`` (its 4L balls hold only
+copies of a point), so the guess 0 stands for that whole interval (the "bottom" guess; see
+below). With ``radius_bounds = (A, B)`` the grid is ``A (1+eps)^t`` up to ``>= B``, known to all,
+and there is no extent round.
 
-* round 0, only without ``radius_bounds`` (spec 2.4, practical alternative): machines send
-  :class:`LocalExtent` (phase ``extent``: ``n_i``, the local smallest nonzero distance, an anchor,
-  the radius around it); the coordinator bounds the diameter by ``max (r_i + d(a_i, a_j) + r_j)`` and sends
-  the grid :class:`RadiusGrid` (phase ``grid``): ``[0, g, g(1+eps), ...]`` up to the first value
-  ``>= diameter / 2``, with ``g = min_i dmin_i / 4``. Every machine aggregates identically for
-  all L in ``[0, g)`` (its 4L balls hold only copies of a point), so the guess 0 stands for that
-  whole interval (the "bottom" guess; see below). With ``radius_bounds = (A, B)`` the grid is
-  ``A (1+eps)^t`` up to ``>= B``, known to all, and this round is skipped.
-* next round: machines aggregate for every guess and send :class:`AggregatedCounts` (phase
-  ``counts``: ``n_i``, ``|P'_i(L_t)|`` and ``|U_i(L_t)|`` for all t, 2 words per guess). The
-  coordinator computes PASS2(t) = [sum counts <= k m (1+1/eps)] and [sum discarded <= (1+eps) z]
-  (the discarded-count test is the fix of GAP 1: with the count test alone, tiny guesses pass
-  because nothing is aggregated), and asks for the data of some candidates with
-  :class:`RadiusGuesses` (phase ``fetch``).
-* next round: machines send :class:`WeightedPoints` (phase ``points``: representatives and
-  weights of the requested guesses). The coordinator evaluates the fetched candidates in
-  increasing order: z' = (1+eps) z - sum discarded, then kzc(k, z', P', 5 L_t). A "No" certifies
-  L_t < L* (GAP 2); the coordinator then fetches more (phases ``fetch``/``points`` again, one
-  round each) according to ``search``:
+PASS2 (Round 2 with the fix of GAP 1): ``sum_i |P'_i(L)| <= count_bound`` and ``sum_i |U_i(L)|
+<= (1+eps) z`` (with the count test alone, tiny guesses pass because nothing is aggregated).
+``count_bound`` is ``k m + floor(z / (floor(y) + 1))`` (``count_test="tight"``, the default;
+proof at :attr:`KzCenterConfig.count_bound`) or the paper's ``k m (1 + 1/eps)`` (``"paper"``). Every
+L >= L* passes either, so a guess that fails certifies L < L*.
 
-  - ``linear``: the next ``batch`` untried PASS2 candidates (``batch = 0``: all of them in the
-    first fetch). The first success is at the smallest passing guess, which is at most the first
-    grid value >= L*.
-  - ``binary``: lo-fails/hi-passes search over the grid (hi starts at the top guess, which
-    always passes), fetching ``batch`` evenly spaced probes per round; ends when hi follows lo,
-    so hi <= first grid value >= L*, with O(log |grid|) fetches even though the predicate is not
-    monotone.
+Search ``probe`` (the default): counts before points, and points only for the chosen guess.
 
-  On success the coordinator refines (``refine``, spec 2.5): the smallest kzc radius
-  ``L'' <= 5 L_t`` over the exact breakpoints of the fetched points, and certifies
-  ``L_out = 4 L'' + 4 L_t <= 24 L_t`` (without refinement ``L_out = 24 L_t``). The bottom guess
-  uses ``upper = 5 g`` and no move term (its representatives absorbed only copies), so if
-  L* < g it certifies ``L_out <= 4 L*``; if it fails, L* >= g.
-* final round: :class:`FinalCentres` (phase ``centres``, broadcast: the k centres and L_out);
-  each machine labels its points farther than L_out as outliers and replies with
-  :class:`OutlierCount` (phase ``outliers``). Guarantee: at most ``(1+eps) z`` outliers in total,
-  and ``L_out <= 24 (1+eps) L*`` (Claim 2.5, Theorem 1.1).
+* The coordinator keeps lo (a guess known to fail, or the sentinel -1) and hi (a guess known to
+  pass PASS2, or the top guess, which always does) and sends :class:`RadiusProbes` (phase
+  ``probe``: ``batch`` evenly spaced radii strictly between them; 1 by default, i.e. bisection;
+  ``batch = 0``: every guess up to hi at once); each machine aggregates at those radii and answers
+  :class:`ProbeCounts` (phase ``counts``: ``|P'_i(L)|`` per radius, and ``|U_i(L)|`` only when
+  ``y >= 1``: below that every point's own ball qualifies, so nothing is ever discarded). hi moves
+  to the smallest passing probe, lo to the largest failing probe below it.
+* When hi follows lo, the coordinator asks for hi's data with :class:`RadiusFetch` (phase
+  ``fetch``; a top guess never probed is probed first) and each machine sends
+  :class:`Representatives` (phase ``points``). A kzc "No" certifies L_hi < L* (GAP 2); the search
+  then bisects ``(hi, top]`` on the full predicate: one guess per round, its counts first and, if
+  it passes PASS2, its points; a failure (PASS2 or kzc) moves lo up, an acceptance moves hi down.
 
-Rounds: without ``radius_bounds``, 3 round trips plus the outlier upload when the first fetch
-succeeds (7 message phases), 2 more phases per extra fetch; with ``radius_bounds``, 5 phases
-(counts, fetch, points, centres, outliers), i.e. the paper's 4 rounds plus the outlier labels.
-Words (the coordinator's result records them per round and phase): extent ``m (d + 3)``, grid
-``m T``, counts ``m (2T + 1)``, each fetch ``m b``, each points phase ``<= (d + 1) k m
-(1 + 1/eps)`` per fetched guess plus ``2 b m``, centres ``m (k d + 1)``, outliers ``m``. None of
-them depends on z or n.
+lo < L* always holds, so hi is at most the first grid value >= L*, even though the predicate is
+not monotone. The tight count test is what keeps the fetch small: with z = 0 at most k
+representatives per machine pass it, where the paper's test lets up to ``k m (1 + 1/eps)``
+through, most of which kzc then rejects.
+
+Searches ``linear`` and ``binary`` (spec 2.5 as first built): the coordinator sends the whole grid
+:class:`RadiusGrid` (phase ``grid``), which asks for the counts of every guess; machines answer
+:class:`AggregatedCounts` (phase ``counts``: ``n_i``, ``|P'_i(L_t)|`` and ``|U_i(L_t)|`` for all
+t), and the coordinator asks for the data of some candidates with :class:`RadiusGuesses` (phase
+``fetch``); machines send :class:`WeightedPoints` (phase ``points``). The coordinator evaluates
+the fetched candidates in increasing order and fetches more (one round each) according to
+``search``:
+
+- ``linear``: the next ``batch`` untried PASS2 candidates (``batch = 0``: all of them in the
+  first fetch). The first success is at the smallest passing guess, which is at most the first
+  grid value >= L*.
+- ``binary``: lo-fails/hi-passes search over the grid (hi starts at the top guess, which always
+  passes), fetching ``batch`` evenly spaced probes per round; ends when hi follows lo.
+
+On success (every search) the coordinator refines (``refine``, spec 2.5): the smallest kzc radius
+``L'' <= 5 L_t`` over the exact breakpoints of the fetched points, and certifies ``L_out = 4 L'' +
+4 L_t <= 24 L_t`` (without refinement ``L_out = 24 L_t``). It first searches with outlier weight
+``z - discarded``, so that at most z points lie beyond L_out, and falls back to z' only when no
+radius up to ``5 L_t`` succeeds with that (the bound ``24 L_t``, hence the guarantee, is the
+same). The bottom guess uses z', ``upper = 5 g`` and no move term (its representatives absorbed
+only copies), so if L* < g it certifies ``L_out <= 4 L*``; if it fails, L* >= g. Then, when ``z >
+0`` and ``polish`` is on, it improves the centres by swap local search on the representatives for
+the paper's cost (z points removed), accepting only centres whose own certificate stays at most
+L_out (`fedproto.algorithms.kzclustering.polish`).
+
+Final round: :class:`FinalCentres` (phase ``centres``, broadcast: the k centres and L_out); each
+machine labels its points farther than L_out as outliers and replies with :class:`OutlierCount`
+(phase ``outliers``). Guarantee: at most ``(1+eps) z`` outliers in total, and ``L_out <= 24 (1+eps)
+L*`` (Claim 2.5, Theorem 1.1).
+
+Words (scalars in either direction; the coordinator's result records them per round and phase),
+for m machines, d features, T grid guesses, and ``[y >= 1]`` = 1 when discarded counts travel:
+
+* ``probe``, with P probes in all and one fetch of R representatives::
+
+      extent m (d + 3)  +  probe m P  +  counts m P (1 + [y >= 1])  +  fetch m
+      +  points (d + 1) R  +  centres m (k d + 1)  +  outliers m
+
+  (no extent term with ``radius_bounds``). With ``batch = 1``, ``P <= ceil(log2 T) + 1`` and
+  ``R <= count_bound``. After a kzc "No" come at most ``ceil(log2 T) + 1`` more rounds, each a
+  probe of one guess and, if it passes PASS2, its fetch (``m`` plus its points). Nothing depends
+  on n, and z enters only through ``R <= k m + z / (floor(y) + 1)``. Message phases: 2 per probe
+  round, 2 per fetch, 2 for the answer, plus the extent.
+* ``linear`` and ``binary``: extent ``m (d + 3)``, grid ``m T``, counts ``m (2T + 1)``, each fetch
+  ``m b``, each points phase ``<= (d + 1) count_bound`` per fetched guess plus ``2 b m``, centres
+  ``m (k d + 1)``, outliers ``m``: 3 round trips plus the outlier upload when the first fetch
+  succeeds (7 message phases; 5 with ``radius_bounds``, the paper's 4 rounds plus the outlier
+  labels), 2 more phases per extra fetch.
 
 Failure: no dropout tolerance (every machine's data is needed). A silent machine makes the
 coordinator fail with :class:`~fedproto.errors.InsufficientParticipants` naming it; a message
-out of order, from a stranger, or inconsistent with earlier ones (wrong grid length, sizes that
-do not match the counts, weights plus discarded points not equal to ``n_i``) is a
-:class:`~fedproto.errors.RemoteProtocolError`. ``k > n`` or ``z >= n`` (learnt with the counts)
-fail the coordinator with ``ValueError``.
+out of order, from a stranger, or inconsistent with earlier ones (wrong number of counts, sizes
+that do not match the counts, weights plus discarded points not equal to ``n_i``, a fetch of a
+radius never probed) is a :class:`~fedproto.errors.RemoteProtocolError`. ``k > n`` or ``z >= n``
+fail the coordinator with ``ValueError`` as soon as it knows n (from the extents; with
+``radius_bounds``, from the counts or, in the ``probe`` search, the first fetched points).
 """
 
 from __future__ import annotations
@@ -91,11 +129,16 @@ from fedproto.algorithms.kzclustering.messages import (
     FinalCentres,
     LocalExtent,
     OutlierCount,
+    ProbeCounts,
+    RadiusFetch,
     RadiusGrid,
     RadiusGuesses,
+    RadiusProbes,
+    Representatives,
     WeightedPoints,
     message_words,
 )
+from fedproto.algorithms.kzclustering.polish import polish_centres
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
@@ -156,11 +199,17 @@ class CoordinatorResult:
         discarded: points discarded by the machines at the accepted guess.
         n: total number of points.
         grid: the radius guesses ``[T]``.
-        pass2: bool ``[T]``, the Round-2 pre-test; ``count_ok`` and ``discard_ok`` its two halves.
-        count_ok: bool ``[T]``, ``sum counts <= k m (1 + 1/eps)``.
+        probed: bool ``[T]``, the guesses whose counts the machines reported (all of them in the
+            ``linear`` and ``binary`` searches).
+        pass2: bool ``[T]``, the Round-2 pre-test; ``count_ok`` and ``discard_ok`` its two halves
+            (all three False where not probed).
+        count_ok: bool ``[T]``, ``sum counts <= count_bound``.
         discard_ok: bool ``[T]``, ``sum discarded <= (1+eps) z``.
+        probe_rounds: the guesses probed, one tuple per probe round (``probe`` search; empty
+            otherwise).
         fetches: the guesses fetched, one tuple per fetch round.
         rejected: the fetched guesses kzc rejected (each certifies L_t < L*).
+        polished: whether local search changed kzc's centres.
         outliers: points the machines labelled as outliers (sum of their counts).
         representatives: representatives received over all fetches (the paper's Round-3 points).
         words: words (scalars) per ``(round_idx, phase)``, both directions.
@@ -175,11 +224,14 @@ class CoordinatorResult:
     discarded: int
     n: int
     grid: np.ndarray
+    probed: np.ndarray
     pass2: np.ndarray
     count_ok: np.ndarray
     discard_ok: np.ndarray
+    probe_rounds: tuple[tuple[int, ...], ...]
     fetches: tuple[tuple[int, ...], ...]
     rejected: tuple[int, ...]
+    polished: bool
     outliers: int
     representatives: int
     words: dict[tuple[int, str], int]
@@ -203,7 +255,7 @@ class CoordinatorResult:
 class MachineState(enum.Enum):
     """States of a machine."""
 
-    AWAIT_GRID = enum.auto()
+    AWAIT_GRID = enum.auto()  # before the first request (the grid, or the first probes)
     AWAIT_REQUEST = enum.auto()
     DONE = enum.auto()
     ERROR = enum.auto()
@@ -222,9 +274,12 @@ class KzMachine(ProtocolMachine):
     Raises:
         ValueError: ``points`` has the wrong shape or holds NaN/inf.
 
-    Memory and time: one ``[n_i, n_i]`` distance matrix, and one aggregation per guess, each
-    O(n_i^2) (spec 2.2); guesses below the local spacing or above the local diameter reuse one
-    aggregation.
+    Memory and time: no ``[n_i, n_i]`` matrix (`fedproto.algorithms.kzclustering.solvers.SubMachines`
+    aggregates from a k-d tree's neighbour pairs or from blocks of rows, exactly as the dense
+    Algorithm 2), and one aggregation per radius the coordinator asks about (cached), each at
+    most O(n_i^2) time (spec 2.2); radii below the local spacing or
+    above the local reach reuse one aggregation. The local computation goes through
+    :meth:`_local_extent` and :meth:`_aggregate_at` only.
     """
 
     State = MachineState
@@ -232,6 +287,9 @@ class KzMachine(ProtocolMachine):
     DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (MachineState.AWAIT_GRID, RadiusGrid): ("_on_grid", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_GRID, RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, RadiusFetch): ("_on_fetch", MachineState.AWAIT_REQUEST),
         (MachineState.AWAIT_REQUEST, RadiusGuesses): ("_on_guesses", MachineState.AWAIT_REQUEST),
         (MachineState.AWAIT_REQUEST, FinalCentres): ("_on_centres", MachineState.DONE),
     }
@@ -243,72 +301,93 @@ class KzMachine(ProtocolMachine):
         self.config = config
         self.coordinator = coordinator
         self.points = _check_points(points, config.d)
-        self._dist: np.ndarray | None = None
+        # the local work runs without an n_i x n_i matrix (solvers.SubMachines / PointIndex: k-d tree
+        # neighbour pairs or blocks of distance rows; the same results as the dense matrix). One part
+        # for now: splitting into sub-machines needs the virtual machine count m' = sum_i t_i in the
+        # threshold and the count cap, which the coordinator has to announce.
+        self._local = solvers.SubMachines(self.points, max_points=max(1, self.points.shape[0]))
+        self._extent_cache: LocalExtent | None = None
         self._grid: np.ndarray | None = None
-        self._aggregations: list[solvers.Aggregation] = []
+        self._asked: list[float] = []  # radii asked about, in order (the grid for linear/binary)
+        self._probed: set[float] = set()
+        self._cache: dict[float, solvers.Aggregation] = {}
 
     @property
     def phase(self) -> str:
         return "extent" if self._state is MachineState.AWAIT_GRID else "counts"
 
     def distances(self) -> np.ndarray:
-        """The local distance matrix ``[n_i, n_i]`` (computed once)."""
-        if self._dist is None:
-            self._dist = _kernels.pairwise_distances(self.points)
-        return self._dist
+        """The local distance matrix ``[n_i, n_i]``, for inspection only (computed on each call,
+        not kept: the protocol's own work never forms it)."""
+        return _kernels.pairwise_distances(self.points)
+
+    def aggregation(self, radius: float) -> solvers.Aggregation:
+        """The aggregation at ``radius`` (computed on first use, then cached)."""
+        return self._aggregate_at(float(radius))
 
     def aggregations(self) -> list[solvers.Aggregation]:
-        """The aggregation of every grid guess (after the grid is known)."""
-        return list(self._aggregations)
+        """The aggregations of the radii asked about so far, in the order asked (for the
+        ``linear`` and ``binary`` searches: the grid)."""
+        return [self._aggregate_at(r) for r in self._asked]
+
+    # -- local computation (the only users of the distance matrix) ---------------------------------
+
+    def _local_extent(self) -> LocalExtent:
+        """``n_i``, the smallest nonzero pairwise distance (``inf`` if none), the anchor (point 0)
+        and the largest distance from it, as the extent message (computed once)."""
+        if self._extent_cache is None:
+            local = self._local.extent()  # k-d tree and distance rows, the same numbers as the matrix
+            self._extent_cache = LocalExtent(
+                n_points=local.n_points,
+                min_distance=local.min_distance,
+                radius=local.radius,
+                anchor=self.points[: min(local.n_points, 1)].copy(),
+            )
+        return self._extent_cache
+
+    def _aggregate_at(self, radius: float) -> solvers.Aggregation:
+        """Aggregating(P_i, radius, y), cached per radius: `solvers.SubMachines.aggregate`, equal
+        to `solvers.aggregate` on the distance matrix without forming it.
+
+        Below a quarter of the local spacing every 4L ball holds only copies of its centre, the
+        same as L = 0; from the anchor's radius up every 2L ball holds every point (``2L >= 2 r_0
+        >= diameter``), the same for all such L. Both ranges share one cached aggregation.
+        """
+        extent = self._local_extent()
+        if 4.0 * radius < extent.min_distance:
+            key = 0.0
+        elif extent.n_points and radius >= extent.radius:
+            key = extent.radius
+        else:
+            key = radius
+        agg = self._cache.get(key)
+        if agg is None:
+            cfg = self.config
+            agg = self._local.aggregate(key, cfg.threshold, max_reps=cfg.max_reps, candidates=cfg.candidates)
+            self._cache[key] = agg
+        return agg
+
+    # -- handlers ----------------------------------------------------------------------------------
 
     def _start(self) -> list[Outgoing]:
         if self.config.radius_bounds is None:
             return [self.send(self.coordinator, self._extent(), phase="extent")]
+        if self.config.search == "probe":
+            return []  # the coordinator sends the first probes
         lo, hi = self.config.radius_bounds
         self.move_to(MachineState.AWAIT_REQUEST)
         return [self._counts(solvers.radius_grid(lo, hi, self.config.eps))]
 
     def _extent(self) -> LocalExtent:
-        n = self.points.shape[0]
-        if n == 0:
-            return LocalExtent(n_points=0, min_distance=math.inf, radius=0.0, anchor=np.zeros((0, self.config.d)))
-        dist = self.distances()
-        positive = dist[dist > 0]
-        dmin = float(positive.min()) if positive.size else math.inf
-        return LocalExtent(n_points=n, min_distance=dmin, radius=float(dist[0].max()), anchor=self.points[:1].copy())
+        return self._local_extent()
 
     def _counts(self, grid: np.ndarray) -> Outgoing:
-        """Aggregate for every guess and build the Phase-1 message."""
-        cfg = self.config
+        """Aggregate at every guess of the grid and build the Phase-1 message (linear/binary)."""
         self._grid = np.asarray(grid, dtype=np.float64)
-        dist = self.distances()
-        positive = dist[dist > 0]
-        dmin = float(positive.min()) if positive.size else math.inf
-        dmax = float(dist.max()) if dist.size else 0.0
-        low = high = None
-        self._aggregations = []
-        for radius in self._grid:
-            # below the local spacing every ball holds only copies: same as L = 0; above half the
-            # local diameter every ball holds everything: the same result for all such L
-            if 4.0 * radius < dmin:
-                if low is None:
-                    low = solvers.aggregate(
-                        dist, 0.0, cfg.threshold, max_reps=cfg.max_reps, candidates=cfg.candidates
-                    )
-                agg = low
-            elif 2.0 * radius >= dmax:
-                if high is None:
-                    high = solvers.aggregate(
-                        dist, float(radius), cfg.threshold, max_reps=cfg.max_reps, candidates=cfg.candidates
-                    )
-                agg = high
-            else:
-                agg = solvers.aggregate(
-                    dist, float(radius), cfg.threshold, max_reps=cfg.max_reps, candidates=cfg.candidates
-                )
-            self._aggregations.append(agg)
-        counts = np.asarray([a.count for a in self._aggregations], dtype=np.int64)
-        discarded = np.asarray([a.discarded for a in self._aggregations], dtype=np.int64)
+        self._asked = [float(r) for r in self._grid]
+        aggregations = [self._aggregate_at(r) for r in self._asked]
+        counts = np.asarray([a.count for a in aggregations], dtype=np.int64)
+        discarded = np.asarray([a.discarded for a in aggregations], dtype=np.int64)
         message = AggregatedCounts(n_points=int(self.points.shape[0]), counts=counts, discarded=discarded)
         return self.send(self.coordinator, message, phase="counts")
 
@@ -318,13 +397,65 @@ class KzMachine(ProtocolMachine):
                 f"{sender} is not the coordinator", party=sender, round_idx=self.round_idx, state=self._state.name
             )
 
-    def _on_grid(self, sender: str, message: RadiusGrid) -> list[Outgoing]:
+    def _check_search(self, sender: str, message: Message, probe: bool) -> None:
+        """The request must belong to the configured search (``probe`` or a grid search)."""
         self._check_sender(sender)
+        if (self.config.search == "probe") != probe:
+            raise RemoteProtocolError(
+                f"{type(message).__name__} does not belong to the {self.config.search!r} search",
+                party=sender,
+                round_idx=self.round_idx,
+                state=self._state.name,
+            )
+
+    def _on_grid(self, sender: str, message: RadiusGrid) -> list[Outgoing]:
+        self._check_search(sender, message, probe=False)
         self.round_idx += 1
         return [self._counts(message.radii)]
 
+    def _on_probes(self, sender: str, message: RadiusProbes) -> list[Outgoing]:
+        self._check_search(sender, message, probe=True)
+        aggregations = []
+        for radius in message.radii:
+            radius = float(radius)
+            aggregations.append(self._aggregate_at(radius))
+            if radius not in self._probed:
+                self._probed.add(radius)
+                self._asked.append(radius)
+        counts = np.asarray([a.count for a in aggregations], dtype=np.int64)
+        if self.config.sends_discarded:
+            discarded = np.asarray([a.discarded for a in aggregations], dtype=np.int64)
+        else:
+            discarded = np.zeros(0, dtype=np.int64)
+        self.round_idx += 1
+        return [self.send(self.coordinator, ProbeCounts(counts=counts, discarded=discarded), phase="counts")]
+
+    def _fetchable(self, sender: str, radius: float, label: str) -> solvers.Aggregation:
+        agg = self._aggregate_at(radius)
+        if agg.overflow:
+            raise RemoteProtocolError(
+                f"guess {label} failed the count test on this machine; it cannot be fetched",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        return agg
+
+    def _on_fetch(self, sender: str, message: RadiusFetch) -> list[Outgoing]:
+        self._check_search(sender, message, probe=True)
+        radius = float(message.radius)
+        if radius not in self._probed:
+            raise RemoteProtocolError(
+                f"radius {radius:g} was never probed; its counts must come before its points",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        agg = self._fetchable(sender, radius, f"{radius:g}")
+        self.round_idx += 1
+        reply = Representatives(points=self.points[agg.reps], weights=agg.weights.astype(np.int64))
+        return [self.send(self.coordinator, reply, phase="points")]
+
     def _on_guesses(self, sender: str, message: RadiusGuesses) -> list[Outgoing]:
-        self._check_sender(sender)
+        self._check_search(sender, message, probe=False)
         assert self._grid is not None
         if int(message.indices.max()) >= self._grid.shape[0]:
             raise RemoteProtocolError(
@@ -334,13 +465,7 @@ class KzMachine(ProtocolMachine):
             )
         points, weights, sizes = [], [], []
         for t in message.indices:
-            agg = self._aggregations[int(t)]
-            if agg.overflow:
-                raise RemoteProtocolError(
-                    f"guess {int(t)} failed the count test on this machine; it cannot be fetched",
-                    party=sender,
-                    round_idx=self.round_idx,
-                )
+            agg = self._fetchable(sender, float(self._grid[int(t)]), str(int(t)))
             points.append(self.points[agg.reps])
             weights.append(agg.weights)
             sizes.append(agg.reps.shape[0])
@@ -386,8 +511,10 @@ class CoordinatorState(enum.Enum):
     """States of the coordinator."""
 
     EXTENT = enum.auto()
-    COUNTS = enum.auto()
-    POINTS = enum.auto()
+    COUNTS = enum.auto()  # linear/binary: the counts of every guess
+    PROBE = enum.auto()  # probe: the counts of the probed guesses
+    POINTS = enum.auto()  # linear/binary: the fetched guesses' points
+    REPRESENTATIVES = enum.auto()  # probe: the fetched guess's points
     OUTLIERS = enum.auto()
     DONE = enum.auto()
     ERROR = enum.auto()
@@ -401,6 +528,7 @@ class _Accepted:
     kzc_radius: float
     z_prime: float
     discarded: int
+    polished: bool
 
 
 class KzCoordinator(ProtocolMachine):
@@ -421,7 +549,12 @@ class KzCoordinator(ProtocolMachine):
     TRANSITIONS = {
         (CoordinatorState.EXTENT, LocalExtent): ("_on_extent", CoordinatorState.EXTENT),
         (CoordinatorState.COUNTS, AggregatedCounts): ("_on_counts", CoordinatorState.COUNTS),
+        (CoordinatorState.PROBE, ProbeCounts): ("_on_probe_counts", CoordinatorState.PROBE),
         (CoordinatorState.POINTS, WeightedPoints): ("_on_points", CoordinatorState.POINTS),
+        (CoordinatorState.REPRESENTATIVES, Representatives): (
+            "_on_representatives",
+            CoordinatorState.REPRESENTATIVES,
+        ),
         (CoordinatorState.OUTLIERS, OutlierCount): ("_on_outlier_count", CoordinatorState.OUTLIERS),
     }
 
@@ -442,11 +575,17 @@ class KzCoordinator(ProtocolMachine):
         self._has_bottom = False
         self._anchors = np.zeros((0, config.d))
         self._n = 0
-        self._pass2 = self._count_ok = self._discard_ok = np.zeros(0, dtype=bool)
+        # per machine and guess: (count, discarded), -1 where not reported; and n_i once known
+        self._table: dict[str, np.ndarray] = {}
+        self._n_of: dict[str, int] = {}
+        self._probed = self._pass2 = self._count_ok = self._discard_ok = np.zeros(0, dtype=bool)
         self._known: dict[int, bool] = {}
         self._accepted: dict[int, _Accepted] = {}
         self._lo, self._hi = -1, -1
-        self._probes: list[int] = []
+        self._probes: list[int] = []  # binary search: the probes of the current fetch round
+        self._probing: list[int] = []  # probe search: the guesses whose counts are in flight
+        self._full = False  # probe search: on the full predicate (after a kzc "No")
+        self._probe_rounds: list[tuple[int, ...]] = []
         self._requested: tuple[int, ...] = ()
         self._fetches: list[tuple[int, ...]] = []
         self._rejected: list[int] = []
@@ -461,7 +600,9 @@ class KzCoordinator(ProtocolMachine):
         return {
             CoordinatorState.EXTENT: "extent",
             CoordinatorState.COUNTS: "counts",
+            CoordinatorState.PROBE: "counts",
             CoordinatorState.POINTS: "points",
+            CoordinatorState.REPRESENTATIVES: "points",
             CoordinatorState.OUTLIERS: "outliers",
         }.get(self._state, "done")
 
@@ -490,12 +631,44 @@ class KzCoordinator(ProtocolMachine):
         self.round_idx += 1
         return out
 
+    def _start_table(self) -> None:
+        """Empty per-guess bookkeeping once the grid is known."""
+        t = self._grid.shape[0]
+        self._table = {m: np.full((t, 2), -1, dtype=np.int64) for m in self.machines}
+        self._probed = np.zeros(t, dtype=bool)
+        self._pass2 = np.zeros(t, dtype=bool)
+        self._count_ok = np.zeros(t, dtype=bool)
+        self._discard_ok = np.zeros(t, dtype=bool)
+
+    def _set_n(self) -> None:
+        """n from every machine's n_i, and the instance check (k <= n, z < n)."""
+        self._n = sum(self._n_of[m] for m in self.machines)
+        check_instance(self._n, self.config.k, self.config.z)
+
+    def _pass2_of(self, guesses: Sequence[int]) -> None:
+        """PASS2 for ``guesses`` from the table (Round 2 with the discarded-count fix of GAP 1)."""
+        cfg = self.config
+        idx = np.asarray(guesses, dtype=np.int64)
+        rows = np.stack([self._table[m][idx] for m in self.machines])  # [m, b, 2]
+        total = rows.sum(axis=0)
+        self._probed[idx] = True
+        self._count_ok[idx] = total[:, 0] <= cfg.count_bound
+        self._discard_ok[idx] = total[:, 1] <= cfg.outlier_budget
+        self._pass2[idx] = self._count_ok[idx] & self._discard_ok[idx]
+
+    def _discarded_at(self, t: int) -> int:
+        return int(sum(int(self._table[m][t, 1]) for m in self.machines))
+
     # -- handlers ----------------------------------------------------------------------------------
 
     def _start(self) -> list[Outgoing]:
         if self.config.radius_bounds is not None:
             lo, hi = self.config.radius_bounds
             self._grid = solvers.radius_grid(lo, hi, self.config.eps)
+            self._start_table()
+            if self.config.search == "probe":
+                self._lo, self._hi = -1, self._grid.shape[0] - 1
+                return self._next_probe()
             self.move_to(CoordinatorState.COUNTS)
         return []
 
@@ -520,6 +693,33 @@ class KzCoordinator(ProtocolMachine):
         if message.counts.shape[0] != self._grid.shape[0]:
             raise RemoteProtocolError(
                 f"{sender} sent counts for {message.counts.shape[0]} guesses, the grid has {self._grid.shape[0]}",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        self._accept(sender, message)
+        return []
+
+    def _on_probe_counts(self, sender: str, message: ProbeCounts) -> list[Outgoing]:
+        b = len(self._probing)
+        expected = b if self.config.sends_discarded else 0
+        if message.counts.shape[0] != b or message.discarded.shape[0] != expected:
+            raise RemoteProtocolError(
+                f"{sender} sent {message.counts.shape[0]} counts and {message.discarded.shape[0]} discarded "
+                f"counts for {b} probes (expected {b} and {expected})",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        n_i = self._n_of.get(sender)
+        largest = int(message.counts.max(initial=0))
+        if largest > self.config.max_reps + 1 or (n_i is not None and largest > n_i):
+            raise RemoteProtocolError(
+                f"{sender} reported {largest} representatives, more than aggregation can produce",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        if n_i is not None and message.discarded.size and int(message.discarded.max()) > n_i:
+            raise RemoteProtocolError(
+                f"{sender} discarded {int(message.discarded.max())} of its {n_i} points",
                 party=sender,
                 round_idx=self.round_idx,
             )
@@ -555,6 +755,30 @@ class KzCoordinator(ProtocolMachine):
         self._representatives += int(message.points.shape[0])
         return []
 
+    def _on_representatives(self, sender: str, message: Representatives) -> list[Outgoing]:
+        if message.points.shape[1] != self.config.d:
+            raise RemoteProtocolError(
+                f"{sender} sent points with {message.points.shape[1]} features, expected {self.config.d}",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        (t,) = self._requested
+        count, discarded = (int(v) for v in self._table[sender][t])
+        weight = int(message.weights.sum())
+        n_i = self._n_of.get(sender)
+        if message.points.shape[0] != count or (n_i is not None and weight + discarded != n_i):
+            raise RemoteProtocolError(
+                f"{sender}'s data for guess {t} ({message.points.shape[0]} points of weight {weight}) does not "
+                f"match its counts ({count} points, {discarded} discarded of "
+                f"{'its points' if n_i is None else n_i})",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+        self._accept(sender, message)
+        self._n_of[sender] = weight + discarded  # with radius bounds, n_i is learnt here
+        self._representatives += int(message.points.shape[0])
+        return []
+
     def _on_outlier_count(self, sender: str, message: OutlierCount) -> list[Outgoing]:
         self._accept(sender, message)
         return []
@@ -564,7 +788,13 @@ class KzCoordinator(ProtocolMachine):
             return []
         if self._state is CoordinatorState.EXTENT:
             self._extents = dict(self._inbox)  # type: ignore[arg-type]
+            self._n_of = {m: self._extents[m].n_points for m in self.machines}
+            self._set_n()
             self._build_grid()
+            self._start_table()
+            if self.config.search == "probe":
+                self._lo, self._hi = -1, self._grid.shape[0] - 1
+                return self._next_probe()
             out = self._broadcast(RadiusGrid(radii=self._grid), "grid")
             self.move_to(CoordinatorState.COUNTS)
             return [out]
@@ -572,9 +802,17 @@ class KzCoordinator(ProtocolMachine):
             self._counts = dict(self._inbox)  # type: ignore[arg-type]
             self._pre_test()
             return self._next_fetch()
+        if self._state is CoordinatorState.PROBE:
+            self._record_probes(dict(self._inbox))  # type: ignore[arg-type]
+            return self._next_probe()
         if self._state is CoordinatorState.POINTS:
             self._evaluate(dict(self._inbox))  # type: ignore[arg-type]
             return self._next_fetch()
+        if self._state is CoordinatorState.REPRESENTATIVES:
+            if len(self._fetches) == 1 and self.config.radius_bounds is not None:
+                self._set_n()  # n_i first learnt from the fetched weights
+            self._record_fetch(dict(self._inbox))  # type: ignore[arg-type]
+            return self._next_probe()
         # OUTLIERS
         total = sum(int(m.outliers) for m in self._inbox.values())  # type: ignore[attr-defined]
         self._finish(self._build_result(total))
@@ -604,15 +842,13 @@ class KzCoordinator(ProtocolMachine):
 
     def _pre_test(self) -> None:
         """PASS2 for every guess (Round 2 with the discarded-count fix of GAP 1)."""
-        cfg = self.config
-        counts = [self._counts[m] for m in self.machines]
-        self._n = sum(c.n_points for c in counts)
-        check_instance(self._n, cfg.k, cfg.z)
-        total_counts = np.sum([c.counts for c in counts], axis=0)
-        total_discarded = np.sum([c.discarded for c in counts], axis=0)
-        self._count_ok = total_counts <= cfg.max_reps
-        self._discard_ok = total_discarded <= cfg.outlier_budget
-        self._pass2 = self._count_ok & self._discard_ok
+        for m in self.machines:
+            counts = self._counts[m]
+            self._n_of[m] = counts.n_points
+            self._table[m][:, 0] = counts.counts
+            self._table[m][:, 1] = counts.discarded
+        self._set_n()
+        self._pass2_of(range(self._grid.shape[0]))
         self._known = {t: False for t in range(self._grid.shape[0]) if not self._pass2[t]}
         top = self._grid.shape[0] - 1
         if not self._pass2[top]:
@@ -683,6 +919,101 @@ class KzCoordinator(ProtocolMachine):
         else:
             self._lo = max(self._lo, probes[-1])
 
+    # -- the probe search ------------------------------------------------------------------------
+
+    def _next_probe(self) -> list[Outgoing]:
+        """The next probe round, fetch, or the answer (counts before points).
+
+        Until kzc first says "No", hi is a guess that passes PASS2 (or the top guess) and the
+        bisection runs on PASS2 alone, ``batch`` probes per round; the guess it ends at is
+        fetched. After a "No" at t, the search runs on the full predicate over ``(t, top]``: one
+        guess per round, probed and then (if it passes PASS2) fetched, hi being a guess kzc
+        accepted (or the top guess). Either way lo fails and hi passes, so hi ends at most at the
+        first grid value >= L*.
+        """
+        top = self._grid.shape[0] - 1
+        while True:
+            lo, hi = self._lo, self._hi
+            if hi - lo > 1:
+                if self._full:
+                    probes = [(lo + hi) // 2]
+                elif self.config.batch == 0:
+                    probes = list(range(lo + 1, hi + 1))
+                else:
+                    b = min(self.config.batch, hi - lo - 1)
+                    probes = sorted({lo + ((hi - lo) * j) // (b + 1) for j in range(1, b + 1)} - {lo, hi})
+            else:
+                probes = [hi]
+            ask = [t for t in probes if not self._probed[t]]
+            if ask:
+                self._probing = ask
+                self.move_to(CoordinatorState.PROBE)
+                return [self._broadcast(RadiusProbes(radii=self._grid[ask]), "probe")]
+            if hi - lo > 1 and not self._full:
+                self._move_bounds(probes)
+                continue
+            t = probes[0]  # the bisection point of the full search, or hi once it follows lo
+            if not self._pass2[t]:
+                if t == hi:
+                    raise ValueError(
+                        f"the largest radius guess {self._grid[t]:g} fails the Round-2 test; "
+                        "the radius bounds do not contain the optimal radius"
+                    )
+                self._lo = t
+            elif t not in self._known:
+                self._requested = (t,)
+                self._fetches.append((t,))
+                self.move_to(CoordinatorState.REPRESENTATIVES)
+                return [self._broadcast(RadiusFetch(radius=float(self._grid[t])), "fetch")]
+            elif self._known[t]:
+                if t == hi:
+                    self._final = self._accepted[t]
+                    return self._conclude()
+                self._hi = t
+            elif t < hi:
+                self._lo = t
+            elif not self._full and hi < top:
+                self._full = True  # a "No" at hi certifies L_hi < L*: search (hi, top] in full
+                self._lo, self._hi = hi, top
+            else:
+                raise ValueError(
+                    f"radius guess {self._grid[t]:g} was rejected although it must pass; "
+                    "the radius bounds do not contain the optimal radius"
+                )
+
+    def _move_bounds(self, probes: list[int]) -> None:
+        """lo-fails/hi-passes update from probes (sorted, all known): hi moves to the first passing
+        probe, lo to the last failing probe below it."""
+        passing = [t for t in probes if self._pass2[t]]
+        if passing:
+            self._hi = min(self._hi, passing[0])
+        failing = [t for t in probes if not self._pass2[t] and t < self._hi]
+        if failing:
+            self._lo = max(self._lo, failing[-1])
+
+    def _record_probes(self, replies: dict[str, ProbeCounts]) -> None:
+        idx = np.asarray(self._probing, dtype=np.int64)
+        for m in self.machines:
+            reply = replies[m]
+            self._table[m][idx, 0] = reply.counts
+            self._table[m][idx, 1] = reply.discarded if self.config.sends_discarded else 0
+        self._pass2_of(self._probing)
+        self._probe_rounds.append(tuple(self._probing))
+
+    def _record_fetch(self, replies: dict[str, Representatives]) -> None:
+        """Round 4 for the fetched guess (kzc's "No" certifies L_t < L*)."""
+        (t,) = self._requested
+        points = np.concatenate([replies[m].points for m in self.machines], axis=0)
+        weights = np.concatenate([replies[m].weights for m in self.machines])
+        accepted = self._solve(t, points, weights)
+        self._known[t] = accepted is not None
+        if accepted is None:
+            self._rejected.append(t)
+        else:
+            self._accepted[t] = accepted
+
+    # -- evaluation --------------------------------------------------------------------------------
+
     def _evaluate(self, replies: dict[str, WeightedPoints]) -> None:
         """Run kzc on each fetched guess in increasing order, up to the first success."""
         for j, t in enumerate(self._requested):
@@ -703,35 +1034,54 @@ class KzCoordinator(ProtocolMachine):
             self._update_bounds()
 
     def _solve(self, t: int, points: np.ndarray, weights: np.ndarray) -> _Accepted | None:
-        """Round 4 for guess t: z', then kzc (with the refinement); ``None`` means "No"."""
+        """Round 4 for guess t: z', then kzc (with the refinement and the polishing); ``None``
+        means "No"."""
         cfg = self.config
-        discarded = int(sum(int(self._counts[m].discarded[t]) for m in self.machines))
+        discarded = self._discarded_at(t)
         z_prime = cfg.outlier_budget - discarded
         if z_prime < 0:
             return None
         guess = float(self._grid[t])
         bottom = self._has_bottom and t == 0
         dist = _kernels.pairwise_distances(points)
-        if bottom:
-            cover = solvers.smallest_cover_radius(
-                dist, weights, cfg.k, z_prime, grow=2.0, expand=4.0, upper=self._bottom_upper
-            )
+        move = 0.0 if bottom else 4.0 * guess
+        # certify z outliers (strict) when that succeeds within the same bound 5L, else z'; not at
+        # the bottom guess, whose certificate 4 L'' <= 4 L* rests on the search with z'
+        budgets = [z_prime] if bottom or cfg.z - discarded < 0 else [cfg.z - discarded, z_prime]
+        cover, budget = None, z_prime
+        if cfg.refine or bottom:
+            upper = self._bottom_upper if bottom else 5.0 * guess
+            for budget in budgets:
+                cover = solvers.smallest_cover_radius(dist, weights, cfg.k, budget, grow=2.0, expand=4.0, upper=upper)
+                if cover is not None:
+                    break
             if cover is None:
                 return None
-            radius = 4.0 * cover.radius  # the bottom guess moved only copies of points
-        elif cfg.refine:
-            cover = solvers.smallest_cover_radius(dist, weights, cfg.k, z_prime, grow=2.0, expand=4.0, upper=5 * guess)
-            if cover is None:
-                return None
-            radius = 4.0 * cover.radius + 4.0 * guess
+            radius = 4.0 * cover.radius + move  # the bottom guess moved only copies of points
         else:
             cover = solvers.kzc(dist, weights, cfg.k, z_prime, 5.0 * guess)
             if not cover.ok:
                 return None
             radius = 24.0 * guess
         pool = np.concatenate([points, self._anchors], axis=0)
-        chosen = solvers.pad_centres(pool, cover.centres, cfg.k)
-        return _Accepted(t, pool[chosen], float(radius), float(cover.radius), float(z_prime), discarded)
+        centres, polished = cover.centres, False
+        if cfg.polish and cfg.z > 0:
+            start = solvers.pad_centres(points, cover.centres, cfg.k)
+            if start.shape[0] < points.shape[0]:
+                result = polish_centres(
+                    dist,
+                    weights,
+                    start,
+                    budget=max(cfg.z - discarded, 0),
+                    cert_budget=budget,
+                    move=move,
+                    limit=radius,
+                )
+                if result.improved:
+                    centres, polished = result.centres, True
+                    radius = max(radius, result.certificate)
+        chosen = solvers.pad_centres(pool, centres, cfg.k)
+        return _Accepted(t, pool[chosen], float(radius), float(cover.radius), float(z_prime), discarded, polished)
 
     def _conclude(self) -> list[Outgoing]:
         assert self._final is not None
@@ -752,11 +1102,14 @@ class KzCoordinator(ProtocolMachine):
             discarded=final.discarded,
             n=self._n,
             grid=self._grid.copy(),
+            probed=self._probed.copy(),
             pass2=self._pass2.copy(),
             count_ok=self._count_ok.copy(),
             discard_ok=self._discard_ok.copy(),
+            probe_rounds=tuple(self._probe_rounds),
             fetches=tuple(self._fetches),
             rejected=tuple(self._rejected),
+            polished=final.polished,
             outliers=outliers,
             representatives=self._representatives,
             words=dict(self._words),
