@@ -208,14 +208,18 @@ def check_packed(name: str, packed: object, p: int, length: int | None = None) -
         TypeError: not a ``uint8`` array. ValueError: wrong shape, or a row ``>= p`` (its
         position is named).
     """
+    _check_packed_shape(name, packed, field_width(p), length)
+    _check_below(name, packed, p)
+    return packed
+
+
+def _check_packed_shape(name: str, packed: object, width: int, length: int | None) -> None:
+    """TypeError unless ``packed`` is a ``uint8`` array; ValueError unless it is ``[length, width]``."""
     if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8):
         raise TypeError(f"{name} must be a uint8 array of packed field elements")
-    width = field_width(p)
     if packed.ndim != 2 or packed.shape[1] != width or (length is not None and packed.shape[0] != length):
         want = f"[{'T' if length is None else length}, {width}]"
         raise ValueError(f"{name} must have shape {want}, got {list(packed.shape)}")
-    _check_below(name, packed.reshape(-1, width), p)
-    return packed
 
 
 def _check_below(name: str, rows: np.ndarray, p: int) -> None:
@@ -808,10 +812,7 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     if not (isinstance(shares, np.ndarray) and shares.ndim == 3):
         shares = list(shares)
         for index, share in enumerate(shares):
-            if not (isinstance(share, np.ndarray) and share.dtype == np.uint8):
-                raise TypeError(f"shares[{index}] must be a uint8 array of packed field elements")
-            if share.shape != (n_syndromes, width):
-                raise ValueError(f"shares[{index}] must have shape [{n_syndromes}, {width}], got {list(share.shape)}")
+            _check_packed_shape(f"shares[{index}]", share, width, n_syndromes)
         shares = np.stack(shares) if shares else np.zeros((0, n_syndromes, width), np.uint8)
     elif shares.dtype != np.uint8 or shares.shape[1:] != (n_syndromes, width):
         raise ValueError(f"shares must be a uint8 [L, {n_syndromes}, {width}] stack, got {shares.dtype} {list(shares.shape)}")
@@ -1144,14 +1145,14 @@ def decode_update(
     # ascending, only changes when a bin appears)
     counts = dict(previous_counts)
     keys = list(counts)
-    appeared = any(a >= b for a, b in zip(keys, keys[1:]))  # not ascending: sort at the end
-    span = keys if appeared else keys[:1] + keys[-1:]
+    resort = any(a >= b for a, b in zip(keys, keys[1:]))  # q's keys not ascending: sort at the end
+    span = keys if resort else keys[:1] + keys[-1:]  # ascending keys: the ends bound them all
     if any(c <= 0 for c in counts.values()) or any(not 1 <= j <= max_index for j in span):
         return decode_syndromes(sums, p, **full)
     total = sum(counts.values())
     for j, c in change.items():
         new = counts.get(j, 0) + c
-        appeared |= j not in counts
+        resort |= j not in counts  # a new bin breaks the order
         if new < 0 or not 1 <= j <= max_index:
             return decode_syndromes(sums, p, **full)
         if new:
@@ -1159,7 +1160,7 @@ def decode_update(
         else:
             counts.pop(j, None)
         total += c
-    if appeared:
+    if resort:
         counts = dict(sorted(counts.items()))
     if len(counts) > max_support or (max_total is not None and total > max_total) or total % p != sums[0]:
         return decode_syndromes(sums, p, **full)

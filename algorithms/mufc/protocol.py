@@ -293,12 +293,12 @@ class ServerModel:
 
     def _keys(self, round_idx: int) -> tuple[jax.Array, jax.Array]:
         """(clustering key, server-points key) of a round; one pair for the run under coupled randomness."""
-        if self.config.fresh_randomness or self._round_keys is None:
-            key = jax.random.fold_in(self.key, round_idx if self.config.fresh_randomness else 0)
-            keys = (key, jax.random.fold_in(key, 1))
-            if self.config.fresh_randomness:
-                return keys
-            self._round_keys = keys
+        if self.config.fresh_randomness:
+            key = jax.random.fold_in(self.key, round_idx)
+            return key, jax.random.fold_in(key, 1)
+        if self._round_keys is None:
+            key = jax.random.fold_in(self.key, 0)
+            self._round_keys = (key, jax.random.fold_in(key, 1))
         return self._round_keys
 
     def needs_clustering(self, counts: Mapping[int, int], *, force: bool = False) -> bool:
