@@ -70,6 +70,30 @@ def blobs_with_outliers(seed: int = 0, *, per_blob: int = 40, blobs: int = 5, ou
     return np.concatenate([x, far])
 
 
+def fetched_data(machines: dict, config: KzCenterConfig, radius: float):
+    """The representatives, weights, count and discarded count the machines hold for a radius."""
+    points, weights, count, discarded = [], [], 0, 0
+    for i in range(config.n_machines):
+        machine = machines[machine_name(i)]
+        agg = machine.aggregation(radius)
+        points.append(machine.points[agg.reps])
+        weights.append(agg.weights)
+        count += agg.count
+        discarded += agg.discarded
+    return np.concatenate(points), np.concatenate(weights), count, discarded
+
+
+def full_predicate(machines: dict, config: KzCenterConfig, grid: np.ndarray) -> list[bool]:
+    """PASS2 and kzc at 5L, from the machines' own aggregations, for every grid value."""
+    out = []
+    for radius in grid:
+        points, weights, count, discarded = fetched_data(machines, config, radius)
+        ok = count <= config.count_bound and discarded <= config.outlier_budget
+        out.append(ok and solvers.kzc(_kernels.pairwise_distances(points), weights, config.k,
+                                      config.outlier_budget - discarded, 5 * radius).ok)
+    return out
+
+
 @pytest.fixture
 def kz():
     """The helpers above, as a namespace (test modules are imported in importlib mode)."""
@@ -82,4 +106,6 @@ def kz():
         blobs=blobs_with_outliers,
         solvers=solvers,
         kernels=_kernels,
+        fetched=fetched_data,
+        predicate=full_predicate,
     )

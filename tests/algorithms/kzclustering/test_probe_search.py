@@ -116,24 +116,6 @@ def test_probe_search_certifies_its_radius_against_brute_force(kz):
         assert r.guess_index == 0 or r.guess_index - 1 in certified  # lo follows hi
 
 
-def full_predicate(machines, config, grid):
-    """PASS2 and kzc at 5L, from the machines' own aggregations, for every grid value."""
-    out = []
-    for radius in grid:
-        points, weights, count, discarded = [], [], 0, 0
-        for i in range(config.n_machines):
-            machine = machines[machine_name(i)]
-            agg = machine.aggregation(radius)
-            points.append(machine.points[agg.reps])
-            weights.append(agg.weights)
-            count += agg.count
-            discarded += agg.discarded
-        ok = count <= config.count_bound and discarded <= config.outlier_budget
-        out.append(ok and solvers.kzc(_kernels.pairwise_distances(np.concatenate(points)), np.concatenate(weights),
-                                      config.k, config.outlier_budget - discarded, 5 * radius).ok)
-    return out
-
-
 def test_probe_search_recovers_from_kzc_rejections(kz):
     """GAP 2 in the probe search: kzc rejects the guess the count bisection ends at; the search goes
     on over the full predicate and ends at its first passing guess, right above a rejected one,
@@ -144,40 +126,13 @@ def test_probe_search_recovers_from_kzc_rejections(kz):
     machines = kz.machines(x, parts, config)
     Harness(machines).run()
     r = machines[COORDINATOR].result()
-    predicate = full_predicate(machines, config, r.grid)
+    predicate = kz.predicate(machines, config, r.grid)
     first = predicate.index(True)
     assert first > 8 and all(r.pass2[t] for t in r.rejected)  # PASS2 let 9 guesses through
     assert r.guess_index == first and r.guess_index - 1 in r.rejected
     opt = kz.opt(x, 2, 3)
     assert r.guess <= r.grid[r.grid >= opt].min() and all(r.grid[t] < opt for t in r.rejected)
     assert len(r.fetches) <= math.ceil(math.log2(r.grid.shape[0])) + 2 < first
-
-
-# instance 392 of a random search: with the paper's count test, PASS2 + kzc passes at guess 16,
-# fails at 17 and 18, passes from 19 (the fixture of test_protocol's binary search)
-NON_MONOTONE_X = np.array(
-    [[7, 5], [1, 0], [4, 6], [0, 1], [4, 4], [6, 5], [2, 5], [7, 5], [7, 2], [2, 5], [4, 7], [1, 1], [2, 3],
-     [7, 4], [4, 6]], dtype=np.float64,
-)
-NON_MONOTONE_PARTS = [np.array([0, 1, 4, 5, 9, 10, 12, 14]), np.array([2, 3, 6, 7, 8, 11, 13])]
-
-
-@pytest.mark.parametrize("batch", [1, 3, 0])
-def test_probe_search_is_safe_on_a_non_monotone_predicate(kz, batch):
-    """The lo-fails/hi-passes invariant of the probe search holds on a non-monotone predicate (the
-    paper's count test): it ends at a passing guess right above a failing one, at most at the first
-    grid value >= L*."""
-    config = KzCenterConfig(k=1, z=2, eps=0.1, n_machines=2, d=2, radius_bounds=(0.05, 20.0), count_test="paper",
-                            batch=batch)
-    machines = kz.machines(NON_MONOTONE_X, NON_MONOTONE_PARTS, config)
-    Harness(machines).run()
-    r = machines[COORDINATOR].result()
-    predicate = full_predicate(machines, config, r.grid)
-    first = predicate.index(True)
-    assert not all(predicate[first:])  # really non-monotone
-    opt = kz.opt(NON_MONOTONE_X, 1, 2)
-    assert predicate[r.guess_index] and r.guess <= r.grid[r.grid >= opt].min()
-    assert r.guess_index == 0 or not predicate[r.guess_index - 1]
 
 
 # --- words and rounds -----------------------------------------------------------------------------------
