@@ -153,19 +153,6 @@ def _instrument(timers: dict[str, float]) -> None:
     wrap_timed(KzCoordinator, "_solve", "coordinator:solve", prefix=False)
 
 
-def _virtual_machines(x, parts, max_points: int):
-    """The sub-machine split of every machine: ``(points of each virtual machine, t_i per machine)``."""
-    from fedproto.algorithms.kzclustering import solvers
-
-    virtual, counts = [], []
-    for part in parts:
-        local = x[part]
-        pieces = solvers.split_sub_machines(local, max_points)
-        virtual += [local[p] for p in pieces]
-        counts.append(len(pieces))
-    return virtual, counts
-
-
 def _worker_dist(args) -> dict:
     import cProfile
     import io
@@ -174,6 +161,7 @@ def _worker_dist(args) -> dict:
     import trio
 
     import fedproto.algorithms  # noqa: F401
+    from fedproto.algorithms.kzclustering import solvers
     from fedproto.algorithms.kzclustering.config import KzCenterConfig
     from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine, machine_name
     from fedproto.data import partition
@@ -184,14 +172,14 @@ def _worker_dist(args) -> dict:
     x, z = _dataset(args.n, args.k, args.d, args.seed)
     n = x.shape[0]
     parts = partition(n, args.machines, seed=args.seed)
-    virtual, counts = _virtual_machines(x, parts, args.sub_machine_points)
+    t = max(solvers.sub_machine_count(len(p), args.sub_machine_points) for p in parts)
     options = {} if args.search is None else {"search": args.search}
-    config = KzCenterConfig(k=args.k, z=z, eps=args.eps, n_machines=len(virtual), d=args.d,
-                            polish=not args.no_polish, **options)
-    names = [machine_name(i) for i in range(len(virtual))]
+    config = KzCenterConfig(k=args.k, z=z, eps=args.eps, n_machines=args.machines, d=args.d,
+                            polish=not args.no_polish, sub_machines=t, **options)
+    names = [machine_name(i) for i in range(args.machines)]
     machines = {COORDINATOR: KzCoordinator(COORDINATOR, config=config, machines=names)}
-    for name, points in zip(names, virtual):
-        machines[name] = KzMachine(name, config=config, points=points)
+    for name, part in zip(names, parts):
+        machines[name] = KzMachine(name, config=config, points=x[part], workers=args.workers)
     timers: dict[str, float] = {}
     if not args.profile:  # the profiled run shows the real functions, not the timing wrappers
         _instrument(timers)
@@ -222,7 +210,7 @@ def _worker_dist(args) -> dict:
     out = {
         "n": n, "z": z, "rounds": report.communication_rounds, "words": result.total_words,
         "bytes": report.payload_bytes, "total_s": total, "round_wall_s": list(report.round_wall_s),
-        "virtual": len(virtual), "t_i": counts,
+        "virtual": config.virtual_machines, "t_i": [t] * args.machines,
         "grid": int(len(result.grid)), "fetches": len(result.fetches),
         "probes": sum(1 for (_, phase) in result.words if phase == "probe"),
         "radius": _radius(x, result.centres, z),
@@ -358,7 +346,7 @@ def run_worker(kind: str, n: int, args, budget: float, *, profile: bool = False)
            "--d", str(args.d), "--eps", str(args.eps), "--machines", str(args.machines), "--seed", str(args.seed)]
     if profile:
         cmd.append("--profile")
-    cmd += ["--sub-machine-points", str(args.sub_machine_points)]
+    cmd += ["--sub-machine-points", str(args.sub_machine_points), "--workers", str(args.workers)]
     if args.no_polish:
         cmd.append("--no-polish")
     if args.search is not None:
@@ -435,6 +423,8 @@ def main() -> None:
                         help="dist-kzc without the coordinator's polishing (KzCenterConfig(polish=False))")
     parser.add_argument("--sub-machine-points", type=int, default=SUB_MACHINE_POINTS,
                         help=f"largest sub-machine of the split (default {SUB_MACHINE_POINTS:,}, the authors')")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="threads per machine aggregating its sub-machines (default: up to 2)")
     parser.add_argument("--search", choices=("probe", "linear", "binary"), default=None,
                         help="dist-kzc radius search (default: the protocol's default)")
     parser.add_argument("--worker", choices=("dist", "kzc", "greedy", "means", "median"), help=argparse.SUPPRESS)
@@ -454,7 +444,8 @@ def main() -> None:
         "sizes n (dist-kzc)": ", ".join(f"{n:,}" for n in sizes),
         "sizes n (means, median)": "none" if args.no_means or args.quick else ", ".join(f"{n:,}" for n in means_sizes),
         "machines m": args.machines, "k": args.k, "eps": args.eps,
-        "sub-machines": f"at most {args.sub_machine_points:,} points (split_sub_machines); every part is a party",
+        "sub-machines": f"t = ceil(max n_i / {args.sub_machine_points:,}) per machine (KzCenterConfig.sub_machines), "
+                        f"aggregated by {args.workers} thread(s) per machine",
         "protocol": f"dist-kzc, extent round (no radius bounds), search {args.search or 'default'}, refinement, "
                     f"polishing {'off' if args.no_polish else 'on'}",
         "transport": "run_parties + MemoryNetwork + Meter (real codec)",

@@ -74,6 +74,13 @@ class KzCenterConfig:
             ``False`` reports ``L_out = 24 L``.
         count_test: the Round-2 count bound (see :attr:`count_bound`): ``"tight"`` (default)
             or ``"paper"``.
+        sub_machines: t, the virtual machines each machine stands for (Guo & Li, Appendix B;
+            spec 2.7): each machine splits its points into t strided parts and aggregates each
+            part as one machine, so dist-kzc runs over ``m' = m t`` virtual machines and the
+            threshold, the count bound and the representative cap are those of m' (local work
+            ``n_i^2 / t`` per guess instead of ``n_i^2``). ``1`` (default) is no split. Every
+            party must use the same t; choose ``ceil(max_i n_i / 10,000)`` (the authors' part
+            size) when machines hold more than about 10^4 points.
         polish: after kzc, improve the centres by swap local search on the representatives
             (`fedproto.algorithms.kzclustering.polish`), keeping the certificate L_out; only when
             ``z > 0`` (with z = 0 the evaluated cost is the single farthest point, which the
@@ -95,9 +102,10 @@ class KzCenterConfig:
     refine: bool = True
     count_test: str = "tight"
     polish: bool = True
+    sub_machines: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("k", "z", "n_machines", "d", "batch"):
+        for name in ("k", "z", "n_machines", "d", "batch", "sub_machines"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -111,6 +119,8 @@ class KzCenterConfig:
             raise ValueError(f"the number of machines must be at least 1, got {self.n_machines}")
         if self.d < 1:
             raise ValueError(f"d must be at least 1, got {self.d}")
+        if self.sub_machines < 1:
+            raise ValueError(f"sub_machines must be at least 1, got {self.sub_machines}")
         if self.batch < 0:
             raise ValueError(f"batch must be >= 0 (0 = all candidates at once), got {self.batch}")
         if self.search not in SEARCHES:
@@ -128,25 +138,32 @@ class KzCenterConfig:
                 raise ValueError(f"radius_bounds must satisfy 0 < A <= B < inf, got {self.radius_bounds}")
 
     @property
+    def virtual_machines(self) -> int:
+        """``m' = m t``: the machines dist-kzc runs over (``m`` without a sub-machine split)."""
+        return self.n_machines * self.sub_machines
+
+    @property
     def threshold(self) -> float:
-        """The aggregation threshold ``y = eps z / (k m)`` (Algorithm 3, Round 1)."""
-        return self.eps * self.z / (self.k * self.n_machines)
+        """The aggregation threshold ``y = eps z / (k m')`` (Algorithm 3, Round 1; ``m'`` =
+        :attr:`virtual_machines`)."""
+        return self.eps * self.z / (self.k * self.virtual_machines)
 
     @property
     def max_reps(self) -> int:
-        """``floor(k m (1 + 1/eps))``: the largest total ``sum |P'_i|`` that passes Round 2.
+        """``floor(k m' (1 + 1/eps))``: the largest total ``sum |P'_i|`` that passes Round 2.
 
         A relative tolerance of 1e-12 absorbs the rounding of ``1/eps`` (``eps = 0.1`` must give
         ``11 k m``, not ``11 k m - 1``).
         """
-        return int(math.floor(self.k * self.n_machines * (1.0 + 1.0 / self.eps) * (1.0 + 1e-12)))
+        return int(math.floor(self.k * self.virtual_machines * (1.0 + 1.0 / self.eps) * (1.0 + 1e-12)))
 
     @property
     def count_bound(self) -> int:
         """The largest total ``sum_i |P'_i|`` that passes the Round-2 count test.
 
         ``"paper"``: :attr:`max_reps` ``= k m (1 + 1/eps)`` (Lemma 2.6). ``"tight"``:
-        ``min(max_reps, k m + floor(z / (floor(y) + 1)))``, the same lemma with the integer
+        ``min(max_reps, k m + floor(z / (floor(y) + 1)))`` (m read as the virtual machines m'
+        throughout, each part of a split machine counting as one), the same lemma with the integer
         rounding kept: if L >= L*, fix optimal centres C* with at most z outliers, z_i of them on
         machine i. A representative whose ``2L`` ball (taken in U) holds an inlier q absorbs every
         remaining point of q's cluster (all within ``2L* + 2L <= 4L`` of it), so each cluster
@@ -162,7 +179,7 @@ class KzCenterConfig:
         """
         if self.count_test == "paper":
             return self.max_reps
-        return min(self.max_reps, self.k * self.n_machines + self.z // (math.floor(self.threshold) + 1))
+        return min(self.max_reps, self.k * self.virtual_machines + self.z // (math.floor(self.threshold) + 1))
 
     @property
     def sends_discarded(self) -> bool:

@@ -21,9 +21,11 @@ and without that restriction from kzc's centres and from farthest-first traversa
 representatives, keeping those end points that satisfy the limit; the best estimate wins (kzc's
 centres on ties). Everything is deterministic.
 
-Cost: a pass is ``O(k R^2)`` (two matrix-vector tests per centre position: which swaps improve the
-estimate and which keep the certificate) plus sorting the improving columns; memory
-``O(R^2)`` for the ``[R, R]`` distances the coordinator already holds (R <= k m (1 + 1/eps)).
+Cost: a pass is ``O(k R C)`` for C candidate representatives (two matrix-vector tests per centre
+position: which swaps improve the estimate and which keep the certificate) plus sorting the
+improving columns; ``C = R`` up to 512 representatives, a farthest-first sample of 512 beyond
+(``max_candidates``). Memory ``O(R^2)`` for the ``[R, R]`` distances the coordinator already holds
+(R <= k m (1 + 1/eps)).
 
 References:
     Guo & Li, NeurIPS 2018, Section 2.2 (the representatives and Claim 2.5) and Appendix D.1
@@ -89,10 +91,13 @@ def _search(
     cert_budget: float,
     reach: float,
     max_passes: int,
+    candidates: np.ndarray,
 ) -> tuple[np.ndarray, float]:
-    """Steepest-descent single swaps from a feasible ``start``; ``reach = limit - move``."""
+    """Steepest-descent single swaps from a feasible ``start`` to the ``candidates`` (indices of
+    representatives); ``reach = limit - move``."""
     centres = [int(c) for c in start]
     n = dist.shape[0]
+    pool = dist[:, candidates]  # [R, C]
     current = float(trimmed_radius(dist[:, centres].min(axis=1)[:, None], weights, budget)[0])
     for _ in range(max_passes):
         sub = dist[:, centres]
@@ -103,19 +108,19 @@ def _search(
         best = (current * (1.0 - _IMPROVE), -1, -1)
         for j in range(len(centres)):
             base = np.where(nearest_at == j, second, first)  # distance to the other centres
-            swapped = np.minimum(base[:, None], dist)  # [R, R]: column c = centre j replaced by c
+            swapped = np.minimum(base[:, None], pool)  # [R, C]: column c = centre j replaced by candidate c
             # improving columns: weight at or beyond the current estimate within the budget
             improving = weights @ (swapped >= current) <= budget
             # feasible columns: weight beyond the certificate's reach within its budget
             improving &= weights @ (swapped > reach) <= cert_budget
-            improving[centres] = False
+            improving &= ~np.isin(candidates, centres)
             columns = np.flatnonzero(improving)
             if columns.size == 0:
                 continue
             values = trimmed_radius(swapped[:, columns], weights, budget)
             pick = int(np.argmin(values))
             if values[pick] < best[0]:
-                best = (float(values[pick]), j, int(columns[pick]))
+                best = (float(values[pick]), j, int(candidates[columns[pick]]))
         if best[1] < 0:
             break
         current, j, c = best
@@ -134,6 +139,7 @@ def polish_centres(
     limit: float,
     restarts: int = 3,
     max_passes: int = 100,
+    max_candidates: int = 512,
 ) -> Polished:
     """Swap local search for k centres among the representatives, certificate kept within ``limit``.
 
@@ -150,12 +156,17 @@ def polish_centres(
             certificate if that is larger by a rounding).
         restarts: extra starts, farthest-first traversals from representatives 0, 1, ...
         max_passes: swaps per start at most.
+        max_candidates: the most representatives a centre may be swapped for. With more
+            representatives than this, the candidates are a farthest-first traversal of them
+            continuing from ``start`` (spread over the data; the estimate and the certificate
+            are still evaluated on every representative), and the searches from farthest-first
+            starts are skipped: a pass costs ``O(k R max_candidates)`` instead of ``O(k R^2)``.
 
     Returns:
         The :class:`Polished` set with the smallest estimate found (``start``'s on ties).
 
     Raises:
-        ValueError: shapes disagree, or ``start`` is empty.
+        ValueError: shapes disagree, ``start`` is empty or ``max_candidates < 1``.
 
     References:
         Module docstring; Arya et al. 2004 (single-swap local search).
@@ -175,6 +186,8 @@ def polish_centres(
 
     if start.size == 0:
         raise ValueError("the search needs at least one starting centre")
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
     start_estimate = estimate(start)
     if start.size >= n:  # every representative is a centre already
         return Polished(start, start_estimate, certificate(start), False)
@@ -187,12 +200,17 @@ def polish_centres(
         reach = float(np.nextafter(reach, -np.inf))
     # the search from kzc's centres within the limit, then free searches (from kzc's centres and
     # from farthest-first traversals) whose end point happens to satisfy it
-    results = [_search(dist, weights, start, budget, cert_budget, reach, max_passes)]
+    if n <= max_candidates:
+        candidates = np.arange(n, dtype=np.int64)
+    else:
+        candidates = _farthest_first(dist, int(start[0]), max_candidates, given=start)
+        restarts = 0
+    results = [_search(dist, weights, start, budget, cert_budget, reach, max_passes, candidates)]
     starts = [start] + [_farthest_first(dist, r, start.size) for r in range(min(restarts, n))]
     for first in starts:
         if first.size != start.size:
             continue
-        centres, value = _search(dist, weights, first, budget, cert_budget, np.inf, max_passes)
+        centres, value = _search(dist, weights, first, budget, cert_budget, np.inf, max_passes, candidates)
         if certificate(centres) <= limit:
             results.append((centres, value))
     best_centres, best_estimate = min(results, key=lambda item: item[1])  # the first on ties
@@ -201,10 +219,11 @@ def polish_centres(
     return Polished(best_centres, best_estimate, certificate(best_centres), True)
 
 
-def _farthest_first(dist: np.ndarray, first: int, count: int) -> np.ndarray:
-    """Gonzalez's traversal on a distance matrix from row ``first`` (stops early at distance 0)."""
-    chosen = [first]
-    nearest = dist[first].copy()
+def _farthest_first(dist: np.ndarray, first: int, count: int, *, given: np.ndarray | None = None) -> np.ndarray:
+    """Gonzalez's traversal on a distance matrix from row ``first`` (stops early at distance 0), or
+    continuing from the rows ``given`` (all of them chosen first)."""
+    chosen = [first] if given is None else [int(g) for g in dict.fromkeys(given.tolist())]
+    nearest = dist[chosen].min(axis=0)
     while len(chosen) < count:
         p = int(np.argmax(nearest))
         if nearest[p] <= 0:

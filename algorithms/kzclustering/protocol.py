@@ -270,15 +270,17 @@ class KzMachine(ProtocolMachine):
         points: the machine's points P_i ``[n_i, d]`` float64 (``n_i`` may be 0; duplicates are
             fine).
         coordinator: the coordinator's party name.
+        workers: threads that aggregate the sub-machines (``config.sub_machines`` parts) at
+            once, ``>= 1``; the results do not depend on it.
 
     Raises:
-        ValueError: ``points`` has the wrong shape or holds NaN/inf.
+        ValueError: ``points`` has the wrong shape or holds NaN/inf, or ``workers < 1``.
 
     Memory and time: no ``[n_i, n_i]`` matrix (`fedproto.algorithms.kzclustering.solvers.SubMachines`
     aggregates from a k-d tree's neighbour pairs or from blocks of rows, exactly as the dense
     Algorithm 2), and one aggregation per radius the coordinator asks about (cached), each at
-    most O(n_i^2) time (spec 2.2); radii below the local spacing or
-    above the local reach reuse one aggregation. The local computation goes through
+    most O(n_i^2 / t) time for t = ``config.sub_machines`` parts (spec 2.2 and 2.7); radii below
+    the local spacing or above the local reach reuse one aggregation. The local computation goes through
     :meth:`_local_extent` and :meth:`_aggregate_at` only.
     """
 
@@ -295,17 +297,22 @@ class KzMachine(ProtocolMachine):
     }
 
     def __init__(
-        self, party: str, *, config: KzCenterConfig, points: np.ndarray, coordinator: str = COORDINATOR
+        self,
+        party: str,
+        *,
+        config: KzCenterConfig,
+        points: np.ndarray,
+        coordinator: str = COORDINATOR,
+        workers: int = 1,
     ) -> None:
         super().__init__(party)
         self.config = config
         self.coordinator = coordinator
         self.points = _check_points(points, config.d)
         # the local work runs without an n_i x n_i matrix (solvers.SubMachines / PointIndex: k-d tree
-        # neighbour pairs or blocks of distance rows; the same results as the dense matrix). One part
-        # for now: splitting into sub-machines needs the virtual machine count m' = sum_i t_i in the
-        # threshold and the count cap, which the coordinator has to announce.
-        self._local = solvers.SubMachines(self.points, max_points=max(1, self.points.shape[0]))
+        # neighbour pairs or blocks of distance rows; the same results as the dense matrix), over
+        # config.sub_machines parts, each one virtual machine of the config's threshold and caps
+        self._local = solvers.SubMachines(self.points, parts=config.sub_machines, workers=workers)
         self._extent_cache: LocalExtent | None = None
         self._grid: np.ndarray | None = None
         self._asked: list[float] = []  # radii asked about, in order (the grid for linear/binary)

@@ -226,6 +226,10 @@ _BLOCK_ROWS = 256
 _MAX_BATCH = 1024
 _SAMPLE = 256
 _CACHE_BYTES_PER_POINT = 2048
+_PAIRS_SHARE = 1.0 / 20.0
+"""The share of the ``n^2`` pairs below which ``auto`` lists neighbour pairs: a listed pair costs
+about 70-80 ns (tree query, canonical distance, sort), a screened one about 1-2 ns
+(`_kernels.ball_counts`); measured on 5,000 and 10,000 points of the scale benchmark's mixture."""
 _MAX_PAIRS = 1 << 25
 """Most directed neighbour pairs the ``pairs`` method may hold (16 bytes each, about 512 MiB)."""
 
@@ -234,8 +238,10 @@ def _query_radius(radius: float) -> float:
     return radius * (1.0 + _SLACK) + _TINY
 
 
-def split_sub_machines(points: np.ndarray, max_points: int = DEFAULT_SUB_MACHINE_POINTS) -> list[np.ndarray]:
-    """Split one machine's points into ``t = max(1, ceil(n / max_points))`` sub-machines.
+def split_sub_machines(
+    points: np.ndarray, max_points: int = DEFAULT_SUB_MACHINE_POINTS, *, parts: int | None = None
+) -> list[np.ndarray]:
+    """Split one machine's points into ``t = max(1, ceil(n / max_points))`` (or ``parts``) sub-machines.
 
     Sub-machine j takes the points ``j, j + t, j + 2t, ...`` (a stride, not contiguous chunks: a
     machine whose points arrive sorted, e.g. by cluster, still gets sub-machines that look like
@@ -245,22 +251,26 @@ def split_sub_machines(points: np.ndarray, max_points: int = DEFAULT_SUB_MACHINE
 
     Args:
         points: the machine's points ``[n, d]`` (only ``n`` is used).
-        max_points: largest sub-machine, ``>= 1``.
+        max_points: largest sub-machine, ``>= 1`` (ignored when ``parts`` is given).
+        parts: the number of sub-machines ``t >= 1`` (`KzCenterConfig.sub_machines`, the same on
+            every machine); parts beyond ``n`` are empty.
 
     Returns:
         ``t`` int64 index arrays into ``points``, each sorted, of sizes ``floor(n/t)`` or
-        ``ceil(n/t)`` (one empty array when ``n = 0``).
+        ``ceil(n/t)`` (one empty array when ``n = 0`` and ``parts`` is not given).
 
     Raises:
-        ValueError: ``max_points < 1``.
+        ValueError: ``max_points < 1`` or ``parts < 1``.
 
     References:
         Guo & Li, Appendix B ("machine multiplication"); spec sections 2.7 and 6.
     """
     if max_points < 1:
         raise ValueError(f"max_points must be at least 1, got {max_points}")
+    if parts is not None and parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
     n = int(np.shape(points)[0])
-    t = sub_machine_count(n, max_points)
+    t = sub_machine_count(n, max_points) if parts is None else int(parts)
     return [np.arange(j, n, t, dtype=np.int64) for j in range(t)]
 
 
@@ -300,11 +310,12 @@ def local_extent(points: np.ndarray, *, block_rows: int = _BLOCK_ROWS) -> Extent
     """``n_i``, the smallest positive distance and the anchor's radius, without an ``[n, n]`` matrix.
 
     Equal to what the dense matrix gives (``min(D[D > 0])`` and ``max(D[0])``, canonical
-    distances): the smallest distinct-neighbour distance found by a k-d tree over the distinct
-    points bounds the answer, and every pair within that bound (plus slack) is re-measured with
-    the canonical distance. Up to 2,048 points, or if the tree finds only pairs that underflow to
-    0, it scans blocks of ``block_rows`` distance rows instead (``O(n^2)`` time, ``O(block_rows
-    n)`` memory).
+    distances): the distances of 256 sampled points to their nearest other points (k-d tree)
+    bound the answer from above, and every pair within that bound (plus slack) is listed by the
+    tree and re-measured with the canonical distance; if all of them are duplicates the bound
+    doubles. Up to 2,048 points, or if the listing would exceed 2^25 pairs or finds only pairs
+    that underflow to 0, it scans blocks of ``block_rows`` distance rows instead (``O(n^2)``
+    time, ``O(block_rows n)`` memory).
 
     Args:
         points: ``[n, d]`` float64.
@@ -323,17 +334,28 @@ def local_extent(points: np.ndarray, *, block_rows: int = _BLOCK_ROWS) -> Extent
     radius = float(_kernels.pairwise_distances(x[:1], x).max())
     if n <= 2048:
         return Extent(n, _scan_min_distance(x, block_rows), 0, radius)
-    distinct = np.unique(x, axis=0)
-    if distinct.shape[0] < 2:
-        return Extent(n, math.inf, 0, radius)
-    tree = cKDTree(distinct)
-    nearest, _ = tree.query(distinct, k=2)
-    bound = float(nearest[:, 1].min())
-    pairs = tree.query_pairs(_query_radius(bound), output_type="ndarray")
-    dist = _kernels.pair_distances(distinct, pairs[:, 0], pairs[:, 1])
-    dist = dist[dist > 0]
-    dmin = float(dist.min()) if dist.size else _scan_min_distance(distinct, block_rows)
-    return Extent(n, dmin, 0, radius)
+    if radius == 0.0:
+        return Extent(n, math.inf, 0, radius)  # every point is the anchor
+    tree = cKDTree(x)
+    # a sample's distances to its nearest other points bound the smallest one from above; every
+    # pair within the bound is then listed and measured canonically (doubling the bound while the
+    # listed pairs are all duplicates)
+    sample = x[np.unique(np.linspace(0, n - 1, min(n, _SAMPLE)).astype(np.int64))]
+    near, _ = tree.query(sample, k=min(n, 8))
+    positive = near[near > 0]
+    bound = float(positive.min()) if positive.size else radius
+    while bound <= 2.0 * radius * (1.0 + _SLACK) + _TINY:
+        # the sample's ball sizes estimate the pairs the listing would hold (a guard on memory)
+        listed = tree.query_ball_point(sample, _query_radius(bound), return_length=True)
+        if (float(np.mean(listed)) - 1.0) * n / 2.0 > _MAX_PAIRS:
+            break
+        pairs = tree.query_pairs(_query_radius(bound), output_type="ndarray")
+        dist = _kernels.pair_distances(x, pairs[:, 0], pairs[:, 1])
+        dist = dist[dist > 0]
+        if dist.size and float(dist.min()) <= bound:
+            return Extent(n, float(dist.min()), 0, radius)
+        bound *= 2.0
+    return Extent(n, _scan_min_distance(x, block_rows), 0, radius)
 
 
 def _scan_min_distance(x: np.ndarray, block_rows: int) -> float:
@@ -466,7 +488,7 @@ class PointIndex:
     * ``blocked``: blocks of ``block_rows`` canonical distance rows; O(n^2) time per radius,
       never more than ``block_rows x n`` distances at once.
 
-    ``auto`` takes ``pairs`` when a sample of ball sizes predicts at most ``n^2 / 4`` and at most
+    ``auto`` takes ``pairs`` when a sample of ball sizes predicts at most ``n^2 / 20`` and at most
     2^25 directed pairs, ``blocked`` otherwise (and for up to 512 points).
 
     Args:
@@ -547,7 +569,7 @@ class PointIndex:
         sample = np.unique(np.linspace(0, n - 1, min(n, _SAMPLE)).astype(np.int64))
         sizes = self.tree.query_ball_point(self.points[sample], _query_radius(2.0 * radius), return_length=True)
         directed = (float(np.mean(sizes)) - 1.0) * n
-        return "pairs" if directed <= min(n * n / 4.0, _MAX_PAIRS) else "blocked"
+        return "pairs" if directed <= min(n * n * _PAIRS_SHARE, _MAX_PAIRS) else "blocked"
 
     def aggregate(
         self, radius: float, threshold: float, *, max_reps: int | None = None, candidates: str = "all"
@@ -650,9 +672,7 @@ class PointIndex:
     def _aggregate_blocked(self, radius, threshold, max_reps, candidates) -> Aggregation:
         x, n, rows = self.points, self.n_points, self.block_rows
         inner, outer = 2.0 * radius, 4.0 * radius
-        count = np.empty(n, dtype=np.int64)
-        for r0 in range(0, n, rows):
-            count[r0 : r0 + rows] = np.count_nonzero(_kernels.pairwise_distances(x[r0 : r0 + rows], x) <= inner, axis=1)
+        count = _kernels.ball_counts(x, inner)
 
         def absorb(chosen: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             within = _kernels.pairwise_distances(x[chosen], x) <= outer
@@ -664,10 +684,8 @@ class PointIndex:
             # subtract the removed points' rows, or recount from the remaining ones if fewer
             remaining = np.flatnonzero(alive)
             source = absorbed if absorbed.shape[0] <= remaining.shape[0] else remaining
-            total = np.zeros(n, dtype=np.int64)
-            for r0 in range(0, source.shape[0], rows):
-                block = _kernels.pairwise_distances(x[source[r0 : r0 + rows]], x) <= inner
-                total += np.count_nonzero(block, axis=0)
+            # |ball(p, 2L) among source| for every p (the canonical distance is symmetric)
+            total = _kernels.ball_counts(x, inner, x[source])
             if source is absorbed:
                 np.subtract(count, total, out=count)
             else:
@@ -738,6 +756,8 @@ class SubMachines:
     Args:
         points: the machine's points ``[n_i, d]`` float64.
         max_points: largest part.
+        parts: the number of parts instead (`KzCenterConfig.sub_machines`); ``None``: from
+            ``max_points``.
         workers: parts aggregated in parallel, ``>= 1``.
         method: passed to every :class:`PointIndex`.
         pair_cache_bytes: neighbour-pair cache of the whole machine, shared evenly by the parts
@@ -755,6 +775,7 @@ class SubMachines:
         points: np.ndarray,
         *,
         max_points: int = DEFAULT_SUB_MACHINE_POINTS,
+        parts: int | None = None,
         workers: int = 1,
         method: str = "auto",
         pair_cache_bytes: int | None = None,
@@ -762,7 +783,7 @@ class SubMachines:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.points = np.ascontiguousarray(points, dtype=np.float64)
-        self.parts = split_sub_machines(self.points, max_points)
+        self.parts = split_sub_machines(self.points, max_points, parts=parts)
         if pair_cache_bytes is None:
             pair_cache_bytes = _CACHE_BYTES_PER_POINT * self.points.shape[0]
         share = int(pair_cache_bytes) // len(self.parts)

@@ -157,7 +157,7 @@ def test_auto_method_follows_the_density_of_balls():
 
 
 def test_blocked_aggregation_holds_only_blocks_of_distance_rows():
-    """Memory, not time: the blocked method's peak is a few ``block_rows x n`` blocks, not ``n x n``."""
+    """Memory, not time: the blocked method's peak is a few tiles and ``block_rows x n`` blocks, not ``n x n``."""
     rng = np.random.default_rng(8)
     n, block = 3000, 16
     x = clustered(rng, n, d=2)
@@ -169,10 +169,12 @@ def test_blocked_aggregation_holds_only_blocks_of_distance_rows():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    block_bytes = 8 * block * n
-    # three blocks (distances, their ball mask, a count) and O(n) vectors; the matrix is 8 n^2
-    assert peak <= 3 * block_bytes + 64 * n, (peak, block_bytes)
-    assert peak < 8 * n * n / 50
+    # ball counts hold tiles of 2^18 distances (2 MiB; the compiled screen keeps its [64, n] tiles
+    # outside NumPy), the representatives' rows are block x n: a few of each and O(n) vectors,
+    # against 8 n^2 = 72 MB for the matrix
+    tile_bytes = 8 * (1 << 18)
+    assert peak <= 3 * tile_bytes + 3 * 8 * block * n + 64 * n, (peak, tile_bytes)
+    assert peak < 8 * n * n / 8
     assert int(agg.weights.sum()) + agg.discarded == n
 
 
@@ -358,3 +360,68 @@ def test_bel_coreset_with_the_machines_nearest_centres_is_the_same_coreset():
         got = solvers.bel_coreset(draws, x, centres, radius, 2, nearest=nearest)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+# --- ball counts: the compiled screen with the canonical distance at the boundary ---------------------
+
+
+def canonical_counts(x, radius, y=None):
+    return np.count_nonzero(_kernels.pairwise_distances(x, y) <= radius, axis=1)
+
+
+@pytest.mark.parametrize("screen", [True, False])
+def test_ball_counts_equal_the_canonical_matrix(screen, monkeypatch):
+    """Exact equality, ties included: integer grids put many pairs exactly on the sphere, where
+    the compiled screen leaves them to the canonical distance."""
+    if screen:
+        monkeypatch.setattr(_kernels, "_COUNT_MIN_PAIRS", 0)  # the compiled path on small inputs too
+    rng = np.random.default_rng(41)
+    for x in (tie_heavy(rng, 300, d=3, span=6), mixed_scales(rng, 257, 4), clustered(rng, 200, d=5)):
+        y = x[rng.permutation(x.shape[0])[: x.shape[0] // 2 + 1]]
+        for radius in radii_for(rng, _kernels.pairwise_distances(x[:40])) + [1.0, math.sqrt(2.0), 3.0]:
+            np.testing.assert_array_equal(_kernels.ball_counts(x, radius), canonical_counts(x, radius))
+            got = _kernels.ball_counts(x, radius, y)
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, canonical_counts(x, radius, y))
+
+
+def test_ball_counts_decide_boundary_pairs_canonically(monkeypatch):
+    """On a grid at radius sqrt(2) the screen cannot decide the diagonal neighbours: those rows are
+    recounted, and the result still equals the matrix."""
+    monkeypatch.setattr(_kernels, "_COUNT_MIN_PAIRS", 0)
+    recounted = []
+    original = _kernels._canonical_counts
+
+    def spy(x, y, radius):
+        recounted.append(x.shape[0])
+        return original(x, y, radius)
+
+    monkeypatch.setattr(_kernels, "_canonical_counts", spy)
+    g = np.arange(12, dtype=np.float64)
+    x = np.stack(np.meshgrid(g, g), axis=-1).reshape(-1, 2)
+    got = _kernels.ball_counts(x, math.sqrt(2.0))
+    assert recounted and 0 < recounted[0] <= x.shape[0]
+    np.testing.assert_array_equal(got, canonical_counts(x, math.sqrt(2.0)))
+    assert got.max() == 9 and got.min() == 4  # interior points: the 3 x 3 block; corners: 2 x 2
+
+
+def test_ball_counts_of_large_inputs_and_bad_radii():
+    rng = np.random.default_rng(5)
+    x = clustered(rng, 2100, d=5)  # 4.4 M pairs: past the size where the screen takes over
+    for radius in (0.0, 0.25, 4.0, 1e3):
+        np.testing.assert_array_equal(_kernels.ball_counts(x, radius), canonical_counts(x, radius))
+    assert _kernels.ball_counts(np.zeros((0, 2)), 1.0).shape == (0,)
+    assert _kernels.ball_counts(x[:3], 1.0, np.zeros((0, 5))).tolist() == [0, 0, 0]
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError, match="radius"):
+            _kernels.ball_counts(x[:3], bad)
+
+
+def test_split_into_a_given_number_of_parts():
+    x = np.zeros((10, 2))
+    parts = solvers.split_sub_machines(x, parts=4)
+    assert [p.tolist() for p in parts] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert [p.shape[0] for p in solvers.split_sub_machines(x[:2], parts=3)] == [1, 1, 0]  # empty parts allowed
+    assert solvers.SubMachines(x, parts=4).count == 4
+    with pytest.raises(ValueError):
+        solvers.split_sub_machines(x, parts=0)

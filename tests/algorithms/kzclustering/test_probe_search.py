@@ -14,6 +14,7 @@ import trio
 
 import fedproto.algorithms  # noqa: F401
 from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering import polish as polish_module
 from fedproto.algorithms.kzclustering.config import KzCenterConfig
 from fedproto.algorithms.kzclustering.data import synthetic_dataset
 from fedproto.algorithms.kzclustering.messages import (
@@ -363,3 +364,37 @@ def test_polishing_keeps_the_certificate_and_improves_the_estimate():
     result = polish_centres(dist, ones, np.array([0, 1]), budget=1.0, cert_budget=1.0, move=0.0, limit=100.0)
     assert result.improved and sorted(result.centres.tolist()) in ([0, 2], [0, 3], [1, 2], [1, 3])
     assert result.estimate == pytest.approx(0.1)
+    # with 4 candidates: {0, 1} (the start), then farthest first 4 and 3; a swap for 3 repairs it
+    result = polish_centres(dist, ones, np.array([0, 1]), budget=1.0, cert_budget=1.0, move=0.0, limit=100.0,
+                            max_candidates=4)
+    assert result.improved and sorted(result.centres.tolist()) in ([0, 3], [1, 3])
+    # with 3 candidates (0, 1, 4) the best reachable set is {1, 4}: 3 is the outlier, 2 is 9.9 away
+    result = polish_centres(dist, ones, np.array([0, 1]), budget=1.0, cert_budget=1.0, move=0.0, limit=100.0,
+                            max_candidates=3)
+    assert sorted(result.centres.tolist()) == [1, 4] and result.estimate == pytest.approx(9.9)
+    with pytest.raises(ValueError, match="max_candidates"):
+        polish_centres(dist, ones, np.array([0, 1]), budget=1.0, cert_budget=1.0, move=0.0, limit=100.0,
+                       max_candidates=0)
+
+
+def test_polishing_with_few_candidates_keeps_its_promises():
+    """Many representatives, a candidate cap: the certificate stays within the limit, the estimate
+    never grows, and every centre swapped in is among the farthest-first candidates."""
+    rng = np.random.default_rng(9)
+    for trial in range(6):
+        pts = np.concatenate([rng.normal(size=(120, 2)) + rng.uniform(-30, 30, size=(1, 2)) for _ in range(5)])
+        dist = _kernels.pairwise_distances(pts)
+        weights = rng.integers(1, 4, size=pts.shape[0]).astype(np.float64)
+        start = rng.choice(pts.shape[0], size=5, replace=False)
+        budget = float(rng.integers(0, 20))
+
+        def measure(centres, b):
+            return trimmed_radius(dist[:, list(centres)].min(axis=1)[:, None], weights, b)[0]
+
+        limit = measure(start, budget + 5) * 1.1
+        result = polish_centres(dist, weights, start, budget=budget, cert_budget=budget + 5, move=0.0,
+                                limit=limit, max_candidates=40)
+        assert result.certificate <= limit and result.estimate <= measure(start, budget)
+        assert result.estimate == pytest.approx(measure(result.centres, budget))
+        candidates = set(np.asarray(polish_module._farthest_first(dist, int(start[0]), 40, given=start)).tolist())
+        assert set(result.centres.tolist()) <= candidates

@@ -49,8 +49,9 @@ def machine_outliers(results, config):
 # --- guarantees against brute force -----------------------------------------------------------------
 
 
-def fuzz(kz, rng, trials, search):
-    """Random tiny instances (n <= 11, k <= 3, m <= 3, z <= 7) against brute force."""
+def fuzz(kz, rng, trials, search, *, split=False):
+    """Random tiny instances (n <= 11, k <= 3, m <= 3, z <= 7) against brute force (with
+    ``split``, every machine also splits into 2 or 3 sub-machines)."""
     for trial in range(trials):
         n = int(rng.integers(3, 12))
         k = int(rng.integers(1, 4))
@@ -61,9 +62,10 @@ def fuzz(kz, rng, trials, search):
         eps = float(rng.choice([0.1, 0.5, 1.0]))
         x = rng.integers(0, 6, size=(n, 2)).astype(np.float64) if trial % 2 else rng.normal(size=(n, 2)) * 10
         parts = kz.parts(rng, n, m)
+        sub_machines = int(rng.integers(2, 4)) if split else 1
         config = KzCenterConfig(
             k=k, z=z, eps=eps, n_machines=m, d=2, search=search, batch=int(rng.integers(0, 3)),
-            candidates=str(rng.choice(["all", "uncovered"])), refine=bool(trial % 3),
+            candidates=str(rng.choice(["all", "uncovered"])), refine=bool(trial % 3), sub_machines=sub_machines,
         )
         results, _ = kz.run(x, parts, config)
         opt = kz.opt(x, k, z)
@@ -87,6 +89,39 @@ def test_random_tiny_instances_meet_the_bicriteria_guarantee(kz, search):
     """Oracles 11, 13 and 16: <= (1+eps)z points beyond L_out, L_out <= 24(1+eps) OPT, every
     rejected guess is below L*, and the accepted guess is at most the first grid value >= L*."""
     fuzz(kz, np.random.default_rng(100 * SEEDS[search]), 30, search)
+
+
+@pytest.mark.parametrize("search", ["linear", "probe"])
+def test_split_machines_meet_the_bicriteria_guarantee(kz, search):
+    """The same oracles with every machine split into sub-machines (Appendix B: dist-kzc over the
+    m' = m t virtual machines keeps every guarantee)."""
+    fuzz(kz, np.random.default_rng(700 + SEEDS[search]), 30, search, split=True)
+
+
+@pytest.mark.parametrize("search", ["probe", "linear", "binary"])
+def test_a_split_machine_runs_as_its_parts_would(kz, search):
+    """m machines with ``sub_machines = t`` reach the same guess, radius, centres and outliers as
+    m t machines holding the strided parts (`solvers.split_sub_machines`), with the threshold and
+    bounds of m t, in fewer messages; each machine answers once per request for all its parts."""
+    rng = np.random.default_rng(31)
+    for trial in range(3):
+        x = kz.blobs(trial, per_blob=30, blobs=4, outliers=12)
+        n, m, t = x.shape[0], 2, 3
+        parts = kz.parts(rng, n, m)
+        split = KzCenterConfig(k=4, z=12, eps=0.5, n_machines=m, d=2, sub_machines=t, search=search,
+                               radius_bounds=(0.05, 500.0))
+        flat = KzCenterConfig(k=4, z=12, eps=0.5, n_machines=m * t, d=2, search=search, radius_bounds=(0.05, 500.0))
+        assert (split.virtual_machines, split.threshold, split.count_bound, split.max_reps) == (
+            flat.virtual_machines, flat.threshold, flat.count_bound, flat.max_reps)
+        pieces = [part[piece] for part in parts for piece in solvers.split_sub_machines(x[part], parts=t)]
+        split_results, split_report = kz.run(x, parts, split)
+        flat_results, flat_report = kz.run(x, pieces, flat)
+        a, b = split_results[COORDINATOR], flat_results[COORDINATOR]
+        assert (a.guess_index, a.radius, a.outliers, a.representatives) == (
+            b.guess_index, b.radius, b.outliers, b.representatives)
+        np.testing.assert_array_equal(a.centres, b.centres)
+        assert split_report.messages < flat_report.messages
+        check_guarantees(kz, x, split, split_results)
 
 
 @pytest.mark.slow
@@ -311,7 +346,7 @@ def test_bisecting_searches_are_safe_on_a_non_monotone_predicate(kz, search, bat
 
 def test_configuration_errors():
     good = dict(k=2, z=1, eps=0.5, n_machines=2, d=2)
-    for change in ({"eps": 0.0}, {"eps": 1.5}, {"eps": -0.1}, {"k": 0}, {"z": -1}, {"n_machines": 0},
+    for change in ({"eps": 0.0}, {"eps": 1.5}, {"eps": -0.1}, {"k": 0}, {"z": -1}, {"n_machines": 0}, {"sub_machines": 0},
                    {"batch": -1}, {"search": "ternary"}, {"candidates": "few"}, {"radius_bounds": (0.0, 1.0)},
                    {"radius_bounds": (2.0, 1.0)}):
         with pytest.raises(ValueError):
@@ -320,6 +355,9 @@ def test_configuration_errors():
         KzCenterConfig(**{**good, "k": 2.0})
     config = KzCenterConfig(**good)
     assert KzCenterConfig(k=20, z=256, eps=0.1, n_machines=5, d=3).max_reps == 20 * 5 * 11
+    split = KzCenterConfig(k=20, z=256, eps=0.1, n_machines=5, d=3, sub_machines=4)
+    assert split.virtual_machines == 20 and split.max_reps == 20 * 20 * 11
+    assert split.threshold == 0.1 * 256 / (20 * 20)
     with pytest.raises(ValueError, match="shape"):
         KzMachine("machine-0", config=config, points=np.zeros((3, 3)))
     with pytest.raises(ValueError, match="NaN"):
