@@ -10,14 +10,16 @@ the protocol's default search, run by ``run_parties`` over a
 :class:`~fedproto.transports.memory.MemoryNetwork` with a :class:`Meter` (every frame goes through
 the real codec). No radius bounds: the machines first send their extents.
 
-The sub-machine split (spec 2.7, Guo & Li Appendix B): machine i's points are split by
-`solvers.split_sub_machines` into ``t_i = ceil(n_i / 10,000)`` parts and dist-kzc runs over the
-``m' = sum_i t_i`` virtual machines. The protocol does not yet learn m' from the machines (its
-threshold ``y = eps z / (k m')`` and count bound need it), so here every part is a party of the
-run, ``n_machines = m'`` (20 parts per machine at 10^6: m' = 100). Words and rounds are
-therefore those of m' parties; a machine that spoke for its t_i parts would send the
-sums of their counts and one message per phase. Each party aggregates without an ``n_i x n_i``
-matrix (`solvers.SubMachines`: k-d tree neighbour pairs or blocks of distance rows).
+The sub-machine split (spec 2.7, Guo & Li Appendix B): every machine splits its points into
+``t = ceil(max_i n_i / 5,000)`` strided parts (`KzCenterConfig.sub_machines`; 40 per machine at
+10^6) and dist-kzc runs over the ``m' = 5 t`` virtual machines: the threshold
+``y = eps z / (k m')``, the count bound and the cap are those of m', and each machine answers every
+request once for all its parts (the sums of their counts, one message per phase). Each part
+aggregates without an ``n_i x n_i`` matrix (`solvers.PointIndex`: k-d tree neighbour pairs, or
+the compiled ball-count screen of `_kernels.ball_counts` over the part's points), ``--workers``
+parts of a machine at a time. 5,000 points per part rather than the authors' 10,000: machine work
+per guess is ``n_i x part size``, so halving the parts halved the aggregation time at 10^6, while
+the representatives (about ``k m' + z``, since ``y < 1`` keeps every outlier) grow little.
 
 Per n, the main table gives m', the grid size, probe rounds and fetches, rounds, words, payload bytes,
 the total run time (``run_parties`` only; data generation excluded), the peak resident memory
@@ -49,7 +51,7 @@ Run::
     python benchmarks/kz_scale.py --quick         # dist-kzc at n = 10^3 only, budget 30 s (a smoke test)
     python benchmarks/kz_scale.py --json kz.json  # also the tables as JSON records
     python benchmarks/kz_scale.py --no-polish     # dist-kzc with KzCenterConfig(polish=False)
-    python benchmarks/kz_scale.py --sub-machine-points 5000   # smaller sub-machines (more of them)
+    python benchmarks/kz_scale.py --sub-machine-points 10000  # the authors' part size (fewer, larger parts)
 
 ``--json PATH`` writes one record per row: table ``kz_scale`` (``n_points``, ``n_machines``,
 ``virtual_machines``, ``z``, ``grid_size``, ``probe_rounds``, ``fetches``, ``communication_rounds``,
@@ -82,7 +84,7 @@ from pathlib import Path
 SIZES = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 MEANS_SIZES = (1_000, 10_000, 100_000)
 QUICK_SIZES = (1_000,)
-SUB_MACHINE_POINTS = 10_000
+SUB_MACHINE_POINTS = 5_000
 TIME_KEYS = ("machine extent", "machine aggregate", "machine other", "coordinator solver",
              "coordinator other", "runtime + codec")
 #: The record key of each part of :data:`TIME_KEYS`.
@@ -422,7 +424,7 @@ def main() -> None:
     parser.add_argument("--no-polish", action="store_true",
                         help="dist-kzc without the coordinator's polishing (KzCenterConfig(polish=False))")
     parser.add_argument("--sub-machine-points", type=int, default=SUB_MACHINE_POINTS,
-                        help=f"largest sub-machine of the split (default {SUB_MACHINE_POINTS:,}, the authors')")
+                        help=f"largest sub-machine of the split (default {SUB_MACHINE_POINTS:,}; the authors' is 10,000)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="threads per machine aggregating its sub-machines (default: up to 2)")
     parser.add_argument("--search", choices=("probe", "linear", "binary"), default=None,

@@ -214,10 +214,11 @@ def pair_distances_by_columns(
 
 _COUNT_BLOCK = 64
 """Rows of one block of the compiled count (a ``[64, m]`` tile of squared distances)."""
-_COUNT_CHUNK = 2048
-"""Rows per call of the compiled count (32 blocks; the one compiled row shape)."""
-_COUNT_MIN_PAIRS = 1 << 22
-"""Below this many pairs `ball_counts` uses the canonical NumPy distance directly."""
+_COUNT_CHUNK = 1024
+"""Rows per call of the compiled count (16 blocks; the one compiled row shape)."""
+_COUNT_MIN_PAIRS = 1 << 18
+"""Below this many pairs `ball_counts` uses the canonical NumPy distance directly (measured: the
+compiled screen is 3-4 times faster from about 2^18 pairs on)."""
 _COUNT_BAND = 1e-9
 """Relative half-width of the band of squared distances the compiled screen leaves undecided.
 
@@ -263,7 +264,7 @@ def ball_counts(x: np.ndarray, radius: float, y: np.ndarray | None = None) -> np
     screens the squared distances, a ``[64, m]`` tile at a time, and decides every pair whose
     square is not within a relative 1e-9 of ``radius^2`` (the screen's rounding differs from the
     canonical order by far less, see ``_COUNT_BAND``); the rows with an undecided pair are
-    counted again with the canonical distance. Small inputs (under 2^22 pairs), a zero or tiny
+    counted again with the canonical distance. Small inputs (under 2^18 pairs), a zero or tiny
     radius and zero-width points use the canonical distance throughout.
 
     Args:
