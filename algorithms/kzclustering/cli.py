@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,6 +128,7 @@ LABELS: dict[str, str] = {
     "data_set": "data set",
     "n_points": "points n",
     "n_clients": "machines m",
+    "sub_machines": "sub-machines per machine T (m' = m T)",
     "slack": "slack (paper's eps)",
     "probe_batch": "guesses asked per round (0 = all)",
     "probe_rounds": "probe rounds",
@@ -379,6 +381,19 @@ def _baseline_labels(methods: list[str], quantities: Mapping[str, str]) -> dict[
     return {f"{q}_{method_key(m)}": f"{m}: {label}" for m in methods for q, label in quantities.items()}
 
 
+def _sub_machines(text: str) -> str | int:
+    """``--sub-machines``: ``auto`` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
+
+
 def _parse_compare(text: str) -> list[str]:
     if text in ("", "none"):
         return []
@@ -417,6 +432,9 @@ class KzCenterPlugin:
                            help="keep kzc's centres (no swap local search on the representatives)")
         group.add_argument("--radius-bounds", type=float, nargs=2, default=None, metavar=("A", "B"),
                            help="known interval for the optimal radius (skips the extent round)")
+        group.add_argument("--sub-machines", type=_sub_machines, default="auto", metavar="T",
+                           help="split every machine into T parts, each aggregated as one machine (Appendix "
+                                "B; m' = m T); auto: ceil(largest machine / 10000) (default)")
         group.add_argument("--compare", default="greedy",
                            help="baselines for the summary: none, all, or a comma list of "
                                 f"{', '.join(CENTRALISED + METHODS)} (default greedy)")
@@ -438,13 +456,19 @@ class KzCenterPlugin:
             count_test=args.count_test, polish=not args.no_polish,
         )
         parts = partition(n, m, scheme=args.partition, seed=args.seed, labels=dataset.y)
+        if args.sub_machines == "auto":
+            largest = max((len(p) for p in parts), default=0)
+            config = dataclasses.replace(config, sub_machines=solvers.sub_machine_count(largest))
+        else:
+            config = dataclasses.replace(config, sub_machines=args.sub_machines)
         names = tuple(machine_name(i) for i in range(m))
         session = session_id("kzcenter", dataset.name, n, d, config, args.seed, args.partition)
+        workers = min(2, os.cpu_count() or 1)
 
         def make_machine(party: str):
             if party == COORDINATOR:
                 return KzCoordinator(COORDINATOR, config=config, machines=names)
-            return KzMachine(party, config=config, points=x[parts[names.index(party)]])
+            return KzMachine(party, config=config, points=x[parts[names.index(party)]], workers=workers)
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             return summarize_center(results[COORDINATOR], config, x, dataset.name, parts, compare, args.seed)
@@ -532,6 +556,7 @@ def summarize_center(
         "z": int(config.z),
         "slack": float(config.eps),
         "n_clients": int(config.n_machines),
+        "sub_machines": int(config.sub_machines),
         "search": config.search,
         "probe_batch": int(config.batch),
         "radius_z_removed": float(solvers.center_cost(dist, config.z)),

@@ -19,6 +19,14 @@ points (Lemmas 2.6, 2.7), and the coordinator's Charikar-style solver kzc (Algor
 Machines aggregate lazily: only at the radii the coordinator asks about, once per radius
 (guesses below the local spacing, or above the local reach, share one aggregation).
 
+Sub-machines (Appendix B, spec 2.7). With ``config.sub_machines = t > 1`` every machine splits
+its points into t strided parts (`solvers.split_sub_machines`) and aggregates each part as one
+machine, so dist-kzc runs over ``m' = m t`` virtual machines: y, the count bound and the cap are
+those of m' (`KzCenterConfig.virtual_machines`) and every guarantee is the paper's for m'
+machines. A machine still sends one message per request: the sums of its parts' counts, and
+their representatives concatenated in part order (the same run as m' machines holding the parts,
+in fewer messages; tested). Local work per guess falls from ``n_i^2`` to ``n_i^2 / t``.
+
 The grid. Without ``radius_bounds`` (spec 2.4, practical alternative) machines first send
 :class:`LocalExtent` (phase ``extent``: ``n_i``, the local smallest nonzero distance, an anchor,
 the radius around it); the coordinator bounds the diameter by ``max (r_i + d(a_i, a_j) + r_j)``

@@ -115,6 +115,23 @@ def test_plan_rejects_bad_arguments(argv, match):
         KZCENTER.plan(parse(KZCENTER, ["--data", "iris", *argv]), load_dataset("iris"))
 
 
+async def test_sub_machines_split_every_machine_into_parts():
+    """``--sub-machines 3``: three parts per machine, the count bound of 3 m virtual machines, the
+    same guarantees; ``auto`` is 1 below 10,000 points per machine; bad values are refused."""
+    argv = ["--data", "iris", "--machines", "2", "--k", "3", "--slack", "0.5", "--inject-outliers", "6"]
+    plan = KZCENTER.plan(parse(KZCENTER, [*argv, "--sub-machines", "3"]), load_dataset("iris"))
+    machine = plan.make_machine("machine-0")
+    assert machine.config.sub_machines == 3 and machine.config.virtual_machines == 6
+    assert machine._local.count == 3
+    summary = plan.summarize(await run_plan(plan))
+    assert summary["sub_machines"] == 3 and summary["n_outliers"] <= summary["outlier_budget"] == 9
+    auto = KZCENTER.plan(parse(KZCENTER, argv), load_dataset("iris"))
+    assert auto.make_machine("machine-0").config.sub_machines == 1
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit):
+            parse(KZCENTER, [*argv, "--sub-machines", bad])
+
+
 def test_the_fedproto_command_line(monkeypatch, capsys, tmp_path):
     """``fedproto run kzcenter ...`` end to end (the plugin registered in place of the entry point)."""
     monkeypatch.setattr(registry, "protocol_names", lambda: ["kzcenter"])
