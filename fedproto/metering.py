@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedproto.compilation import compile_seconds
+
 __all__ = ["Meter", "LinkRecord", "RunReport", "REPORT_SCHEMA_VERSION", "is_setup_phase", "report_schema"]
 
 #: Version of the report layout (bumped when a field is renamed, removed or changes meaning;
@@ -66,6 +68,8 @@ class Meter:
         self.round_started_s: dict[int, float] = {}
         self.started_s: float | None = None
         self.finished_s: float | None = None
+        self._compile_started = 0.0
+        self._compile_finished: float | None = None
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else 0.0
@@ -74,10 +78,20 @@ class Meter:
         """Mark the start of the run (first call wins)."""
         if self.started_s is None:
             self.started_s = self._now()
+            self._compile_started = compile_seconds()
 
     def finish(self) -> None:
         """Mark the end of the run (last call wins)."""
         self.finished_s = self._now()
+        self._compile_finished = compile_seconds()
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling JAX kernels between :meth:`start` and :meth:`finish` (or now)."""
+        if self.started_s is None:
+            return 0.0
+        end = self._compile_finished if self._compile_finished is not None else compile_seconds()
+        return max(end - self._compile_started, 0.0)
 
     def record_sent(
         self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int, overhead: int = 0
@@ -153,6 +167,7 @@ class Meter:
             round_wall_s=tuple(round_wall),
             rejected_frames=self.rejected_frames,
             results=dict(results or {}),
+            compile_s=self.compile_s,
         )
 
 
@@ -219,6 +234,10 @@ class RunReport:
         finished_at: when the run finished, same format, or ``None``.
         paper: figures the paper reports for this setting, kept apart from the measured
             ``results`` (same key rules as ``results``); empty when there are none.
+        compile_s: seconds the run's process spent tracing, lowering and compiling JAX kernels
+            (`fedproto.compilation.compile_seconds`), part of ``wall_time_s`` and of the
+            rounds where it happened; the largest over the processes of a merged run; 0.0 when
+            not measured.
     """
 
     protocol: str
@@ -243,6 +262,7 @@ class RunReport:
     started_at: str | None = None
     finished_at: str | None = None
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)
+    compile_s: float = 0.0
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -362,7 +382,7 @@ class RunReport:
     def merge(cls, reports: Iterable["RunReport"], **overrides: Any) -> "RunReport":
         """Combine the reports of the processes of one run (each counting the frames it sent).
 
-        Links are summed per key; wall time is the longest; results and paper figures are merged
+        Links are summed per key; wall time and compile time are the longest; results and paper figures are merged
         in order; options, command and versions are the first report's; ``started_at`` is the
         earliest and ``finished_at`` the latest of those known.
         """
@@ -402,6 +422,7 @@ class RunReport:
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),
             results=results,
+            compile_s=max(r.compile_s for r in reports),
         )
         fields.update(overrides)
         return cls.from_links(links=links, **fields)

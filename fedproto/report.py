@@ -139,6 +139,7 @@ def render_report(
             "transport framing overhead bytes": report.framing_overhead_bytes,
             "rejected frames": report.rejected_frames,
             "wall time s": report.wall_time_s,
+            "  of which JAX compile s": report.compile_s,
         },
         full=full,
     )

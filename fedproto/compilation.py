@@ -1,0 +1,104 @@
+"""JAX compilation: the persistent cache, and the time a run spends compiling.
+
+A protocol's local numerics are `jax.jit` kernels. The first call of a kernel for a new shape
+traces, lowers and compiles it (0.1 to 1 s each on CPU), and a fresh process starts with nothing
+compiled, so without help every ``fedproto run`` pays those seconds again inside its first round.
+Two tools:
+
+* :func:`enable_compile_cache` turns on JAX's persistent compilation cache in a directory
+  (default :func:`default_cache_dir`: ``$XDG_CACHE_HOME/fedproto/jax``, or
+  ``~/.cache/fedproto/jax``), so a later process loads compiled kernels instead of compiling
+  them. Tracing and lowering still run; the backend compilation, the larger part, is skipped.
+  The command line turns it on for every run unless ``--no-compile-cache`` is given.
+* :func:`compile_seconds` is the time this process has spent tracing, lowering and compiling
+  kernels so far (JAX's own ``/jax/core/compile/*`` duration events), so a run can report its
+  compile time apart from its protocol time (``RunReport.compile_s``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+__all__ = ["COMPILE_EVENTS", "compile_seconds", "default_cache_dir", "enable_compile_cache"]
+
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+"""JAX's duration events whose sum is the compile time (tracing, lowering to MLIR, and backend
+compilation or loading from the persistent cache)."""
+
+_lock = threading.Lock()
+_total = 0.0
+_listening = False
+
+
+def _listener(event: str, duration_secs: float, **_: object) -> None:
+    global _total
+    if event in COMPILE_EVENTS:
+        with _lock:
+            _total += float(duration_secs)
+
+
+def _listen() -> bool:
+    """Register the listener once JAX is imported (importing it here would slow down runs of
+    protocols that never use it); whether it is registered."""
+    global _listening
+    if "jax" not in sys.modules:
+        return False
+    with _lock:
+        if _listening:
+            return True
+        _listening = True
+    sys.modules["jax"].monitoring.register_event_duration_secs_listener(_listener)
+    return True
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling JAX kernels since it started counting.
+
+    Counting starts at the first call made after JAX was imported (that call returns the total
+    so far, 0.0); take the difference of two calls around a run. Kernels compiled in any thread
+    count. Without JAX imported, nothing can have been compiled: 0.0, and JAX is not imported.
+
+    Returns:
+        Seconds (float, ``>= 0``), monotonically non-decreasing.
+    """
+    _listen()
+    with _lock:
+        return _total
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/fedproto/jax``, or ``~/.cache/fedproto/jax`` without that variable."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedproto" / "jax"
+
+
+def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
+    """Turn on JAX's persistent compilation cache in ``path`` for this process.
+
+    Every kernel is cached, however quick its compilation (JAX's default keeps only those over
+    one second, which would leave out nearly all of fedproto's). Idempotent.
+
+    Args:
+        path: the cache directory (created if missing); default :func:`default_cache_dir`.
+
+    Returns:
+        The directory in use.
+
+    Raises:
+        OSError: the directory cannot be created.
+    """
+    import jax
+
+    directory = Path(path) if path is not None else default_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory

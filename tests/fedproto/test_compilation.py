@@ -1,0 +1,98 @@
+"""The JAX compile clock, the persistent compile cache, and compile time in the run report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from fedproto import compilation
+from fedproto.metering import Meter, RunReport, report_schema
+
+
+def test_compile_seconds_grows_when_a_new_kernel_compiles():
+    before = compilation.compile_seconds()
+
+    @jax.jit
+    def kernel(x):
+        return jnp.cumsum(jnp.sin(x) * 3.0) - x
+
+    kernel(jnp.arange(37.0)).block_until_ready()
+    middle = compilation.compile_seconds()
+    assert middle > before
+    kernel(jnp.arange(37.0)).block_until_ready()  # compiled already: no time added
+    assert compilation.compile_seconds() == middle
+
+
+def test_meter_reports_the_compile_time_between_start_and_finish():
+    meter = Meter()
+    assert meter.compile_s == 0.0  # not started
+    meter.start()
+
+    @jax.jit
+    def kernel(x):
+        return jnp.tanh(x) @ x.T
+
+    kernel(jnp.ones((5, 3))).block_until_ready()
+    meter.finish()
+    spent = meter.compile_s
+    assert spent > 0
+    kernel(jnp.ones((7, 2))).block_until_ready()  # after finish: not this run's
+    report = meter.report(protocol="p", transport="memory", session=0, parties=["a"])
+    assert report.compile_s == spent
+    doc = report.to_dict()
+    assert doc["compile_s"] == spent
+    assert RunReport.from_dict(doc).compile_s == spent
+    old = {k: v for k, v in doc.items() if k != "compile_s"}  # reports written before the field
+    assert RunReport.from_dict(old).compile_s == 0.0
+    merged = RunReport.merge([report, RunReport.from_dict(old)])
+    assert merged.compile_s == spent  # the longest over the processes
+    assert "compile_s" in report_schema()["properties"]
+
+
+def test_default_cache_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compilation.default_cache_dir() == tmp_path / "fedproto" / "jax"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert compilation.default_cache_dir().parts[-3:] == (".cache", "fedproto", "jax")
+
+
+def _run(tmp_path, name, *extra):
+    report = tmp_path / f"{name}.json"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
+         "--report", str(report), *extra],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(report.read_text())
+
+
+def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
+    """The first run fills the cache; the second compiles less (only tracing and lowering are
+    left) and finds the same result; ``--no-compile-cache`` writes nothing."""
+    first = _run(tmp_path, "first")
+    cache = tmp_path / "cache" / "fedproto" / "jax"
+    entries = list(cache.iterdir())
+    assert entries and first["compile_s"] > 0
+    second = _run(tmp_path, "second")
+    assert second["compile_s"] < first["compile_s"]
+    assert second["results"] == first["results"]
+    assert len(list(cache.iterdir())) == len(entries)  # nothing new to compile
+    off = tmp_path / "off"
+    off.mkdir()
+    report = off / "report.json"
+    env = {**os.environ, "XDG_CACHE_HOME": str(off / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
+         "--no-compile-cache", "--report", str(report)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (off / "cache" / "fedproto").exists()
+    assert json.loads(report.read_text())["compile_s"] > 0
