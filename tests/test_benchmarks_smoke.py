@@ -33,14 +33,16 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     ),
     "deletion_streams.py": ("Amortised seconds per deletion", {"deletion_timing", "deletion_quality"}),
     "scma.py": ("SCMA decoding time as the support m = K*L grows", {"scma_decoding", "scma_upload"}),
-    "mufc_unlearning.py": ("Unlearning: mean seconds per random removal", {"mufc_quality", "mufc_unlearning"}),
+    "mufc_unlearning.py": ("Unlearning: mean ms per random single-point removal", {"mufc_quality", "mufc_unlearning"}),
+    "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup"}),
 }
 #: Scripts that draw a figure (sent to the test's temporary directory).
 PLOTTING = {"kz_communication.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
-#: would take the default run of this file past a minute), and transport_rounds (it starts three
-#: MPI ranks that each import JAX): run with ``-m slow``.
-SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py"}
+#: would take the default run of this file past a minute), transport_rounds (it starts three
+#: MPI ranks that each import JAX) and startup (three fresh ``fedproto run`` processes, about
+#: 15 s): run with ``-m slow``.
+SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py"}
 
 
 def _load_common():

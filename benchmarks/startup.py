@@ -1,0 +1,144 @@
+"""Start-up of ``fedproto run``: a cold first run against a second run that finds its kernels cached.
+
+What it measures
+----------------
+``fedproto run fastlloyd --data DATA --clients 2 --quiet --report R`` as a fresh process, three
+ways, each in a new temporary ``XDG_CACHE_HOME``:
+
+* **cold**: an empty compile cache (the first run on a machine);
+* **warm**: the same command again, finding the kernels the cold run cached
+  (`fedproto.compilation.enable_compile_cache`);
+* **no cache**: ``--no-compile-cache``, the baseline (what every run cost before the cache).
+
+Per run: the process's whole wall time (interpreter start to exit, measured by this script), the
+time from process start to the first frame of round 0 (``to first round``: imports, data,
+plan, machine construction and key agreement; recorded by a small driver that wraps the
+command line's meter), the report's ``compile_s`` (tracing, lowering and compiling JAX kernels
+during the run) and ``wall_time_s`` (the run itself). Ratios are cold / warm (how many times
+sooner the warm run gets there). ``--repeats R`` takes the median of R cold/warm pairs, each
+pair in its own cache directory.
+
+The data default is the paper's s1 from ``../shared/data`` (5,000 points, d = 2, k = 15), or the
+bundled iris when it is absent and with ``--quick``.
+
+Run::
+
+    python benchmarks/startup.py                    # s1, 3 repeats (about a minute)
+    python benchmarks/startup.py --quick            # iris, one repeat
+    python benchmarks/startup.py --json start.json  # also the table as JSON records
+
+``--json PATH`` writes one record per row (table ``startup``): ``data_set``, ``mode`` (``cold``,
+``warm``, ``no_cache``), ``process_s``, ``to_first_round_s``, ``compile_s``, ``run_s``,
+``repeats``, and for ``warm`` the ratios ``to_first_round_ratio``, ``compile_ratio`` and
+``process_ratio`` (cold / warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+S1 = ROOT.parent / "shared" / "data" / "s1.txt"
+
+# Runs the command line with the meter's first round-0 frame time-stamped (wall clock), printed
+# on stderr as "FIRST_ROUND <seconds since the epoch>".
+DRIVER = """
+import sys, time
+from fedproto import metering
+original = metering.Meter.record_sent
+seen = []
+def record_sent(self, round_idx, phase, *args, **kwargs):
+    if not seen and not metering.is_setup_phase(phase):
+        seen.append(time.time())
+        print(f"FIRST_ROUND {seen[0]!r}", file=sys.stderr, flush=True)
+    return original(self, round_idx, phase, *args, **kwargs)
+metering.Meter.record_sent = record_sent
+from fedproto.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_once(data: str, cache_home: Path, report: Path, *, cache: bool) -> dict[str, float]:
+    """One ``fedproto run`` in a fresh process; its timings."""
+    argv = ["run", "fastlloyd", "--data", data, "--clients", "2", "--quiet", "--report", str(report)]
+    if not cache:
+        argv.append("--no-compile-cache")
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-c", DRIVER, *argv], env=env, capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    process_s = time.time() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"fedproto run failed: {done.stderr.strip().splitlines()[-1:]}")
+    first = [float(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("FIRST_ROUND ")]
+    doc = json.loads(report.read_text())
+    return {"process_s": process_s, "to_first_round_s": first[0] - t0, "compile_s": doc["compile_s"],
+            "run_s": doc["wall_time_s"]}
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_arguments(parser, quick="iris, one repeat")
+    parser.add_argument("--data", default=None, help="data set (default: ../shared/data/s1.txt, else iris)")
+    parser.add_argument("--repeats", type=int, default=None, help="cold/warm pairs, median kept (default 3; 1 quick)")
+    args = parse_args(parser, argv)
+    data = args.data or ("iris" if args.quick or not S1.exists() else str(S1))
+    repeats = args.repeats or (1 if args.quick else 3)
+    console = make_console()
+    print_machine_facts(console, "fedproto run start-up: cold compile cache, warm, and no cache", {
+        "command": f"fedproto run fastlloyd --data {data} --clients 2 --quiet",
+        "repeats": repeats,
+    })
+    modes: dict[str, list[dict[str, float]]] = {"cold": [], "warm": [], "no_cache": []}
+    with tempfile.TemporaryDirectory(prefix="fedproto-startup-") as tmp:
+        for r in range(repeats):
+            home = Path(tmp) / f"pair-{r}"
+            modes["cold"].append(run_once(data, home, Path(tmp) / f"cold-{r}.json", cache=True))
+            modes["warm"].append(run_once(data, home, Path(tmp) / f"warm-{r}.json", cache=True))
+            modes["no_cache"].append(run_once(data, Path(tmp) / f"off-{r}", Path(tmp) / f"off-{r}.json",
+                                              cache=False))
+            console.print(f"repeat {r + 1}/{repeats} done", highlight=False)
+    med = {mode: median_of(runs) for mode, runs in modes.items()}
+    name = Path(data).stem if os.sep in data else data
+    table = Table(title=f"Start-up of fedproto run fastlloyd on {name} (seconds, median of {repeats}); "
+                        "ratio = cold / warm", title_justify="left")
+    for col in ("mode", "process s", "to first round s", "compile s", "run s"):
+        table.add_column(col, justify="right" if col != "mode" else "left")
+    records = []
+    for mode in ("cold", "warm", "no_cache"):
+        m = med[mode]
+        table.add_row(mode.replace("_", " "), f"{m['process_s']:.2f}", f"{m['to_first_round_s']:.2f}",
+                      f"{m['compile_s']:.3f}", f"{m['run_s']:.3f}")
+        extra = {}
+        if mode == "warm":
+            cold = med["cold"]
+            extra = {key.replace("_s", "_ratio"): cold[key] / m[key] if m[key] > 0 else None
+                     for key in ("to_first_round_s", "compile_s", "process_s")}
+        records.append(record("startup", data_set=name, mode=mode, repeats=repeats, **m, **extra))
+    cold, warm = med["cold"], med["warm"]
+    table.add_row("ratio", f"{cold['process_s'] / warm['process_s']:.2f}",
+                  f"{cold['to_first_round_s'] / warm['to_first_round_s']:.2f}",
+                  f"{cold['compile_s'] / warm['compile_s']:.2f}" if warm["compile_s"] > 0 else "-",
+                  f"{cold['run_s'] / warm['run_s']:.2f}")
+    console.print(table)
+    write_records(args.json, records, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
