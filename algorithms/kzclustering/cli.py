@@ -149,7 +149,7 @@ LABELS: dict[str, str] = {
     "coreset_samples": "coreset samples per radius",
     "max_representatives_per_guess": "max representatives per guess (the count test's bound)",
     "round3_words_bound_per_guess": "Round-3 words bound per guess (count bound x (d+1))",
-    "count_threshold": "threshold y = slack z / (k m)",
+    "count_threshold": "threshold y = slack z / (k m'), m' = m T",
     "objective_power": "objective exponent l",
     "score_outlier_budget": "outlier budget of the score",
 }
