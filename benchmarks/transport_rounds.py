@@ -11,7 +11,9 @@ For each data set, FastLloyd with M = 2 clients (3 parties: ``server``, ``client
 * ``mpi``: :class:`~fedproto.transports.mpi.MpiTransport`, one party per rank: this script starts
   ``mpiexec -n 3`` on itself (``--mpi-worker``), every rank runs its party, and the server's rank
   writes its rounds back; the column is left out, with the reason, when mpi4py or mpiexec is
-  missing.
+  missing. Two columns: the default receiving (a reader thread handing frames to trio) and, as
+  the baseline, ``threaded=False`` (polling from trio with back-off sleeps, what the transport
+  did before), in the same ``mpiexec`` job.
 
 TLS is not a transport of fedproto yet, so it has no column.
 
@@ -35,8 +37,9 @@ Run::
 
 ``--json PATH`` writes one record per data set (table ``transport_rounds``): ``data_set``,
 ``n_points``, ``k``, ``d``, ``iterations``, ``steady_rounds`` (rounds pooled per transport),
-``memory_round_ms``, ``tcp_round_ms``, ``mpi_round_ms`` (``null`` without MPI),
-``tcp_over_memory``, ``mpi_over_memory`` (``null`` without MPI).
+``memory_round_ms``, ``tcp_round_ms``, ``mpi_round_ms`` and ``mpi_polled_round_ms`` (``null``
+without MPI), ``tcp_over_memory``, ``mpi_over_memory`` and ``mpi_polled_over_memory`` (``null``
+without MPI).
 """
 
 from __future__ import annotations
@@ -106,14 +109,15 @@ async def run_in_process(x: np.ndarray, config: Any, transport: str, seed: int) 
     return meter.report(protocol="fastlloyd", transport=transport, session=SESSION, parties=list(machines))
 
 
-async def run_mpi_rank(x: np.ndarray, config: Any, seed: int) -> RunReport:
-    """This rank's party of one FastLloyd run over MPI; its own meter's report."""
+async def run_mpi_rank(x: np.ndarray, config: Any, seed: int, threaded: bool) -> RunReport:
+    """This rank's party of one FastLloyd run over MPI (``threaded``: the reader-thread receive,
+    else the polled one); its own meter's report."""
     from fedproto.runtime import run_party
     from fedproto.transports.mpi import MpiNetwork
 
     machines = build_parties(x, config, N_CLIENTS, seed=seed, session=SESSION)
     meter = Meter(trio.current_time)
-    async with MpiNetwork().endpoints(list(machines)) as endpoints:
+    async with MpiNetwork(threaded=threaded).endpoints(list(machines)) as endpoints:
         (party, endpoint), = endpoints.items()
         await run_party(machines[party], endpoint, config=RuntimeConfig(session=SESSION), meter=meter)
     return meter.report(protocol="fastlloyd", transport="mpi", session=SESSION, parties=list(machines))
@@ -136,19 +140,22 @@ def mpi_worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    out: dict[str, list[float]] = {}
+    out: dict[str, dict[str, list[float]]] = {}
     for name in args.data_sets:
         x = load(name, args.seed)
         if x is None:
             continue
         config = fastlloyd_config(name, x, args.iterations, args.seed)
-        rounds: list[float] = []
-        for r in range(-1 if not args.quick else 0, args.repeats):
-            world.Barrier()  # every rank starts the run together
-            report = trio.run(functools.partial(run_mpi_rank, x, config, args.seed + 1 + max(r, 0)))
-            if r >= 0:
-                rounds += steady_rounds_ms(report)
-        out[name] = rounds
+        out[name] = {}
+        for mode in ("threaded", "polled"):
+            rounds: list[float] = []
+            for r in range(-1 if not args.quick else 0, args.repeats):
+                world.Barrier()  # every rank starts the run together
+                report = trio.run(functools.partial(run_mpi_rank, x, config, args.seed + 1 + max(r, 0),
+                                                    mode == "threaded"))
+                if r >= 0:
+                    rounds += steady_rounds_ms(report)
+            out[name][mode] = rounds
     if world.Get_rank() == 0:
         Path(args.mpi_worker).write_text(json.dumps(out))
     world.Barrier()
@@ -161,8 +168,9 @@ def mpiexec() -> str | None:
     return shutil.which("mpiexec", path=os.pathsep.join(search))
 
 
-def measure_mpi(args: argparse.Namespace) -> tuple[dict[str, list[float]], str | None]:
-    """Steady round times (ms) per data set from ``mpiexec -n 3`` on this script, or why not."""
+def measure_mpi(args: argparse.Namespace) -> tuple[dict[str, dict[str, list[float]]], str | None]:
+    """Steady round times (ms) per data set and receive mode (``threaded``, ``polled``) from
+    ``mpiexec -n 3`` on this script, or why not."""
     launcher = mpiexec()
     if importlib.util.find_spec("mpi4py") is None or launcher is None:
         return {}, "MPI column left out: mpi4py or mpiexec is missing (pip install 'fedproto[mpi]')"
@@ -216,22 +224,27 @@ def main(argv: list[str] | None = None) -> int:
     mpi, why_not = measure_mpi(args)
 
     table = Table(title=TITLE, title_justify="left")
-    for col in ("data set", "N", "k", "d", "rounds", "memory ms", "TCP ms", "MPI ms", "TCP/memory", "MPI/memory"):
+    for col in ("data set", "N", "k", "d", "rounds", "memory ms", "TCP ms", "MPI ms", "MPI polled ms",
+                "TCP/memory", "MPI/memory", "MPI polled/memory"):
         table.add_column(col, justify="right")
     records = []
     for name, x in data.items():
         memory_ms, tcp_ms = median(local[name, "memory"]), median(local[name, "tcp"])
-        mpi_ms = median(mpi[name]) if mpi.get(name) else None
+        mpi_ms = median(mpi[name]["threaded"]) if mpi.get(name) else None
+        polled_ms = median(mpi[name]["polled"]) if mpi.get(name) else None
         records.append(record(
             "transport_rounds", data_set=name, n_points=len(x), k=DATA_SETS[name], d=x.shape[1],
             iterations=args.iterations, steady_rounds=len(local[name, "memory"]), memory_round_ms=memory_ms,
-            tcp_round_ms=tcp_ms, mpi_round_ms=mpi_ms, tcp_over_memory=tcp_ms / memory_ms,
-            mpi_over_memory=None if mpi_ms is None else mpi_ms / memory_ms,
+            tcp_round_ms=tcp_ms, mpi_round_ms=mpi_ms, mpi_polled_round_ms=polled_ms,
+            tcp_over_memory=tcp_ms / memory_ms, mpi_over_memory=None if mpi_ms is None else mpi_ms / memory_ms,
+            mpi_polled_over_memory=None if polled_ms is None else polled_ms / memory_ms,
         ))
         table.add_row(
             name, f"{len(x):,}", str(DATA_SETS[name]), str(x.shape[1]), str(len(local[name, "memory"])),
             f"{memory_ms:.2f}", f"{tcp_ms:.2f}", "-" if mpi_ms is None else f"{mpi_ms:.2f}",
+            "-" if polled_ms is None else f"{polled_ms:.2f}",
             f"{tcp_ms / memory_ms:.2f}", "-" if mpi_ms is None else f"{mpi_ms / memory_ms:.2f}",
+            "-" if polled_ms is None else f"{polled_ms / memory_ms:.2f}",
         )
     console.print(table)
     console.print("TLS: no TLS transport exists yet, so no column.")

@@ -2,8 +2,9 @@
 
 Usage: ``mpiexec -n 3 python tests/transports/mpi_conformance_main.py``. Every rank awaits each
 check of :data:`fedproto.testing.conformance.CHECKS` on its own endpoint inside ``trio.run``, then
-the close semantics, then the MPI-only checks (oversized frames are dropped and logged, a roster
-that does not match the communicator is refused). Each rank prints ``rank <r>: conformance ok``;
+the close semantics, then the MPI-only checks (oversized frames are dropped and logged, cancelled
+receives lose nothing in the polled and the reader-thread modes, a roster that does not match the
+communicator is refused). Each rank prints ``rank <r>: conformance ok``;
 any failure prints the traceback and aborts the whole job with exit code 1.
 """
 
@@ -105,9 +106,11 @@ class _SlowComm:
 
 
 async def _receive_cancelled_mid_transfer(rank: int) -> None:
+    """The polled receive (``threaded=False``): cancelled between its matched probe and the end of
+    the transfer, it loses nothing."""
     from mpi4py import MPI
 
-    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD))
+    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD), threaded=False)
     frames = [bytes([i]) * (i * 100_000) for i in range(10)]
     try:
         if rank == 0:
@@ -126,6 +129,50 @@ async def _receive_cancelled_mid_transfer(rank: int) -> None:
             _say(f"rank {rank}: {mid_transfer} receives cancelled mid-transfer, no frame lost")
     finally:
         await ep.aclose()
+
+
+async def _threaded_receive_cancelled_often(rank: int) -> None:
+    """The reader-thread receive, cancelled by short timeouts while large frames arrive: every
+    frame arrives once, in order, and the reader thread ends at close."""
+    ep = MpiTransport(ROSTER)
+    assert ep.threaded, "mpi4py's default thread level should offer MPI_THREAD_MULTIPLE"
+    frames = [bytes([i]) * (i * 100_000) for i in range(10)]
+    try:
+        if rank == 0:
+            for frame in frames:
+                await ep.send("bob", frame)
+        elif rank == 1:
+            got, cancelled = [], 0
+            timeouts = [1e-5, 1e-4, 3e-4, 1e-3]
+            while len(got) < len(frames):
+                with trio.move_on_after(timeouts[(len(got) + cancelled) % len(timeouts)]):
+                    got.append(await ep.receive())
+                    continue
+                cancelled += 1
+            assert got == [("alice", f) for f in frames], "a cancelled receive lost or altered a frame"
+            _say(f"rank {rank}: {cancelled} threaded receives cancelled, no frame lost")
+    finally:
+        await ep.aclose()
+    assert ep._reader is None or not ep._reader.is_alive(), "the reader thread outlived aclose"
+
+
+def _threaded_needs_thread_multiple() -> None:
+    """As if MPI offered only MPI_THREAD_SERIALIZED: the default falls back to polling and
+    ``threaded=True`` is refused."""
+    from mpi4py import MPI
+
+    query = MPI.Query_thread
+    MPI.Query_thread = lambda: MPI.THREAD_SERIALIZED
+    try:
+        assert not MpiTransport(ROSTER).threaded
+        try:
+            MpiTransport(ROSTER, threaded=True)
+        except ValueError as exc:
+            assert "MPI_THREAD_MULTIPLE" in str(exc), exc
+        else:
+            raise AssertionError("threaded=True was accepted without MPI_THREAD_MULTIPLE")
+    finally:
+        MPI.Query_thread = query
 
 
 def _roster_size_is_checked() -> None:
@@ -154,6 +201,8 @@ async def _main(rank: int) -> None:
         await check_close_semantics(ep)
         await _oversized_frames_are_dropped(rank)
         await _receive_cancelled_mid_transfer(rank)
+        await _threaded_receive_cancelled_often(rank)
+        _threaded_needs_thread_multiple()
         _roster_size_is_checked()
 
 
