@@ -40,6 +40,10 @@ eps = 0.1, 5 machines, the same data) for n = 10^3, 10^4, 10^5: time, peak memor
 cost with z and with (1+eps) z outliers removed (sum of distances, squared for means), beside
 the centralised k-means-- on the pooled data (Chawla & Gionis; its centres scored the same way).
 
+A figure (``--plot``, default ``kz_scale.png`` in the temporary directory) shows, against n on
+log-log axes, the run time (whole run, machine work, coordinator solver, and centralised kzc
+where it ran) and the peak resident memory, with the 120 s and 8 GiB budgets as lines.
+
 Every run is a subprocess of this script, killed when it exceeds the budget (the clock starts
 once its data is built), so a run that is too slow or too big cannot hang the benchmark. The
 centralised kzc holds an ``n x n`` distance matrix; a size whose matrix would not fit in the
@@ -50,6 +54,7 @@ Run::
     python benchmarks/kz_scale.py                 # everything (a few minutes)
     python benchmarks/kz_scale.py --quick         # dist-kzc at n = 10^3 only, budget 30 s (a smoke test)
     python benchmarks/kz_scale.py --json kz.json  # also the tables as JSON records
+    python benchmarks/kz_scale.py --plot kz.png   # the figure (time and peak memory against n) there
     python benchmarks/kz_scale.py --no-polish     # dist-kzc with KzCenterConfig(polish=False)
     python benchmarks/kz_scale.py --sub-machine-points 10000  # the authors' part size (fewer, larger parts)
 
@@ -77,6 +82,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -427,6 +433,8 @@ def main() -> None:
                         help=f"largest sub-machine of the split (default {SUB_MACHINE_POINTS:,}; the authors' is 10,000)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="threads per machine aggregating its sub-machines (default: up to 2)")
+    parser.add_argument("--plot", default=str(Path(tempfile.gettempdir()) / "kz_scale.png"),
+                        help="write the time and memory figure here (PNG; default: the temporary directory)")
     parser.add_argument("--search", choices=("probe", "linear", "binary"), default=None,
                         help="dist-kzc radius search (default: the protocol's default)")
     parser.add_argument("--worker", choices=("dist", "kzc", "greedy", "means", "median"), help=argparse.SUPPRESS)
@@ -610,7 +618,53 @@ def main() -> None:
                 records.append(record("kz_scale_profile", function=item["function"], calls=item["calls"],
                                       tottime_s=item["tottime"], cumtime_s=item["cumtime"]))
             console.print(ptable)
+    if args.plot:
+        plot_scale(args.plot, ours, central["kzc"], budget, console)
     write_records(args.json, records, console)
+
+
+def plot_scale(path: str, ours: list[dict], kzc: dict[int, dict], budget: float, console) -> None:
+    """Two log-log panels against n: run time (dist-kzc split into machine and coordinator work,
+    centralised kzc where it ran) and peak resident memory, with the issue's budget lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    done = [row for row in ours if "total_s" in row]
+    if not done:
+        console.print("no run finished: no plot")
+        return
+    n = [row["n"] for row in done]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6), layout="constrained")
+    left.plot(n, [row["total_s"] for row in done], marker="o", label="dist-kzc, whole run")
+    machine = [row["split"]["machine extent"] + row["split"]["machine aggregate"] for row in done]
+    left.plot(n, machine, marker=".", linestyle="--", label="machines: extents + aggregation")
+    left.plot(n, [row["split"]["coordinator solver"] for row in done], marker=".", linestyle=":",
+              label="coordinator: kzc, refinement, polishing")
+    central = [(m, kzc[m]["total_s"]) for m in n if m in kzc and "total_s" in kzc[m]]
+    if central:
+        left.plot(*zip(*central), marker="s", label="centralised kzc (n x n matrix)")
+    left.axhline(budget, color="grey", linewidth=0.8, linestyle="-.", label=f"budget {budget:g} s")
+    left.set(xscale="log", yscale="log", xlabel="points n", ylabel="seconds",
+             title="time (5 machines, k = 20, z = n/100, eps = 0.1)")
+    left.legend(fontsize=8)
+    right.plot(n, [row["peak_rss_bytes"] / 2**30 for row in done], marker="o", label="dist-kzc (one process)")
+    central_mem = [(m, kzc[m]["peak_rss_bytes"] / 2**30) for m in n
+                   if m in kzc and "total_s" in kzc[m] and kzc[m].get("peak_rss_bytes")]
+    if central_mem:
+        right.plot(*zip(*central_mem), marker="s", label="centralised kzc")
+    right.axhline(8.0, color="grey", linewidth=0.8, linestyle="-.", label="budget 8 GiB")
+    right.set(xscale="log", yscale="log", xlabel="points n", ylabel="GiB", title="peak resident memory")
+    right.legend(fontsize=8)
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (left.yaxis, right.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    console.print(f"plot written to {path}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup"}),
 }
 #: Scripts that draw a figure (sent to the test's temporary directory).
-PLOTTING = {"kz_communication.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
+PLOTTING = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
 #: MPI ranks that each import JAX) and startup (three fresh ``fedproto run`` processes, about
