@@ -658,10 +658,13 @@ def plot_scale(path: str, ours: list[dict], kzc: dict[int, dict], budget: float,
     right.axhline(8.0, color="grey", linewidth=0.8, linestyle="-.", label="budget 8 GiB")
     right.set(xscale="log", yscale="log", xlabel="points n", ylabel="GiB", title="peak resident memory")
     right.legend(fontsize=8)
-    plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    def minor(value: float, _: object) -> str:  # label 2 and 5 between the powers of ten
+        lead = round(value / 10 ** math.floor(math.log10(value))) if value > 0 else 0
+        return f"{value:g}" if lead in (2, 5) else ""
+
     for axis in (left.yaxis, right.yaxis):
-        axis.set_major_formatter(plain)
-        axis.set_minor_formatter(plain)
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     console.print(f"plot written to {path}")
