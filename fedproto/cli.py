@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from fedproto import __version__, registry
-from fedproto.compilation import enable_compile_cache
+from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import PARTITIONS, load_dataset
 from fedproto.errors import FedProtoError
 from fedproto.framesize import abort_notice_frame_bytes
@@ -182,6 +182,10 @@ def _common_arguments(
         )
     group.add_argument(
         "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default 60)"
+    )
+    group.add_argument(
+        "--device", choices=DEVICES, default="auto",
+        help="where JAX runs the kernels: auto (a GPU when JAX sees one, default), cpu or gpu",
     )
     group.add_argument(
         "--no-compile-cache", action="store_true",
@@ -709,6 +713,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     _check_options(args, network_cls)
     if args.transport == "mpi":
         _check_mpi_installed()
+    select_device(args.device)
     _compile_cache(args)
     started_s = time.time()
     console = Console()
@@ -744,6 +749,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _command_party(args: argparse.Namespace) -> int:
     plugin = registry.load_protocol(args.protocol)
     _check_options(args, registry.load_transport("tcp"))
+    select_device(args.device)
     _compile_cache(args)
     plan = plugin.plan(args, _dataset(plugin, args))
     return _run_party_tcp(plan, args)

@@ -1,4 +1,4 @@
-"""JAX compilation: the persistent cache, and the time a run spends compiling.
+"""JAX set-up for a run: the device, the persistent compile cache, and the time spent compiling.
 
 A protocol's local numerics are `jax.jit` kernels. The first call of a kernel for a new shape
 traces, lowers and compiles it (0.1 to 1 s each on CPU), and a fresh process starts with nothing
@@ -10,6 +10,8 @@ Two tools:
   ``~/.cache/fedproto/jax``), so a later process loads compiled kernels instead of compiling
   them. Tracing and lowering still run; the backend compilation, the larger part, is skipped.
   The command line turns it on for every run unless ``--no-compile-cache`` is given.
+* :func:`select_device` pins the run's kernels to the CPU or to a GPU (``--device``), and
+  :func:`device_description` names the device they ran on (``RunReport.device``).
 * :func:`compile_seconds` is the time this process has spent tracing, lowering and compiling
   kernels so far (JAX's own ``/jax/core/compile/*`` duration events), so a run can report its
   compile time apart from its protocol time (``RunReport.compile_s``).
@@ -22,7 +24,18 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["COMPILE_EVENTS", "compile_seconds", "default_cache_dir", "enable_compile_cache"]
+__all__ = [
+    "COMPILE_EVENTS",
+    "DEVICES",
+    "compile_seconds",
+    "default_cache_dir",
+    "device_description",
+    "enable_compile_cache",
+    "select_device",
+]
+
+DEVICES = ("auto", "cpu", "gpu")
+"""What ``--device`` accepts: JAX's own choice (a GPU when one is visible), or a kind."""
 
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -102,3 +115,46 @@ def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return directory
+
+
+def select_device(kind: str) -> None:
+    """Make JAX run this process's kernels on ``kind``: ``"cpu"``, ``"gpu"`` or ``"auto"``.
+
+    Call it before the first kernel runs (the command line does so before building the run).
+    ``"auto"`` leaves JAX's choice (a GPU when one is visible, else the CPU); ``"cpu"`` sets
+    ``jax_platforms`` to ``cpu``; ``"gpu"`` requires a GPU that JAX sees and makes it the default
+    device.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`DEVICES`, or ``"gpu"`` with no GPU visible to
+            JAX (the message says which platforms it found).
+    """
+    if kind not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {kind!r}")
+    if kind == "auto":
+        return
+    import jax
+
+    if kind == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+        return
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        found = sorted({d.platform for d in jax.devices()})
+        raise ValueError(f"--device gpu: JAX sees no GPU (platforms found: {', '.join(found)}); "
+                         "install jax with CUDA support or use --device cpu")
+    jax.config.update("jax_default_device", gpus[0])
+
+
+def device_description() -> str:
+    """The device JAX runs kernels on by default, as ``"<platform>: <kind>"`` (``"cpu: cpu"``,
+    ``"gpu: NVIDIA H100 80GB HBM3"``), or ``""`` when JAX was never imported (no kernel ran)."""
+    if "jax" not in sys.modules:
+        return ""
+    jax = sys.modules["jax"]
+    default = jax.config.jax_default_device
+    device = default if default is not None and not isinstance(default, str) else jax.devices()[0]
+    return f"{device.platform}: {device.device_kind}"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedproto.compilation import compile_seconds
+from fedproto.compilation import compile_seconds, device_description
 
 __all__ = ["Meter", "LinkRecord", "RunReport", "REPORT_SCHEMA_VERSION", "is_setup_phase", "report_schema"]
 
@@ -168,6 +168,7 @@ class Meter:
             rejected_frames=self.rejected_frames,
             results=dict(results or {}),
             compile_s=self.compile_s,
+            device=device_description(),
         )
 
 
@@ -234,6 +235,9 @@ class RunReport:
         finished_at: when the run finished, same format, or ``None``.
         paper: figures the paper reports for this setting, kept apart from the measured
             ``results`` (same key rules as ``results``); empty when there are none.
+        device: the device JAX ran the kernels on, ``"<platform>: <kind>"`` (``"cpu: cpu"``,
+            ``"gpu: NVIDIA H100 80GB HBM3"``; `fedproto.compilation.device_description`), the
+            distinct ones joined by ``"; "`` in a merged run; ``""`` when no JAX was loaded.
         compile_s: seconds the run's process spent tracing, lowering and compiling JAX kernels
             (`fedproto.compilation.compile_seconds`), part of ``wall_time_s`` and of the
             rounds where it happened; the largest over the processes of a merged run; 0.0 when
@@ -263,6 +267,7 @@ class RunReport:
     finished_at: str | None = None
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)
     compile_s: float = 0.0
+    device: str = ""
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -423,6 +428,7 @@ class RunReport:
             rejected_frames=sum(r.rejected_frames for r in reports),
             results=results,
             compile_s=max(r.compile_s for r in reports),
+            device="; ".join(dict.fromkeys(r.device for r in reports if r.device)),
         )
         fields.update(overrides)
         return cls.from_links(links=links, **fields)

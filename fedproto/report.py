@@ -140,6 +140,7 @@ def render_report(
             "rejected frames": report.rejected_frames,
             "wall time s": report.wall_time_s,
             "  of which JAX compile s": report.compile_s,
+            "JAX device": report.device or "-",
         },
         full=full,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from fedproto import compilation
 from fedproto.metering import Meter, RunReport, report_schema
@@ -70,7 +72,9 @@ def _run(tmp_path, name, *extra):
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(report.read_text())
+    doc = json.loads(report.read_text())
+    assert doc["device"].startswith("cpu: ") or doc["device"].startswith("gpu: ")
+    return doc
 
 
 def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
@@ -96,3 +100,41 @@ def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not (off / "cache" / "fedproto").exists()
     assert json.loads(report.read_text())["compile_s"] > 0
+
+
+def test_device_selection_and_its_description():
+    compilation.select_device("auto")  # JAX's own choice: nothing changes
+    compilation.select_device("cpu")
+    assert compilation.device_description().startswith("cpu: ")
+    with pytest.raises(ValueError, match="device must be one of"):
+        compilation.select_device("tpu-pod")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        with pytest.raises(ValueError, match="JAX sees no GPU .*platforms found: cpu"):
+            compilation.select_device("gpu")
+
+
+def test_reports_name_their_device_and_merge_the_distinct_ones():
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    report = meter.report(protocol="p", transport="memory", session=0, parties=["a"])
+    assert report.device == compilation.device_description() != ""
+    doc = report.to_dict()
+    assert RunReport.from_dict(doc).device == report.device
+    assert RunReport.from_dict({k: v for k, v in doc.items() if k != "device"}).device == ""
+    other = dataclasses.replace(report, device="gpu: NVIDIA H100")
+    merged = RunReport.merge([report, other, report])
+    assert merged.device == f"{report.device}; gpu: NVIDIA H100"
+
+
+def test_the_command_line_refuses_a_missing_gpu_in_one_line(capsys, tmp_path):
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("this machine has a GPU")
+    from fedproto import cli
+
+    code = cli.main(["run", "fastlloyd", "--data", "iris", "--device", "gpu", "--quiet",
+                     "--report", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code == 1 and "no GPU" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / "r.json").exists()
