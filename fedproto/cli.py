@@ -762,7 +762,7 @@ def _compile_cache(args: argparse.Namespace) -> None:
         return
     try:
         directory = enable_compile_cache()
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory to put it in
         _log.warning("compile cache off: %s", exc)
         return
     _log.info("compiled kernels cached in %s", directory)
