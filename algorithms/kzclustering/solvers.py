@@ -485,8 +485,9 @@ class PointIndex:
       from tree queries. The pairs of the largest radius so far are kept (up to
       ``pair_cache_bytes``) and filtered for smaller radii, which a radius search asks for
       often.
-    * ``blocked``: blocks of ``block_rows`` canonical distance rows; O(n^2) time per radius,
-      never more than ``block_rows x n`` distances at once.
+    * ``blocked``: ball sizes by `_kernels.ball_counts` (a compiled screen in ``[64, n]`` tiles,
+      the canonical distance for the pairs at the boundary) and the representatives' rows in
+      blocks of ``block_rows``; O(n^2) time per radius, never an ``[n, n]`` matrix.
 
     ``auto`` takes ``pairs`` when a sample of ball sizes predicts at most ``n^2 / 20`` and at most
     2^25 directed pairs, ``blocked`` otherwise (and for up to 512 points).
