@@ -112,6 +112,9 @@ class _PendingReceive:
 class MpiTransport(Transport):
     """The endpoint of this rank's party (see the module docstring).
 
+    Close it with :meth:`aclose` (`MpiNetwork.endpoints` does) before MPI is finalized: its reader
+    thread keeps polling MPI until then.
+
     Args:
         roster: every party of the run, rank order (``roster[i]`` runs on rank ``i``).
         comm: the communicator to duplicate (``MPI.COMM_WORLD`` by default); its size must equal
