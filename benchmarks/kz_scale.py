@@ -218,7 +218,7 @@ def _worker_dist(args) -> dict:
     out = {
         "n": n, "z": z, "rounds": report.communication_rounds, "words": result.total_words,
         "bytes": report.payload_bytes, "total_s": total, "round_wall_s": list(report.round_wall_s),
-        "virtual": config.virtual_machines, "t_i": [t] * args.machines,
+        "virtual": config.virtual_machines,
         "grid": int(len(result.grid)), "fetches": len(result.fetches),
         "probes": sum(1 for (_, phase) in result.words if phase == "probe"),
         "radius": _radius(x, result.centres, z),

@@ -3,7 +3,7 @@
 A protocol's local numerics are `jax.jit` kernels. The first call of a kernel for a new shape
 traces, lowers and compiles it (0.1 to 1 s each on CPU), and a fresh process starts with nothing
 compiled, so without help every ``fedproto run`` pays those seconds again inside its first round.
-Two tools:
+Three tools:
 
 * :func:`enable_compile_cache` turns on JAX's persistent compilation cache in a directory
   (default :func:`default_cache_dir`: ``$XDG_CACHE_HOME/fedproto/jax``, or
@@ -57,18 +57,17 @@ def _listener(event: str, duration_secs: float, **_: object) -> None:
             _total += float(duration_secs)
 
 
-def _listen() -> bool:
+def _listen() -> None:
     """Register the listener once JAX is imported (importing it here would slow down runs of
-    protocols that never use it); whether it is registered."""
+    protocols that never use it)."""
     global _listening
     if "jax" not in sys.modules:
-        return False
+        return
     with _lock:
         if _listening:
-            return True
+            return
         _listening = True
     sys.modules["jax"].monitoring.register_event_duration_secs_listener(_listener)
-    return True
 
 
 def compile_seconds() -> float:

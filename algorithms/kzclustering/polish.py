@@ -106,6 +106,7 @@ def _search(
         first = np.take_along_axis(sub, order[:, :1], axis=1)[:, 0]
         second = np.take_along_axis(sub, order[:, 1:2], axis=1)[:, 0] if len(centres) > 1 else np.full(n, np.inf)
         best = (current * (1.0 - _IMPROVE), -1, -1)
+        open_candidates = ~np.isin(candidates, centres)  # a centre is no candidate for a swap
         for j in range(len(centres)):
             base = np.where(nearest_at == j, second, first)  # distance to the other centres
             swapped = np.minimum(base[:, None], pool)  # [R, C]: column c = centre j replaced by candidate c
@@ -113,7 +114,7 @@ def _search(
             improving = weights @ (swapped >= current) <= budget
             # feasible columns: weight beyond the certificate's reach within its budget
             improving &= weights @ (swapped > reach) <= cert_budget
-            improving &= ~np.isin(candidates, centres)
+            improving &= open_candidates
             columns = np.flatnonzero(improving)
             if columns.size == 0:
                 continue
