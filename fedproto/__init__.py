@@ -18,6 +18,7 @@ from fedproto.errors import (
     InsufficientParticipants,
     LocalProtocolError,
     PartyCrashed,
+    PeerDropped,
     PeerUnreachable,
     ProtocolError,
     RemoteProtocolError,
@@ -77,6 +78,7 @@ __all__ = [
     "TransportBroken",
     "PeerUnreachable",
     "PartyCrashed",
+    "PeerDropped",
     # runtime, transports, wire, metering
     "run_party",
     "run_parties",

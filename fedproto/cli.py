@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import sys
 import tempfile
@@ -125,6 +126,43 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class _Dropout:
+    """One party told to drop out: it crashes at its first frame of ``stage`` (in ``round_idx``)."""
+
+    party: str
+    stage: str
+    round_idx: int | None = None
+
+    def __str__(self) -> str:  # the --dropout spelling, as the report's options keep it
+        return f"{self.party}@{self.stage}" + ("" if self.round_idx is None else f":{self.round_idx}")
+
+    def record(self, crashed: bool) -> dict[str, Any]:
+        """The report's entry for this dropout."""
+        return {"party": self.party, "stage": self.stage, "round_idx": self.round_idx, "crashed": crashed}
+
+
+def _dropout_spec(text: str) -> _Dropout:
+    """``PARTY@STAGE[:ROUND]`` (the party and stage are checked against the run's plan later)."""
+    party, at, rest = text.partition("@")
+    stage, colon, round_text = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if not (at and party and stage) or "@" in rest:
+        raise argparse.ArgumentTypeError(f"expected PARTY@STAGE or PARTY@STAGE:ROUND, got {text!r}")
+    if colon and not (round_text.isascii() and round_text.isdigit()):
+        raise argparse.ArgumentTypeError(f"ROUND must be a non-negative integer, got {round_text!r} in {text!r}")
+    return _Dropout(party, stage, int(round_text) if colon else None)
+
+
+def _dropout_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
+    if not 0.0 <= value < 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
 def _int_at_least(minimum: int, what: str = "an integer") -> Any:
     def parse(text: str) -> int:
         try:
@@ -212,6 +250,17 @@ def _common_arguments(
         group.add_argument("--quiet", action="store_true", help="print only the summary, no progress")
         group.add_argument(
             "--full", action="store_true", help="print long tables whole (default: their first rows and totals)"
+        )
+        faults = parser.add_argument_group("dropout (fault injection, memory transport only)")
+        faults.add_argument(
+            "--dropout", action="append", type=_dropout_spec, default=None, metavar="PARTY@STAGE[:ROUND]",
+            help="crash PARTY (a client, not the first party of the roster) when it sends its first frame "
+            "of phase STAGE (of round ROUND, 0-based, when given); repeatable",
+        )
+        faults.add_argument(
+            "--dropout-rate", type=_dropout_rate, default=None, metavar="R",
+            help="each client drops out with probability R (0 <= R < 1) at a stage and round drawn "
+            "uniformly from those the protocol survives, from --seed",
         )
     _global_arguments(parser, top=False)
 
@@ -369,10 +418,87 @@ def _frame_limit(plan: RunPlan, args: argparse.Namespace) -> int:
     return min(args.max_frame_bytes, needed)
 
 
-def _run_memory(plan: RunPlan, args: argparse.Namespace, console: Any) -> tuple[dict[str, Any], RunReport]:
+def _names(parties: Sequence[str], shown: int = 4) -> str:
+    """A few party names for a message (a roster may hold thousands)."""
+    head = ", ".join(parties[:shown])
+    return head if len(parties) <= shown else f"{head}, ... ({len(parties)} in all)"
+
+
+def _dropouts(plan: RunPlan, args: argparse.Namespace) -> list[_Dropout]:
+    """The parties told to drop out, in roster order: ``--dropout`` as given, and for every other
+    client a draw at ``--dropout-rate`` (see ``docs/cli.md``).
+
+    The draw uses ``random.Random("fedproto.dropout|<seed>")`` (a string seed is hashed with
+    SHA-512, the same on every platform and Python 3 release); it visits the clients
+    (``plan.roster[1:]``) in roster order and draws, for each, a uniform number, a stage uniformly
+    from ``plan.dropout_stages`` and a round uniformly from ``[0, plan.iterations)``, whether the
+    client drops or not, so a higher rate keeps every dropout of a lower one, at the same stage and
+    round.
+
+    Raises:
+        UsageError: the plan declares no dropout stage, a ``--dropout`` names the first party of
+            the roster, a party outside it, or a stage that is not one of the plan's phases.
+    """
+    requested: list[_Dropout] = args.dropout or []
+    rate: float | None = args.dropout_rate
+    if not requested and rate is None:
+        return []
+    prog = f"fedproto run {args.protocol}"
+    flag = "--dropout" if requested else "--dropout-rate"
+    if not plan.dropout_stages:
+        reason = plan.dropout_unsupported or f"{args.protocol_name} declares no stage at which a party may drop out"
+        raise UsageError(f"argument {flag}: {reason}", prog=prog)
+    coordinator, clients = plan.roster[0], plan.roster[1:]
+    chosen: dict[str, _Dropout] = {}
+    for dropout in requested:
+        if dropout.party == coordinator:
+            raise UsageError(
+                f"argument --dropout: {coordinator} is the coordinating party (the first of the roster) and "
+                f"cannot drop out; the clients are {_names(clients)}",
+                prog=prog,
+            )
+        if dropout.party not in plan.roster:
+            hint = _did_you_mean(registry.suggest(dropout.party, clients))
+            raise UsageError(
+                f"argument --dropout: {dropout.party!r} is not a party of this run{hint} "
+                f"(the clients are {_names(clients)})",
+                prog=prog,
+            )
+        if plan.phases and dropout.stage not in plan.phases:
+            hint = _did_you_mean(registry.suggest(dropout.stage, plan.phases))
+            raise UsageError(
+                f"argument --dropout: {dropout.stage!r} is not a phase of {args.protocol_name}{hint} "
+                f"(it survives dropouts at {', '.join(plan.dropout_stages)})",
+                prog=prog,
+            )
+        chosen[dropout.party] = dropout
+    if rate is not None:
+        rng = random.Random(f"fedproto.dropout|{args.seed}")
+        stages = plan.dropout_stages
+        rounds = max(plan.iterations, 1)
+        for party in clients:
+            drops = rng.random() < rate
+            stage = stages[rng.randrange(len(stages))]
+            round_idx = rng.randrange(rounds)
+            if drops and party not in chosen:
+                chosen[party] = _Dropout(party, stage, round_idx)
+    return [chosen[p] for p in plan.roster if p in chosen]
+
+
+def _run_memory(
+    plan: RunPlan, args: argparse.Namespace, console: Any, dropouts: Sequence[_Dropout] = ()
+) -> tuple[dict[str, Any], RunReport]:
+    from fedproto.testing.faults import CrashPoint, Faults
+
     network_cls = registry.load_transport("memory")
     limit = _frame_limit(plan, args)
-    network = network_cls(plan.roster, max_frame_bytes=limit)
+    if dropouts:
+        # Each dropout crashes its party at the stage's first frame; the others hear of it at once
+        # (report_drops), as the machines' PartyDropped handling expects.
+        faults = Faults(seed=args.seed, crash_at={d.party: CrashPoint(d.stage, d.round_idx) for d in dropouts})
+        network = network_cls(plan.roster, max_frame_bytes=limit, faults=faults, report_drops=True)
+    else:
+        network = network_cls(plan.roster, max_frame_bytes=limit)
     machines = {p: plan.make_machine(p) for p in plan.roster}
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
     meter = Meter(trio.current_time)
@@ -391,6 +517,10 @@ def _run_memory(plan: RunPlan, args: argparse.Namespace, console: Any) -> tuple[
 
         results = trio.run(go)
     report = meter.report(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
+    if dropouts:
+        crashed = getattr(network, "crashed", {})
+        report = dataclasses.replace(report, faults={"dropouts": [d.record(d.party in crashed) for d in dropouts]})
+    # a party that dropped out has no result: the plan's summary gets the survivors'
     return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
 
 
@@ -625,6 +755,13 @@ def _print_run(
     if report.paper:
         paper = {_label(plan, k): v for k, v in report.paper.items() if not isinstance(v, list | dict)}
         render_summary(console, "Figures from the paper", paper, full=args.full)
+    if report.faults.get("dropouts"):
+        dropped = {
+            d["party"]: f"{d['stage']}, " + ("any round" if d["round_idx"] is None else f"round {d['round_idx']}")
+            + ("" if d["crashed"] else " (not reached: did not drop)")
+            for d in report.faults["dropouts"]
+        }
+        render_summary(console, "Dropouts injected", dropped, full=args.full)
     if not args.quiet:
         render_report(console, report, plan.role_of, phases=plan.phases, full=args.full)
     if args.report:
@@ -691,8 +828,25 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
             _check_output_path("--report", args.report, prog=prog)
         if args.plot:
             _check_output_path("--plot", args.plot, prog=prog, plot=True)
+        _check_dropout_options(args, prog)
     elif args.party_report:
         _check_output_path("--party-report", args.party_report, prog=prog)
+
+
+def _check_dropout_options(args: argparse.Namespace, prog: str) -> None:
+    """``--dropout``/``--dropout-rate``: memory transport only, one ``--dropout`` per party."""
+    flag = "--dropout" if args.dropout else "--dropout-rate" if args.dropout_rate is not None else None
+    if flag is None:
+        return
+    if args.transport != "memory":
+        raise UsageError(
+            f"argument {flag}: fault injection runs only on --transport memory, not {args.transport}", prog=prog
+        )
+    seen: set[str] = set()
+    for dropout in args.dropout or ():
+        if dropout.party in seen:
+            raise UsageError(f"argument --dropout: {dropout.party} is given more than once", prog=prog)
+        seen.add(dropout.party)
 
 
 def _load_transport(args: argparse.Namespace) -> Any:
@@ -721,7 +875,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     with progress_display(Console(stderr=True), enabled=show_progress):
         plan = plugin.plan(args, _dataset(plugin, args))
         if args.transport == "memory":
-            results, report = _run_memory(plan, args, console)
+            results, report = _run_memory(plan, args, console, _dropouts(plan, args))
         elif args.transport == "tcp":
             results, report = _run_tcp_launcher(plan, args, argv)
         elif args.transport == "mpi":

@@ -15,6 +15,7 @@ attributes (``party``, ``round_idx``, ``state``, ``phase``) as well as a message
         TransportBroken
           PeerUnreachable
           PartyCrashed
+        PeerDropped
 
 Configuration mistakes are ``ValueError``/``TypeError`` at construction time instead.
 
@@ -41,6 +42,7 @@ __all__ = [
     "TransportBroken",
     "PeerUnreachable",
     "PartyCrashed",
+    "PeerDropped",
     "describe",
 ]
 
@@ -175,6 +177,20 @@ class PartyCrashed(TransportBroken):
     later ``send`` and ``receive`` of the crashed party. :func:`~fedproto.runtime.run_parties`
     ends that party's task quietly (a crashed process reports nothing); its peers notice it the way
     they would notice a real crash, by its silence. ``party`` is the crashed party.
+    """
+
+
+class PeerDropped(TransportError):
+    """A peer is gone, and the transport knows it: raised once by ``receive`` of every other party.
+
+    Optional in the :class:`~fedproto.transport.Transport` contract: a transport that learns that a
+    peer has left for good may raise it from ``receive`` (and ``receive_nowait``), once per gone
+    peer, after the frames that peer sent before it left. The runtime turns it into a
+    :class:`~fedproto.messages.PartyDropped` event for the machine, so a coordinator can act on a
+    dropout at once instead of waiting out its deadline. The memory transport raises it when built
+    with ``report_drops=True`` and a party crashes by fault injection; TCP and MPI never raise it
+    (a peer's silence is all they see). The endpoint stays usable: the next ``receive`` returns the
+    next frame. ``party`` is the peer that dropped.
     """
 
 

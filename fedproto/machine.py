@@ -137,6 +137,8 @@ class ProtocolMachine:
             raise LocalProtocolError("receive() before start()", party=self.party, state=self._state.name)
 
         def step() -> list[Outgoing]:
+            if self._ignores(sender):
+                return []
             entry = self.TRANSITIONS.get((self._state, type(message)))
             if entry is None:
                 raise RemoteProtocolError(
@@ -245,6 +247,15 @@ class ProtocolMachine:
 
     def _start(self) -> list[Outgoing]:
         return []
+
+    def _ignores(self, sender: str) -> bool:
+        """True to drop ``sender``'s messages unread, before the state and round checks.
+
+        A role that carries on without parties it counted as dropped (a quorum rule) overrides
+        this, so a dropped party's late frame, stamped with a round that has since passed, is
+        not a protocol error. The default ignores no one.
+        """
+        return False
 
     def _advance(self) -> list[Outgoing]:
         return []

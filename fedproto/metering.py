@@ -242,6 +242,10 @@ class RunReport:
             (`fedproto.compilation.compile_seconds`), part of ``wall_time_s`` and of the
             rounds where it happened; the largest over the processes of a merged run; 0.0 when
             not measured.
+        faults: the faults injected into the run, ``{"dropouts": [{"party": ..., "stage": ...,
+            "round_idx": ... or None, "crashed": bool}, ...]}`` (``fedproto run --dropout``,
+            ``--dropout-rate``; ``crashed`` says whether the party reached that stage and crashed
+            there); empty when none were, and then left out of the JSON form.
     """
 
     protocol: str
@@ -268,6 +272,7 @@ class RunReport:
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)
     compile_s: float = 0.0
     device: str = ""
+    faults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -341,6 +346,8 @@ class RunReport:
         data["links"] = [dataclasses.asdict(link) for link in self.links]
         for name in ("parties", "round_wall_s", "command"):
             data[name] = list(data[name])
+        if not self.faults:
+            del data["faults"]  # only a run with injected faults says so
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -428,6 +435,7 @@ class RunReport:
             rejected_frames=sum(r.rejected_frames for r in reports),
             results=results,
             compile_s=max(r.compile_s for r in reports),
+            faults=next((dict(r.faults) for r in reports if r.faults), {}),
             device="; ".join(dict.fromkeys(r.device for r in reports if r.device)),
         )
         fields.update(overrides)

@@ -62,6 +62,17 @@ class RunPlan:
             makes every party refuse larger frames (the smaller of this and
             ``--max-frame-bytes``, raised to fit the runtime's own abort notice), so a peer
             cannot make a party read and decode more than the protocol needs.
+        dropout_stages: the phases (envelope phase names, each one of ``phases`` when ``phases``
+            is given) at which a client of this run may drop out and the protocol carries on
+            without it; ``fedproto run --dropout-rate`` draws its dropouts among them, and
+            ``--dropout``/``--dropout-rate`` are refused when there are none (the default).
+        dropout_unsupported: why this run supports no dropout, in one line the CLI shows when it
+            refuses ``--dropout`` (e.g. ``"fastlloyd supports dropout only with --secagg
+            plus"``); ``""`` for a generic message.
+
+    Raises:
+        ValueError: ``max_frame_bytes`` is not a positive int, or ``dropout_stages`` holds a name
+            that is empty or not one of ``phases``.
     """
 
     roster: tuple[str, ...]
@@ -76,11 +87,20 @@ class RunPlan:
     plot_results: Callable[[Any, Mapping[str, Any]], None] | None = None
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     max_frame_bytes: int | None = None
+    dropout_stages: tuple[str, ...] = ()
+    dropout_unsupported: str = ""
 
     def __post_init__(self) -> None:
         limit = self.max_frame_bytes
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise ValueError(f"RunPlan.max_frame_bytes must be a positive int or None, got {self.max_frame_bytes!r}")
+        stages = () if isinstance(self.dropout_stages, str) else tuple(self.dropout_stages)
+        if isinstance(self.dropout_stages, str) or not all(isinstance(stage, str) and stage for stage in stages):
+            raise ValueError(f"RunPlan.dropout_stages must be non-empty phase names, got {self.dropout_stages!r}")
+        unknown = [stage for stage in stages if self.phases and stage not in self.phases]
+        if unknown:
+            raise ValueError(f"RunPlan.dropout_stages {unknown} are not among the plan's phases {list(self.phases)}")
+        object.__setattr__(self, "dropout_stages", tuple(dict.fromkeys(stages)))
 
 
 class ProtocolPlugin(Protocol):

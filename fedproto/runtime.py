@@ -34,6 +34,14 @@ protocol already uses (a full mesh of TCP connections is never dialled just to s
 linear in the number of parties when many fail at once (every client of a dead coordinator).
 A crashed party and a party whose own endpoint was closed send nothing.
 
+Dropouts a transport reports: a transport that knows a peer is gone for good may raise
+:class:`~fedproto.errors.PeerDropped` from ``receive`` (the memory transport does with
+``report_drops=True``; TCP and MPI do not). The runtime feeds the machine a
+:class:`~fedproto.messages.PartyDropped` event for a roster peer (a name outside the roster is
+ignored), sends what it answers, and counts a change of round or state as progress, as it does
+for a frame. The default machine fails at once if it was waiting for that party and otherwise
+ignores it; a dropout-tolerant role (secure aggregation with dropout recovery) carries on without it.
+
 :func:`run_parties` runs many machines in one process (one nursery, one task per party), over a
 ``{party: Transport}`` mapping or a :class:`~fedproto.transport.Network`; the first failure
 cancels the others and is raised as itself (not wrapped in an exception group). A party crashed
@@ -66,13 +74,22 @@ from fedproto.errors import (
     InsufficientParticipants,
     LocalProtocolError,
     PartyCrashed,
+    PeerDropped,
     RunAborted,
     TransportClosed,
     TransportError,
     describe,
 )
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import ABORT_REASON_MAX_CHARS, AbortNotice, Broadcast, Outgoing, PhaseTimedOut, SendFailed
+from fedproto.messages import (
+    ABORT_REASON_MAX_CHARS,
+    AbortNotice,
+    Broadcast,
+    Outgoing,
+    PartyDropped,
+    PhaseTimedOut,
+    SendFailed,
+)
 from fedproto.metering import Meter
 from fedproto.transport import Network, Transport
 
@@ -193,7 +210,9 @@ async def run_party(
 
     Raises:
         RemoteProtocolError: a peer broke the protocol (the machine is in ``ERROR``).
-        InsufficientParticipants: a deadline passed with parties still silent.
+        InsufficientParticipants: a deadline passed with parties still silent, or the transport
+            reported a peer gone (:class:`~fedproto.errors.PeerDropped`) whose input the machine
+            was waiting for (the default policy; dropout-tolerant machines carry on).
         RunAborted: a roster peer gave up on the run and named the culprits (the machine is left
             as it was).
         LocalProtocolError: the machine produced a message that cannot be encoded (a field of the
@@ -242,15 +261,32 @@ async def _drive(
     patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
     deadline = trio.current_time() + patience
-    # Frames that were waiting when the deadline passed, read before the deadline is believed.
-    backlog: collections.deque[tuple[str, bytes]] = collections.deque()
+    # Frames (and dropout reports) that were waiting when the deadline passed, read before the
+    # deadline is believed.
+    backlog: collections.deque[tuple[str, bytes] | PeerDropped] = collections.deque()
     drained = False  # the frames waiting at this deadline's expiry were taken into the backlog
+
+    def step_done() -> None:
+        """After an input: a change of round or state is progress (restarts the deadline)."""
+        nonlocal progress, deadline, drained
+        now = (machine.round_idx, machine.state)
+        if now != progress:
+            progress = now
+            deadline = trio.current_time() + patience
+            drained = False
+            if observer is not None:
+                observer(machine.party, machine.round_idx, machine.state.name)
+
     while not machine.done:
+        item: tuple[str, bytes] | PeerDropped
         if backlog:
-            sender, frame = backlog.popleft()
+            item = backlog.popleft()
         else:
             with trio.move_on_at(deadline) as scope:
-                sender, frame = await transport.receive()
+                try:
+                    item = await transport.receive()
+                except PeerDropped as dropped:
+                    item = dropped
             if scope.cancelled_caught:
                 if not drained:
                     # The wait may have expired only because handling earlier input took longer
@@ -263,8 +299,15 @@ async def _drive(
                     if receive_nowait is not None:
                         for _ in range(_CATCH_UP_PASSES):
                             await trio.lowlevel.checkpoint()
-                        while (item := receive_nowait()) is not None:
-                            backlog.append(item)
+                        while True:
+                            try:
+                                waiting = receive_nowait()
+                            except PeerDropped as dropped:
+                                backlog.append(dropped)
+                                continue
+                            if waiting is None:
+                                break
+                            backlog.append(waiting)
                     if backlog:
                         continue
                 outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
@@ -273,6 +316,13 @@ async def _drive(
                 deadline = trio.current_time() + patience
                 drained = False
                 continue
+        if isinstance(item, PeerDropped):
+            if item.party in roster and item.party != machine.party:
+                outgoing = machine.handle(PartyDropped(item.party))
+                await _send_all(machine, transport, outgoing, config, meter, contacts)
+                step_done()
+            continue
+        sender, frame = item
         if sender not in roster:
             refuse(sender, "sender not in the roster", "not in the roster")
             continue
@@ -301,13 +351,7 @@ async def _drive(
             raise _run_aborted(machine, sender, message)
         outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
         await _send_all(machine, transport, outgoing, config, meter, contacts)
-        now = (machine.round_idx, machine.state)
-        if now != progress:
-            progress = now
-            deadline = trio.current_time() + patience
-            drained = False
-            if observer is not None:
-                observer(machine.party, machine.round_idx, machine.state.name)
+        step_done()
     return machine.result()
 
 

@@ -14,7 +14,13 @@ Contract (checked for every transport by :mod:`fedproto.testing.conformance`):
 * several tasks may call ``send`` concurrently; frames are never interleaved;
 * cancelling a ``receive`` loses no frame; cancelling a ``send`` either delivers the whole frame
   or nothing;
-* ``receive_nowait`` (optional) returns a frame already waiting, or ``None``, without waiting.
+* ``receive_nowait`` (optional) returns a frame already waiting, or ``None``, without waiting;
+* ``receive`` and ``receive_nowait`` may (optional) raise :class:`~fedproto.errors.PeerDropped`
+  once per peer the transport knows is gone for good, after the frames that peer sent before it
+  left; the endpoint stays usable. The runtime turns it into a
+  :class:`~fedproto.messages.PartyDropped` event. The memory transport raises it when built with
+  ``report_drops=True``; TCP and MPI never do (they see only a peer's silence, which the runtime's
+  deadlines catch).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class Transport(abc.ABC):
         Raises:
             TransportClosed: this endpoint was closed.
             TransportBroken: the underlying channel failed.
+            PeerDropped: optional: a peer is gone for good (raised once per peer; the next call
+                returns the next frame). Transports that cannot tell never raise it.
         """
 
     def receive_nowait(self) -> tuple[str, bytes] | None:
@@ -71,6 +79,7 @@ class Transport(abc.ABC):
 
         Raises:
             TransportClosed: this endpoint was closed.
+            PeerDropped: optional, as for :meth:`receive`.
         """
         return None
 

@@ -7,9 +7,12 @@ adds no framing (``framing_overhead_bytes == 0``).
 Optional fault injection (:class:`~fedproto.testing.Faults`, re-exported here), driven by one
 seeded ``random.Random`` per ``(sender, receiver)`` link, so the faults on a link repeat whatever
 order Trio runs tasks in: drop a frame, delay it with ``trio.sleep``, duplicate it, or crash a
-party after it has sent N frames (its endpoint then raises
-:class:`~fedproto.errors.PartyCrashed` and peers' sends to it are silently lost, as on a real
-network).
+party after it has sent N frames or at its first frame of a given phase and round (its endpoint
+then raises :class:`~fedproto.errors.PartyCrashed` and peers' sends to it are silently lost, as on
+a real network). With ``report_drops=True`` the network also tells every other party that a
+crashed party is gone: their next ``receive`` raises :class:`~fedproto.errors.PeerDropped` (the
+runtime turns it into a :class:`~fedproto.messages.PartyDropped` event), as a transport with
+heartbeats or a membership service would; by default peers find out only by its silence.
 
 ``MemoryNetwork`` is a :class:`~fedproto.transport.Network`::
 
@@ -24,14 +27,69 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import msgpack
 import trio
 
-from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
-from fedproto.errors import PartyCrashed, PeerUnreachable, TransportClosed
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame
+from fedproto.errors import DecodeError, PartyCrashed, PeerDropped, PeerUnreachable, TransportClosed
 from fedproto.testing.faults import Faults
 from fedproto.transport import Network, Transport
 
 __all__ = ["Faults", "MemoryNetwork", "MemoryTransport"]
+
+#: Bytes of a frame read first when looking for its envelope's phase and round (the envelope
+#: comes before the body, see :func:`~fedproto.codec.encode_frame`); the whole frame is read only
+#: when a long phase name does not fit.
+_ENVELOPE_PEEK_BYTES = 256
+
+
+class _Dropped:
+    """What a crashed party leaves in the others' inboxes when drops are reported."""
+
+    __slots__ = ()
+
+
+_DROPPED = _Dropped()
+
+
+def _envelope_phase_round(frame: bytes) -> tuple[str, int] | None:
+    """The ``(phase, round_idx)`` of a frame's envelope, read without decoding the body.
+
+    :func:`~fedproto.codec.encode_frame` writes the envelope's keys before the body, so this
+    reads a few dozen bytes whatever the frame's size; a frame whose body comes first is decoded
+    whole instead.
+
+    Returns:
+        ``None`` for bytes that are not a fedproto frame (a test's raw bytes, say).
+    """
+    for prefix in (frame[:_ENVELOPE_PEEK_BYTES], frame):
+        fields: dict[str, object] = {}
+        try:
+            unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(prefix), 1))
+            unpacker.feed(prefix)
+            for _ in range(unpacker.read_map_header()):
+                key = unpacker.unpack()
+                if key == "b":  # the body: everything needed came before it, or it is not there
+                    break
+                fields[key] = unpacker.unpack()
+        except msgpack.OutOfData:
+            if len(prefix) < len(frame):
+                continue
+            return None
+        except Exception:  # not msgpack, not a map, unhashable keys: not a fedproto frame
+            return None
+        phase, round_idx = fields.get("p"), fields.get("r")
+        if isinstance(phase, str) and isinstance(round_idx, int) and not isinstance(round_idx, bool):
+            return phase, round_idx
+        if "p" in fields and "r" in fields:
+            return None
+        # The body came before the envelope (not how encode_frame writes it): decode it all.
+        try:
+            envelope, _ = decode_frame(frame)
+        except DecodeError:
+            return None
+        return envelope.phase, envelope.round_idx
+    return None
 
 
 class MemoryNetwork(Network):
@@ -43,9 +101,21 @@ class MemoryNetwork(Network):
         faults: optional fault injection.
         latency_s: a fixed delay every ``send`` sleeps before delivering (to model a network,
             e.g. FastLloyd's 0.25 ms per send, spec 4.3); order is kept.
+        report_drops: when a party crashes (``faults.crash_after`` or ``faults.crash_at``), tell
+            every other open endpoint: its next ``receive`` (or ``receive_nowait``) raises
+            :class:`~fedproto.errors.PeerDropped` naming the crashed party, once, after the frames
+            that party sent before it crashed (except frames still held back by ``delay_s`` with
+            a nursery attached, which may arrive after it). Off by default: peers then find out
+            by its silence.
+
+    Attributes:
+        crashed: ``{party: (phase, round_idx)}`` of the parties that crashed so far, with the
+            envelope phase and round of the frame they were sending (``None`` when that frame was
+            not a fedproto frame), in the order they crashed.
 
     Raises:
-        ValueError: the roster is empty or has duplicates.
+        ValueError: the roster is empty or has duplicates, or ``faults.crash_at`` names a party
+            outside it.
     """
 
     name = "memory"
@@ -58,16 +128,22 @@ class MemoryNetwork(Network):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         faults: Faults | None = None,
         latency_s: float = 0.0,
+        report_drops: bool = False,
     ) -> None:
         if not (latency_s >= 0.0 and math.isfinite(latency_s)):
             raise ValueError("latency_s must be a finite non-negative number of seconds")
         roster = tuple(str(p) for p in roster)
         if not roster or len(set(roster)) != len(roster):
             raise ValueError("the roster must be a non-empty list of unique party names")
+        outside = sorted(set(faults.crash_at) - set(roster)) if faults is not None else []
+        if outside:
+            raise ValueError(f"Faults.crash_at names {outside}, not in the roster {list(roster)}")
         self.roster = roster
         self.max_frame_bytes = max_frame_bytes
         self.faults = faults
         self.latency_s = latency_s
+        self.report_drops = bool(report_drops)
+        self.crashed: dict[str, tuple[str, int] | None] = {}
         self._rngs: dict[tuple[str, str], random.Random] = {}
         self._channels = {p: trio.open_memory_channel[tuple[str, bytes]](math.inf) for p in roster}
         self._endpoints: dict[str, MemoryTransport] = {}
@@ -119,6 +195,20 @@ class MemoryNetwork(Network):
     def attach_nursery(self, nursery: trio.Nursery) -> None:
         """Give the network a nursery for delayed deliveries (needed only with ``delay_s > 0``)."""
         self._nursery = nursery
+
+    def _crash(self, party: str, envelope: tuple[str, int] | None) -> None:
+        """Record that ``party`` crashed and, with ``report_drops``, leave word in every other inbox."""
+        self.crashed[party] = envelope
+        if not self.report_drops:
+            return
+        for dest in self.roster:
+            endpoint = self._endpoints.get(dest)
+            if dest == party or (endpoint is not None and (endpoint._closed or endpoint._crashed)):
+                continue
+            try:
+                self._channels[dest][0].send_nowait((party, _DROPPED))  # type: ignore[arg-type]
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                continue
 
     async def _deliver(self, sender: str, dest: str, frame: bytes) -> None:
         endpoint = self._endpoints.get(dest)
@@ -194,10 +284,9 @@ class MemoryTransport(Transport):
             raise ValueError(
                 f"frame of {len(frame)} bytes exceeds the maximum of {self.network.max_frame_bytes}"
             )
-        crash_after = self.network.faults.crash_after.get(self.party) if self.network.faults else None
-        if crash_after is not None and self._sent >= crash_after:
-            self._crashed = True
-            self._check_open()
+        faults = self.network.faults
+        if faults is not None:
+            self._maybe_crash(faults, frame)
         self._sent += 1
         if self.network.latency_s:
             await trio.sleep(self.network.latency_s)
@@ -205,18 +294,44 @@ class MemoryTransport(Transport):
             await trio.lowlevel.checkpoint()
         await self.network._route(self.party, dest, frame)
 
+    def _maybe_crash(self, faults: Faults, frame: bytes) -> None:
+        """Crash this party if ``frame`` is where its fault injection says it stops."""
+        crash_after = faults.crash_after.get(self.party)
+        point = faults.crash_at.get(self.party)
+        if crash_after is None and point is None:
+            return
+        # Only the frames of a party with a crash point are peeked at (envelope only, no body).
+        envelope = _envelope_phase_round(frame) if point is not None else None
+        if (crash_after is not None and self._sent >= crash_after) or (
+            envelope is not None and point is not None and point.matches(*envelope)
+        ):
+            if point is None:
+                envelope = _envelope_phase_round(frame)  # once, for the record
+            self._crashed = True
+            self.network._crash(self.party, envelope)
+            self._check_open()
+
+    def _item(self, item: tuple[str, bytes]) -> tuple[str, bytes]:
+        sender, frame = item
+        if frame is _DROPPED:
+            raise PeerDropped(f"{sender} dropped out (fault injection)", party=sender)
+        return item
+
     async def receive(self) -> tuple[str, bytes]:
         """Wait for the next ``(sender, frame)`` (see :meth:`Transport.receive`).
 
         Raises:
             TransportClosed: this endpoint was closed.
             PartyCrashed: this party crashed (fault injection).
+            PeerDropped: a peer crashed and the network reports drops (``report_drops=True``);
+                raised once per crashed peer, after the frames it sent before it crashed.
         """
         self._check_open()
         try:
-            return await self._receive_channel.receive()
+            item = await self._receive_channel.receive()
         except trio.ClosedResourceError:
             raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+        return self._item(item)
 
     def receive_nowait(self) -> tuple[str, bytes] | None:
         """The next ``(sender, frame)`` already in the inbox, else ``None``; never waits.
@@ -224,14 +339,16 @@ class MemoryTransport(Transport):
         Raises:
             TransportClosed: this endpoint was closed.
             PartyCrashed: this party crashed (fault injection).
+            PeerDropped: as for :meth:`receive`.
         """
         self._check_open()
         try:
-            return self._receive_channel.receive_nowait()
+            item = self._receive_channel.receive_nowait()
         except trio.WouldBlock:
             return None
         except trio.ClosedResourceError:
             raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+        return self._item(item)
 
     async def aclose(self) -> None:
         """Close this endpoint; pending frames are discarded; idempotent."""

@@ -2,8 +2,9 @@
 
 * :class:`Harness` and :class:`Frame`: drive protocol machines against each other synchronously,
   through the real codec and meter, without Trio or sockets.
-* :class:`Faults`: seeded fault injection (drop, duplicate, delay, crash) for the memory
-  transport (``MemoryNetwork(roster, faults=Faults(...))``).
+* :class:`Faults` and :class:`CrashPoint`: seeded fault injection (drop, duplicate, delay, crash
+  after N frames or at a phase and round) for the memory transport
+  (``MemoryNetwork(roster, faults=Faults(...))``).
 * :func:`run_conformance`, :data:`CHECKS` and :func:`check_close_semantics`: the transport
   conformance suite, for a new transport's tests.
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
@@ -12,11 +13,12 @@
 """
 
 from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
-from fedproto.testing.faults import DelegatingTransport, Faults
+from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
 from fedproto.testing.harness import Frame, Harness
 from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
 
 __all__ = [
+    "CrashPoint",
     "DelegatingTransport",
     "Harness",
     "Frame",
