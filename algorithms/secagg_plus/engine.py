@@ -1,0 +1,1015 @@
+"""SecAgg+ stage engines: dropout-tolerant secure aggregation that protocol machines embed.
+
+One *aggregation* (an instance) sums one vector per client over a ring ``Z_{2^w}`` (``w`` = 32
+or 64, FastLloyd's fixed point) or a prime field ``F_p`` (MUFC's syndromes), in four stages
+(:data:`STAGES`), each one request and one reply through the server:
+
+1. ``advertise-keys``: client u draws two X25519 key pairs, ``(c_u^PK, c_u^SK)`` to encrypt
+   shares and ``(s_u^PK, s_u^SK)`` to agree pairwise mask seeds, and sends both public keys. The
+   server sends every client the keys of its neighbours that advertised (set ``U1``).
+2. ``share-keys``: client u draws a self-mask seed ``b_u``, Shamir-shares ``b_u`` and
+   ``s_u^SK`` among its neighbours in ``U1`` with threshold t, and encrypts each neighbour's two
+   shares with ChaCha20-Poly1305 under a key agreed from ``c_u^SK`` and the neighbour's
+   ``c_v^PK`` (HKDF; the indices and the aggregation are bound as associated data). The server
+   forwards each client the ciphertexts addressed to it, from the clients that sent theirs
+   (``U2``).
+3. ``masked-input``: client u sends ``y_u = x_u + PRG(b_u) + sum_{v in N(u) & U2} sign(u, v)
+   PRG(s_{u,v})``, with ``s_{u,v}`` = HKDF of the X25519 agreement of ``s_u^SK`` and
+   ``s_v^PK``, ``sign = +1`` if ``u < v`` else ``-1``, so the pairwise masks of two senders
+   cancel. The server names the clients of ``U2`` that sent nothing (``D = U2 \\ U3``).
+4. ``unmask``: client u in ``U3`` sends, for each neighbour v in ``U2``, its share of ``s_v^SK``
+   if ``v`` is in ``D`` and its share of ``b_v`` otherwise; never both for the same v. With t
+   shares of each, the server removes the self masks of ``U3`` and the pairwise masks that
+   dropped clients left in their neighbours' inputs, and obtains ``sum_{u in U3} x_u``
+   exactly.
+
+The neighbourhood graph is public: a random ``k``-regular graph drawn from a public seed
+(:func:`~fedproto.algorithms.secagg_plus.graph.neighbourhoods`), or the complete graph, which
+is classic SecAgg. A client checks that the server's neighbour list is part of its own
+neighbourhood. Masks are ChaCha20 keystreams keyed by HKDF-SHA256 (the ring: keystream words
+read little-endian; the field: rejection sampling, exactly uniform), never a statistical
+generator.
+
+Dropout: a client that is silent in a stage (the embedding machine calls
+:meth:`SecAggPlusServer.drop` when its deadline passes or the transport reports the party gone)
+is left out of that stage's set and of every later one. The sum of ``U3``'s inputs is recovered
+whenever every client of ``U3`` and of ``D`` has at least t neighbours in the set that answers
+the unmask request; otherwise :class:`~fedproto.errors.InsufficientParticipants` names the
+clients whose masks cannot be removed. A wrong sum is never returned.
+
+Threat model: semi-honest (honest-but-curious) server and clients; the server relays faithfully.
+What the server holds: the public keys, ciphertexts it cannot open, the masked inputs, and for
+each client either t shares of its self-mask seed (it sent its input) or t shares of its
+masking key (it did not), never both, so it learns only the sum of ``U3``'s inputs. An active
+server could claim an online client dropped to learn its masking key after receiving its input:
+Bonawitz et al.'s consistency checks and signatures (their actively secure variant) are not
+implemented here.
+
+Engines are sans-IO objects, not machines: a :class:`~fedproto.machine.ProtocolMachine` creates
+one per aggregation, routes the stage messages to it and sends what it returns
+(:mod:`fedproto.algorithms.secagg_plus.protocol` is the smallest such machine pair).
+
+References:
+    Bonawitz, Ivanov, Kreuter, Marcedone, McMahan, Patel, Ramage, Segal, Seth. "Practical Secure
+    Aggregation for Privacy-Preserving Machine Learning". ACM CCS 2017, Sec. 4, Fig. 4.
+    Bell, Bonawitz, Gascón, Lepoint, Raykova. "Secure Single-Server Aggregation with
+    (Poly)Logarithmic Overhead". ACM CCS 2020, Sec. 3 (Algorithm 2: the protocol over a
+    sparse random graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from fedproto.algorithms import scma, secagg
+from fedproto.algorithms.secagg_plus import graph, shamir
+from fedproto.algorithms.secagg_plus.messages import (
+    CIPHERTEXT_BYTES,
+    KEY_BYTES,
+    AdvertiseKeys,
+    EncryptedShares,
+    ForwardedShares,
+    MaskedInput,
+    NeighbourKeys,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
+from fedproto.messages import Broadcast, Message, Outgoing, Send
+
+__all__ = [
+    "STAGES",
+    "Modulus",
+    "SecAggPlusClient",
+    "SecAggPlusConfig",
+    "SecAggPlusServer",
+    "SumOutcome",
+    "complete_config",
+    "frame_limit",
+    "plus_config",
+    "stage_bytes",
+]
+
+STAGES = ("advertise-keys", "share-keys", "masked-input", "unmask")
+"""The four stages, in order; each is also the metering phase of its messages."""
+
+_LABEL = b"fedproto/secagg-plus/v1"
+_UINT64_FIELD_LIMIT = 1 << 63  # primes below this are summed in uint64 without overflow
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _info(*fields: bytes | int) -> bytes:
+    """An HKDF ``info``: the label and length-prefixed fields (ints as 8-byte big-endian)."""
+    parts = [_LABEL]
+    for field in fields:
+        data = field.to_bytes(8, "big") if isinstance(field, int) else bytes(field)
+        parts.append(struct.pack(">I", len(data)) + data)
+    return b"".join(parts)
+
+
+def _keystream(key: bytes, n_bytes: int) -> bytes:
+    # Every key is derived for one (aggregation, purpose, pair) and used for one stream, so the
+    # zero nonce is safe.
+    encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    return encryptor.update(bytes(n_bytes)) + encryptor.finalize()
+
+
+# --------------------------------------------------------------------------------------------
+# Vectors: a ring Z_{2^w} or a prime field F_p
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Modulus:
+    """The algebra an aggregation sums in: the ring ``Z_{2^w}`` or the prime field ``F_p``.
+
+    Build one with :meth:`ring` or :meth:`field`. Vectors are 1-D numpy arrays: ``uint32`` or
+    ``uint64`` for the ring (numpy's wrap-around is the ring's addition), ``uint64`` for a prime
+    below ``2^63`` and ``object`` (Python ints) for a larger prime.
+
+    Attributes:
+        ring_bits: ``w`` for the ring, else ``None``.
+        prime: ``p`` for the field, else ``None``.
+    """
+
+    ring_bits: int | None = None
+    prime: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.ring_bits is None) == (self.prime is None):
+            raise ValueError("a Modulus is either a ring (ring_bits) or a prime field (prime), not both or neither")
+        if self.ring_bits is not None:
+            secagg.ring_dtype(self.ring_bits)
+        else:
+            p = _check_int("prime", self.prime, 2)
+            if not scma._is_prime(p):
+                raise ValueError(f"prime must be a prime number, got {p}")
+
+    @classmethod
+    def ring(cls, ring_bits: int) -> Modulus:
+        """The ring ``Z_{2^ring_bits}`` (``ring_bits`` = 32 or 64)."""
+        return cls(ring_bits=ring_bits)
+
+    @classmethod
+    def field(cls, prime: int) -> Modulus:
+        """The prime field ``F_prime``.
+
+        Raises:
+            ValueError: ``prime`` is not a prime >= 2.
+        """
+        return cls(prime=prime)
+
+    @property
+    def size(self) -> int:
+        """The number of elements: ``2^w`` or ``p``."""
+        return 1 << self.ring_bits if self.ring_bits is not None else int(self.prime)
+
+    @property
+    def width(self) -> int:
+        """Bytes per element on the wire: ``w / 8`` or ``ceil(bitlength(p) / 8)``."""
+        return self.ring_bits // 8 if self.ring_bits is not None else scma.field_width(self.prime)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of a vector."""
+        if self.ring_bits is not None:
+            return secagg.ring_dtype(self.ring_bits)
+        return np.dtype(np.uint64) if self.prime < _UINT64_FIELD_LIMIT else np.dtype(object)
+
+    def describe(self) -> str:
+        """``"Z_2^32"``, ``"Z_2^64"`` or ``"F_p (b bits)"``."""
+        return f"Z_2^{self.ring_bits}" if self.ring_bits is not None else f"F_p ({self.prime.bit_length()} bits)"
+
+    def zeros(self, length: int) -> np.ndarray:
+        """The zero vector ``[length]``."""
+        return np.zeros(length, dtype=self.dtype) if self.dtype != object else np.array([0] * length, dtype=object)
+
+    def vector(self, values: object, length: int | None = None) -> np.ndarray:
+        """``values`` as a vector of this algebra (a copy), checked.
+
+        Args:
+            values: ``[L]`` integers in ``[0, size)``.
+            length: the expected ``L``, if any.
+
+        Raises:
+            ValueError: wrong length, not 1-D, or an element outside ``[0, size)``.
+            TypeError: non-integer values.
+        """
+        if isinstance(values, np.ndarray) and values.dtype.kind in "ui" and self.dtype != object:
+            if values.ndim != 1:
+                raise ValueError(f"a vector must be 1-D, got shape {values.shape}")
+            if values.size and (int(values.min()) < 0 or int(values.max()) >= self.size):
+                raise ValueError(f"vector elements must lie in [0, {self.size}) for {self.describe()}")
+            arr = values.astype(self.dtype)
+        else:
+            objects = np.asarray(values, dtype=object)
+            if objects.ndim != 1:
+                raise ValueError(f"a vector must be 1-D, got shape {objects.shape}")
+            try:
+                ints = [operator.index(v) for v in objects]
+            except TypeError:
+                raise TypeError("vector elements must be integers") from None
+            if any(v < 0 or v >= self.size for v in ints):
+                raise ValueError(f"vector elements must lie in [0, {self.size}) for {self.describe()}")
+            arr = np.array(ints, dtype=self.dtype)
+        if length is not None and arr.shape[0] != length:
+            raise ValueError(f"the vector has {arr.shape[0]} elements, the aggregation sums {length}")
+        return arr
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a + b`` element-wise in the algebra (a new array)."""
+        if self.ring_bits is not None:
+            return a + b
+        s = a + b
+        if self.dtype == object:
+            return s % self.prime
+        return np.where(s >= self.prime, s - np.uint64(self.prime), s)
+
+    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a - b`` element-wise in the algebra (a new array)."""
+        if self.ring_bits is not None:
+            return a - b
+        if self.dtype == object:
+            return (a - b) % self.prime
+        return np.where(a >= b, a - b, a + (np.uint64(self.prime) - b))
+
+    def expand(self, key: bytes, length: int) -> np.ndarray:
+        """``length`` independent uniform elements from a 32-byte key (ChaCha20 keystream).
+
+        The ring reads little-endian ``w``-bit words; the field rejection-samples
+        (:func:`fedproto.algorithms.scma.uniform_elements`), so both are exactly uniform.
+        """
+        if self.ring_bits is not None:
+            dtype = np.dtype(self.dtype).newbyteorder("<")
+            return np.frombuffer(_keystream(key, length * self.width), dtype=dtype).astype(self.dtype)
+        return self.vector(scma.uniform_elements(key, self.prime, length))
+
+    def to_wire(self, vector: np.ndarray) -> np.ndarray:
+        """The wire form: ``[L, 1]`` ring elements or ``uint8 [L, width]`` big-endian rows."""
+        if self.ring_bits is not None:
+            return np.ascontiguousarray(vector.reshape(-1, 1))
+        if self.dtype == object:
+            return scma.pack_elements([int(v) for v in vector], self.prime)
+        width = self.width
+        rows = vector.astype(">u8").view(np.uint8).reshape(-1, 8)
+        return np.ascontiguousarray(rows[:, 8 - width :])
+
+    def from_wire(self, wire: np.ndarray, length: int) -> np.ndarray:
+        """A vector from its wire form, checked (shape, dtype, every element below ``size``).
+
+        Raises:
+            ValueError: wrong shape or dtype, or an element outside the algebra.
+        """
+        if self.ring_bits is not None:
+            if wire.dtype != self.dtype or wire.shape != (length, 1):
+                raise ValueError(
+                    f"expected {self.describe()} elements as {self.dtype} [{length}, 1], "
+                    f"got {wire.dtype} {list(wire.shape)}"
+                )
+            return wire.reshape(-1).astype(self.dtype)
+        width = self.width
+        if wire.dtype != np.uint8 or wire.shape != (length, width):
+            raise ValueError(f"expected {self.describe()} elements as uint8 [{length}, {width}], got {wire.dtype} {list(wire.shape)}")
+        if self.dtype == object:
+            values = scma.unpack_elements(wire)
+        else:
+            padded = np.zeros((length, 8), dtype=np.uint8)
+            padded[:, 8 - width :] = wire
+            values = padded.view(">u8").reshape(-1).astype(np.uint64)
+        return self.vector(values, length)
+
+
+# --------------------------------------------------------------------------------------------
+# Public parameters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SecAggPlusConfig:
+    """The public parameters of a SecAgg+ aggregation, the same for every party.
+
+    Attributes:
+        n_clients: ``n``, the clients the graph is drawn over (indices ``0..n-1``).
+        vector_length: ``L``, elements per input.
+        modulus: the ring or field (:class:`Modulus`).
+        degree: ``k``, neighbours per client (``n - 1``: the complete graph, classic SecAgg).
+        threshold: ``t``, shares that reconstruct a secret (``1 <= t <= k``).
+        graph_seed: 32 bytes of public randomness the graph is drawn from.
+
+    Raises:
+        ValueError: a size out of range (``n >= 2``, ``L >= 1``, ``2 <= k <= n - 1``,
+            ``1 <= t <= k``) or a seed that is not 32 bytes.
+    """
+
+    n_clients: int
+    vector_length: int
+    modulus: Modulus
+    degree: int
+    threshold: int
+    graph_seed: bytes = bytes(32)
+
+    def __post_init__(self) -> None:
+        n = _check_int("n_clients", self.n_clients, 2)
+        _check_int("vector_length", self.vector_length, 1)
+        if not isinstance(self.modulus, Modulus):
+            raise TypeError(f"modulus must be a Modulus, got {type(self.modulus).__name__}")
+        k = _check_int("degree", self.degree, 1)
+        if k > n - 1:
+            raise ValueError(f"degree must be at most n_clients - 1 = {n - 1}, got {k}")
+        t = _check_int("threshold", self.threshold, 1)
+        if t > k:
+            raise ValueError(f"threshold must be at most the degree {k}, got {t}")
+        if not isinstance(self.graph_seed, bytes) or len(self.graph_seed) != 32:
+            raise ValueError("graph_seed must be 32 bytes")
+
+    @property
+    def complete(self) -> bool:
+        """True for the complete graph (classic SecAgg)."""
+        return self.degree == self.n_clients - 1
+
+    @functools.cached_property
+    def neighbours(self) -> tuple[tuple[int, ...], ...]:
+        """Each client's neighbours, sorted client indices (computed once)."""
+        return graph.neighbourhoods(self.n_clients, self.degree, self.graph_seed)
+
+    @functools.cached_property
+    def _neighbour_sets(self) -> tuple[frozenset[int], ...]:
+        return tuple(frozenset(nb) for nb in self.neighbours)
+
+
+def plus_config(
+    n_clients: int,
+    vector_length: int,
+    modulus: Modulus,
+    *,
+    graph_seed: bytes = bytes(32),
+    failure_log2: float = 40.0,
+    corrupt_fraction: float = 0.2,
+    dropout_fraction: float = 0.1,
+) -> SecAggPlusConfig:
+    """SecAgg+ parameters: a random ``k``-regular graph with Bell et al.'s ``(k, t)``.
+
+    ``k`` and ``t`` come from :func:`~fedproto.algorithms.secagg_plus.graph.plus_parameters` for
+    the stated failure probability ``2^-failure_log2``, fraction of corrupt clients and fraction
+    of dropouts. Where ``n`` is too small for any graph to meet them, classic SecAgg's complete
+    graph and threshold (:func:`complete_config`): with few clients, the bounds cannot hold.
+
+    References:
+        Bell et al., ACM CCS 2020, Sec. 3-4.
+    """
+    try:
+        k, t = graph.plus_parameters(
+            n_clients, failure_log2=failure_log2, corrupt_fraction=corrupt_fraction, dropout_fraction=dropout_fraction
+        )
+    except ValueError:
+        # Too few clients for the statistical bounds: every client is every other's neighbour.
+        k, t = graph.complete_parameters(n_clients)
+    return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
+
+
+def complete_config(n_clients: int, vector_length: int, modulus: Modulus, *, graph_seed: bytes = bytes(32), **bounds: float) -> SecAggPlusConfig:
+    """Classic SecAgg: the complete graph, ``t`` from
+    :func:`~fedproto.algorithms.secagg_plus.graph.complete_parameters`.
+
+    References:
+        Bonawitz et al., ACM CCS 2017, Sec. 4.
+    """
+    k, t = graph.complete_parameters(n_clients, **bounds)
+    return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
+
+
+def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict[str, int]]:
+    """Data bytes one client sends and receives per stage when no one (or ``dropped`` of its
+    neighbours, at the masked input) drops: the analytic cost, without envelopes.
+
+    Per client (``k`` = degree, ``L`` = vector length, ``w`` = element bytes, ``s`` =
+    :data:`~fedproto.algorithms.secagg_plus.shamir.SHARE_BYTES`, ``c`` = ciphertext bytes
+    ``2 s + 16``, indices 4 bytes):
+
+    * ``advertise-keys``: sent ``64``; received ``k (4 + 64)``;
+    * ``share-keys``: sent ``k (4 + c)``; received ``k (4 + c)``;
+    * ``masked-input``: sent ``L w``; received ``4 D`` (the dropped list, ``D`` clients);
+    * ``unmask``: sent ``k (4 + s)``; received nothing.
+
+    So a client's bytes grow as ``k``: ``O(log n)`` for SecAgg+, ``n - 1`` for the complete graph.
+
+    Returns:
+        ``{stage: {"sent": bytes, "received": bytes}}``.
+
+    References:
+        Bell et al., ACM CCS 2020, Table 1 (client communication ``O(log n + L)``).
+    """
+    k, s = config.degree, shamir.SHARE_BYTES
+    w = config.modulus.width
+    return {
+        "advertise-keys": {"sent": 2 * KEY_BYTES, "received": k * (4 + 2 * KEY_BYTES)},
+        "share-keys": {"sent": k * (4 + CIPHERTEXT_BYTES), "received": k * (4 + CIPHERTEXT_BYTES)},
+        "masked-input": {"sent": config.vector_length * w, "received": 4 * dropped},
+        "unmask": {"sent": k * (4 + s), "received": 0},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Keys and masks
+# --------------------------------------------------------------------------------------------
+
+
+def _private_key(raw: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def _public_bytes(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes_raw()
+
+
+def _agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
+    try:
+        return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:  # a low-order point or a malformed key
+        raise ValueError(f"invalid X25519 public key: {exc}") from exc
+
+
+def _pair_key(shared: bytes, instance: bytes, u: int, v: int) -> bytes:
+    lo, hi = (u, v) if u < v else (v, u)
+    return secagg.derive_bytes(shared, _info(b"pair-mask", instance, lo, hi))
+
+
+def _self_key(seed: bytes, instance: bytes, u: int) -> bytes:
+    return secagg.derive_bytes(seed, _info(b"self-mask", instance, u))
+
+
+def _share_context(instance: bytes, sender: int, receiver: int) -> bytes:
+    return _info(b"share", instance, sender, receiver)
+
+
+@dataclasses.dataclass(frozen=True)
+class SumOutcome:
+    """What the server learns from one aggregation.
+
+    Attributes:
+        total: ``sum_{u in survivors} x_u`` in the algebra, ``[L]``.
+        survivors: the clients whose inputs are in ``total`` (``U3``), in client order.
+        dropouts: ``{client: stage}`` for each client that dropped, with the stage it did not
+            complete (a client that dropped at ``unmask`` is a survivor: its input is in).
+    """
+
+    total: np.ndarray
+    survivors: tuple[str, ...]
+    dropouts: dict[str, str]
+
+
+# --------------------------------------------------------------------------------------------
+# Client
+# --------------------------------------------------------------------------------------------
+
+
+class SecAggPlusClient:
+    """One client's side of one aggregation (sans-IO; Bonawitz et al. Fig. 4, "User").
+
+    Call, in order: :meth:`advertise` (stage 1), :meth:`share_keys` with the server's
+    :class:`NeighbourKeys` (stage 2), :meth:`receive_shares` with the
+    :class:`ForwardedShares` and then :meth:`mask_input` with the input (stage 3), and
+    :meth:`unmask` with the :class:`UnmaskRequest` (stage 4). Each returns the message to send
+    to the server (``receive_shares`` returns nothing).
+
+    Args:
+        config: the public parameters.
+        index: this client's index in ``[0, n_clients)``.
+        entropy: at least 32 secret random bytes; every key, seed and share coefficient of this
+            aggregation is derived from it and ``instance`` (HKDF), so the engine is a pure
+            function of its arguments.
+        instance: public bytes naming this aggregation (session, round, purpose): keys and masks
+            are fresh for every instance.
+
+    Raises:
+        ValueError: ``index`` out of range or ``entropy`` shorter than 32 bytes.
+    """
+
+    def __init__(self, config: SecAggPlusConfig, index: int, *, entropy: bytes, instance: bytes) -> None:
+        index = _check_int("index", index, 0)
+        if index >= config.n_clients:
+            raise ValueError(f"index must be below n_clients = {config.n_clients}, got {index}")
+        if not isinstance(entropy, bytes) or len(entropy) < 32:
+            raise ValueError("entropy must be at least 32 bytes")
+        self.config = config
+        self.index = index
+        self.instance = bytes(instance)
+        derive = functools.partial(secagg.derive_bytes, entropy)
+        self._encryption_key = _private_key(derive(_info(b"encryption-key", self.instance, index)))
+        self._masking_raw = derive(_info(b"masking-key", self.instance, index))
+        self._masking_key = _private_key(self._masking_raw)
+        self._self_seed = derive(_info(b"self-seed", self.instance, index))
+        self._share_entropy = derive(_info(b"share-coefficients", self.instance, index))
+        self.stage = STAGES[0]
+        self._neighbour_keys: dict[int, tuple[bytes, bytes]] = {}
+        self._received: dict[int, tuple[bytes, bytes]] = {}  # sender -> (share of b_v, share of s_v^SK)
+
+    def _expect(self, stage: str, sender: str) -> None:
+        if self.stage != stage:
+            raise RemoteProtocolError(
+                f"a {stage} message from {sender} while this client's aggregation is at {self.stage}", party=sender
+            )
+
+    def advertise(self) -> AdvertiseKeys:
+        """Stage 1: the two public keys."""
+        if self.stage != STAGES[0]:
+            raise LocalProtocolError(f"advertise() at stage {self.stage}")
+        self.stage = STAGES[1]
+        return AdvertiseKeys(
+            encryption_key=_public_bytes(self._encryption_key), masking_key=_public_bytes(self._masking_key)
+        )
+
+    def share_keys(self, sender: str, message: NeighbourKeys) -> EncryptedShares:
+        """Stage 2: Shamir-share ``b_u`` and ``s_u^SK`` among the neighbours and encrypt.
+
+        Raises:
+            RemoteProtocolError: a listed client is not a neighbour, or the list is shorter than
+                t (the client's secrets could not be recovered, so it does not take part).
+        """
+        self._expect(STAGES[1], sender)
+        cfg = self.config
+        mine = cfg._neighbour_sets[self.index]
+        neighbours = [int(v) for v in message.neighbours]
+        strangers = [v for v in neighbours if v not in mine]
+        if strangers:
+            raise RemoteProtocolError(f"the server lists clients {strangers[:5]} that are not neighbours", party=sender)
+        if len(neighbours) < cfg.threshold:
+            raise RemoteProtocolError(
+                f"only {len(neighbours)} neighbours advertised keys; sharing needs t = {cfg.threshold}", party=sender
+            )
+        keys = np.asarray(message.keys, dtype=np.uint8)
+        for row, v in enumerate(neighbours):
+            raw = keys[row].tobytes()
+            self._neighbour_keys[v] = (raw[:KEY_BYTES], raw[KEY_BYTES:])
+        xs = [v + 1 for v in neighbours]
+        b_shares = shamir.split_secret(self._self_seed, xs, cfg.threshold, self._share_entropy + b"b")
+        s_shares = shamir.split_secret(self._masking_raw, xs, cfg.threshold, self._share_entropy + b"s")
+        ciphertexts = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
+        for row, v in enumerate(neighbours):
+            sealed = secagg.seal_seed(
+                self._encryption_key,
+                self._neighbour_keys[v][0],
+                b_shares[row] + s_shares[row],
+                _share_context(self.instance, self.index, v),
+            )
+            ciphertexts[row] = np.frombuffer(sealed, dtype=np.uint8)
+        self.stage = STAGES[2]
+        return EncryptedShares(recipients=np.asarray(neighbours, dtype=np.uint32), ciphertexts=ciphertexts)
+
+    def receive_shares(self, sender: str, message: ForwardedShares) -> None:
+        """Stage 2, second half: open the shares the neighbours sent.
+
+        Raises:
+            RemoteProtocolError: a sender that is not a neighbour with keys, or a ciphertext
+                that does not authenticate.
+        """
+        self._expect(STAGES[2], sender)
+        if self._received:
+            raise RemoteProtocolError("a second set of forwarded shares", party=sender)
+        s = shamir.SHARE_BYTES
+        for row, v in enumerate(int(v) for v in message.senders):
+            keys = self._neighbour_keys.get(v)
+            if keys is None:
+                raise RemoteProtocolError(f"forwarded shares from client {v}, which is not a neighbour with keys", party=sender)
+            try:
+                plain = secagg.open_seed(
+                    self._encryption_key,
+                    keys[0],
+                    np.asarray(message.ciphertexts[row], dtype=np.uint8).tobytes(),
+                    _share_context(self.instance, v, self.index),
+                )
+            except ValueError as exc:
+                raise RemoteProtocolError(f"the shares of client {v} do not open: {exc}", party=sender) from exc
+            self._received[v] = (plain[:s], plain[s:])
+        if len(self._received) < self.config.threshold:
+            raise RemoteProtocolError(
+                f"only {len(self._received)} neighbours shared keys; t = {self.config.threshold}", party=sender
+            )
+
+    def mask_input(self, values: object) -> MaskedInput:
+        """Stage 3: ``y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_{u,v})``.
+
+        Args:
+            values: ``[L]`` integers in ``[0, size)`` of the algebra (ring elements: the
+                fixed-point encoding; field elements).
+
+        Raises:
+            ValueError: wrong length or an element outside the algebra.
+            LocalProtocolError: called before the shares arrived.
+        """
+        if self.stage != STAGES[2] or not self._received:
+            raise LocalProtocolError("mask_input() before the neighbours' shares arrived")
+        cfg = self.config
+        modulus, length = cfg.modulus, cfg.vector_length
+        y = modulus.add(modulus.vector(values, length), modulus.expand(_self_key(self._self_seed, self.instance, self.index), length))
+        for v in sorted(self._received):
+            shared = _agree(self._masking_key, self._neighbour_keys[v][1])
+            mask = modulus.expand(_pair_key(shared, self.instance, self.index, v), length)
+            y = modulus.add(y, mask) if self.index < v else modulus.sub(y, mask)
+        self.stage = STAGES[3]
+        return MaskedInput(masked=modulus.to_wire(y))
+
+    def unmask(self, sender: str, message: UnmaskRequest) -> UnmaskShares:
+        """Stage 4: for each neighbour that shared keys, the share of ``s_v^SK`` if it dropped
+        (it is in ``message.dropped``), else the share of ``b_v``.
+
+        Raises:
+            RemoteProtocolError: this client is listed as dropped, or fewer than t - 1 of its
+                neighbours survived (with itself, fewer than t: Bonawitz et al.'s abort rule).
+        """
+        self._expect(STAGES[3], sender)
+        dropped = {int(v) for v in message.dropped}
+        if self.index in dropped:
+            raise RemoteProtocolError("the server lists this client, which sent its input, as dropped", party=sender)
+        alive = [v for v in sorted(self._received) if v not in dropped]
+        gone = [v for v in sorted(self._received) if v in dropped]
+        if len(alive) + 1 < self.config.threshold:
+            raise InsufficientParticipants(
+                f"only {len(alive)} neighbours of client {self.index} sent their input; revealing shares needs "
+                f"t - 1 = {self.config.threshold - 1}",
+                missing=[str(v) for v in gone],
+                party=sender,
+            )
+        self.stage = "done"
+
+        def rows(owners: list[int], part: int) -> np.ndarray:
+            out = np.empty((len(owners), shamir.SHARE_BYTES), dtype=np.uint8)
+            for row, v in enumerate(owners):
+                out[row] = np.frombuffer(self._received[v][part], dtype=np.uint8)
+            return out
+
+        return UnmaskShares(
+            self_owners=np.asarray(alive, dtype=np.uint32),
+            self_shares=rows(alive, 0),
+            key_owners=np.asarray(gone, dtype=np.uint32),
+            key_shares=rows(gone, 1),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Server
+# --------------------------------------------------------------------------------------------
+
+
+class SecAggPlusServer:
+    """The server's side of one aggregation (sans-IO; Bonawitz et al. Fig. 4, "Server").
+
+    Feed it each stage message with :meth:`receive` and the clients that go silent with
+    :meth:`drop`; both return the messages to send (as :class:`~fedproto.messages.Send` /
+    :class:`~fedproto.messages.Broadcast` stamped with ``round_idx`` and the stage). When the
+    last stage completes, :attr:`outcome` holds the sum.
+
+    Args:
+        config: the public parameters.
+        clients: the party name of each client index, ``[n_clients]``.
+        round_idx: the round the aggregation's messages are stamped with.
+        instance: the public bytes naming this aggregation, as the clients were given them.
+        active: the clients expected to take part (default all); the others left the federation
+            earlier and count as absent, not as dropouts of this aggregation.
+
+    Raises:
+        ValueError: ``clients`` has the wrong length or repeats a name; an active client is not
+            in ``clients``.
+    """
+
+    def __init__(
+        self,
+        config: SecAggPlusConfig,
+        clients: Sequence[str],
+        *,
+        round_idx: int,
+        instance: bytes,
+        active: Iterable[str] | None = None,
+    ) -> None:
+        clients = tuple(clients)
+        if len(clients) != config.n_clients or len(set(clients)) != len(clients):
+            raise ValueError(f"clients must be {config.n_clients} distinct names, got {len(clients)}")
+        self.config = config
+        self.clients = clients
+        self.round_idx = round_idx
+        self.instance = bytes(instance)
+        self._index = {name: i for i, name in enumerate(clients)}
+        if active is None:
+            self._active = set(range(len(clients)))
+        else:
+            unknown = [a for a in active if a not in self._index]
+            if unknown:
+                raise ValueError(f"active clients not in the client list: {unknown}")
+            self._active = {self._index[a] for a in active}
+        self.stage = STAGES[0]
+        self.dropouts: dict[str, str] = {}
+        self.outcome: SumOutcome | None = None
+        self._keys: dict[int, tuple[bytes, bytes]] = {}
+        self._shared: dict[int, EncryptedShares] = {}
+        self._inputs: dict[int, np.ndarray] = {}
+        self._reveals: dict[int, UnmaskShares] = {}
+        self._dropped: set[int] = set()
+        self._gone: set[int] = set()
+        self._neighbours_of: dict[int, np.ndarray] = {}
+        self._forwarded_from: dict[int, np.ndarray] = {}
+        self._unmask_dropped: np.ndarray = np.zeros(0, dtype=np.uint32)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """True once the sum is known."""
+        return self.outcome is not None
+
+    def _expected(self) -> set[int]:
+        return {
+            STAGES[0]: self._active,
+            STAGES[1]: set(self._keys),
+            STAGES[2]: set(self._shared),
+            STAGES[3]: set(self._inputs),
+        }.get(self.stage, set())
+
+    def _received(self) -> Mapping[int, object]:
+        return {STAGES[0]: self._keys, STAGES[1]: self._shared, STAGES[2]: self._inputs, STAGES[3]: self._reveals}.get(
+            self.stage, {}
+        )
+
+    def pending(self) -> list[str]:
+        """The clients the current stage still waits for, in client order."""
+        got = self._received()
+        return [self.clients[i] for i in sorted(self._expected() - set(got) - self._dropped)]
+
+    def is_dropped(self, party: str) -> bool:
+        """True for a client that dropped in this aggregation (its late messages are to be ignored)."""
+        index = self._index.get(party)
+        return index is not None and index in self._dropped
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def receive(self, sender: str, message: Message) -> list[Outgoing]:
+        """Take one stage message; return what to send once the stage completes.
+
+        A message from a client that already dropped in this aggregation is ignored.
+
+        Raises:
+            RemoteProtocolError: a sender that is not an expected client of this stage, a second
+                message, a message of another stage, or contents that do not match what the
+                server sent (the forwarded neighbour lists).
+            InsufficientParticipants: completing the stage shows the sum cannot be recovered.
+        """
+        index = self._index.get(sender)
+        if index is not None and index in self._dropped:
+            return []
+        expected_type = {
+            STAGES[0]: AdvertiseKeys,
+            STAGES[1]: EncryptedShares,
+            STAGES[2]: MaskedInput,
+            STAGES[3]: UnmaskShares,
+        }.get(self.stage)
+        if type(message) is not expected_type:
+            raise RemoteProtocolError(
+                f"unexpected {type(message).__name__} from {sender} at stage {self.stage}",
+                party=sender,
+                round_idx=self.round_idx,
+                phase=self.stage,
+            )
+        if index is None or index not in self._expected():
+            raise RemoteProtocolError(
+                f"{sender} is not a client of stage {self.stage} of this aggregation",
+                party=sender,
+                round_idx=self.round_idx,
+                phase=self.stage,
+            )
+        store = self._received()
+        if index in store:
+            raise RemoteProtocolError(
+                f"second {self.stage} message from {sender}", party=sender, round_idx=self.round_idx, phase=self.stage
+            )
+        store[index] = self._check(index, sender, message)  # type: ignore[index]
+        return self._advance()
+
+    def _check(self, index: int, sender: str, message: Message) -> object:
+        """Check a stage message against what this server sent; return what to keep of it."""
+
+        def refuse(what: str) -> RemoteProtocolError:
+            return RemoteProtocolError(f"{sender}: {what}", party=sender, round_idx=self.round_idx, phase=self.stage)
+
+        if isinstance(message, AdvertiseKeys):
+            return (message.encryption_key, message.masking_key)
+        if isinstance(message, EncryptedShares):
+            if not np.array_equal(message.recipients, self._neighbours_of[index]):
+                raise refuse("encrypted shares for other clients than its neighbours with keys")
+        elif isinstance(message, MaskedInput):
+            try:
+                return self.config.modulus.from_wire(np.asarray(message.masked), self.config.vector_length)
+            except ValueError as exc:
+                raise refuse(f"masked input: {exc}") from None
+        elif isinstance(message, UnmaskShares):
+            holders = self._forwarded_from[index]
+            gone = np.intersect1d(holders, self._unmask_dropped)
+            alive = np.setdiff1d(holders, self._unmask_dropped)
+            if not (np.array_equal(message.self_owners, alive) and np.array_equal(message.key_owners, gone)):
+                raise refuse("unmask shares that do not match its neighbours and the dropped list")
+        return message
+
+    def drop(self, parties: Iterable[str]) -> list[Outgoing]:
+        """Count ``parties`` as gone: each drops at the first stage that waits for it (now, if
+        the current stage does), then complete the stage if no one else is pending. Names that
+        are not clients of this aggregation are ignored.
+
+        Raises:
+            InsufficientParticipants: the sum can no longer be recovered.
+        """
+        for party in parties:
+            index = self._index.get(party)
+            if index is not None:
+                self._gone.add(index)
+        return self._advance()
+
+    def _mark_gone(self) -> None:
+        waiting = self._expected() - set(self._received())
+        for index in sorted(waiting & self._gone - self._dropped):
+            self._dropped.add(index)
+            self.dropouts[self.clients[index]] = self.stage
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    def _advance(self) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        while True:
+            if self.outcome is not None:
+                return out
+            self._mark_gone()
+            if self.pending():
+                return out
+            stage = self.stage
+            if stage == STAGES[0]:
+                out += self._close_advertise()
+            elif stage == STAGES[1]:
+                out += self._close_share_keys()
+            elif stage == STAGES[2]:
+                out += self._close_masked_input()
+            else:
+                self._close_unmask()
+
+    def _fail(self, what: str, owners: Iterable[int], silent: Iterable[int]) -> InsufficientParticipants:
+        owners = sorted(set(owners))
+        silent_names = sorted({self.clients[i] for i in silent})
+        names = [self.clients[i] for i in owners]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        return InsufficientParticipants(
+            f"secure aggregation cannot recover the sum: {what}"
+            + (f" (clients {shown})" if names else "")
+            + f", t = {self.config.threshold}; dropped: {', '.join(silent_names) if silent_names else 'none'}",
+            missing=silent_names,
+            party=names[0] if len(names) == 1 else None,
+            round_idx=self.round_idx,
+            phase=self.stage,
+        )
+
+    def _close_advertise(self) -> list[Outgoing]:
+        cfg = self.config
+        present = set(self._keys)
+        if len(present) < cfg.threshold:
+            raise self._fail(f"only {len(present)} clients advertised keys", (), self._dropped)
+        short = []
+        out: list[Outgoing] = []
+        for u in sorted(present):
+            nb = np.asarray([v for v in cfg.neighbours[u] if v in present], dtype=np.uint32)
+            if nb.size < cfg.threshold:
+                short.append(u)
+            self._neighbours_of[u] = nb
+        if short:
+            raise self._fail("fewer than t neighbours advertised keys", short, self._dropped)
+        for u in sorted(present):
+            nb = self._neighbours_of[u]
+            keys = np.empty((nb.size, 2 * KEY_BYTES), dtype=np.uint8)
+            for row, v in enumerate(nb.tolist()):
+                keys[row] = np.frombuffer(self._keys[v][0] + self._keys[v][1], dtype=np.uint8)
+            out.append(Send(self.clients[u], NeighbourKeys(neighbours=nb, keys=keys), self.round_idx, STAGES[0]))
+        self.stage = STAGES[1]
+        return out
+
+    def _close_share_keys(self) -> list[Outgoing]:
+        cfg = self.config
+        senders = set(self._shared)
+        inbox: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in senders}
+        for u in sorted(senders):
+            message = self._shared[u]
+            for row, v in enumerate(message.recipients.tolist()):
+                if v in inbox:
+                    inbox[v].append((u, message.ciphertexts[row]))
+        short = [v for v in sorted(senders) if len(inbox[v]) < cfg.threshold]
+        if short:
+            raise self._fail("fewer than t neighbours shared keys", short, self._dropped)
+        out: list[Outgoing] = []
+        for v in sorted(senders):
+            rows = inbox[v]  # already in increasing sender order
+            from_ = np.asarray([u for u, _ in rows], dtype=np.uint32)
+            self._forwarded_from[v] = from_
+            ciphertexts = np.stack([c for _, c in rows]).astype(np.uint8, copy=False)
+            out.append(
+                Send(self.clients[v], ForwardedShares(senders=from_, ciphertexts=ciphertexts), self.round_idx, STAGES[1])
+            )
+        self.stage = STAGES[2]
+        return out
+
+    def _close_masked_input(self) -> list[Outgoing]:
+        cfg = self.config
+        survivors = set(self._inputs)
+        gone = sorted(set(self._shared) - survivors)
+        if len(survivors) < cfg.threshold:
+            raise self._fail(f"only {len(survivors)} clients sent their input", (), self._dropped)
+        # Every survivor's self-mask seed and every dropped client's masking key needs t holders
+        # among the survivors (the only clients asked to reveal).
+        short = [
+            u
+            for u in sorted(survivors) + gone
+            if sum(1 for w in self._forwarded_from[u].tolist() if w in survivors) < cfg.threshold
+        ]
+        if short:
+            raise self._fail("fewer than t neighbours sent their input", short, self._dropped)
+        self._unmask_dropped = np.asarray(gone, dtype=np.uint32)
+        self.stage = STAGES[3]
+        dests = tuple(self.clients[u] for u in sorted(survivors))
+        return [Broadcast(dests, UnmaskRequest(dropped=self._unmask_dropped), self.round_idx, STAGES[2])]
+
+    def _close_unmask(self) -> None:
+        cfg = self.config
+        modulus, length = cfg.modulus, cfg.vector_length
+        survivors = sorted(self._inputs)
+        gone = self._unmask_dropped.tolist()
+        self_shares: dict[int, dict[int, bytes]] = {u: {} for u in survivors}
+        key_shares: dict[int, dict[int, bytes]] = {v: {} for v in gone}
+        for w, message in self._reveals.items():
+            x = w + 1
+            for row, u in enumerate(message.self_owners.tolist()):
+                self_shares[u][x] = message.self_shares[row].tobytes()
+            for row, v in enumerate(message.key_owners.tolist()):
+                key_shares[v][x] = message.key_shares[row].tobytes()
+        short = [u for u, got in {**self_shares, **key_shares}.items() if len(got) < cfg.threshold]
+        if short:
+            raise self._fail("fewer than t neighbours revealed shares", short, self._dropped)
+        seeds = shamir.combine_many([self_shares[u] for u in survivors], cfg.threshold)
+        keys = shamir.combine_many([key_shares[v] for v in gone], cfg.threshold)
+        total = modulus.zeros(length)
+        for u in survivors:
+            total = modulus.add(total, self._inputs[u])
+        for u, seed in zip(survivors, seeds):
+            total = modulus.sub(total, modulus.expand(_self_key(seed, self.instance, u), length))
+        survivor_set = set(survivors)
+        for v, raw in zip(gone, keys):
+            private = _private_key(raw)
+            for u in cfg.neighbours[v]:
+                if u not in survivor_set:
+                    continue
+                shared = _agree(private, self._keys[u][1])
+                mask = modulus.expand(_pair_key(shared, self.instance, u, v), length)
+                # y_u carries +mask when u < v, -mask otherwise: take it out.
+                total = modulus.sub(total, mask) if u < v else modulus.add(total, mask)
+        self.stage = "done"
+        self.outcome = SumOutcome(
+            total=total, survivors=tuple(self.clients[u] for u in survivors), dropouts=dict(self.dropouts)
+        )
+
+
+
+def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
+    """The largest frame (bytes, envelope included) any party of an aggregation sends: the
+    stage messages at ``k`` neighbours, an unmask request naming up to ``n`` dropped clients,
+    and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
+    from fedproto.framesize import max_frame_bytes
+
+    k, n, length = config.degree, config.n_clients, config.vector_length
+    modulus = config.modulus
+    wire = (length, 1) if modulus.ring_bits is not None else (length, modulus.width)
+    wire_dtype = modulus.dtype if modulus.ring_bits is not None else np.dtype(np.uint8)
+    ct = (k, CIPHERTEXT_BYTES)
+    share = (k, shamir.SHARE_BYTES)
+    bound = functools.partial(max_frame_bytes, phase_bytes=phase_bytes)
+    return max(
+        bound(AdvertiseKeys, plain={"encryption_key": bytes(KEY_BYTES), "masking_key": bytes(KEY_BYTES)}),
+        bound(NeighbourKeys, arrays={"neighbours": (k,), "keys": (k, 2 * KEY_BYTES)}),
+        bound(EncryptedShares, arrays={"recipients": (k,), "ciphertexts": ct}),
+        bound(ForwardedShares, arrays={"senders": (k,), "ciphertexts": ct}),
+        bound(MaskedInput, arrays={"masked": wire}, dtypes={"masked": wire_dtype}),
+        bound(UnmaskRequest, arrays={"dropped": (n,)}),
+        bound(
+            UnmaskShares,
+            arrays={"self_owners": (k,), "self_shares": share, "key_owners": (k,), "key_shares": share},
+        ),
+    )

@@ -1,0 +1,174 @@
+"""SecAgg+'s wire messages: four stages, one request and one reply each.
+
+Clients are named on the wire by their 0-based index in the aggregation's client list (a
+``uint32``), so a message's size depends on the neighbourhood, not on party names.
+
+* ``advertise-keys``: :class:`AdvertiseKeys` client -> server (two X25519 public keys);
+  :class:`NeighbourKeys` server -> client (the keys of its neighbours that advertised).
+* ``share-keys``: :class:`EncryptedShares` client -> server (one AEAD ciphertext per neighbour,
+  holding a Shamir share of the client's self-mask seed and one of its masking key);
+  :class:`ForwardedShares` server -> client (the ciphertexts addressed to it).
+* ``masked-input``: :class:`MaskedInput` client -> server (the input plus its masks);
+  :class:`UnmaskRequest` server -> every client that sent one (the clients that did not).
+* ``unmask``: :class:`UnmaskShares` client -> server (for each neighbour, either the share of its
+  self-mask seed, if it sent its input, or the share of its masking key, if it did not; never
+  both).
+
+References:
+    Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning",
+    ACM CCS 2017, Fig. 4 (rounds 0-3). Bell et al., "Secure Single-Server Aggregation with
+    (Poly)Logarithmic Overhead", ACM CCS 2020, Sec. 3 (the same rounds over a sparse graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedproto.algorithms.secagg_plus.shamir import SHARE_BYTES
+from fedproto.messages import Message, array_field
+
+__all__ = [
+    "CIPHERTEXT_BYTES",
+    "KEY_BYTES",
+    "AdvertiseKeys",
+    "EncryptedShares",
+    "ForwardedShares",
+    "MaskedInput",
+    "NeighbourKeys",
+    "UnmaskRequest",
+    "UnmaskShares",
+]
+
+KEY_BYTES = 32
+"""Bytes of one raw X25519 public key."""
+CIPHERTEXT_BYTES = 2 * SHARE_BYTES + 16
+"""Bytes of one encrypted share pair: two Shamir shares and the 16-byte Poly1305 tag."""
+
+
+def _check_indices(values: np.ndarray, what: str) -> None:
+    if values.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D uint32 array, got shape {values.shape}")
+    if values.size > 1 and not bool(np.all(values[1:] > values[:-1])):
+        raise ValueError(f"{what} must be strictly increasing client indices")
+
+
+def _check_rows(values: np.ndarray, rows: int, width: int, what: str) -> None:
+    if values.shape != (rows, width):
+        raise ValueError(f"{what} must have shape [{rows}, {width}], got {list(values.shape)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvertiseKeys(Message):
+    """A client's two fresh X25519 public keys for one aggregation (32 bytes each).
+
+    ``encryption_key`` agrees the keys that encrypt shares between neighbours; ``masking_key``
+    agrees the pairwise mask seeds. They are separate because a dropped client's masking key is
+    revealed to the server, which must not open the shares sent to it.
+    """
+
+    TAG = "sa.adv"
+    encryption_key: bytes
+    masking_key: bytes
+
+    def __post_init__(self) -> None:
+        for name in ("encryption_key", "masking_key"):
+            value = getattr(self, name)
+            if not isinstance(value, bytes) or len(value) != KEY_BYTES:
+                raise ValueError(f"{name} must be {KEY_BYTES} raw bytes")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NeighbourKeys(Message):
+    """The neighbours of the receiving client that advertised keys, and their keys.
+
+    ``neighbours`` ``uint32 [m]`` increasing client indices; ``keys`` ``uint8 [m, 64]``: each
+    neighbour's encryption key then masking key.
+    """
+
+    TAG = "sa.nbr"
+    neighbours: np.ndarray = array_field("uint32", 1)
+    keys: np.ndarray = array_field("uint8", 2)
+
+    def __post_init__(self) -> None:
+        _check_indices(self.neighbours, "neighbours")
+        _check_rows(self.keys, self.neighbours.size, 2 * KEY_BYTES, "keys")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncryptedShares(Message):
+    """One ciphertext per neighbour (``uint8 [m, CIPHERTEXT_BYTES]``), for ``recipients``
+    (``uint32 [m]``, increasing)."""
+
+    TAG = "sa.enc"
+    recipients: np.ndarray = array_field("uint32", 1)
+    ciphertexts: np.ndarray = array_field("uint8", 2)
+
+    def __post_init__(self) -> None:
+        _check_indices(self.recipients, "recipients")
+        _check_rows(self.ciphertexts, self.recipients.size, CIPHERTEXT_BYTES, "ciphertexts")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ForwardedShares(Message):
+    """The ciphertexts addressed to the receiving client (``uint8 [m, CIPHERTEXT_BYTES]``), from
+    ``senders`` (``uint32 [m]``, increasing): exactly its neighbours that shared keys."""
+
+    TAG = "sa.fwd"
+    senders: np.ndarray = array_field("uint32", 1)
+    ciphertexts: np.ndarray = array_field("uint8", 2)
+
+    def __post_init__(self) -> None:
+        _check_indices(self.senders, "senders")
+        _check_rows(self.ciphertexts, self.senders.size, CIPHERTEXT_BYTES, "ciphertexts")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaskedInput(Message):
+    """The client's input plus its self mask and pairwise masks, ``[L, 1]`` ``uint32``/``uint64``
+    (the ring ``Z_2^32``/``Z_2^64``) or ``[L, width]`` ``uint8`` (a prime field, big-endian
+    rows of ``width = ceil(bitlength(p) / 8)`` bytes)."""
+
+    TAG = "sa.in"
+    masked: np.ndarray = array_field(("uint8", "uint32", "uint64"), 2)
+
+    def __post_init__(self) -> None:
+        if self.masked.shape[0] < 1 or self.masked.shape[1] < 1:
+            raise ValueError(f"masked must have shape [L, width] with L, width >= 1, got {list(self.masked.shape)}")
+        if self.masked.dtype != np.uint8 and self.masked.shape[1] != 1:
+            raise ValueError(f"a ring vector travels as [L, 1], got {list(self.masked.shape)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UnmaskRequest(Message):
+    """The clients (``uint32 [m]``, increasing) that shared keys but sent no masked input: their
+    masking keys are to be revealed, every other neighbour's self-mask seed."""
+
+    TAG = "sa.req"
+    dropped: np.ndarray = array_field("uint32", 1)
+
+    def __post_init__(self) -> None:
+        _check_indices(self.dropped, "dropped")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UnmaskShares(Message):
+    """A client's shares for the server: of the self-mask seeds of ``self_owners`` (``uint32
+    [a]``, ``self_shares`` ``uint8 [a, SHARE_BYTES]``) and of the masking keys of ``key_owners``
+    (``uint32 [b]``, ``key_shares`` ``uint8 [b, SHARE_BYTES]``). The two owner lists are
+    disjoint."""
+
+    TAG = "sa.shr"
+    self_owners: np.ndarray = array_field("uint32", 1)
+    self_shares: np.ndarray = array_field("uint8", 2)
+    key_owners: np.ndarray = array_field("uint32", 1)
+    key_shares: np.ndarray = array_field("uint8", 2)
+
+    def __post_init__(self) -> None:
+        _check_indices(self.self_owners, "self_owners")
+        _check_indices(self.key_owners, "key_owners")
+        _check_rows(self.self_shares, self.self_owners.size, SHARE_BYTES, "self_shares")
+        _check_rows(self.key_shares, self.key_owners.size, SHARE_BYTES, "key_shares")
+        if np.intersect1d(self.self_owners, self.key_owners).size:
+            raise ValueError("a client's self-mask seed and masking key shares cannot both be revealed")

@@ -1,0 +1,321 @@
+"""Secure summation with SecAgg+ as a protocol: one vector per client per round, dropouts survived.
+
+The smallest protocol built on the stage engines (:mod:`fedproto.algorithms.secagg_plus.engine`),
+and the pattern the clustering protocols follow when they embed them:
+
+* round r (``r = 0 .. rounds-1``) is one aggregation: the four stages, then the server sends every
+  client that sent its input the sum (:class:`SumResult`, phase ``result``);
+* a client that goes silent (the phase deadline passes, or the transport reports it gone) is
+  dropped at the stage it did not complete; its input is in the round's sum only if it sent it
+  before dropping, and it takes no part in later rounds;
+* the server's result records, per round, the sum, the clients whose inputs it holds and who
+  dropped at which stage.
+
+Every client needs the same :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`;
+instance bytes (the keys' context) are ``session || round``.
+
+References:
+    Bonawitz et al., ACM CCS 2017, Fig. 4; Bell et al., ACM CCS 2020, Sec. 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedproto.algorithms.secagg_plus.engine import (
+    STAGES,
+    SecAggPlusClient,
+    SecAggPlusConfig,
+    SecAggPlusServer,
+)
+from fedproto.algorithms.secagg_plus.messages import (
+    AdvertiseKeys,
+    EncryptedShares,
+    ForwardedShares,
+    MaskedInput,
+    NeighbourKeys,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from fedproto.errors import RemoteProtocolError
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
+
+__all__ = [
+    "SumClient",
+    "SumClientResult",
+    "SumResult",
+    "SumServer",
+    "SumServerResult",
+    "instance_bytes",
+]
+
+
+def instance_bytes(session: int, round_idx: int, purpose: bytes = b"sum") -> bytes:
+    """The public bytes naming one aggregation: ``purpose || session || round`` (keys and masks
+    are derived from them, so each round's are fresh)."""
+    return bytes(purpose) + b"/" + session.to_bytes(8, "big") + round_idx.to_bytes(8, "big")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SumResult(Message):
+    """The round's sum, in the wire form of
+    :meth:`~fedproto.algorithms.secagg_plus.engine.Modulus.to_wire`, and how many inputs it
+    holds (server -> each client whose input is in it)."""
+
+    TAG = "sa.sum"
+    total: np.ndarray = array_field(("uint8", "uint32", "uint64"), 2)
+    n_inputs: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n_inputs, int) or isinstance(self.n_inputs, bool) or self.n_inputs < 1:
+            raise ValueError("n_inputs must be a positive int")
+
+
+@dataclasses.dataclass(frozen=True)
+class SumServerResult:
+    """What the server learned.
+
+    Attributes:
+        totals: per round, the sum ``[L]`` of the survivors' inputs (dtype of the algebra).
+        survivors: per round, the clients whose inputs are in the sum.
+        dropouts: ``{client: (round, stage)}``: when each dropped client dropped.
+    """
+
+    totals: tuple[np.ndarray, ...]
+    survivors: tuple[tuple[str, ...], ...]
+    dropouts: dict[str, tuple[int, str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SumClientResult:
+    """A client's output: the sums of the rounds it completed, ``[rounds, L]``."""
+
+    totals: tuple[np.ndarray, ...]
+
+
+class SumServerState(enum.Enum):
+    """States of the summation server."""
+
+    AGGREGATING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class SumClientState(enum.Enum):
+    """States of a summation client."""
+
+    AGGREGATING = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class SumServer(ProtocolMachine):
+    """The summation server (sans-IO).
+
+    Args:
+        party: the server's party name.
+        config: the public parameters (``config.n_clients == len(clients)``).
+        clients: the client party names, in client-index order.
+        rounds: aggregations to run (>= 1).
+        session: the run's session id (in the instance bytes).
+
+    Raises:
+        ValueError: ``rounds < 1`` or a client list that does not fit ``config``.
+    """
+
+    State = SumServerState
+    INITIAL_STATE = SumServerState.AGGREGATING
+    TRANSITIONS = {
+        (SumServerState.AGGREGATING, AdvertiseKeys): ("_on_stage", SumServerState.AGGREGATING),
+        (SumServerState.AGGREGATING, EncryptedShares): ("_on_stage", SumServerState.AGGREGATING),
+        (SumServerState.AGGREGATING, MaskedInput): ("_on_stage", SumServerState.AGGREGATING),
+        (SumServerState.AGGREGATING, UnmaskShares): ("_on_stage", SumServerState.AGGREGATING),
+    }
+
+    def __init__(
+        self, party: str, *, config: SecAggPlusConfig, clients: Sequence[str], rounds: int, session: int = 0
+    ) -> None:
+        super().__init__(party)
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        self.config = config
+        self.clients = tuple(clients)
+        self.rounds = rounds
+        self.session = session
+        self._gone: set[str] = set()
+        self._totals: list[np.ndarray] = []
+        self._survivors: list[tuple[str, ...]] = []
+        self._dropouts: dict[str, tuple[int, str]] = {}
+        self._active = self.clients
+        self._engine = self._new_engine()
+
+    def _new_engine(self) -> SecAggPlusServer:
+        return SecAggPlusServer(
+            self.config,
+            self.clients,
+            round_idx=self.round_idx,
+            instance=instance_bytes(self.session, self.round_idx),
+            active=self._active,
+        )
+
+    @property
+    def phase(self) -> str:
+        return self._engine.stage if self._state is SumServerState.AGGREGATING else self._state.name.lower()
+
+    def pending(self) -> Sequence[str]:
+        return self._engine.pending() if self._state is SumServerState.AGGREGATING else ()
+
+    def _ignores(self, sender: str) -> bool:
+        return sender in self._gone
+
+    def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
+        return self._after(self._engine.receive(sender, message))
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if isinstance(event, PhaseTimedOut):
+            silent = list(self.pending())
+            self._gone.update(silent)
+            return self._after(self._engine.drop(silent))
+        if isinstance(event, PartyDropped):
+            if event.party in self.clients:
+                self._gone.add(event.party)
+                return self._after(self._engine.drop([event.party]))
+            return []
+        return super()._on_event(event)
+
+    def _after(self, out: list[Outgoing]) -> list[Outgoing]:
+        engine = self._engine
+        if engine.outcome is None:
+            return out
+        outcome = engine.outcome
+        for party, stage in outcome.dropouts.items():
+            self._dropouts[party] = (self.round_idx, stage)
+            self._gone.add(party)
+        self._totals.append(outcome.total)
+        self._survivors.append(outcome.survivors)
+        modulus = self.config.modulus
+        # Clients that dropped at the unmask stage are survivors (their input is in) but gone.
+        receivers = tuple(c for c in outcome.survivors if c not in self._gone)
+        out.append(
+            self.broadcast(
+                receivers,
+                SumResult(total=modulus.to_wire(outcome.total), n_inputs=len(outcome.survivors)),
+                phase="result",
+            )
+        )
+        self._active = receivers
+        self.round_idx += 1
+        if self.round_idx == self.rounds:
+            self._finish(SumServerResult(tuple(self._totals), tuple(self._survivors), dict(self._dropouts)))
+        else:
+            self._engine = self._new_engine()
+            out += self._engine.drop(self._gone)
+        return out
+
+
+class SumClient(ProtocolMachine):
+    """A summation client (sans-IO).
+
+    Args:
+        party: this client's party name.
+        config: the public parameters.
+        server: the server's party name.
+        clients: every client's party name, in client-index order (this one included).
+        inputs: this client's input per round, ``[rounds, L]`` integers in the algebra.
+        entropy: at least 32 secret random bytes (keys and masks of every round derive from it).
+        session: the run's session id.
+
+    Raises:
+        ValueError: ``party`` not in ``clients``, inputs of the wrong shape or outside the
+            algebra, or short entropy.
+    """
+
+    State = SumClientState
+    DEADLINE_FACTOR = 2.0
+    INITIAL_STATE = SumClientState.AGGREGATING
+    TRANSITIONS = {
+        (SumClientState.AGGREGATING, NeighbourKeys): ("_on_keys", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, ForwardedShares): ("_on_shares", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, UnmaskRequest): ("_on_unmask", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, SumResult): ("_on_result", SumClientState.AGGREGATING),
+    }
+
+    def __init__(
+        self,
+        party: str,
+        *,
+        config: SecAggPlusConfig,
+        server: str,
+        clients: Sequence[str],
+        inputs: Sequence[object],
+        entropy: bytes,
+        session: int = 0,
+    ) -> None:
+        super().__init__(party)
+        clients = tuple(clients)
+        if party not in clients:
+            raise ValueError(f"{party!r} is not in the client list")
+        self.config = config
+        self.server = server
+        self.index = clients.index(party)
+        self.session = session
+        self._inputs = [config.modulus.vector(x, config.vector_length) for x in inputs]
+        if not self._inputs:
+            raise ValueError("inputs must hold at least one round")
+        self._entropy = bytes(entropy)
+        self._totals: list[np.ndarray] = []
+        self._engine = self._new_engine()
+
+    def _new_engine(self) -> SecAggPlusClient:
+        return SecAggPlusClient(
+            self.config, self.index, entropy=self._entropy, instance=instance_bytes(self.session, self.round_idx)
+        )
+
+    @property
+    def phase(self) -> str:
+        return self._engine.stage if self._state is SumClientState.AGGREGATING else self._state.name.lower()
+
+    def pending(self) -> Sequence[str]:
+        return () if self.done or self.failed else (self.server,)
+
+    def _check_server(self, sender: str) -> None:
+        if sender != self.server:
+            raise RemoteProtocolError(f"{sender} is not the server", party=sender, round_idx=self.round_idx)
+
+    def _start(self) -> list[Outgoing]:
+        return [self.send(self.server, self._engine.advertise(), phase=STAGES[0])]
+
+    def _on_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
+        self._check_server(sender)
+        return [self.send(self.server, self._engine.share_keys(sender, message), phase=STAGES[1])]
+
+    def _on_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
+        self._check_server(sender)
+        self._engine.receive_shares(sender, message)
+        masked = self._engine.mask_input(self._inputs[self.round_idx])
+        return [self.send(self.server, masked, phase=STAGES[2])]
+
+    def _on_unmask(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
+        self._check_server(sender)
+        return [self.send(self.server, self._engine.unmask(sender, message), phase=STAGES[3])]
+
+    def _on_result(self, sender: str, message: SumResult) -> list[Outgoing]:
+        self._check_server(sender)
+        if self._engine.stage != "done":
+            raise RemoteProtocolError("a sum before this client revealed its shares", party=sender)
+        try:
+            total = self.config.modulus.from_wire(np.asarray(message.total), self.config.vector_length)
+        except ValueError as exc:
+            raise RemoteProtocolError(f"the sum: {exc}", party=sender) from None
+        self._totals.append(total)
+        self.round_idx += 1
+        if self.round_idx == len(self._inputs):
+            self._finish(SumClientResult(tuple(self._totals)))
+            return []
+        self._engine = self._new_engine()
+        return [self.send(self.server, self._engine.advertise(), phase=STAGES[0])]
