@@ -29,7 +29,19 @@ Result keys of the report (``results``; :data:`LABELS` gives the table labels):
 ``clients_agree``                 every client ended with the same centroids
 ``centroids``                     the run's centroids ``[k, d]``
 ``sklearn_centroids``             scikit-learn's centroids ``[k, d]``
+``secagg``                        the secure aggregation: ``msa`` (the paper's), ``plus``
+                                  (SecAgg+) or ``complete`` (classic SecAgg)
+``secagg_degree``                 SecAgg+ only: neighbours per client k
+``secagg_threshold``              SecAgg+ only: shares that recover a secret t
+``dropouts``                      SecAgg+ only: ``[{"party", "round_idx", "stage"}]``, who
+                                  dropped when, as the server saw it
+``survivors_final``               SecAgg+ only: clients whose updates the last aggregate holds
 ================================  =================================================================
+
+``--secagg plus`` (or ``complete``) aggregates each iteration with SecAgg+
+(:mod:`fedproto.algorithms.secagg_plus`) on top of the paper's shared-seed masks, so the run goes on
+when clients drop after setup (``--dropout client-3@masked-input`` injects such a drop on the
+memory transport); the default ``msa`` reproduces the paper.
 """
 
 from __future__ import annotations
@@ -61,6 +73,7 @@ from fedproto.algorithms.fastlloyd.messages import (
     SealedSeeds,
 )
 from fedproto.algorithms.secagg import ring_dtype
+from fedproto.algorithms.secagg_plus import engine as secagg_plus
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
@@ -89,7 +102,35 @@ LABELS: dict[str, str] = {
     "clients_agree": "clients agree on centroids",
     "ring_element_bytes": "ring element bytes",
     "analytic_payload_bytes_per_iteration": "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)",
+    "analytic_secagg_bytes_per_client_per_iteration": "analytic SecAgg+ data bytes per client per iteration",
+    "secagg": "secure aggregation",
+    "secagg_degree": "SecAgg+ neighbours k",
+    "secagg_threshold": "SecAgg+ threshold t",
+    "survivors_final": "clients in the last aggregate",
 }
+
+#: ``--secagg`` choices: the paper's masked secure aggregation, SecAgg+ on a sparse graph, or
+#: classic SecAgg (complete graph).
+SECAGG_CHOICES = ("msa", "plus", "complete")
+
+
+def secagg_config(choice: str, config: FastLloydConfig, n_clients: int, session: int):
+    """The SecAgg+ parameters of a run, or ``None`` for the paper's MSA.
+
+    The graph seed is public: SHA-256 of the session id, which every party knows.
+    """
+    if choice == "msa":
+        return None
+    import hashlib
+
+    seed = hashlib.sha256(b"fedproto/fastlloyd/secagg-graph" + session.to_bytes(8, "big")).digest()
+    modulus = secagg_plus.Modulus.ring(config.ring_bits)
+    length = config.k * (config.d + 1)
+    if n_clients < 2:
+        raise ValueError("--secagg plus needs at least 2 clients")
+    if choice == "complete":
+        return secagg_plus.complete_config(n_clients, length, modulus, graph_seed=seed)
+    return secagg_plus.plus_config(n_clients, length, modulus, graph_seed=seed)
 
 
 def client_name(i: int) -> str:
@@ -180,6 +221,11 @@ class FastLloydPlugin:
             action="store_true",
             help="draw the server's noise key from the OS instead of --seed (deployments; not repeatable)",
         )
+        group.add_argument(
+            "--secagg", choices=SECAGG_CHOICES, default="msa",
+            help="secure aggregation: msa (the paper's, default), plus (SecAgg+: survives dropouts) or "
+            "complete (classic SecAgg)",
+        )
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
         k = args.k if args.k is not None else (dataset.paper_k or 3)
@@ -216,10 +262,14 @@ class FastLloydPlugin:
         roster = (SERVER, *clients)
         session = session_id("fastlloyd", dataset.name, n, d, k, args.clients, args.seed, args.variant, args.epsilon)
         noise_seed = int.from_bytes(os.urandom(8), "big") if args.fresh_noise else args.seed
+        choice = getattr(args, "secagg", "msa")
+        plus = secagg_config(choice, config, len(clients), session)
 
         def make_machine(party: str):
             if party == SERVER:
-                return FastLloydServer(SERVER, config=config, clients=clients, noise_seed=noise_seed)
+                return FastLloydServer(
+                    SERVER, config=config, clients=clients, noise_seed=noise_seed, session=session, secagg_plus=plus
+                )
             i = clients.index(party)
             return FastLloydClient(
                 party,
@@ -229,6 +279,7 @@ class FastLloydPlugin:
                 points=x[parts[i]],
                 entropy=os.urandom(32),
                 session=session,
+                secagg_plus=plus,
             )
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
@@ -239,11 +290,43 @@ class FastLloydPlugin:
                     "noisy_counts": result.noisy_counts.tolist(),
                 }
             if isinstance(result, ServerSummary):
-                return {"iterations": result.iterations}
+                out: dict[str, Any] = {"iterations": result.iterations}
+                if plus is not None:
+                    out["survivors"] = [list(s) for s in result.survivors]
+                    out["dropouts"] = [
+                        {"party": p, "round_idx": r, "stage": stage} for p, (r, stage) in sorted(result.dropouts.items())
+                    ]
+                return out
             raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed)
+            summary = self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed)
+            summary["secagg"] = choice
+            if plus is not None:
+                server = results.get(SERVER, {})
+                summary["secagg_degree"] = plus.degree
+                summary["secagg_threshold"] = plus.threshold
+                summary["dropouts"] = server.get("dropouts", [])
+                summary["survivors_final"] = (server.get("survivors") or [[]])[-1]
+            return summary
+
+        if plus is None:
+            phases = ("setup.keys", "setup.roster", "setup.seal", "setup.relay", "update", "aggregate")
+            analytic = {
+                "ring_element_bytes": config.element_bytes,
+                "analytic_payload_bytes_per_iteration": config.payload_bytes_per_iteration(len(clients)),
+            }
+            limit = frame_limit(config, len(clients))
+        else:
+            phases = ("setup.keys", "setup.roster", "setup.seal", "setup.relay", *secagg_plus.STAGES, "aggregate")
+            per_client = secagg_plus.stage_bytes(plus)
+            analytic = {
+                "ring_element_bytes": config.element_bytes,
+                "analytic_secagg_bytes_per_client_per_iteration": sum(
+                    v["sent"] + v["received"] for v in per_client.values()
+                ),
+            }
+            limit = max(frame_limit(config, len(clients)), secagg_plus.frame_limit(plus))
 
         return RunPlan(
             roster=roster,
@@ -253,14 +336,13 @@ class FastLloydPlugin:
             summarize=summarize,
             role_of=lambda p: "server" if p == SERVER else "client",
             iterations=config.iterations,
-            phases=("setup.keys", "setup.roster", "setup.seal", "setup.relay", "update", "aggregate"),
+            phases=phases,
             plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
-            analytic={
-                "ring_element_bytes": config.element_bytes,
-                "analytic_payload_bytes_per_iteration": config.payload_bytes_per_iteration(len(clients)),
-            },
+            analytic=analytic,
             labels={**LABELS, "nicv": f"NICV ({config.variant})"},
-            max_frame_bytes=frame_limit(config, len(clients)),
+            max_frame_bytes=limit,
+            dropout_stages=secagg_plus.STAGES if plus is not None else (),
+            dropout_unsupported="" if plus is not None else "fastlloyd survives dropouts only with --secagg plus or complete",
         )
 
     def summarize(

@@ -13,6 +13,11 @@ Each Lloyd iteration (one round trip):
   absolute) sums in columns ``0..d-1`` and counts in column ``d``, plus the client's mask;
 * :class:`NoisyAggregate` server -> every client: the sum of the masked updates plus the server's
   quantised noise, still masked.
+
+With ``--secagg plus`` an iteration is one SecAgg+ aggregation
+(:mod:`fedproto.algorithms.secagg_plus.messages`: four stages, the update travels in its
+``MaskedInput``), and the server answers with :class:`SurvivorAggregate`, which also names the
+clients whose updates the sum holds.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 
 from fedproto.messages import Message, array_field
 
-__all__ = ["PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate"]
+__all__ = ["PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate", "SurvivorAggregate"]
 
 _KEY_BYTES = 32
 _SEALED_BYTES = 48  # a 32-byte seed plus the 16-byte Poly1305 tag
@@ -111,3 +116,21 @@ class NoisyAggregate(Message):
 
     def __post_init__(self) -> None:
         _check_ring(self.masked, "masked")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SurvivorAggregate(Message):
+    """With ``--secagg plus``: the survivors' masked sum plus quantised noise, ``uint32`` or
+    ``uint64`` ``[k, d+1]``, and the client indices whose updates it holds (``uint32 [m]``,
+    increasing), so each client removes exactly their shared-seed masks."""
+
+    TAG = "fl.agg+"
+    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
+    survivors: np.ndarray = array_field("uint32", 1)
+
+    def __post_init__(self) -> None:
+        _check_ring(self.masked, "masked")
+        if self.survivors.ndim != 1 or self.survivors.size == 0:
+            raise ValueError("survivors must be a non-empty 1-D array of client indices")
+        if self.survivors.size > 1 and not bool(np.all(self.survivors[1:] > self.survivors[:-1])):
+            raise ValueError("survivors must be strictly increasing client indices")

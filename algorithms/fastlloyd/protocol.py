@@ -35,6 +35,29 @@ Dropout: FastLloyd has no dropout recovery (spec 1.2): the masks of all M client
 client that stays silent past the phase deadline makes the server fail with
 :class:`~fedproto.errors.InsufficientParticipants` naming it; a silent server makes each client
 fail naming the server.
+
+With SecAgg+ (``secagg_plus=`` a :class:`~fedproto.algorithms.secagg_plus.SecAggPlusConfig`,
+``fedproto run fastlloyd --secagg plus``) each iteration is one SecAgg+ aggregation
+(:mod:`fedproto.algorithms.secagg_plus.engine`: phases ``advertise-keys``, ``share-keys``,
+``masked-input``, ``unmask``) of the same masked updates, and clients may drop at any stage of any
+iteration after setup:
+
+* the update a client sends in ``masked-input`` is its fixed-point statistics plus its shared-seed
+  mask ``r_i`` (as above) plus the SecAgg+ masks; SecAgg+ gives the server the sum over the
+  survivors ``S`` of ``enc_i + r_i``, still hidden by ``sum_{i in S} r_i``, which only clients can
+  compute. The server adds its noise as above and sends :class:`SurvivorAggregate` (phase
+  ``aggregate``) naming ``S``; each client subtracts ``sum_{i in S} r_i`` and decodes. So the
+  server still never sees an unmasked value, and a client colluding with it (who knows every
+  ``r_i``) still sees only sums: an individual update stays hidden by the SecAgg+ masks.
+* a client dropped in iteration t takes no part in later iterations; the next centroids come from
+  the survivors' statistics with the noise of the full budget.
+* privacy of the survivors' data: each iteration's release is the same Gaussian (or Laplace)
+  mechanism on the data of the clients in ``S``, with the sensitivity and noise of the paper's
+  analysis (a point's change moves one client's statistics by the same bounded amount), and a
+  point enters at most T releases, so the composed (epsilon, delta) is the paper's. Dropout is
+  taken to be independent of the data (a crash, a lost link).
+* setup (the shared seed) still needs every client: a dropout before the first iteration ends the
+  run with the error above.
 """
 
 from __future__ import annotations
@@ -58,15 +81,47 @@ from fedproto.algorithms.fastlloyd.messages import (
     PublicKeys,
     SealedSeed,
     SealedSeeds,
+    SurvivorAggregate,
 )
+from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusClient, SecAggPlusConfig, SecAggPlusServer
+from fedproto.algorithms.secagg_plus.messages import (
+    AdvertiseKeys,
+    EncryptedShares,
+    ForwardedShares,
+    MaskedInput,
+    NeighbourKeys,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from fedproto.algorithms.secagg_plus.protocol import instance_bytes
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import Outgoing
+from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
 
 __all__ = ["FastLloydClient", "FastLloydServer", "FastLloydResult", "ServerSummary", "initial_centroids"]
 
 _SEED_CONTEXT = b"fedproto/fastlloyd/mask-seed"
 _MASK_LABEL = b"fedproto/fastlloyd/mask"
+_SECAGG_PURPOSE = b"fedproto/fastlloyd/secagg-plus"
+
+
+def check_secagg_plus(config: FastLloydConfig, secagg_plus: SecAggPlusConfig | None, n_clients: int) -> None:
+    """Refuse a SecAgg+ configuration that does not fit the run: ``n_clients`` clients, vectors
+    of ``k (d+1)`` elements of ``Z_{2^w}``.
+
+    Raises:
+        ValueError: the sizes or the ring differ.
+    """
+    if secagg_plus is None:
+        return
+    k, d1 = config.shape
+    if secagg_plus.modulus.ring_bits != config.ring_bits:
+        raise ValueError(f"SecAgg+ sums in {secagg_plus.modulus.describe()}, the run's ring is Z_2^{config.ring_bits}")
+    if secagg_plus.vector_length != k * d1 or secagg_plus.n_clients != n_clients:
+        raise ValueError(
+            f"SecAgg+ is configured for {secagg_plus.n_clients} clients and vectors of {secagg_plus.vector_length}; "
+            f"the run has {n_clients} clients and k (d+1) = {k * d1}"
+        )
 
 
 def initial_centroids(config: FastLloydConfig) -> np.ndarray:
@@ -117,11 +172,16 @@ class ServerSummary:
         iterations: iterations aggregated.
         noise_sum: per-iteration noise std/scale per sum coordinate.
         noise_count: per-iteration noise std/scale per count.
+        survivors: with SecAgg+, per iteration the clients whose updates the aggregate holds;
+            else empty.
+        dropouts: with SecAgg+, ``{client: (iteration, stage)}`` for each client that dropped.
     """
 
     iterations: int
     noise_sum: tuple[float, ...]
     noise_count: tuple[float, ...]
+    survivors: tuple[tuple[str, ...], ...] = ()
+    dropouts: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 def _check_ring_values(config: FastLloydConfig, values: np.ndarray, what: str, sender: str, round_idx: int) -> None:
@@ -172,10 +232,13 @@ class FastLloydClient(ProtocolMachine):
         entropy: at least 32 secret random bytes: this client's X25519 key (and, for client 0,
             the mask seed) are derived from it. Same entropy, same keys: runs are repeatable.
         session: the run's session id (bound into the seed-sealing context).
+        secagg_plus: aggregate each iteration with SecAgg+ (dropout-tolerant; see the module
+            docstring) under these parameters; ``None`` (default) is the paper's MSA.
 
     Raises:
         ValueError: ``points`` has the wrong shape, holds NaN/inf or leaves the domain; ``party``
-            is not in ``clients``; ``entropy`` is shorter than 32 bytes.
+            is not in ``clients``; ``entropy`` is shorter than 32 bytes; ``secagg_plus`` does
+            not fit the run.
     """
 
     State = ClientState
@@ -185,6 +248,10 @@ class FastLloydClient(ProtocolMachine):
         (ClientState.SETUP, PublicKeys): ("_on_public_keys", ClientState.ITERATING),
         (ClientState.SETUP, SealedSeed): ("_on_sealed_seed", ClientState.ITERATING),
         (ClientState.ITERATING, NoisyAggregate): ("_on_aggregate", ClientState.ITERATING),
+        (ClientState.ITERATING, NeighbourKeys): ("_on_neighbour_keys", ClientState.ITERATING),
+        (ClientState.ITERATING, ForwardedShares): ("_on_forwarded_shares", ClientState.ITERATING),
+        (ClientState.ITERATING, UnmaskRequest): ("_on_unmask_request", ClientState.ITERATING),
+        (ClientState.ITERATING, SurvivorAggregate): ("_on_survivor_aggregate", ClientState.ITERATING),
     }
 
     def __init__(
@@ -197,11 +264,13 @@ class FastLloydClient(ProtocolMachine):
         points: np.ndarray,
         entropy: bytes,
         session: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
     ) -> None:
         super().__init__(party)
         clients = tuple(clients)
         if party not in clients:
             raise ValueError(f"{party!r} is not in the client list")
+        check_secagg_plus(config, secagg_plus, len(clients))
         points = np.asarray(points, dtype=np.float64)
         if points.ndim != 2 or points.shape[1] != config.d:
             raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
@@ -224,10 +293,16 @@ class FastLloydClient(ProtocolMachine):
         self._history = [self._centroids]
         self._unassigned: list[int] = []
         self._noisy_counts: list[np.ndarray] = []
+        self.secagg_plus = secagg_plus
+        self._aggregation: SecAggPlusClient | None = None
 
     @property
     def phase(self) -> str:
-        return "setup.keys" if self._state is ClientState.SETUP else "update"
+        if self._state is ClientState.SETUP:
+            return "setup.keys"
+        if self._aggregation is not None:
+            return self._aggregation.stage
+        return "update"
 
     def pending(self) -> Sequence[str]:
         # a client only ever waits for the server
@@ -280,6 +355,19 @@ class FastLloydClient(ProtocolMachine):
         return [self._update()]
 
     def _update(self) -> Outgoing:
+        if self.secagg_plus is not None:
+            # The iteration opens a SecAgg+ aggregation; the update goes out in its masked-input stage.
+            self._aggregation = SecAggPlusClient(
+                self.secagg_plus,
+                self.client_idx,
+                entropy=self._entropy,
+                instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
+            )
+            return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])
+        return self.send(self.server, MaskedUpdate(masked=self._masked_statistics()), phase="update")
+
+    def _masked_statistics(self) -> np.ndarray:
+        """This iteration's encoded statistics plus the shared-seed mask ``r_i``, ``[k, d+1]``."""
         cfg = self.config
         t = self.round_idx
         radius = cfg.radii[t]
@@ -293,16 +381,57 @@ class FastLloydClient(ProtocolMachine):
         self._unassigned.append(int(unassigned))
         encoded = _encode_update(cfg, np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64))
         assert self._masks is not None
-        masked = encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
-        return self.send(self.server, MaskedUpdate(masked=masked), phase="update")
+        return encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
+
+    def _stage(self, sender: str) -> SecAggPlusClient:
+        self._check_from_server(sender)
+        if self._aggregation is None:
+            raise RemoteProtocolError("a SecAgg+ message in a run without SecAgg+", party=sender, round_idx=self.round_idx)
+        return self._aggregation
+
+    def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
+        shares = self._stage(sender).share_keys(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[1])]
+
+    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
+        aggregation = self._stage(sender)
+        aggregation.receive_shares(sender, message)
+        masked = aggregation.mask_input(self._masked_statistics().reshape(-1))
+        return [self.send(self.server, masked, phase=STAGES[2])]
+
+    def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
+        shares = self._stage(sender).unmask(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[3])]
+
+    def _on_survivor_aggregate(self, sender: str, message: SurvivorAggregate) -> list[Outgoing]:
+        aggregation = self._stage(sender)
+        if aggregation.stage != "done":
+            raise RemoteProtocolError("an aggregate before this client revealed its shares", party=sender)
+        survivors = [int(i) for i in message.survivors]
+        if survivors[-1] >= len(self.clients) or self.client_idx not in survivors:
+            raise RemoteProtocolError(f"the survivor list {survivors[:8]} is not valid for this client", party=sender)
+        assert self._masks is not None
+        # sum_{i in S} r_i = r - sum_{i not in S} r_i: one expansion per dropped client.
+        mask = self._masks.total_mask(self.round_idx)
+        kept = set(survivors)
+        for i in range(len(self.clients)):
+            if i not in kept:
+                mask = mask - self._masks.party_mask(i, self.round_idx)
+        self._aggregation = None
+        return self._unmask_aggregate(sender, message.masked, mask)
 
     def _on_aggregate(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
         self._check_from_server(sender)
-        cfg = self.config
-        _check_ring_values(cfg, message.masked, "aggregate", sender, self.round_idx)
-        t = self.round_idx
+        if self.secagg_plus is not None:
+            raise RemoteProtocolError("an MSA aggregate in a SecAgg+ run", party=sender, round_idx=self.round_idx)
         assert self._masks is not None
-        unmasked = message.masked - self._masks.total_mask(t)
+        return self._unmask_aggregate(sender, message.masked, self._masks.total_mask(self.round_idx))
+
+    def _unmask_aggregate(self, sender: str, masked: np.ndarray, mask: np.ndarray) -> list[Outgoing]:
+        cfg = self.config
+        _check_ring_values(cfg, masked, "aggregate", sender, self.round_idx)
+        t = self.round_idx
+        unmasked = masked - mask
         sums = secagg.decode_fixed(unmasked[:, : cfg.d], frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
         counts = secagg.decode_fixed(unmasked[:, cfg.d], frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
         self._noisy_counts.append(counts)
@@ -334,9 +463,13 @@ class FastLloydServer(ProtocolMachine):
         config: the run's public parameters.
         clients: every client's party name, in client order.
         noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
+        session: the run's session id (names each SecAgg+ aggregation; unused without it).
+        secagg_plus: aggregate with SecAgg+ under these parameters (the clients' must be the
+            same); ``None`` (default) is the paper's MSA.
 
     Raises:
-        ValueError: no clients, duplicate names, or the server among the clients.
+        ValueError: no clients, duplicate names, the server among the clients, or a
+            ``secagg_plus`` that does not fit the run.
     """
 
     State = ServerState
@@ -345,21 +478,44 @@ class FastLloydServer(ProtocolMachine):
         (ServerState.SETUP_KEYS, PublicKey): ("_on_public_key", ServerState.SETUP_KEYS),
         (ServerState.SETUP_SEAL, SealedSeeds): ("_on_sealed_seeds", ServerState.COLLECT),
         (ServerState.COLLECT, MaskedUpdate): ("_on_update", ServerState.COLLECT),
+        (ServerState.COLLECT, AdvertiseKeys): ("_on_stage", ServerState.COLLECT),
+        (ServerState.COLLECT, EncryptedShares): ("_on_stage", ServerState.COLLECT),
+        (ServerState.COLLECT, MaskedInput): ("_on_stage", ServerState.COLLECT),
+        (ServerState.COLLECT, UnmaskShares): ("_on_stage", ServerState.COLLECT),
     }
 
-    def __init__(self, party: str, *, config: FastLloydConfig, clients: Sequence[str], noise_seed: int = 0) -> None:
+    def __init__(
+        self,
+        party: str,
+        *,
+        config: FastLloydConfig,
+        clients: Sequence[str],
+        noise_seed: int = 0,
+        session: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
+    ) -> None:
         super().__init__(party)
         clients = tuple(clients)
         if not clients or len(set(clients)) != len(clients) or party in clients:
             raise ValueError("clients must be unique, non-empty and must not include the server")
+        check_secagg_plus(config, secagg_plus, len(clients))
         self.config = config
         self.clients = clients
+        self.session = session
+        self.secagg_plus = secagg_plus
         self._key = jax.random.PRNGKey(noise_seed)
         self._keys: dict[str, bytes] = {}
         self._updates: dict[str, np.ndarray] = {}
+        self._aggregation: SecAggPlusServer | None = None
+        self._active = clients
+        self._gone: set[str] = set()
+        self._survivors: list[tuple[str, ...]] = []
+        self._dropouts: dict[str, tuple[int, str]] = {}
 
     @property
     def phase(self) -> str:
+        if self._aggregation is not None and self._state is ServerState.COLLECT:
+            return self._aggregation.stage
         return {
             ServerState.SETUP_KEYS: "setup.keys",
             ServerState.SETUP_SEAL: "setup.seal",
@@ -371,8 +527,72 @@ class FastLloydServer(ProtocolMachine):
         if self._state is ServerState.SETUP_SEAL:
             return [self.clients[0]]
         if self._state is ServerState.COLLECT:
+            if self._aggregation is not None:
+                return self._aggregation.pending()
             return [c for c in self.clients if c not in self._updates]
         return []
+
+    def _ignores(self, sender: str) -> bool:
+        return sender in self._gone
+
+    def _open_aggregation(self) -> list[Outgoing]:
+        assert self.secagg_plus is not None
+        self._aggregation = SecAggPlusServer(
+            self.secagg_plus,
+            self.clients,
+            round_idx=self.round_idx,
+            instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
+            active=self._active,
+        )
+        return self._aggregation.drop(self._gone)
+
+    def _on_stage(self, sender: str, message) -> list[Outgoing]:
+        if self._aggregation is None:
+            raise RemoteProtocolError(
+                f"a SecAgg+ message from {sender} in a run without SecAgg+", party=sender, round_idx=self.round_idx
+            )
+        return self._after_stage(self._aggregation.receive(sender, message))
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if self._aggregation is not None and self._state is ServerState.COLLECT:
+            if isinstance(event, PhaseTimedOut):
+                silent = list(self.pending())
+                self._gone.update(silent)
+                return self._after_stage(self._aggregation.drop(silent))
+            if isinstance(event, PartyDropped) and event.party in self.clients:
+                self._gone.add(event.party)
+                return self._after_stage(self._aggregation.drop([event.party]))
+        return super()._on_event(event)
+
+    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
+        aggregation = self._aggregation
+        assert aggregation is not None
+        outcome = aggregation.outcome
+        if outcome is None:
+            return out
+        for party, stage in outcome.dropouts.items():
+            self._dropouts[party] = (self.round_idx, stage)
+            self._gone.add(party)
+        self._survivors.append(outcome.survivors)
+        cfg = self.config
+        total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
+        index = {c: i for i, c in enumerate(self.clients)}
+        survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
+        receivers = tuple(c for c in outcome.survivors if c not in self._gone)
+        out.append(self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate"))
+        self._active = receivers
+        self.round_idx += 1
+        if self.round_idx == cfg.iterations:
+            self._aggregation = None
+            self._finish(self._summary())
+            return out
+        return out + self._open_aggregation()
+
+    def _summary(self) -> ServerSummary:
+        cfg = self.config
+        return ServerSummary(
+            cfg.iterations, cfg.noise_sum, cfg.noise_count, tuple(self._survivors), dict(self._dropouts)
+        )
 
     def _check_client(self, sender: str, seen: dict) -> None:
         if sender not in self.clients:
@@ -398,12 +618,17 @@ class FastLloydServer(ProtocolMachine):
                 f"{len(message.sealed)} sealed seeds for {len(self.clients) - 1} clients", party=sender
             )
         sender_key = self._keys[self.clients[0]]
-        return [
+        out = [
             self.send(client, SealedSeed(sender_key=sender_key, sealed=sealed), phase="setup.relay")
             for client, sealed in zip(self.clients[1:], message.sealed)
         ]
+        if self.secagg_plus is not None:
+            out += self._open_aggregation()
+        return out
 
     def _on_update(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
+        if self.secagg_plus is not None:
+            raise RemoteProtocolError(f"an MSA update from {sender} in a SecAgg+ run", party=sender, round_idx=self.round_idx)
         self._check_client(sender, self._updates)
         _check_ring_values(self.config, message.masked, "update", sender, self.round_idx)
         self._updates[sender] = message.masked
@@ -415,7 +640,7 @@ class FastLloydServer(ProtocolMachine):
             out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
             self.move_to(ServerState.SETUP_SEAL)
             return [out]
-        if self._state is ServerState.COLLECT and len(self._updates) == len(self.clients):
+        if self._state is ServerState.COLLECT and self.secagg_plus is None and len(self._updates) == len(self.clients):
             return [self._aggregate()]
         return []
 
@@ -447,5 +672,5 @@ class FastLloydServer(ProtocolMachine):
         self._updates = {}
         self.round_idx += 1
         if self.round_idx == cfg.iterations:
-            self._finish(ServerSummary(cfg.iterations, cfg.noise_sum, cfg.noise_count))
+            self._finish(self._summary())
         return out

@@ -1,0 +1,136 @@
+"""FastLloyd with SecAgg+ (``--secagg plus``): same results as the paper's MSA without dropouts,
+the survivors' result with them, and a clear error below the threshold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.algorithms.secagg_plus import engine
+from fedproto.data import normalize, partition
+from fedproto.errors import InsufficientParticipants, RunAborted
+from fedproto.metering import Meter
+from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.testing import Faults
+from fedproto.transports.memory import MemoryNetwork
+
+RNG = np.random.default_rng(77)
+BLOBS = normalize(np.concatenate([RNG.normal(c, 0.4, size=(50, 2)) for c in ((0, 0), (4, 0), (0, 4))]))
+SESSION = 11
+
+
+def _plus(config, n_clients, *, complete=False):
+    modulus = engine.Modulus.ring(config.ring_bits)
+    length = config.k * (config.d + 1)
+    if complete:
+        return engine.complete_config(n_clients, length, modulus)
+    return engine.plus_config(n_clients, length, modulus)
+
+
+def _machines(config, x, names, parts, plus, *, noise_seed=3):
+    machines = {
+        "server": FastLloydServer(
+            "server", config=config, clients=names, noise_seed=noise_seed, session=SESSION, secagg_plus=plus
+        )
+    }
+    for i, name in enumerate(names):
+        machines[name] = FastLloydClient(
+            name,
+            config=config,
+            server="server",
+            clients=names,
+            points=x[parts[i]],
+            entropy=bytes([i + 1]) * 32,
+            session=SESSION,
+            secagg_plus=plus,
+        )
+    return machines
+
+
+def _run(machines, *, faults=None, deadline_s=30.0):
+    network = MemoryNetwork(list(machines), faults=faults, report_drops=faults is not None)
+    meter = Meter(trio.current_time)
+
+    async def go():
+        return await run_parties(machines, network, config=RuntimeConfig(session=SESSION, deadline_s=deadline_s), meter=meter)
+
+    return trio.run(go), meter
+
+
+def _config():
+    return make_config("fastlloyd", n=len(BLOBS), k=3, d=2, epsilon=2.0, iterations=4, init_seed=1)
+
+
+def test_without_dropouts_plus_equals_the_papers_aggregation_exactly():
+    config = _config()
+    names = [f"client-{i}" for i in range(5)]
+    parts = partition(len(BLOBS), 5, scheme="iid", seed=0)
+    msa, _ = _run(_machines(config, BLOBS, names, parts, None))
+    plus, meter = _run(_machines(config, BLOBS, names, parts, _plus(config, 5)))
+    for name in names:
+        assert np.array_equal(plus[name].centroids, msa[name].centroids)
+        assert np.array_equal(plus[name].history, msa[name].history)
+    summary = plus["server"]
+    assert summary.dropouts == {} and all(len(s) == 5 for s in summary.survivors)
+    phases = {link.phase for link in meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(plus)).links}
+    assert set(engine.STAGES) <= phases and "update" not in phases
+
+
+def test_a_client_dropped_before_its_first_update_leaves_the_others_result():
+    """A client that drops at the first advertise-keys never contributes: the survivors' centroids
+    equal the paper's MSA run over the other clients' data with the same configuration and noise."""
+    config = _config()
+    names = [f"client-{i}" for i in range(5)]
+    parts = partition(len(BLOBS), 5, scheme="iid", seed=0)
+    faults = Faults(crash_at={"client-2": ("advertise-keys", 0)})
+    plus, _ = _run(_machines(config, BLOBS, names, parts, _plus(config, 5)), faults=faults)
+    assert "client-2" not in plus
+    assert plus["server"].dropouts == {"client-2": (0, "advertise-keys")}
+    others = [n for n in names if n != "client-2"]
+    reference, _ = _run(_machines(config, BLOBS, others, [parts[i] for i in (0, 1, 3, 4)], None))
+    for name in others:
+        assert np.array_equal(plus[name].centroids, reference[name].centroids)
+
+
+@pytest.mark.parametrize("stage", ["share-keys", "masked-input", "unmask"])
+def test_dropout_in_a_later_iteration_keeps_the_earlier_ones(stage):
+    """A client dropped in iteration 2: iterations 0 and 1 are the full federation's; the run
+    completes with the survivors, who agree; the server records the dropout."""
+    config = _config()
+    names = [f"client-{i}" for i in range(6)]
+    parts = partition(len(BLOBS), 6, scheme="iid", seed=1)
+    full, _ = _run(_machines(config, BLOBS, names, parts, _plus(config, 6)))
+    faults = Faults(crash_at={"client-4": (stage, 2)})
+    got, _ = _run(_machines(config, BLOBS, names, parts, _plus(config, 6)), faults=faults)
+    survivors = [n for n in names if n != "client-4"]
+    assert "client-4" not in got
+    assert got["server"].dropouts == {"client-4": (2, stage)}
+    reference = got[survivors[0]]
+    for name in survivors:
+        assert np.array_equal(got[name].centroids, reference.centroids)
+        assert np.array_equal(got[name].history[:3], full[name].history[:3])
+    # From iteration 2 on, the aggregates hold five clients (six if the client dropped at unmask:
+    # its input was in).
+    expected = 6 if stage == "unmask" else 5
+    assert [len(s) for s in got["server"].survivors] == [6, 6, expected, 5]
+
+
+def test_too_many_dropouts_fail_naming_the_parties():
+    config = _config()
+    names = [f"client-{i}" for i in range(4)]
+    parts = partition(len(BLOBS), 4, scheme="iid", seed=0)
+    plus = _plus(config, 4, complete=True)  # t = 3 of 4
+    faults = Faults(crash_at={"client-1": ("masked-input", 1), "client-3": ("masked-input", 1)})
+    with pytest.raises((InsufficientParticipants, RunAborted)) as caught:
+        _run(_machines(config, BLOBS, names, parts, plus), faults=faults)
+    assert "client-1" in str(caught.value) and "client-3" in str(caught.value)
+
+
+def test_a_secagg_config_that_does_not_fit_is_refused():
+    config = _config()
+    wrong = engine.plus_config(5, 99, engine.Modulus.ring(config.ring_bits))
+    with pytest.raises(ValueError, match="k \\(d\\+1\\)"):
+        FastLloydServer("server", config=config, clients=[f"client-{i}" for i in range(5)], secagg_plus=wrong)
