@@ -33,8 +33,8 @@ Result keys of the report (``results``; :data:`LABELS` gives the table labels):
                                   (SecAgg+) or ``complete`` (classic SecAgg)
 ``secagg_degree``                 SecAgg+ only: neighbours per client k
 ``secagg_threshold``              SecAgg+ only: shares that recover a secret t
-``dropouts``                      SecAgg+ only: ``[{"party", "round_idx", "stage"}]``, who
-                                  dropped when, as the server saw it
+``dropouts``                      SecAgg+ only: who dropped when, as the server saw it, one
+                                  ``PARTY@STAGE:ROUND`` each (the syntax of ``--dropout``)
 ``survivors_final``               SecAgg+ only: clients whose updates the last aggregate holds
 ================================  =================================================================
 
@@ -293,9 +293,7 @@ class FastLloydPlugin:
                 out: dict[str, Any] = {"iterations": result.iterations}
                 if plus is not None:
                     out["survivors"] = [list(s) for s in result.survivors]
-                    out["dropouts"] = [
-                        {"party": p, "round_idx": r, "stage": stage} for p, (r, stage) in sorted(result.dropouts.items())
-                    ]
+                    out["dropouts"] = [f"{p}@{stage}:{r}" for p, (r, stage) in sorted(result.dropouts.items())]
                 return out
             raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
 

@@ -134,3 +134,34 @@ def test_a_secagg_config_that_does_not_fit_is_refused():
     wrong = engine.plus_config(5, 99, engine.Modulus.ring(config.ring_bits))
     with pytest.raises(ValueError, match="k \\(d\\+1\\)"):
         FastLloydServer("server", config=config, clients=[f"client-{i}" for i in range(5)], secagg_plus=wrong)
+
+
+def test_the_command_line_run_of_the_issue_survives_two_dropouts(tmp_path, capsys):
+    """``fedproto run fastlloyd --data s1 --clients 10 --secagg plus --dropout client-3@masked-input
+    --dropout client-7@unmask`` completes with the survivors' result and reports the dropouts."""
+    import json
+
+    import jsonschema
+
+    from fedproto.cli import main
+    from fedproto.data import find_data_file
+    from fedproto.metering import report_schema
+
+    if find_data_file("s1") is None:
+        pytest.skip("the S1 data set is not in shared/data")
+    out = tmp_path / "run.json"
+    code = main([
+        "run", "fastlloyd", "--data", "s1", "--clients", "10", "--secagg", "plus",
+        "--dropout", "client-3@masked-input", "--dropout", "client-7@unmask", "--quiet", "--report", str(out),
+    ])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, report_schema())
+    results = doc["results"]
+    assert results["dropouts"] == ["client-3@masked-input:0", "client-7@unmask:0"]
+    assert results["survivors_final"] == [f"client-{i}" for i in range(10) if i not in (3, 7)]
+    assert results["clients_agree"] is True
+    assert results["nicv"] < 5 * results["nicv_sklearn"]
+    assert {d["party"] for d in doc["faults"]["dropouts"]} == {"client-3", "client-7"}
+    assert all(d["crashed"] for d in doc["faults"]["dropouts"])
+    assert set(doc["parties"]) >= {"server", "client-0"}
