@@ -12,7 +12,10 @@ global randomness. The subclass supplies:
   ("all replies are in, now aggregate") and returns further messages; it changes state with
   :meth:`~ProtocolMachine.move_to` and finishes with ``_finish(result)``;
 * ``pending()``: the parties whose input the machine is waiting for (used to name silent
-  parties when a deadline passes).
+  parties when a deadline passes);
+* optionally ``_on_event(event)`` (a quorum rule: carry on without parties that went silent or
+  were reported gone) and ``_ignores(sender)`` (drop the late frames of parties it carried on
+  without, before the round check).
 
 The base class owns the lookup, the round check, and the failure rule: any exception raised while
 handling an input moves the machine to ``ERROR`` and every later call raises
