@@ -560,7 +560,9 @@ class SecAggPlusClient:
         for row, v in enumerate(neighbours):
             raw = keys[row].tobytes()
             self._neighbour_keys[v] = (raw[:KEY_BYTES], raw[KEY_BYTES:])
-        xs = [v + 1 for v in neighbours]
+        # A neighbour's evaluation point is 1 + its rank in the sorted neighbour list the server
+        # sent (the server knows the list): small, dense points make reconstruction cheap.
+        xs = list(range(1, len(neighbours) + 1))
         b_shares = shamir.split_secret(self._self_seed, xs, cfg.threshold, self._share_entropy + b"b")
         s_shares = shamir.split_secret(self._masking_raw, xs, cfg.threshold, self._share_entropy + b"s")
         ciphertexts = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
@@ -953,19 +955,27 @@ class SecAggPlusServer:
         modulus, length = cfg.modulus, cfg.vector_length
         survivors = sorted(self._inputs)
         gone = self._unmask_dropped.tolist()
-        self_shares: dict[int, dict[int, bytes]] = {u: {} for u in survivors}
-        key_shares: dict[int, dict[int, bytes]] = {v: {} for v in gone}
+        # owner -> (holders, share rows) of its self-mask seed (survivors) or masking key (dropped)
+        held: dict[int, tuple[list[int], list[np.ndarray]]] = {u: ([], []) for u in (*survivors, *gone)}
         for w, message in self._reveals.items():
-            x = w + 1
-            for row, u in enumerate(message.self_owners.tolist()):
-                self_shares[u][x] = message.self_shares[row].tobytes()
-            for row, v in enumerate(message.key_owners.tolist()):
-                key_shares[v][x] = message.key_shares[row].tobytes()
-        short = [u for u, got in {**self_shares, **key_shares}.items() if len(got) < cfg.threshold]
+            for owners, shares in ((message.self_owners, message.self_shares), (message.key_owners, message.key_shares)):
+                for row, u in enumerate(owners.tolist()):
+                    held[u][0].append(w)
+                    held[u][1].append(shares[row])
+        short = [u for u, (holders, _) in held.items() if len(holders) < cfg.threshold]
         if short:
             raise self._fail("fewer than t neighbours revealed shares", short, self._dropped)
-        seeds = shamir.combine_many([self_shares[u] for u in survivors], cfg.threshold)
-        keys = shamir.combine_many([key_shares[v] for v in gone], cfg.threshold)
+
+        def points(u: int) -> dict[int, bytes]:
+            # The client shared with x = 1 + the holder's rank in its neighbour list; the t
+            # smallest points are the ones reconstruction uses.
+            holders, rows = held[u]
+            xs = np.searchsorted(self._neighbours_of[u], np.asarray(holders, dtype=np.uint32)) + 1
+            first = np.argsort(xs, kind="stable")[: cfg.threshold]
+            return {int(xs[i]): rows[i].tobytes() for i in first.tolist()}
+
+        seeds = shamir.combine_many([points(u) for u in survivors], cfg.threshold)
+        keys = shamir.combine_many([points(v) for v in gone], cfg.threshold)
         total = modulus.zeros(length)
         for u in survivors:
             total = modulus.add(total, self._inputs[u])

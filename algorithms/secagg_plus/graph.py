@@ -194,8 +194,9 @@ def plus_parameters(
     probability ``gamma = corrupt_fraction`` and drops out with probability
     ``delta = dropout_fraction``, so the number of corrupt neighbours is taken as
     ``Binomial(k, gamma)`` and that of surviving ones as ``Binomial(k, 1 - delta)`` (sampling
-    with replacement; the exact hypergeometric counts are more concentrated around the same
-    mean, Hoeffding 1963, Sec. 6). With ``eps = 2^-sigma`` and a union bound over the ``n``
+    with replacement; the exact counts, without replacement, are hypergeometric with the same
+    mean and smaller in convex order, Hoeffding 1963, Sec. 6, so Chernoff-type bounds on the
+    binomial hold for them too). With ``eps = 2^-sigma`` and a union bound over the ``n``
     clients, ``(k, t)`` must satisfy
 
     * privacy: ``n * P[Binomial(k, gamma) >= t] <= eps``: no client has ``t`` corrupt
@@ -207,9 +208,9 @@ def plus_parameters(
       ``t > n / 2`` on a neighbourhood);
     * connectivity: the probability that removing the ``floor((gamma + delta) n)`` corrupt and
       dropped clients disconnects the ring graph is ``<= eps``: such a removal must cover
-      ``k/2`` consecutive ring positions at two places (bound in the code, as in Bell et
-      al.'s analysis of the random Harary graph), and a disconnected graph would reveal the
-      partial sums of its components.
+      ``k/2`` consecutive ring positions at two places (the union bound of the authors'
+      implementation, federated-compute's ``graph_parameter_finder``), and a disconnected
+      graph would reveal the partial sums of its components.
 
     The privacy tail decreases and the correctness tail increases in ``t``, so the valid
     thresholds form an interval; the smallest valid ``t`` is returned (most tolerant of
@@ -238,6 +239,8 @@ def plus_parameters(
         honest survivors' graph connected; failure ``2^-sigma`` with ``k = O(log n + sigma)``)
         and Sec. 4 (concrete parameters). Bonawitz et al., ACM CCS 2017, Sec. 6 (``t > n/2``).
         Hoeffding. Probability Inequalities for Sums of Bounded Random Variables. JASA 58, 1963.
+        google-parfait/federated-compute, ``fcp/secagg/server/graph_parameter_finder.cc``
+        (Harary-graph parameters: the disconnection bound, ``t`` just above the corrupt tail).
     """
     n_clients = _check_int("n_clients", n_clients)
     if n_clients < 2:

@@ -25,8 +25,9 @@ at zero ``w_i = prod_{j != i} x_j / (x_j - x_i)`` over the ``t`` smallest evalua
 `combine_many` groups secrets by their point set, so each distinct set's weights are computed once,
 and computes the weights without per-weight modular inversions:
 
-* dense sets (the points fill most of the interval ``[lo, hi]``, e.g. ranks ``1..k`` with a few
-  dropouts): ``w_i = (P / x_i) * (-1)^(x_i - lo) * Q_i / ((x_i - lo)! (hi - x_i)!)`` with
+* dense sets (at most ``t`` points of the interval ``[lo, hi]`` missing, e.g. ranks ``1..k``
+  with some dropouts, or client indices on the complete graph):
+  ``w_i = (P / x_i) * (-1)^(x_i - lo) * Q_i / ((x_i - lo)! (hi - x_i)!)`` with
   ``P = prod_j x_j`` and ``Q_i = prod_{c in [lo, hi] \\ S} (c - x_i)`` over the ``m`` missing
   points, from factorial tables: ``O(t m)`` small-integer products plus ``O(t)`` field products;
 * sparse sets of small integers (e.g. client indices): ``w_i = (-1)^(t-1) P / E_i`` with
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -273,7 +275,7 @@ class _Weights:
         self.factors = factors
 
     def combine(self, values: list[int], p: int) -> int:
-        return self.scale * (sum(map(int.__mul__, values, self.factors)) % p) % p
+        return self.scale * (sum(map(operator.mul, values, self.factors)) % p) % p
 
 
 def _dense_weights(point_sets: list[tuple[int, ...]], p: int) -> list[_Weights]:
@@ -307,7 +309,7 @@ def _dense_weights(point_sets: list[tuple[int, ...]], p: int) -> list[_Weights]:
         factors[np.broadcast_to(padding[:, None, :], factors.shape)] = 1
         span_bits = max(1, max(s[-1] - s[0] for s in chunk).bit_length())
         q_values = _exact_row_products(factors.reshape(len(chunk) * t, width), span_bits)
-        for k, s in enumerate(chunk):
+        for k, (s, rows) in enumerate(zip(chunk, offsets.tolist(), strict=True)):
             lo, hi = s[0], s[-1]
             table = tables.get((lo, hi))
             if table is None:
@@ -319,8 +321,8 @@ def _dense_weights(point_sets: list[tuple[int, ...]], p: int) -> list[_Weights]:
                         for d, v in enumerate(inv * f % p for inv, f in zip(inverses, inverse_factorial, strict=False))
                     ]
                 table = tables[(lo, hi)] = [lows[d] * inverse_factorial[hi - lo - d] % p for d in range(hi - lo + 1)]
-            q = q_values[k * t : (k + 1) * t]
-            out.append(_Weights(math.prod(s) % p, [table[x - lo] * qi for x, qi in zip(s, q, strict=True)]))
+            picked = map(table.__getitem__, rows)
+            out.append(_Weights(math.prod(s) % p, list(map(operator.mul, picked, q_values[k * t : (k + 1) * t]))))
     return out
 
 
