@@ -26,6 +26,8 @@ CASES = {
                  "--no-timing", "--no-baselines", "--n-init", "2"]),
     "dckmeans-weighted": (5, ["run", "dckmeans", "--data", "iris", "--deletions", "10", "--no-timing",
                               "--weighted"]),
+    "mufc-secagg-plus": (6, ["run", "mufc", "--data", "iris", "--clients", "5", "--remove", "2", "--leave", "1",
+                             "--no-timing", "--no-baselines", "--n-init", "2", "--secagg", "plus"]),
     "fastlloyd-secagg-plus": (5, ["run", "fastlloyd", "--data", "iris", "--clients", "4", "--secagg", "plus",
                                   "--iterations", "2"]),
 }

@@ -27,6 +27,12 @@ Splits (``--partition``, with this plugin's own schemes): ``file`` (the ``client
 file has one), ``iid`` or ``noniid`` (the authors' split, each client holding at most
 ``--k-prime`` clusters; default when no file split).
 
+``--secagg plus`` (or ``complete``) aggregates every round with SecAgg+
+(:mod:`fedproto.algorithms.secagg_plus`) instead of SCMA's pairwise masks: a client that drops
+at any stage (``--dropout client-3@masked-input``, memory transport) leaves the federation and the
+round completes with the survivors; the summary adds ``secagg``, ``secagg_degree``,
+``secagg_threshold`` and ``dropouts``. The default ``scma`` reproduces the paper.
+
 Old option spellings stay accepted, hidden from ``--help``: ``--split`` (``--partition``),
 ``--remove`` (``--removals``),
 ``--batch`` (``--points-per-removal``), ``--gamma`` (``--quantization-step``) and ``--max-iter``
@@ -58,14 +64,17 @@ from fedproto.algorithms.mufc.messages import (
 )
 from fedproto.algorithms.mufc.protocol import (
     MODES,
+    SECAGG_CHOICES,
     SERVER,
     MUFCClientResult,
     MUFCConfig,
     MUFCParties,
     MUFCServerResult,
     make_config,
+    secagg_plus_config,
 )
 from fedproto.algorithms.mufc.replay import replay, warm_up_requests
+from fedproto.algorithms.secagg_plus import engine as secagg_plus
 from fedproto.data import Dataset, find_data_file, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
@@ -106,6 +115,7 @@ LABELS: dict[str, str] = {
     "n_removals": "removal requests",
     "points_per_removal": "points per removal request",
     "n_clients_left": "clients that left",
+    "n_clients_dropped": "clients that dropped out",
     "n_points_removed": "points removed",
     "n_reseeds": "requests that re-seeded",
     "n_reclusterings": "server re-clusterings",
@@ -138,6 +148,10 @@ LABELS: dict[str, str] = {
     "loss_ratio_dckm_mean": "DC-KM loss ratio, mean (Table 1)",
     "loss_ratio_dckm_std": "DC-KM loss ratio, std (Table 1)",
     "speedup_over_retrain_no_reseed": "speed-up of a removal without re-seeding (Table 1)",
+    "secagg": "secure aggregation",
+    "secagg_degree": "SecAgg+ neighbours k",
+    "secagg_threshold": "SecAgg+ threshold t",
+    "dropouts": "dropouts (party@stage:round, as the server saw them)",
 }
 
 
@@ -341,7 +355,11 @@ class MUFCPlugin:
         group.add_argument("--fresh-randomness", action="store_true",
                            help="re-seed and re-cluster with fresh keys per round (exact in distribution)")
         group.add_argument("--min-clients", type=int, default=None,
-                           help="go on without clients silent past the deadline while this many remain")
+                           help="go on without clients silent past the deadline while this many remain "
+                           "(default: all with scma; with plus/complete, what SecAgg+ can recover)")
+        group.add_argument("--secagg", choices=SECAGG_CHOICES, default="scma",
+                           help="secure aggregation: scma (the paper's pairwise masks, default), plus "
+                           "(SecAgg+: survives dropouts at every stage) or complete (classic SecAgg)")
         group.add_argument("--no-timing", action="store_true", help="skip the timed replay of the stream")
         group.add_argument("--no-baselines", action="store_true", help="skip K-FED and DC-KM")
         group.add_argument("--retrains", type=int, default=3, help="complete retrainings timed (default 3)")
@@ -387,9 +405,12 @@ class MUFCPlugin:
         stream = removal_stream([len(r) for r in rows], [ids[r] for r in rows], args.removals,
                                 args.points_per_removal, args.leave, config.k_client, args.seed + 1)
         key = jax.random.PRNGKey(args.seed)
-        parties = MUFCParties(parts, config, key=key, requests=stream, seed=args.seed)
         session = session_id("mufc", dataset.name, n, d, k, n_clients, split, args.seed, len(stream),
                              args.points_per_removal, args.unlearning, args.server_mode, config.k_client, step)
+        choice = getattr(args, "secagg", "scma")
+        plus = secagg_plus_config(config, choice, session=session)
+        parties = MUFCParties(parts, config, key=key, requests=stream, seed=args.seed, secagg_plus=plus,
+                              session=session)
 
         def result_to_json(party: str, result: Any) -> dict[str, Any]:
             if isinstance(result, MUFCServerResult):
@@ -401,6 +422,8 @@ class MUFCPlugin:
                     "support_sizes": list(result.support_sizes),
                     "active": list(result.active),
                     "dropped": list(result.dropped),
+                    # the --dropout spelling, PARTY@STAGE:ROUND (short names: the report schema's string_array)
+                    "dropouts": [f"{party}@{stage}:{r}" for party, (r, stage) in sorted(result.dropouts.items())],
                 }
             if isinstance(result, MUFCClientResult):
                 return {
@@ -430,6 +453,12 @@ class MUFCPlugin:
             with progress_task("phi_c*: scikit-learn KMeans on the remaining data"):
                 phi_star = float(reference_loss(remaining, k, args.seed))
             reseeds = sum(sum(results[c]["reseeded"]) for c in parties.clients if c in results)
+            dropouts = server.get("dropouts", [])
+            left = [c for c, name in enumerate(parties.clients) if name in results and results[name]["left"]]
+            # removed by requests: the present clients' removed points and the leaving clients' data
+            # (a client that dropped out is not counted: its data left the model with it)
+            removed = sum(len(parties.parts[c][1]) - len(i) for c, i in zip(present, xs_ids))
+            removed += sum(len(parties.parts[c][1]) for c in left)
             summary: dict[str, Any] = {
                 "data_set": dataset.name, "n_points": n, "d": d, "k": k, "k_client": config.k_client,
                 "n_clients": n_clients, "partition": split, "quantization_step": config.grid.gamma,
@@ -437,7 +466,8 @@ class MUFCPlugin:
                 "prime_bits": config.prime.bit_length(), "n_syndromes": config.n_syndromes,
                 "unlearning_mode": config.unlearning, "server_mode": config.server_mode,
                 "n_removals": len(stream) - args.leave, "points_per_removal": args.points_per_removal,
-                "n_clients_left": args.leave, "n_points_removed": n - remaining.shape[0],
+                "n_clients_left": args.leave, "n_points_removed": removed,
+                "n_clients_dropped": len(dropouts),
                 "n_reseeds": reseeds,
                 "n_reclusterings": sum(server["reclustered"]),
                 "n_points_decoded": server["totals"][-1],
@@ -446,7 +476,12 @@ class MUFCPlugin:
                 "clients_agree": all(
                     np.array_equal(np.asarray(results[parties.clients[c]]["centroids"]), centroids) for c in present
                 ),
+                "secagg": choice,
             }
+            if plus is not None:
+                summary["secagg_degree"] = plus.degree
+                summary["secagg_threshold"] = plus.threshold
+            summary["dropouts"] = dropouts
             if config.unlearning == "exact" and not config.fresh_randomness:
                 # Same public parameters (gamma and p stay fixed over a run), same keys, the
                 # remaining points only: the protocol's model must be the same array.
@@ -460,7 +495,8 @@ class MUFCPlugin:
                 else:
                     summary["model_equals_retrain"] = None
                     summary["model_equals_retrain_skipped"] = (
-                        "clients left: the client count is part of the public parameters")
+                        f"clients {'dropped out' if dropouts else 'left'}: "
+                        "the client count is part of the public parameters")
             if not args.no_baselines:
                 with progress_task("K-FED baseline"):
                     kfed = baselines.kfed(args.seed, xs, k, config.k_client)
@@ -488,7 +524,8 @@ class MUFCPlugin:
                     "mask_ms_per_round": 1e3 * run.mask_s,
                     "retrain_ms": 1e3 * run.retrain_s,
                     "speedup_over_retrain": _number(run.speedup),
-                    "replay_matches_protocol": bool(np.array_equal(run.centroids, centroids)),
+                    # the replay serves the stream without dropouts: no comparison after one
+                    "replay_matches_protocol": None if dropouts else bool(np.array_equal(run.centroids, centroids)),
                     "cumulative_removal_s": np.cumsum(times_ms / 1e3).tolist(),
                     "cumulative_retrain_s": (run.retrain_s * np.arange(1, len(times_ms) + 1)).tolist(),
                     "loss_ratio_per_removal": [_ratio(s.loss, base) for s in run.steps],
@@ -499,6 +536,20 @@ class MUFCPlugin:
             summary["centroids"] = centroids.tolist()
             return _headline_first(summary, HEADLINE)
 
+        analytic = {
+            "analytic_syndrome_bytes_per_client": config.syndrome_bytes(),
+            # B^d can exceed a float's range only beyond 10^308 bins; the count stays exact
+            "dense_aggregation_bytes_per_client": config.grid.n_bins * config.width,
+        }
+        if plus is None:
+            phases: tuple[str, ...] = ("setup", "aggregate", "removal", "model")
+            limit = frame_limit(config, d)
+        else:
+            phases = ("removal", *secagg_plus.STAGES, "model")
+            limit = max(frame_limit(config, d), secagg_plus.frame_limit(plus))
+            analytic["analytic_secagg_bytes_per_client_per_aggregation"] = sum(
+                v["sent"] + v["received"] for v in secagg_plus.stage_bytes(plus).values())
+
         return RunPlan(
             roster=parties.roster,
             session=session,
@@ -507,7 +558,7 @@ class MUFCPlugin:
             summarize=summarize,
             role_of=parties.role_of,
             iterations=len(stream) + 1,
-            phases=("setup", "aggregate", "removal", "model"),
+            phases=phases,
             plot_results=plot_stream,
             labels={
                 **LABELS,
@@ -515,13 +566,14 @@ class MUFCPlugin:
                 "(T·ceil(log2 p / 8) bytes)",
                 "dense_aggregation_bytes_per_client": "dense secure aggregation of the B^d count vector "
                 "would send (bytes per client)",
+                "analytic_secagg_bytes_per_client_per_aggregation": "analytic SecAgg+ data bytes per client per "
+                "aggregation (sent and received, no dropout)",
             },
-            analytic={
-                "analytic_syndrome_bytes_per_client": config.syndrome_bytes(),
-                # B^d can exceed a float's range only beyond 10^308 bins; the count stays exact
-                "dense_aggregation_bytes_per_client": config.grid.n_bins * config.width,
-            },
-            max_frame_bytes=frame_limit(config, d),
+            analytic=analytic,
+            max_frame_bytes=limit,
+            dropout_stages=secagg_plus.STAGES if plus is not None else (),
+            dropout_unsupported="" if plus is not None else (
+                "mufc survives dropouts at a stage only with --secagg plus or complete"),
         )
 
 

@@ -20,6 +20,11 @@ Unlearning (phases ``removal`` and ``model``):
 * :class:`ModelUpdate` server -> active clients: the server's centroids after training
   (``version`` 0) and after each removal request; the optional downlink of spec 1.7, metered in
   its own phase.
+
+With SecAgg+ (``--secagg plus``) there is no setup and no :class:`AggregationRequest` or
+:class:`MaskedSyndromes`: each aggregation is the four stages of
+:mod:`fedproto.algorithms.secagg_plus.messages` (the syndromes travel in its ``MaskedInput``);
+:class:`RemovalRequest` and :class:`ModelUpdate` are unchanged.
 """
 
 from __future__ import annotations

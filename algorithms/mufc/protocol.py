@@ -51,6 +51,34 @@ refused). Pairwise masks cannot be unmasked without every active share (no Shami
 2.3), which is why the round is re-run rather than completed. A share that fails decoding (a
 corrupted or overloaded share) ends the run with :class:`~fedproto.algorithms.scma.SyndromeDecodingError`;
 a wrong sum is never returned.
+
+With SecAgg+ (``secagg_plus=`` a :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`
+over ``F_p`` with vectors of ``T`` elements, :func:`secagg_plus_config`; ``fedproto run mufc
+--secagg plus`` or ``complete``), every aggregation, training (round 0) and each removal round,
+is one SecAgg+ instance among the active clients (:mod:`fedproto.algorithms.secagg_plus.engine`;
+phases ``advertise-keys``, ``share-keys``, ``masked-input``, ``unmask``), and the setup above is
+not run (SecAgg+ draws fresh keys for every instance):
+
+* each client's input is its *unmasked* syndromes (SecAgg+ adds the masks); the server obtains the
+  syndrome sum of the survivors, exactly what SCMA reveals for the same clients, and decodes and
+  clusters it as above, then sends :class:`ModelUpdate` to the survivors;
+* a client advertises its keys for round ``s`` as soon as it has the model of round ``s - 1`` (the
+  requesting client after its :class:`RemovalRequest`; a leaving client sends its request and
+  nothing else), so the server opens round ``s`` at once and needs no :class:`AggregationRequest`;
+  a request only names a leaving client (it is then absent from the instance, not a dropout);
+* dropout: a client silent past the deadline, or reported gone by the transport, at any stage
+  is dropped (:meth:`SecAggPlusServer.drop`); the round completes with the survivors (no
+  re-opening, no extra round) whenever SecAgg+ can still remove the masks (t surviving
+  neighbours), else :class:`~fedproto.errors.InsufficientParticipants` names the parties. A
+  dropped client leaves the federation: its data leave the model from the next aggregation on
+  (one that dropped at ``unmask`` had its input in that round's sum already) and its late frames
+  are ignored. ``min_clients`` is kept as a quorum on the clients still in the federation;
+  unset, it means no quorum beyond SecAgg+'s own threshold. The server's result records
+  ``{party: (round_idx, stage)}``.
+
+References:
+    Bell, Bonawitz, Gascon, Lepoint, Raykova, "Secure Single-Server Aggregation with
+    (Poly)Logarithmic Overhead", ACM CCS 2020, Sec. 3; Bonawitz et al., ACM CCS 2017, Fig. 4.
 """
 
 from __future__ import annotations
@@ -77,9 +105,28 @@ from fedproto.algorithms.mufc.messages import (
 from fedproto.algorithms.mufc.quantize import Grid, make_grid
 from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
-from fedproto.errors import RemoteProtocolError
+from fedproto.algorithms.secagg_plus.engine import (
+    STAGES,
+    Modulus,
+    SecAggPlusClient,
+    SecAggPlusConfig,
+    SecAggPlusServer,
+    complete_config,
+    plus_config,
+)
+from fedproto.algorithms.secagg_plus.messages import (
+    AdvertiseKeys,
+    EncryptedShares,
+    ForwardedShares,
+    MaskedInput,
+    NeighbourKeys,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from fedproto.algorithms.secagg_plus.protocol import instance_bytes
+from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import Event, Outgoing, PhaseTimedOut
+from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
 
 __all__ = [
     "MODES",
@@ -91,8 +138,11 @@ __all__ = [
     "MUFCServer",
     "MUFCServerResult",
     "ServerModel",
+    "SECAGG_CHOICES",
+    "check_secagg_plus",
     "make_config",
     "refresh_syndromes",
+    "secagg_plus_config",
 ]
 
 SERVER = "server"
@@ -100,6 +150,12 @@ MODES = ("exact", "literal", "lazy")
 SERVER_MODES = ("weighted", "uniform")
 #: Attempts per round are folded into the mask stream id below this many bits.
 _ATTEMPT_BITS = 16
+#: ``--secagg`` choices: the paper's SCMA pairwise masking, SecAgg+ on a sparse random graph, or
+#: classic SecAgg (the complete graph).
+SECAGG_CHOICES = ("scma", "plus", "complete")
+_SECAGG_PURPOSE = b"fedproto/mufc/secagg-plus"
+_SECAGG_GRAPH = b"fedproto/mufc/secagg-graph"
+_SECAGG_ENTROPY = b"fedproto/mufc/secagg-plus/entropy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +176,8 @@ class MUFCConfig:
         lloyd_iterations: Lloyd iterations at the clients after seeding (0 = MUFC; > 0 = the
             "complete client training" variant of App. M.3, where every removal retrains).
         fresh_randomness: re-seeding and re-clustering draw fresh keys per round.
-        min_clients: fewest clients an aggregation may go on with after dropouts (default: all).
+        min_clients: fewest clients an aggregation may go on with after dropouts (default: all
+            with SCMA; with SecAgg+, no quorum beyond what SecAgg+ itself can recover).
     """
 
     k: int
@@ -229,6 +286,54 @@ def refresh_syndromes(
     change = {j: new.get(j, 0) - counts.get(j, 0) for j in new.keys() | counts.keys()}
     change = {j: c for j, c in change.items() if c}
     return new, scma.update_syndromes(syndromes, change, config.prime)
+
+
+def secagg_plus_config(config: MUFCConfig, kind: str = "plus", *, session: int = 0) -> SecAggPlusConfig | None:
+    """The SecAgg+ parameters of a MUFC run: ``L`` clients, vectors of ``T`` elements of ``F_p``.
+
+    Args:
+        config: the run's public parameters.
+        kind: ``scma`` (no SecAgg+: returns ``None``), ``plus`` (a random k-regular graph with
+            Bell et al.'s (k, t); the complete graph where L is too small for their bounds) or
+            ``complete`` (classic SecAgg).
+        session: the run's session id; the graph seed is public, SHA-256 of a label and it.
+
+    Raises:
+        ValueError: an unknown ``kind``, or fewer than 2 clients.
+
+    References:
+        Bell et al., ACM CCS 2020, Sec. 3-4; Bonawitz et al., ACM CCS 2017, Sec. 4.
+    """
+    if kind not in SECAGG_CHOICES:
+        raise ValueError(f"secure aggregation must be one of {SECAGG_CHOICES}, got {kind!r}")
+    if kind == "scma":
+        return None
+    if config.n_clients < 2:
+        raise ValueError(f"SecAgg+ needs at least 2 clients, the run has {config.n_clients}")
+    seed = hashlib.sha256(_SECAGG_GRAPH + session.to_bytes(8, "big")).digest()
+    build = plus_config if kind == "plus" else complete_config
+    return build(config.n_clients, config.n_syndromes, Modulus.field(config.prime), graph_seed=seed)
+
+
+def check_secagg_plus(config: MUFCConfig, secagg_plus: SecAggPlusConfig | None) -> None:
+    """Refuse SecAgg+ parameters that do not fit the run (``None`` always fits).
+
+    Raises:
+        TypeError: not a :class:`SecAggPlusConfig`.
+        ValueError: another field than ``F_p``, another vector length than ``T`` or another
+            client count than ``L``.
+    """
+    if secagg_plus is None:
+        return
+    if not isinstance(secagg_plus, SecAggPlusConfig):
+        raise TypeError(f"secagg_plus must be a SecAggPlusConfig or None, got {type(secagg_plus).__name__}")
+    if secagg_plus.modulus.prime != config.prime:
+        raise ValueError(f"SecAgg+ sums in {secagg_plus.modulus.describe()}, the syndromes live in F_{config.prime}")
+    if secagg_plus.vector_length != config.n_syndromes or secagg_plus.n_clients != config.n_clients:
+        raise ValueError(
+            f"SecAgg+ is configured for {secagg_plus.n_clients} clients and vectors of {secagg_plus.vector_length}; "
+            f"the run has L = {config.n_clients} clients and T = {config.n_syndromes} syndromes"
+        )
 
 
 # ------------------------------------------------------------------------------------- server
@@ -346,7 +451,9 @@ class MUFCServerResult:
         support_sizes: non-zero bins per version.
         reclustered: per version, whether the server re-ran K-means++.
         active: the clients active at the end (indices).
-        dropped: clients dropped after missing an aggregation deadline.
+        dropped: clients dropped (silent past a deadline, or reported gone), in order (indices).
+        dropouts: ``{party: (round_idx, stage)}`` for each dropped client: the round and the
+            stage it did not complete (``aggregate`` with SCMA; a SecAgg+ stage otherwise).
     """
 
     centroids: np.ndarray
@@ -357,6 +464,7 @@ class MUFCServerResult:
     reclustered: tuple[bool, ...]
     active: tuple[int, ...]
     dropped: tuple[int, ...]
+    dropouts: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class ServerState(enum.Enum):
@@ -377,9 +485,13 @@ class MUFCServer(ProtocolMachine):
         config: the public parameters; key: the server's `jax.random` key.
         n_requests: the removal requests the run serves (it ends after the last).
         n_points: the public total n (checked against the first decoded sum).
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
+        secagg_plus: aggregate with SecAgg+ under these parameters (the clients' must be the
+            same; see the module docstring); ``None`` (default) is the paper's SCMA.
 
     Raises:
-        ValueError: clients do not match ``config.n_clients`` or repeat, or negative counts.
+        ValueError: clients do not match ``config.n_clients`` or repeat, negative counts, or a
+            ``secagg_plus`` that does not fit the run.
     """
 
     State = ServerState
@@ -388,6 +500,10 @@ class MUFCServer(ProtocolMachine):
         (ServerState.KEYS, PublicKey): ("_on_key", ServerState.KEYS),
         (ServerState.AGGREGATE, MaskedSyndromes): ("_on_share", ServerState.AGGREGATE),
         (ServerState.AGGREGATE, RemovalRequest): ("_on_early_request", ServerState.AGGREGATE),
+        (ServerState.AGGREGATE, AdvertiseKeys): ("_on_stage", ServerState.AGGREGATE),
+        (ServerState.AGGREGATE, EncryptedShares): ("_on_stage", ServerState.AGGREGATE),
+        (ServerState.AGGREGATE, MaskedInput): ("_on_stage", ServerState.AGGREGATE),
+        (ServerState.AGGREGATE, UnmaskShares): ("_on_stage", ServerState.AGGREGATE),
         (ServerState.SERVING, RemovalRequest): ("_on_request", ServerState.SERVING),
     }
 
@@ -400,6 +516,8 @@ class MUFCServer(ProtocolMachine):
         key: jax.Array,
         n_requests: int,
         n_points: int,
+        session: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
     ) -> None:
         super().__init__(party)
         clients = tuple(clients)
@@ -407,12 +525,15 @@ class MUFCServer(ProtocolMachine):
             raise ValueError("clients must be config.n_clients unique names, not including the server")
         if n_requests < 0 or n_points < 1:
             raise ValueError("n_requests must be non-negative and n_points positive")
+        check_secagg_plus(config, secagg_plus)
         self.clients, self.config, self.key = clients, config, key
         self.n_requests, self.n_points = n_requests, n_points
+        self.session, self.secagg_plus = session, secagg_plus
         self._index = {name: i for i, name in enumerate(clients)}
         self._keys: dict[str, bytes] = {}
         self._active: tuple[int, ...] = tuple(range(len(clients)))
         self._dropped: list[int] = []
+        self._dropouts: dict[str, tuple[int, str]] = {}
         self._attempt = 0
         self._shares: dict[int, tuple[int, ...]] = {}
         self._queued: list[tuple[str, RemovalRequest]] = []
@@ -421,9 +542,22 @@ class MUFCServer(ProtocolMachine):
         self._totals: list[int] = []
         self._supports: list[int] = []
         self._reclustered: list[bool] = []
+        # SecAgg+ only: the running instance, the clients counted as gone (dropped; their late
+        # frames are ignored), the clients leaving in this round, the requests of this round, and
+        # the keys advertised in this round (to re-open the instance without a leaving client).
+        self._aggregation: SecAggPlusServer | None = None
+        self._gone: set[str] = set()
+        self._leaving: set[str] = set()
+        self._round_requests = 0
+        self._advertised: list[tuple[str, AdvertiseKeys]] = []
+        if secagg_plus is not None:
+            self.move_to(ServerState.AGGREGATE)  # no key setup: SecAgg+ keys are fresh per instance
+            self._aggregation = self._new_aggregation()
 
     @property
     def phase(self) -> str:
+        if self._aggregation is not None and self._state is ServerState.AGGREGATE:
+            return self._aggregation.stage
         return {ServerState.KEYS: "setup", ServerState.AGGREGATE: "aggregate"}.get(self._state, "removal")
 
     @property
@@ -435,10 +569,15 @@ class MUFCServer(ProtocolMachine):
         if self._state is ServerState.KEYS:
             return [c for c in self.clients if c not in self._keys]
         if self._state is ServerState.AGGREGATE:
+            if self._aggregation is not None:
+                return self._aggregation.pending()
             return [self.clients[c] for c in self._active if c not in self._shares]
         if self._state is ServerState.SERVING:
             return [self.clients[c] for c in self._active]
         return []
+
+    def _ignores(self, sender: str) -> bool:
+        return sender in self._gone
 
     def _client_index(self, sender: str) -> int:
         c = self._index.get(sender)
@@ -461,6 +600,8 @@ class MUFCServer(ProtocolMachine):
 
     def _on_share(self, sender: str, message: MaskedSyndromes) -> list[Outgoing]:
         c = self._client_index(sender)
+        if self._aggregation is not None:
+            raise _remote(f"an SCMA share from {sender} in a SecAgg+ run", sender, self)
         if c in self._dropped:
             return []  # a late share of a client dropped after the deadline: refused, round goes on
         if c not in self._active:
@@ -485,6 +626,8 @@ class MUFCServer(ProtocolMachine):
         return []
 
     def _on_early_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
+        if self._aggregation is not None:
+            return self._on_secagg_request(sender, message)
         # A request that arrives while an aggregation runs is served after it (never merged
         # into the running round, whose shares were computed before the removal).
         self._client_index(sender)
@@ -502,11 +645,20 @@ class MUFCServer(ProtocolMachine):
                 return out
 
     def _aggregate(self) -> list[Outgoing]:
-        previous = self._totals[-1] if self._totals else self.n_points
+        """SCMA: sum the active clients' shares (the masks cancel) and adopt the sum."""
         sums = self._model.sum_shares([self._shares[c] for c in self._active])
-        counts = self._model.decode(sums, n_clients=len(self._active), max_total=previous)
+        self._shares = {}
+        self._attempt = 0
+        return self._adopt(sums, self._active)
+
+    def _adopt(self, sums: Sequence[int], contributors: tuple[int, ...]) -> list[Outgoing]:
+        """Decode the sum of ``contributors``' syndromes, re-cluster if the mode asks, send the
+        model to the contributors still in the federation, and finish or move on."""
+        previous = self._totals[-1] if self._totals else self.n_points
+        counts = self._model.decode(sums, n_clients=len(contributors), max_total=previous)
         total = sum(counts.values())
-        if total > previous or (not self._totals and not self._dropped and total != self.n_points):
+        everyone = len(contributors) == len(self.clients)
+        if total > previous or (not self._totals and everyone and total != self.n_points):
             raise RemoteProtocolError(
                 f"decoded {total} points, expected {'at most ' if self._totals else ''}{previous}",
                 round_idx=self.round_idx,
@@ -514,13 +666,13 @@ class MUFCServer(ProtocolMachine):
             )
         if total == 0:
             raise RemoteProtocolError("no points remain in the federation", round_idx=self.round_idx)
-        self._shares = {}
-        self._attempt = 0
         recluster = self._model.adopt(counts, self.round_idx)
         self._history.append(self._model.centroids)
         self._totals.append(total)
         self._supports.append(len(counts))
         self._reclustered.append(recluster)
+        # A client that dropped at SecAgg+'s unmask stage has its input in this sum but is gone.
+        self._active = tuple(c for c in contributors if self.clients[c] not in self._gone)
         version = len(self._history) - 1
         dests = [self.clients[c] for c in self._active]
         out: list[Outgoing] = [
@@ -531,6 +683,7 @@ class MUFCServer(ProtocolMachine):
         if version == self.n_requests:
             if self._queued:
                 raise _remote("more removal requests than the run serves", self._queued[0][0], self)
+            self._aggregation = None
             self._finish(
                 MUFCServerResult(
                     self._history[-1],
@@ -541,10 +694,17 @@ class MUFCServer(ProtocolMachine):
                     tuple(self._reclustered),
                     self._active,
                     tuple(self._dropped),
+                    dict(self._dropouts),
                 )
             )
             return out
         self.round_idx += 1
+        if self.secagg_plus is not None:
+            # Every client still in the federation advertises its keys for the next round as
+            # soon as it has this model: the next instance opens now.
+            self._leaving, self._round_requests, self._advertised = set(), 0, []
+            self._aggregation = self._new_aggregation()
+            return out
         self.move_to(ServerState.SERVING)
         return out
 
@@ -563,12 +723,121 @@ class MUFCServer(ProtocolMachine):
         dests = [self.clients[c] for c in self._active]
         return self.broadcast(dests, AggregationRequest(active=self._active, attempt=self._attempt), phase="aggregate")
 
+    # -- SecAgg+ ---------------------------------------------------------------------------------
+
+    def _new_aggregation(self) -> SecAggPlusServer:
+        assert self.secagg_plus is not None
+        return SecAggPlusServer(
+            self.secagg_plus,
+            self.clients,
+            round_idx=self.round_idx,
+            instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
+            active=[self.clients[c] for c in self._active if self.clients[c] not in self._leaving],
+        )
+
+    def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
+        if self._aggregation is None:
+            raise _remote(f"a SecAgg+ message from {sender} in a run without SecAgg+", sender, self)
+        out = self._aggregation.receive(sender, message)
+        if isinstance(message, AdvertiseKeys):
+            self._advertised.append((sender, message))
+        return self._after_stage(out)
+
+    def _on_secagg_request(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
+        """A removal request under SecAgg+: the round is already open; a leaving client is taken
+        out of it (absent, not a dropout), a partial removal needs nothing from the server."""
+        aggregation = self._aggregation
+        assert aggregation is not None
+        c = self._client_index(sender)
+        if c not in self._active or sender in self._leaving:
+            raise _remote(f"{sender} has left the federation and cannot request removals", sender, self)
+        if self.round_idx == 0:
+            raise _remote(f"a removal request from {sender} during training", sender, self)
+        self._round_requests += 1
+        if self._round_requests > 1:
+            raise _remote(f"a second removal request in round {self.round_idx}", sender, self)
+        if not message.whole_client:
+            return []
+        if aggregation.stage != STAGES[0] or sender not in aggregation.pending():
+            raise _remote(f"{sender} asks to leave after joining the aggregation of round {self.round_idx}",
+                          sender, self)
+        if len(self._remaining()) == 1:
+            raise _remote(f"{sender} is the last client; the federation would be empty", sender, self)
+        self._leaving.add(sender)
+        self._check_quorum()
+        # Re-open the instance without the leaving client (absent, not a dropout: the error
+        # messages and the dropout record must not name it) and replay the keys already in; the
+        # first stage cannot have completed, since it waited for the leaving client.
+        self._aggregation = self._new_aggregation()
+        out = self._aggregation.drop(sorted(self._gone))
+        for party, keys in self._advertised:
+            out += self._aggregation.receive(party, keys)
+        return self._after_stage(out)
+
+    def _remaining(self) -> list[int]:
+        """The clients of the running aggregation that are neither gone nor leaving."""
+        return [c for c in self._active if self.clients[c] not in self._gone and self.clients[c] not in self._leaving]
+
+    def _quorum(self) -> int:
+        cfg = self.config
+        if cfg.min_clients is not None:
+            return cfg.min_clients
+        return 1 if self.secagg_plus is not None else cfg.n_clients
+
+    def _check_quorum(self) -> None:
+        """Raise where fewer clients than the quorum remain in the running aggregation."""
+        remaining, quorum = len(self._remaining()), self._quorum()
+        if remaining >= quorum:
+            return
+        missing = sorted(self.clients[c] for c in self._active if self.clients[c] in self._gone)
+        raise InsufficientParticipants(
+            f"{remaining} clients remain in round {self.round_idx}, fewer than the quorum of {quorum}; "
+            f"dropped: {', '.join(missing) if missing else 'none'}",
+            missing=missing,
+            party=missing[0] if len(missing) == 1 else None,
+            round_idx=self.round_idx,
+            state=self._state.name,
+            phase=self.phase,
+        )
+
+    def _drop(self, parties: Sequence[str]) -> list[Outgoing]:
+        assert self._aggregation is not None
+        self._gone.update(parties)
+        self._check_quorum()
+        return self._after_stage(self._aggregation.drop(parties))
+
+    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
+        aggregation = self._aggregation
+        assert aggregation is not None
+        outcome = aggregation.outcome
+        if outcome is None:
+            return out
+        for party, stage in outcome.dropouts.items():
+            self._gone.add(party)
+            self._dropouts[party] = (self.round_idx, stage)
+            self._dropped.append(self._index[party])
+        contributors = tuple(self._index[p] for p in outcome.survivors)
+        return out + self._adopt([int(v) for v in outcome.total], contributors)
+
     def _on_event(self, event: Event) -> list[Outgoing]:
-        if isinstance(event, PhaseTimedOut) and self._state is ServerState.AGGREGATE:
+        if self._aggregation is not None and self._state is ServerState.AGGREGATE:
+            if isinstance(event, PhaseTimedOut):
+                silent = list(self.pending())
+                if silent:
+                    return self._drop(silent)
+            elif isinstance(event, PartyDropped):
+                party = event.party
+                if party in self._index and party not in self._gone and party not in self._leaving and (
+                    self._index[party] in self._active
+                ):
+                    return self._drop([party])
+                return []
+        elif isinstance(event, PhaseTimedOut) and self._state is ServerState.AGGREGATE:
             missing = [c for c in self._active if c not in self._shares]
             remaining = len(self._active) - len(missing)
             if missing and remaining >= max(self.config.quorum, 1):
                 self._dropped.extend(missing)
+                self._dropouts.update({self.clients[c]: (self.round_idx, "aggregate") for c in missing})
                 self._active = tuple(c for c in self._active if c not in missing)
                 self._shares = {}
                 self._attempt += 1
@@ -626,11 +895,16 @@ class MUFCClient(ProtocolMachine):
             position (a batch), or ``None`` to leave the federation.
         n_requests: length of the global stream.
         key_entropy: 32+ bytes for the X25519 key pair (a simulation passes bytes derived from
-            the run seed so runs repeat; deployments pass ``os.urandom(32)``).
+            the run seed so runs repeat; deployments pass ``os.urandom(32)``); with SecAgg+, the
+            keys, seeds and shares of every instance are derived from it.
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
+        secagg_plus: aggregate with SecAgg+ under these parameters (the server's; see the
+            module docstring); ``None`` (default) is the paper's SCMA.
 
     Raises:
         ValueError: a request for a point the client does not hold, a repeated id, a position
-            outside the stream, a request after leaving, or a stream that empties the client.
+            outside the stream, a request after leaving, a stream that empties the client, or a
+            ``secagg_plus`` that does not fit the run.
     """
 
     State = ClientState
@@ -640,6 +914,9 @@ class MUFCClient(ProtocolMachine):
         (ClientState.KEYS, PeerKeys): ("_on_peer_keys", ClientState.SERVING),
         (ClientState.SERVING, ModelUpdate): ("_on_model", ClientState.SERVING),
         (ClientState.SERVING, AggregationRequest): ("_on_open", ClientState.SERVING),
+        (ClientState.SERVING, NeighbourKeys): ("_on_neighbour_keys", ClientState.SERVING),
+        (ClientState.SERVING, ForwardedShares): ("_on_forwarded_shares", ClientState.SERVING),
+        (ClientState.SERVING, UnmaskRequest): ("_on_unmask_request", ClientState.SERVING),
     }
 
     def __init__(
@@ -655,10 +932,13 @@ class MUFCClient(ProtocolMachine):
         requests: Mapping[int, Sequence[int] | None] | None = None,
         n_requests: int = 0,
         key_entropy: bytes,
+        session: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
     ) -> None:
         super().__init__(party)
         if not 0 <= index < config.n_clients:
             raise ValueError("index must lie in [0, n_clients)")
+        check_secagg_plus(config, secagg_plus)
         x = np.asarray(x, dtype=np.float64)
         ids = np.asarray(ids, dtype=np.int64)
         if x.ndim != 2 or x.shape[1] != config.grid.d or ids.shape != (x.shape[0],) or x.shape[0] < 1:
@@ -677,6 +957,11 @@ class MUFCClient(ProtocolMachine):
         self._left = False
         self._active: tuple[int, ...] = tuple(range(config.n_clients))
         self._next_mask: tuple[tuple[tuple[int, ...], int], list[int]] | None = None
+        self.session, self.secagg_plus = session, secagg_plus
+        self._aggregation: SecAggPlusClient | None = None
+        if secagg_plus is not None:
+            self._secagg_entropy = derive_bytes(key_entropy, _SECAGG_ENTROPY)
+            self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
 
     @staticmethod
     def _check_requests(
@@ -711,7 +996,12 @@ class MUFCClient(ProtocolMachine):
 
     @property
     def phase(self) -> str:
-        return "setup" if self._state is ClientState.KEYS else "aggregate"
+        if self._state is ClientState.KEYS:
+            return "setup"
+        if self.secagg_plus is None:
+            return "aggregate"
+        aggregation = self._aggregation
+        return aggregation.stage if aggregation is not None and aggregation.stage in STAGES else "model"
 
     def pending(self) -> Sequence[str]:
         return [self.server] if self._state in (ClientState.KEYS, ClientState.SERVING) else []
@@ -722,6 +1012,8 @@ class MUFCClient(ProtocolMachine):
         return self._public
 
     def _start(self) -> list[Outgoing]:
+        if self.secagg_plus is not None:
+            return [self._advertise()]
         return [self.send(self.server, PublicKey(public_key=self._public), phase="setup")]
 
     def _check_server(self, sender: str) -> None:
@@ -759,6 +1051,8 @@ class MUFCClient(ProtocolMachine):
 
     def _on_open(self, sender: str, message: AggregationRequest) -> list[Outgoing]:
         self._check_server(sender)
+        if self.secagg_plus is not None:
+            raise _remote("an SCMA aggregation request in a SecAgg+ run", sender, self)
         if self.index not in message.active:
             raise _remote("an aggregation this client is not part of", sender, self)
         if any(c >= self.config.n_clients for c in message.active):
@@ -769,11 +1063,23 @@ class MUFCClient(ProtocolMachine):
         self._check_server(sender)
         if message.version != self.round_idx or message.version <= self._version:
             raise _remote(f"model version {message.version} in round {self.round_idx}", sender, self)
+        plus = self.secagg_plus is not None
+        if plus and (self._aggregation is None or self._aggregation.stage != "done"):
+            raise _remote("a model before this client revealed its shares", sender, self)
         self._version, self._centroids = message.version, message.centroids
+        self._aggregation = None
         if message.version == self.n_requests:
             self._finish(self._outcome())
             return []
         self.round_idx += 1
+        if plus and self.requests.get(self.round_idx, ()) is not None:
+            # the next round opens now: remove first (the input is taken at masked-input), then
+            # advertise this round's keys
+            out = []
+            if self.round_idx in self.requests:
+                self._remove(self.requests[self.round_idx])
+                out.append(self.send(self.server, RemovalRequest(whole_client=False), phase="removal"))
+            return out + [self._advertise()]
         if self.round_idx not in self.requests:
             # between rounds: expand the next round's mask now (the masks do not depend on the
             # data, only on the active set and the round), off the next aggregation's path
@@ -789,6 +1095,40 @@ class MUFCClient(ProtocolMachine):
             return out
         self._remove(batch)
         return [self.send(self.server, RemovalRequest(whole_client=False), phase="removal")]
+
+    # -- SecAgg+ ---------------------------------------------------------------------------------
+
+    def _advertise(self) -> Outgoing:
+        """Open this round's SecAgg+ instance and send its keys (stage 1)."""
+        assert self.secagg_plus is not None
+        self._aggregation = SecAggPlusClient(
+            self.secagg_plus,
+            self.index,
+            entropy=self._secagg_entropy,
+            instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
+        )
+        return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])
+
+    def _stage(self, sender: str) -> SecAggPlusClient:
+        self._check_server(sender)
+        if self._aggregation is None:
+            raise _remote("a SecAgg+ message outside a SecAgg+ aggregation", sender, self)
+        return self._aggregation
+
+    def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
+        shares = self._stage(sender).share_keys(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[1])]
+
+    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
+        aggregation = self._stage(sender)
+        aggregation.receive_shares(sender, message)
+        # the input is the unmasked syndromes: SecAgg+ adds the masks
+        masked = aggregation.mask_input(self._syndromes)
+        return [self.send(self.server, masked, phase=STAGES[2])]
+
+    def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
+        shares = self._stage(sender).unmask(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[3])]
 
     def _remove(self, batch: tuple[int, ...]) -> None:
         cfg = self.config
@@ -828,10 +1168,14 @@ class MUFCParties:
         requests: the global removal stream, in order: ``(client index, ids)`` to remove a batch of
             that client's points, ``(client index, None)`` for the client to leave.
         seed: derives every client's X25519 key-pair entropy (simulation; see :class:`MUFCClient`).
+        secagg_plus: aggregate with SecAgg+ under these parameters (:func:`secagg_plus_config`);
+            ``None`` (default) is the paper's SCMA.
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
 
     Raises:
         ValueError: overlapping ids, a request that does not fit the data, a client count that
-            does not match the config, or a stream that would leave no client.
+            does not match the config, a stream that would leave no client, or a
+            ``secagg_plus`` that does not fit the run.
     """
 
     def __init__(
@@ -842,9 +1186,13 @@ class MUFCParties:
         key: jax.Array,
         requests: Sequence[tuple[int, Sequence[int] | None]] = (),
         seed: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
+        session: int = 0,
     ) -> None:
         if len(parts) != config.n_clients:
             raise ValueError(f"{len(parts)} clients' data for a config of {config.n_clients} clients")
+        check_secagg_plus(config, secagg_plus)
+        self.secagg_plus, self.session = secagg_plus, session
         self.parts = [(np.asarray(x, np.float64), np.asarray(ids, np.int64)) for x, ids in parts]
         seen: set[int] = set()
         for _, ids in self.parts:
@@ -893,6 +1241,8 @@ class MUFCParties:
                 key=jax.random.fold_in(self.key, 0),
                 n_requests=m,
                 n_points=self.n_points,
+                session=self.session,
+                secagg_plus=self.secagg_plus,
             )
         if party not in self.clients:
             raise ValueError(f"{party!r} is not a party of this run")
@@ -909,6 +1259,8 @@ class MUFCParties:
             requests=self.per_client[c],
             n_requests=m,
             key_entropy=self.key_entropy(c),
+            session=self.session,
+            secagg_plus=self.secagg_plus,
         )
 
     def machines(self) -> dict[str, ProtocolMachine]:

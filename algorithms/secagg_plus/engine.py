@@ -873,10 +873,12 @@ class SecAggPlusServer:
         silent_names = sorted({self.clients[i] for i in silent})
         names = [self.clients[i] for i in owners]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        absent = len(self.clients) - len(self._active)
         return InsufficientParticipants(
             f"secure aggregation cannot recover the sum: {what}"
             + (f" (clients {shown})" if names else "")
-            + f", t = {self.config.threshold}; dropped: {', '.join(silent_names) if silent_names else 'none'}",
+            + f", t = {self.config.threshold}; dropped: {', '.join(silent_names) if silent_names else 'none'}"
+            + (f"; {absent} of the {len(self.clients)} clients left in earlier rounds" if absent else ""),
             missing=silent_names,
             party=names[0] if len(names) == 1 else None,
             round_idx=self.round_idx,
