@@ -83,7 +83,7 @@ from fedproto.algorithms.fastlloyd.messages import (
     SealedSeeds,
     SurvivorAggregate,
 )
-from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusClient, SecAggPlusConfig, SecAggPlusServer
+from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
 from fedproto.algorithms.secagg_plus.messages import (
     AdvertiseKeys,
     EncryptedShares,
@@ -93,7 +93,7 @@ from fedproto.algorithms.secagg_plus.messages import (
     UnmaskRequest,
     UnmaskShares,
 )
-from fedproto.algorithms.secagg_plus.protocol import instance_bytes
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
@@ -220,7 +220,7 @@ class ServerState(enum.Enum):
     ERROR = enum.auto()
 
 
-class FastLloydClient(ProtocolMachine):
+class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
     """A FastLloyd client (sans-IO).
 
     Args:
@@ -294,7 +294,6 @@ class FastLloydClient(ProtocolMachine):
         self._unassigned: list[int] = []
         self._noisy_counts: list[np.ndarray] = []
         self.secagg_plus = secagg_plus
-        self._aggregation: SecAggPlusClient | None = None
 
     @property
     def phase(self) -> str:
@@ -357,13 +356,12 @@ class FastLloydClient(ProtocolMachine):
     def _update(self) -> Outgoing:
         if self.secagg_plus is not None:
             # The iteration opens a SecAgg+ aggregation; the update goes out in its masked-input stage.
-            self._aggregation = SecAggPlusClient(
+            return self._open_aggregation(
                 self.secagg_plus,
                 self.client_idx,
                 entropy=self._entropy,
                 instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
             )
-            return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])
         return self.send(self.server, MaskedUpdate(masked=self._masked_statistics()), phase="update")
 
     def _masked_statistics(self) -> np.ndarray:
@@ -383,25 +381,8 @@ class FastLloydClient(ProtocolMachine):
         assert self._masks is not None
         return encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
 
-    def _stage(self, sender: str) -> SecAggPlusClient:
-        self._check_from_server(sender)
-        if self._aggregation is None:
-            raise RemoteProtocolError("a SecAgg+ message in a run without SecAgg+", party=sender, round_idx=self.round_idx)
-        return self._aggregation
-
-    def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
-        shares = self._stage(sender).share_keys(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[1])]
-
-    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
-        aggregation = self._stage(sender)
-        aggregation.receive_shares(sender, message)
-        masked = aggregation.mask_input(self._masked_statistics().reshape(-1))
-        return [self.send(self.server, masked, phase=STAGES[2])]
-
-    def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
-        shares = self._stage(sender).unmask(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[3])]
+    def _secagg_input(self) -> np.ndarray:
+        return self._masked_statistics().reshape(-1)
 
     def _on_survivor_aggregate(self, sender: str, message: SurvivorAggregate) -> list[Outgoing]:
         aggregation = self._stage(sender)

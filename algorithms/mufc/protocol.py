@@ -123,7 +123,7 @@ from fedproto.algorithms.secagg_plus.messages import (
     UnmaskRequest,
     UnmaskShares,
 )
-from fedproto.algorithms.secagg_plus.protocol import instance_bytes
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
@@ -882,7 +882,7 @@ class ClientState(enum.Enum):
     ERROR = enum.auto()
 
 
-class MUFCClient(ProtocolMachine):
+class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
     """A MUFC client: seeds locally, uploads masked syndromes, serves its own removal requests.
 
     Args:
@@ -1101,34 +1101,16 @@ class MUFCClient(ProtocolMachine):
     def _advertise(self) -> Outgoing:
         """Open this round's SecAgg+ instance and send its keys (stage 1)."""
         assert self.secagg_plus is not None
-        self._aggregation = SecAggPlusClient(
+        return self._open_aggregation(
             self.secagg_plus,
             self.index,
             entropy=self._secagg_entropy,
             instance=instance_bytes(self.session, self.round_idx, _SECAGG_PURPOSE),
         )
-        return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])
 
-    def _stage(self, sender: str) -> SecAggPlusClient:
-        self._check_server(sender)
-        if self._aggregation is None:
-            raise _remote("a SecAgg+ message outside a SecAgg+ aggregation", sender, self)
-        return self._aggregation
-
-    def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
-        shares = self._stage(sender).share_keys(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[1])]
-
-    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
-        aggregation = self._stage(sender)
-        aggregation.receive_shares(sender, message)
+    def _secagg_input(self) -> object:
         # the input is the unmasked syndromes: SecAgg+ adds the masks
-        masked = aggregation.mask_input(self._syndromes)
-        return [self.send(self.server, masked, phase=STAGES[2])]
-
-    def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
-        shares = self._stage(sender).unmask(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[3])]
+        return self._syndromes
 
     def _remove(self, batch: tuple[int, ...]) -> None:
         cfg = self.config

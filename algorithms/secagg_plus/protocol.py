@@ -46,6 +46,7 @@ from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
 
 __all__ = [
+    "SecAggPlusClientRole",
     "SumClient",
     "SumClientResult",
     "SumResult",
@@ -112,6 +113,51 @@ class SumClientState(enum.Enum):
     AGGREGATING = enum.auto()
     DONE = enum.auto()
     ERROR = enum.auto()
+
+
+class SecAggPlusClientRole:
+    """The client side of an embedded SecAgg+ aggregation, for a :class:`ProtocolMachine` subclass.
+
+    Mix it into a client role (``class MyClient(SecAggPlusClientRole, ProtocolMachine)``), put
+    ``_on_neighbour_keys``, ``_on_forwarded_shares`` and ``_on_unmask_request`` in its transition
+    table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
+    aggregation starts and send what it returns, and implement :meth:`_secagg_input`: the vector
+    this client contributes, asked for when the masked input is due. The role needs the machine's
+    ``server`` (party name) and keeps the round's engine in ``_aggregation``.
+    """
+
+    server: str
+    _aggregation: SecAggPlusClient | None = None
+
+    def _open_aggregation(self, config: SecAggPlusConfig, index: int, *, entropy: bytes, instance: bytes) -> Outgoing:
+        """Start this round's aggregation; return the stage-1 message to send."""
+        self._aggregation = SecAggPlusClient(config, index, entropy=entropy, instance=instance)
+        return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])  # type: ignore[attr-defined]
+
+    def _secagg_input(self) -> object:
+        """The vector this client sums in the running aggregation (``[L]`` in the algebra)."""
+        raise NotImplementedError
+
+    def _stage(self, sender: str) -> SecAggPlusClient:
+        if sender != self.server:
+            raise RemoteProtocolError(f"{sender} is not the server", party=sender, round_idx=self.round_idx)  # type: ignore[attr-defined]
+        if self._aggregation is None:
+            raise RemoteProtocolError("a SecAgg+ message outside a SecAgg+ aggregation", party=sender)
+        return self._aggregation
+
+    def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
+        shares = self._stage(sender).share_keys(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[1])]  # type: ignore[attr-defined]
+
+    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
+        aggregation = self._stage(sender)
+        aggregation.receive_shares(sender, message)
+        masked = aggregation.mask_input(self._secagg_input())
+        return [self.send(self.server, masked, phase=STAGES[2])]  # type: ignore[attr-defined]
+
+    def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
+        shares = self._stage(sender).unmask(sender, message)
+        return [self.send(self.server, shares, phase=STAGES[3])]  # type: ignore[attr-defined]
 
 
 class SumServer(ProtocolMachine):
@@ -218,7 +264,7 @@ class SumServer(ProtocolMachine):
         return out
 
 
-class SumClient(ProtocolMachine):
+class SumClient(SecAggPlusClientRole, ProtocolMachine):
     """A summation client (sans-IO).
 
     Args:
@@ -239,9 +285,9 @@ class SumClient(ProtocolMachine):
     DEADLINE_FACTOR = 2.0
     INITIAL_STATE = SumClientState.AGGREGATING
     TRANSITIONS = {
-        (SumClientState.AGGREGATING, NeighbourKeys): ("_on_keys", SumClientState.AGGREGATING),
-        (SumClientState.AGGREGATING, ForwardedShares): ("_on_shares", SumClientState.AGGREGATING),
-        (SumClientState.AGGREGATING, UnmaskRequest): ("_on_unmask", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, NeighbourKeys): ("_on_neighbour_keys", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, ForwardedShares): ("_on_forwarded_shares", SumClientState.AGGREGATING),
+        (SumClientState.AGGREGATING, UnmaskRequest): ("_on_unmask_request", SumClientState.AGGREGATING),
         (SumClientState.AGGREGATING, SumResult): ("_on_result", SumClientState.AGGREGATING),
     }
 
@@ -269,44 +315,29 @@ class SumClient(ProtocolMachine):
             raise ValueError("inputs must hold at least one round")
         self._entropy = bytes(entropy)
         self._totals: list[np.ndarray] = []
-        self._engine = self._new_engine()
 
-    def _new_engine(self) -> SecAggPlusClient:
-        return SecAggPlusClient(
+    def _open(self) -> Outgoing:
+        return self._open_aggregation(
             self.config, self.index, entropy=self._entropy, instance=instance_bytes(self.session, self.round_idx)
         )
 
+    def _secagg_input(self) -> object:
+        return self._inputs[self.round_idx]
+
     @property
     def phase(self) -> str:
-        return self._engine.stage if self._state is SumClientState.AGGREGATING else self._state.name.lower()
+        if self._state is SumClientState.AGGREGATING and self._aggregation is not None:
+            return self._aggregation.stage
+        return self._state.name.lower()
 
     def pending(self) -> Sequence[str]:
         return () if self.done or self.failed else (self.server,)
 
-    def _check_server(self, sender: str) -> None:
-        if sender != self.server:
-            raise RemoteProtocolError(f"{sender} is not the server", party=sender, round_idx=self.round_idx)
-
     def _start(self) -> list[Outgoing]:
-        return [self.send(self.server, self._engine.advertise(), phase=STAGES[0])]
-
-    def _on_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
-        self._check_server(sender)
-        return [self.send(self.server, self._engine.share_keys(sender, message), phase=STAGES[1])]
-
-    def _on_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
-        self._check_server(sender)
-        self._engine.receive_shares(sender, message)
-        masked = self._engine.mask_input(self._inputs[self.round_idx])
-        return [self.send(self.server, masked, phase=STAGES[2])]
-
-    def _on_unmask(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
-        self._check_server(sender)
-        return [self.send(self.server, self._engine.unmask(sender, message), phase=STAGES[3])]
+        return [self._open()]
 
     def _on_result(self, sender: str, message: SumResult) -> list[Outgoing]:
-        self._check_server(sender)
-        if self._engine.stage != "done":
+        if self._stage(sender).stage != "done":
             raise RemoteProtocolError("a sum before this client revealed its shares", party=sender)
         try:
             total = self.config.modulus.from_wire(np.asarray(message.total), self.config.vector_length)
@@ -317,5 +348,4 @@ class SumClient(ProtocolMachine):
         if self.round_idx == len(self._inputs):
             self._finish(SumClientResult(tuple(self._totals)))
             return []
-        self._engine = self._new_engine()
-        return [self.send(self.server, self._engine.advertise(), phase=STAGES[0])]
+        return [self._open()]
