@@ -43,10 +43,13 @@ __all__ = [
     "encode_fixed",
     "headroom",
     "open_seed",
+    "open_with_shared",
     "quantize_noise",
     "ring_dtype",
     "seal_seed",
+    "seal_with_shared",
     "x25519_keypair",
+    "x25519_shared",
 ]
 
 SEED_BYTES = 32
@@ -551,18 +554,84 @@ def x25519_keypair(entropy: bytes) -> tuple[X25519PrivateKey, bytes]:
     return private_key, private_key.public_key().public_bytes_raw()
 
 
-def _sealing_key(private_key: X25519PrivateKey, peer_public: bytes, sender: bytes, receiver: bytes, context: bytes) -> bytes:
+def _key_from_shared(shared: bytes, sender: bytes, receiver: bytes, context: bytes) -> bytes:
     if not isinstance(context, bytes):
         raise TypeError(f"context must be bytes, got {type(context).__name__}")
-    try:
-        peer = X25519PublicKey.from_public_bytes(bytes(peer_public))
-        shared = private_key.exchange(peer)
-    except ValueError as exc:
-        raise ValueError(f"invalid X25519 peer public key: {exc}") from exc
     # Both public keys, in sender -> receiver order, make the key direction-specific: A sealing
     # to B and B sealing to A under the same context use different keys.
     info = _SEAL_INFO + _length_prefixed(sender, receiver, context)
     return _hkdf(shared, info)
+
+
+def x25519_shared(private_key: X25519PrivateKey, peer_public: bytes) -> bytes:
+    """The X25519 shared secret of ``private_key`` and a peer's raw 32-byte public key.
+
+    A party that seals to and opens from the same peer agrees once and passes the secret to
+    `seal_with_shared` / `open_with_shared` (SecAgg+ clients do, per neighbour).
+
+    Raises:
+        ValueError: an invalid peer public key (wrong length or a low-order point).
+
+    References:
+        RFC 7748 (X25519).
+    """
+    try:
+        return private_key.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+    except ValueError as exc:
+        raise ValueError(f"invalid X25519 peer public key: {exc}") from exc
+
+
+def _sealing_key(private_key: X25519PrivateKey, peer_public: bytes, sender: bytes, receiver: bytes, context: bytes) -> bytes:
+    if not isinstance(context, bytes):
+        raise TypeError(f"context must be bytes, got {type(context).__name__}")
+    return _key_from_shared(x25519_shared(private_key, peer_public), sender, receiver, context)
+
+
+def seal_with_shared(shared: bytes, sender_public: bytes, receiver_public: bytes, seed: bytes, context: bytes) -> bytes:
+    """`seal_seed` from an X25519 shared secret already agreed (`x25519_shared`): the same key
+    derivation and AEAD, so `open_seed` and `open_with_shared` open it.
+
+    Args:
+        shared: the 32-byte X25519 shared secret of sender and receiver.
+        sender_public, receiver_public: both raw public keys (they bind the direction).
+        seed: the secret to send (non-empty). context: as in `seal_seed`.
+
+    Returns:
+        ``ciphertext || tag``: ``len(seed) + 16`` bytes.
+
+    Raises:
+        ValueError: an empty seed. TypeError: wrong argument types.
+    """
+    if not isinstance(seed, bytes | bytearray | memoryview):
+        raise TypeError(f"seed must be bytes, got {type(seed).__name__}")
+    if len(seed) == 0:
+        raise ValueError("seed must not be empty")
+    key = _key_from_shared(bytes(shared), bytes(sender_public), bytes(receiver_public), context)
+    return ChaCha20Poly1305(key).encrypt(_SEAL_NONCE, bytes(seed), context)
+
+
+def open_with_shared(shared: bytes, sender_public: bytes, receiver_public: bytes, sealed: bytes, context: bytes) -> bytes:
+    """`open_seed` from an X25519 shared secret already agreed (`x25519_shared`).
+
+    Raises:
+        ValueError: "sealed seed failed authentication" (tampering, a wrong key, sender or
+            context, or too few bytes). TypeError: wrong argument types.
+    """
+    if not isinstance(sealed, bytes | bytearray | memoryview):
+        raise TypeError(f"sealed must be bytes, got {type(sealed).__name__}")
+    sealed = bytes(sealed)
+    key = _key_from_shared(bytes(shared), bytes(sender_public), bytes(receiver_public), context)
+    if len(sealed) <= _SEAL_TAG_BYTES:
+        raise ValueError(
+            f"sealed seed failed authentication: {len(sealed)} bytes is too short "
+            f"(need more than the {_SEAL_TAG_BYTES}-byte tag)"
+        )
+    try:
+        return ChaCha20Poly1305(key).decrypt(_SEAL_NONCE, sealed, context)
+    except InvalidTag:
+        raise ValueError(
+            "sealed seed failed authentication (wrong key, wrong sender, wrong context or tampered data)"
+        ) from None
 
 
 def seal_seed(private_key: X25519PrivateKey, peer_public: bytes, seed: bytes, context: bytes) -> bytes:

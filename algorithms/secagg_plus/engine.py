@@ -16,7 +16,7 @@ or 64, FastLloyd's fixed point) or a prime field ``F_p`` (MUFC's syndromes), in 
 3. ``masked-input``: client u sends ``y_u = x_u + PRG(b_u) + sum_{v in N(u) & U2} sign(u, v)
    PRG(s_{u,v})``, with ``s_{u,v}`` = HKDF of the X25519 agreement of ``s_u^SK`` and
    ``s_v^PK``, ``sign = +1`` if ``u < v`` else ``-1``, so the pairwise masks of two senders
-   cancel. The server names the clients of ``U2`` that sent nothing (``D = U2 \\ U3``).
+   cancel. The server tells each client which of its neighbours in ``U2`` sent nothing (``D = U2 \\ U3``).
 4. ``unmask``: client u in ``U3`` sends, for each neighbour v in ``U2``, its share of ``s_v^SK``
    if ``v`` is in ``D`` and its share of ``b_v`` otherwise; never both for the same v. With t
    shares of each, the server removes the self masks of ``U3`` and the pairwise masks that
@@ -398,8 +398,8 @@ def complete_config(n_clients: int, vector_length: int, modulus: Modulus, *, gra
 
 
 def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict[str, int]]:
-    """Data bytes one client sends and receives per stage when no one (or ``dropped`` of its
-    neighbours, at the masked input) drops: the analytic cost, without envelopes.
+    """Data bytes one client sends and receives per stage when no one drops (or ``dropped`` of its
+    neighbours drop at the masked input): the analytic cost, without envelopes.
 
     Per client (``k`` = degree, ``L`` = vector length, ``w`` = element bytes, ``s`` =
     :data:`~fedproto.algorithms.secagg_plus.shamir.SHARE_BYTES`, ``c`` = ciphertext bytes
@@ -407,7 +407,7 @@ def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict
 
     * ``advertise-keys``: sent ``64``; received ``k (4 + 64)``;
     * ``share-keys``: sent ``k (4 + c)``; received ``k (4 + c)``;
-    * ``masked-input``: sent ``L w``; received ``4 D`` (the dropped list, ``D`` clients);
+    * ``masked-input``: sent ``L w``; received ``4 D`` (its neighbours that dropped, ``D``);
     * ``unmask``: sent ``k (4 + s)``; received nothing.
 
     So a client's bytes grow as ``k``: ``O(log n)`` for SecAgg+, ``n - 1`` for the complete graph.
@@ -515,8 +515,10 @@ class SecAggPlusClient:
         self.instance = bytes(instance)
         derive = functools.partial(secagg.derive_bytes, entropy)
         self._encryption_key = _private_key(derive(_info(b"encryption-key", self.instance, index)))
+        self._encryption_public = _public_bytes(self._encryption_key)
         self._masking_raw = derive(_info(b"masking-key", self.instance, index))
         self._masking_key = _private_key(self._masking_raw)
+        self._encryption_shared: dict[int, bytes] = {}  # neighbour -> X25519(c_u, c_v), agreed once
         self._self_seed = derive(_info(b"self-seed", self.instance, index))
         self._share_entropy = derive(_info(b"share-coefficients", self.instance, index))
         self.stage = STAGES[0]
@@ -534,9 +536,7 @@ class SecAggPlusClient:
         if self.stage != STAGES[0]:
             raise LocalProtocolError(f"advertise() at stage {self.stage}")
         self.stage = STAGES[1]
-        return AdvertiseKeys(
-            encryption_key=_public_bytes(self._encryption_key), masking_key=_public_bytes(self._masking_key)
-        )
+        return AdvertiseKeys(encryption_key=self._encryption_public, masking_key=_public_bytes(self._masking_key))
 
     def share_keys(self, sender: str, message: NeighbourKeys) -> EncryptedShares:
         """Stage 2: Shamir-share ``b_u`` and ``s_u^SK`` among the neighbours and encrypt.
@@ -567,11 +567,14 @@ class SecAggPlusClient:
         s_shares = shamir.split_secret(self._masking_raw, xs, cfg.threshold, self._share_entropy + b"s")
         ciphertexts = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
         for row, v in enumerate(neighbours):
-            sealed = secagg.seal_seed(
-                self._encryption_key,
-                self._neighbour_keys[v][0],
-                b_shares[row] + s_shares[row],
-                _share_context(self.instance, self.index, v),
+            peer = self._neighbour_keys[v][0]
+            try:
+                shared = secagg.x25519_shared(self._encryption_key, peer)
+            except ValueError as exc:
+                raise RemoteProtocolError(f"client {v}'s encryption key: {exc}", party=sender) from None
+            self._encryption_shared[v] = shared
+            sealed = secagg.seal_with_shared(
+                shared, self._encryption_public, peer, b_shares[row] + s_shares[row], _share_context(self.instance, self.index, v)
             )
             ciphertexts[row] = np.frombuffer(sealed, dtype=np.uint8)
         self.stage = STAGES[2]
@@ -593,9 +596,10 @@ class SecAggPlusClient:
             if keys is None:
                 raise RemoteProtocolError(f"forwarded shares from client {v}, which is not a neighbour with keys", party=sender)
             try:
-                plain = secagg.open_seed(
-                    self._encryption_key,
+                plain = secagg.open_with_shared(
+                    self._encryption_shared[v],
                     keys[0],
+                    self._encryption_public,
                     np.asarray(message.ciphertexts[row], dtype=np.uint8).tobytes(),
                     _share_context(self.instance, v, self.index),
                 )
@@ -729,6 +733,8 @@ class SecAggPlusServer:
         self._neighbours_of: dict[int, np.ndarray] = {}
         self._forwarded_from: dict[int, np.ndarray] = {}
         self._unmask_dropped: np.ndarray = np.zeros(0, dtype=np.uint32)
+        # The clients the current stage still waits for, kept as messages arrive (O(1) each).
+        self._waiting: set[int] = set(self._active)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -737,12 +743,13 @@ class SecAggPlusServer:
         """True once the sum is known."""
         return self.outcome is not None
 
-    def _expected(self) -> set[int]:
+    def _expected(self) -> Mapping[int, object] | set[int]:
+        """The clients of the current stage (a set or a dict keyed by client; membership only)."""
         return {
             STAGES[0]: self._active,
-            STAGES[1]: set(self._keys),
-            STAGES[2]: set(self._shared),
-            STAGES[3]: set(self._inputs),
+            STAGES[1]: self._keys,
+            STAGES[2]: self._shared,
+            STAGES[3]: self._inputs,
         }.get(self.stage, set())
 
     def _received(self) -> Mapping[int, object]:
@@ -752,8 +759,7 @@ class SecAggPlusServer:
 
     def pending(self) -> list[str]:
         """The clients the current stage still waits for, in client order."""
-        got = self._received()
-        return [self.clients[i] for i in sorted(self._expected() - set(got) - self._dropped)]
+        return [self.clients[i] for i in sorted(self._waiting)]
 
     def is_dropped(self, party: str) -> bool:
         """True for a client that dropped in this aggregation (its late messages are to be ignored)."""
@@ -802,6 +808,7 @@ class SecAggPlusServer:
                 f"second {self.stage} message from {sender}", party=sender, round_idx=self.round_idx, phase=self.stage
             )
         store[index] = self._check(index, sender, message)  # type: ignore[index]
+        self._waiting.discard(index)
         return self._advance()
 
     def _check(self, index: int, sender: str, message: Message) -> object:
@@ -843,8 +850,8 @@ class SecAggPlusServer:
         return self._advance()
 
     def _mark_gone(self) -> None:
-        waiting = self._expected() - set(self._received())
-        for index in sorted(waiting & self._gone - self._dropped):
+        for index in sorted(i for i in self._gone if i in self._waiting):
+            self._waiting.discard(index)
             self._dropped.add(index)
             self.dropouts[self.clients[index]] = self.stage
 
@@ -856,15 +863,18 @@ class SecAggPlusServer:
             if self.outcome is not None:
                 return out
             self._mark_gone()
-            if self.pending():
+            if self._waiting:
                 return out
             stage = self.stage
             if stage == STAGES[0]:
                 out += self._close_advertise()
+                self._waiting = set(self._keys)
             elif stage == STAGES[1]:
                 out += self._close_share_keys()
+                self._waiting = set(self._shared)
             elif stage == STAGES[2]:
                 out += self._close_masked_input()
+                self._waiting = set(self._inputs)
             else:
                 self._close_unmask()
 
@@ -949,8 +959,19 @@ class SecAggPlusServer:
             raise self._fail("fewer than t neighbours sent their input", short, self._dropped)
         self._unmask_dropped = np.asarray(gone, dtype=np.uint32)
         self.stage = STAGES[3]
-        dests = tuple(self.clients[u] for u in sorted(survivors))
-        return [Broadcast(dests, UnmaskRequest(dropped=self._unmask_dropped), self.round_idx, STAGES[2])]
+        if not gone:
+            dests = tuple(self.clients[u] for u in sorted(survivors))
+            return [Broadcast(dests, UnmaskRequest(dropped=self._unmask_dropped), self.round_idx, STAGES[2])]
+        # Each survivor hears only of its own neighbours that dropped: O(k) bytes, not O(n).
+        return [
+            Send(
+                self.clients[u],
+                UnmaskRequest(dropped=np.intersect1d(self._forwarded_from[u], self._unmask_dropped).astype(np.uint32)),
+                self.round_idx,
+                STAGES[2],
+            )
+            for u in sorted(survivors)
+        ]
 
     def _close_unmask(self) -> None:
         cfg = self.config

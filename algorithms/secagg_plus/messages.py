@@ -9,7 +9,7 @@ Clients are named on the wire by their 0-based index in the aggregation's client
   holding a Shamir share of the client's self-mask seed and one of its masking key);
   :class:`ForwardedShares` server -> client (the ciphertexts addressed to it).
 * ``masked-input``: :class:`MaskedInput` client -> server (the input plus its masks);
-  :class:`UnmaskRequest` server -> every client that sent one (the clients that did not).
+  :class:`UnmaskRequest` server -> every client that sent one (its neighbours that did not).
 * ``unmask``: :class:`UnmaskShares` client -> server (for each neighbour, either the share of its
   self-mask seed, if it sent its input, or the share of its masking key, if it did not; never
   both).
@@ -142,8 +142,10 @@ class MaskedInput(Message):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class UnmaskRequest(Message):
-    """The clients (``uint32 [m]``, increasing) that shared keys but sent no masked input: their
-    masking keys are to be revealed, every other neighbour's self-mask seed."""
+    """The receiving client's neighbours (``uint32 [m]``, increasing) that shared keys but sent no
+    masked input: their masking keys are to be revealed, every other neighbour's self-mask seed.
+    Only the receiver's own neighbours are listed, so the message is ``O(k)`` bytes whatever the
+    number of clients."""
 
     TAG = "sa.req"
     dropped: np.ndarray = array_field("uint32", 1)

@@ -372,3 +372,18 @@ def test_plus_parameters_fall_back_to_the_complete_graph_for_few_clients():
     config = engine.plus_config(10, 4, MODULI["ring32"])
     assert config.degree == 9 and config.complete
     assert shamir.SHARE_BYTES == 33
+
+
+def test_each_survivor_hears_only_of_its_own_dropped_neighbours():
+    """The unmask request lists a client's dropped neighbours, not every dropped client: its size
+    is 4 bytes per dropped neighbour over a constant envelope, whatever n."""
+    config = _config(n=30, degree=6, threshold=3, seed=9)
+    dropped = {2: "masked-input", 17: "masked-input", 25: "masked-input"}
+    assert _recoverable(config, dropped)
+    sim = simulate(config, _inputs(config), dropouts=dropped)
+    received = sim.received_bytes["masked-input"]
+    survivors = [u for u in range(config.n_clients) if u not in dropped]
+    rest = {int(received[u]) - 4 * len(set(config.neighbours[u]) & set(dropped)) for u in survivors}
+    assert len(rest) == 1
+    assert any(set(config.neighbours[u]) & set(dropped) for u in survivors)
+    assert any(not set(config.neighbours[u]) & set(dropped) for u in survivors)
