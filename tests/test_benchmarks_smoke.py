@@ -35,9 +35,16 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "scma.py": ("SCMA decoding time as the support m = K*L grows", {"scma_decoding", "scma_upload"}),
     "mufc_unlearning.py": ("Unlearning: mean ms per random single-point removal", {"mufc_quality", "mufc_unlearning"}),
     "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup"}),
+    "secagg.py": (
+        "Bytes per client per stage (sent + received, mean over the n clients)",
+        {"secagg_bytes", "secagg_time", "secagg_growth"},
+    ),
 }
 #: Scripts that draw a figure (sent to the test's temporary directory).
-PLOTTING = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py"}
+PLOTTING = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py", "secagg.py"}
+#: Extra arguments of a script's smoke run: secagg.py's ``--quick`` (n = 100 and 1,000, about a
+#: minute) is cut to n = 20 and 50 (a few seconds), which still runs every scheme and table.
+SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"]}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
 #: MPI ranks that each import JAX) and startup (three fresh ``fedproto run`` processes, about
@@ -77,7 +84,7 @@ def test_every_script_is_listed_here_and_in_the_readme():
 def test_benchmark_runs_quick_prints_its_table_and_writes_records(script, tmp_path):
     title, tables = SCRIPTS[script]
     path = tmp_path / "records.json"
-    command = [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(path)]
+    command = [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(path), *SMOKE_ARGS.get(script, [])]
     if script in PLOTTING:
         command += ["--plot", str(tmp_path / "figure.png")]
     out = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
