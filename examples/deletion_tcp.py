@@ -1,12 +1,13 @@
 """DC-k-means with deletion requests, every party as its own OS process, talking TCP on loopback.
 
-The deployment version of ``deletion_memory.py``: a roster file (every party's address, the run's
-session and shared secret; see :class:`fedproto.Roster`) is the only thing the parties share.
-:func:`fedproto.launch_local` binds one listening socket per party on loopback, writes the roster
-and starts this script once per party (``--party NAME --roster FILE --listen-fd FD``); each party
-process derives the same public tree and leaf table from the arguments, builds only its own machine
-(a leaf gets only its own points), serves its ``TcpTransport`` (HMAC handshake, length-prefixed
-frames) on the socket it inherited and runs it with ``run_party``. The launcher waits for all of
+The deployment version of ``deletion_memory.py``: each party gets a kit (its own TLS key and
+certificate, and a roster file with every party's address and the run's session; see
+:class:`fedproto.Roster`). :func:`fedproto.launch_local` binds one listening socket per party on
+loopback, provisions a throwaway kit per party and starts this script once per party
+(``--party NAME --roster KIT/roster.json --listen-fd FD``); each party process derives the same
+public tree and leaf table from the arguments, builds only its own machine (a leaf gets only its
+own points), serves its ``TcpTransport`` (mutual TLS 1.3, length-prefixed frames) on the socket it
+inherited and runs it with ``run_party``. The launcher waits for all of
 them (with a timeout, stopping the others when one fails); this script then merges their reports
 and prints the centroids and the exact payload bytes: the same as the in-memory example's for the
 same arguments, with the same zero bytes from the leaves off each deletion's path.

@@ -1,11 +1,12 @@
 """FastLloyd with every party as its own OS process, talking TCP on loopback.
 
-Shows how a real deployment is wired: a roster file (every party's address, the run's session
-and shared secret; see :class:`fedproto.Roster`) is the only thing the parties share.
-:func:`fedproto.launch_local` binds one listening socket per party on loopback, writes the
-roster and starts this script once per party (``--party NAME --roster FILE --listen-fd FD``);
-each party process builds only its own machine, serves its ``TcpTransport`` (HMAC handshake,
-length-prefixed frames) on the socket it inherited and runs it with ``run_party``. The launcher
+Shows how a real deployment is wired: each party gets a kit (its own TLS key and certificate
+from the run's federation CA, and a roster file with every party's address and the run's
+session; see :class:`fedproto.Roster`). :func:`fedproto.launch_local` binds one listening socket
+per party on loopback, provisions a throwaway kit per party and starts this script once per
+party (``--party NAME --roster KIT/roster.json --listen-fd FD``); each party process builds only
+its own machine, serves its ``TcpTransport`` (mutual TLS 1.3, length-prefixed frames) on the
+socket it inherited and runs it with ``run_party``. The launcher
 waits for all of them (with a timeout, stopping the others when one fails), then this script
 merges their reports and prints the centroids and the exact payload bytes, the same as the
 in-memory example's for the same arguments.
@@ -14,10 +15,11 @@ Run (from the repository root, in the project's environment)::
 
     python examples/fastlloyd_tcp.py --data iris --clients 2 --epsilon 1 --seed 0
 
-On several hosts, write a roster with each party's host address (``Roster.create({...},
-session=SESSION).save("roster.json")``), copy it to every host and start
-``python examples/fastlloyd_tcp.py --party NAME --roster roster.json --out NAME.json`` there
-(without ``--listen-fd`` a party binds the address the roster gives it).
+On several hosts, provision the federation with each party's host address (``fedproto provision
+--parties ... --address NAME=HOST:PORT ... --session SESSION --out federation``), copy each host
+its party's kit and start ``python examples/fastlloyd_tcp.py --party NAME --roster
+federation/NAME/roster.json --out NAME.json`` there (without ``--listen-fd`` a party binds the
+address the roster gives it).
 """
 
 from __future__ import annotations

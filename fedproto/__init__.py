@@ -43,7 +43,7 @@ from fedproto.messages import (
     bigints_field,
 )
 from fedproto.metering import LinkRecord, Meter, RunReport
-from fedproto.roster import Roster
+from fedproto.roster import Roster, TlsFiles
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.transport import Network, Transport
 
@@ -93,6 +93,7 @@ __all__ = [
     "RunReport",
     "LinkRecord",
     "Roster",
+    "TlsFiles",
     "launch_local",
     "__version__",
 ]

@@ -7,8 +7,11 @@ Commands:
   loopback (:func:`fedproto.launcher.launch_local`) and merges their reports; ``--transport mpi``
   is run under ``mpiexec -n <parties> fedproto run ...`` with one party per rank (rank 0 prints).
 * ``fedproto party PROTOCOL --party NAME --roster FILE [options]``: run one party of a TCP run
-  (on any host), given the roster file (:class:`fedproto.roster.Roster`: party addresses, the
-  run's secret and session).
+  (on any host), given the roster file of its kit (:class:`fedproto.roster.Roster`: party
+  addresses, the party's TLS material, the session); links are mutual TLS 1.3, or the insecure
+  shared-secret handshake with ``--insecure-shared-secret``.
+* ``fedproto provision --parties NAME,NAME,... (--address PARTY=HOST:PORT ... | --hub HOST:PORT)
+  --out DIR``: make a federation's CA and one kit per party (:mod:`fedproto.provision`).
 * ``fedproto list``: installed protocols and transports, one line each (a plugin that cannot be
   imported is listed as broken, with the reason).
 
@@ -53,12 +56,12 @@ from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
 from fedproto.metering import Meter, RunReport
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_display, progress_task
-from fedproto.roster import Roster
+from fedproto.roster import Roster, _check_address
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = ("run", "party", "list")
+COMMANDS = ("run", "party", "provision", "list")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
 _LAUNCHER_OPTIONS = {"--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False}
@@ -236,7 +239,15 @@ def _common_arguments(
     )
     if party:
         group.add_argument("--party", required=True, help="the party this process runs (e.g. server, client-0)")
-        group.add_argument("--roster", required=True, help="roster JSON: session, secret, party addresses")
+        group.add_argument(
+            "--roster", required=True,
+            help="roster JSON of this party's kit (fedproto provision): party addresses, TLS files, session",
+        )
+        group.add_argument(
+            "--insecure-shared-secret", action="store_true",
+            help="authenticate with the roster's shared secret instead of TLS: any holder of the secret can "
+            "claim any party's name and frames travel unencrypted (loopback experiments only)",
+        )
         group.add_argument("--party-report", default=None, help="write this party's report and result here (JSON)")
         group.add_argument(
             "--listen-fd", type=_int_at_least(0), default=None, metavar="FD",
@@ -262,6 +273,38 @@ def _common_arguments(
             help="each client drops out with probability R (0 <= R < 1) at a stage and round drawn "
             "uniformly from those the protocol survives, from --seed",
         )
+    _global_arguments(parser, top=False)
+
+
+def _provision_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``fedproto provision`` (checked further in :func:`_command_provision`)."""
+    parser.add_argument(
+        "--parties", required=True, metavar="NAME,NAME,...",
+        help="every party in roster order, comma-separated (e.g. server,client-0,client-1); each name one DNS "
+        "label: lowercase letters, digits and '-'",
+    )
+    parser.add_argument(
+        "--address", action="append", default=None, metavar="PARTY=HOST:PORT",
+        help="where PARTY listens (repeatable); every party needs one unless --hub is given",
+    )
+    parser.add_argument(
+        "--hub", default=None, metavar="HOST:PORT",
+        help="where the first party (the coordinating one) listens; every other party without --address "
+        "gets the hub's host and the next free port from --base-port",
+    )
+    parser.add_argument(
+        "--base-port", type=_int_at_least(1), default=None, metavar="PORT",
+        help="with --hub: first port of the other parties, numbered in roster order (default: the hub's port + 1)",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory: must not exist, or be empty")
+    parser.add_argument(
+        "--valid-days", type=_int_at_least(1), default=365, metavar="N",
+        help="days the certificates are valid (default 365)",
+    )
+    parser.add_argument(
+        "--session", type=_int_at_least(0, "a non-negative integer"), default=None, metavar="N",
+        help="write this session id into every roster (parties started with options making another refuse)",
+    )
     _global_arguments(parser, top=False)
 
 
@@ -314,6 +357,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a protocol end to end", description=protocol_help)
     party = commands.add_parser("party", help="run one party of a TCP run", description=protocol_help)
     commands.add_parser("list", help="list protocols and transports", description="installed protocols and transports")
+    _provision_arguments(
+        commands.add_parser(
+            "provision", help="make a federation's CA and one TLS kit per party",
+            description="Make a federation CA and, per party, a kit directory OUT/PARTY (the CA's certificate, the "
+            "party's certificate and private key, its roster.json) to copy to that party's host; the CA's key goes "
+            "to OUT/ca/ca.key only.",
+        )
+    )
     plugins: dict[str, Any] = {}
     if argv is None:
         for name in registry.protocol_names():
@@ -590,25 +641,66 @@ def _forward_party_logs(outcomes: Mapping[str, Any]) -> None:
                 print(f"[{party}] {line}", file=sys.stderr)
 
 
-def _run_party_tcp(plan: RunPlan, args: argparse.Namespace) -> int:
+def _party_roster(args: argparse.Namespace) -> Roster:
+    """The party's roster file, checked to hold what ``--insecure-shared-secret`` (or its absence)
+    needs: its TLS material by default, a secret with the option."""
     roster = Roster.load(args.roster)
+    if args.insecure_shared_secret:
+        if roster.secret is None:
+            raise ValueError(
+                f"roster {args.roster} has no secret for --insecure-shared-secret "
+                "(it holds a TLS kit: leave the option out)"
+            )
+    elif roster.tls is None:
+        raise ValueError(
+            f"roster {args.roster} has no TLS material (make one kit per party with fedproto provision); to use its "
+            "shared secret instead, which is insecure, pass --insecure-shared-secret"
+        )
+    else:
+        from fedproto.provision import certificate_party
+
+        try:
+            named = certificate_party(roster.tls.cert.read_bytes())
+        except OSError as exc:
+            raise ValueError(f"cannot read the certificate {roster.tls.cert}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"the certificate {roster.tls.cert}: {exc}") from None
+        if named != args.party:
+            raise ValueError(
+                f"roster {args.roster} is the kit of {named} (its certificate names {named!r}), "
+                f"not of --party {args.party}"
+            )
+    return roster
+
+
+def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | None = None) -> int:
+    if roster is None:
+        roster = _party_roster(args)
     roster.check_matches(plan.roster, plan.session, source=f"roster {args.roster}")
     if args.party not in plan.roster:
         raise ValueError(f"--party {args.party!r} is not in the roster {list(plan.roster)}")
     listen_fds = {args.party: args.listen_fd} if args.listen_fd is not None else None
     limit = _frame_limit(plan, args)
     network = registry.load_transport("tcp").from_roster(
-        roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit
+        roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit,
+        insecure_shared_secret=args.insecure_shared_secret,
     )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
     meter = Meter(trio.current_time)
+    hosted: dict[str, Any] = {}
 
     async def go() -> Any:
         async with network.endpoints(plan.roster, [args.party]) as endpoints:
+            hosted.update(endpoints)
             return await run_party(machine, endpoints[args.party], config=config, meter=meter)
 
     result = trio.run(go)
+    endpoint = hosted[args.party]  # closed now: its counts are final
+    meter.record_connection_bytes(
+        handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
+        tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
+    )
     report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
     doc = _party_json(plan, args.party, result, report)
     if args.party_report:
@@ -903,10 +995,104 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _command_party(args: argparse.Namespace) -> int:
     plugin = registry.load_protocol(args.protocol)
     _check_options(args, registry.load_transport("tcp"))
+    roster = _party_roster(args)  # before any work: a roster without TLS material is refused at once
     select_device(args.device)
     _compile_cache(args)
     plan = plugin.plan(args, _dataset(plugin, args))
-    return _run_party_tcp(plan, args)
+    return _run_party_tcp(plan, args, roster)
+
+
+def _provision_addresses(args: argparse.Namespace, parties: Sequence[str]) -> dict[str, str]:
+    """``{party: "host:port"}`` from ``--address`` and ``--hub``/``--base-port`` (see their help).
+
+    Raises:
+        UsageError: a malformed or repeated ``--address``, one for a party not in ``--parties``,
+            a bad ``--hub``, ``--base-port`` without ``--hub``, a port 0 or past 65535, a party
+            left without an address.
+    """
+    prog = "fedproto provision"
+    addresses: dict[str, str] = {}
+    for spec in args.address or ():
+        party, sep, address = spec.partition("=")
+        if not sep or not party:
+            raise UsageError(f"argument --address: expected PARTY=HOST:PORT, got {spec!r}", prog=prog)
+        if party not in parties:
+            raise UsageError(f"argument --address: {party!r} is not one of --parties", prog=prog)
+        if party in addresses:
+            raise UsageError(f"argument --address: {party} is given more than once", prog=prog)
+        addresses[party] = _provision_address("--address", party, address)
+    if args.base_port is not None and args.hub is None:
+        raise UsageError("argument --base-port: needs --hub", prog=prog)
+    if args.hub is not None:
+        hub = parties[0]
+        if hub in addresses:
+            raise UsageError(f"argument --hub: {hub} (the first party) also has an --address; give one", prog=prog)
+        addresses[hub] = _provision_address("--hub", hub, args.hub)
+        host, _, port = addresses[hub].rpartition(":")
+        next_port = args.base_port if args.base_port is not None else int(port) + 1
+        for party in parties:
+            if party not in addresses:
+                if next_port > 65535:
+                    flag = "--base-port" if args.base_port is not None else "--hub"
+                    raise UsageError(f"argument {flag}: no port left for {party} (past 65535)", prog=prog)
+                addresses[party] = f"{host}:{next_port}"
+                next_port += 1
+    missing = [p for p in parties if p not in addresses]
+    if missing:
+        raise UsageError(
+            f"no address for {_names(missing)}: give --address {missing[0]}=HOST:PORT for each, or --hub HOST:PORT",
+            prog=prog,
+        )
+    return {p: addresses[p] for p in parties}
+
+
+def _provision_address(flag: str, party: str, address: str) -> str:
+    try:
+        checked = _check_address(party, address)
+    except ValueError as exc:
+        raise UsageError(f"argument {flag}: {exc}", prog="fedproto provision") from None
+    if checked.rpartition(":")[2].lstrip("0") == "":
+        raise UsageError(f"argument {flag}: the port of {party} must not be 0", prog="fedproto provision")
+    return checked
+
+
+def _command_provision(args: argparse.Namespace) -> int:
+    from fedproto.provision import MAX_VALID_DAYS, check_output_directory, check_party_name, provision
+
+    prog = "fedproto provision"
+    try:
+        check_output_directory(args.out)
+    except ValueError as exc:
+        raise UsageError(f"argument --out: {exc}", prog=prog) from None
+    parties = [name.strip() for name in args.parties.split(",")]
+    if any(not name for name in parties):
+        raise UsageError(f"argument --parties: an empty name in {args.parties!r}", prog=prog)
+    repeated = sorted({p for p in parties if parties.count(p) > 1})
+    if repeated:
+        raise UsageError(f"argument --parties: repeated: {', '.join(repeated)}", prog=prog)
+    if len(parties) < 2:
+        raise UsageError("argument --parties: a federation needs at least two parties", prog=prog)
+    for name in parties:
+        try:
+            check_party_name(name)
+        except ValueError as exc:
+            raise UsageError(f"argument --parties: {exc}", prog=prog) from None
+    if "ca" in parties:
+        raise UsageError("argument --parties: 'ca' is the name of the CA's directory; choose another", prog=prog)
+    if args.valid_days > MAX_VALID_DAYS:
+        raise UsageError(f"argument --valid-days: at most {MAX_VALID_DAYS}, got {args.valid_days}", prog=prog)
+    if args.session is not None and args.session >= 2**64:
+        raise UsageError(f"argument --session: must be below 2**64, got {args.session}", prog=prog)
+    addresses = _provision_addresses(args, parties)
+    kits = provision(parties, addresses, args.out, valid_days=args.valid_days, session=args.session)
+    out = Path(args.out)
+    print(f"federation provisioned in {out} (certificates valid for {args.valid_days} days)")
+    print(f"  {out / 'ca' / 'ca.key'}: the CA's private key; keep it offline, on no party's host")
+    width = max(len(str(kit)) for kit in kits.values()) + 1
+    for party, kit in kits.items():
+        print(f"  {str(kit) + '/':<{width}} {party} listens on {addresses[party]}; copy this kit to its host only")
+    print("start each party with: fedproto party PROTOCOL --party NAME --roster KIT/roster.json [options]")
+    return 0
 
 
 def _compile_cache(args: argparse.Namespace) -> None:
@@ -967,6 +1153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _command_list()
             if args.command == "party":
                 return _command_party(args)
+            if args.command == "provision":
+                return _command_provision(args)
             return _command_run(args, argv)
     except _QuietExit as exc:
         return exc.code

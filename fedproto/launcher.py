@@ -23,8 +23,15 @@ Theory of operation:
   number). The child listens on the inherited socket (``TcpNetwork.from_roster(roster,
   listen_fds={party: fd})``), so no port is ever released and re-bound. Connections that arrive
   before the child accepts wait in the socket's backlog.
-* **Roster.** A fresh 32-byte secret and the addresses go into ``roster.json`` in a private
-  temporary directory (mode 0700, the file 0600), removed when the launch ends.
+* **Roster and TLS kits.** By default (``tls=True``) the launcher provisions a throwaway
+  federation (:func:`fedproto.provision.provision`: a fresh CA, one key and certificate per
+  party, valid for the launch's timeout and a day) in a private temporary directory (mode
+  0700), one kit per party, and points each party at the ``roster.json`` of its own kit (mode
+  0600), so the parties run mutual TLS 1.3 with no setup by the user. (The kits all belong to
+  the launcher's user, so on this one host the separation of keys is by convention.) With
+  ``tls=False`` one ``roster.json`` holds a fresh 32-byte secret instead (the shared-secret
+  handshake, for ``--insecure-shared-secret`` parties). Everything is removed when the launch
+  ends.
 * **Waiting.** Every child's stdout and stderr are read by threads (no pipe can fill up and
   block a child). The launcher polls the children every 20 ms; the first one that exits with a
   non-zero status, or the timeout, stops all others.
@@ -46,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import shutil
 import signal
@@ -244,6 +252,7 @@ def launch_local(
     cwd: str | os.PathLike[str] | None = None,
     check: bool = True,
     on_started: Callable[[Mapping[str, int]], None] | None = None,
+    tls: bool = True,
 ) -> dict[str, PartyOutcome]:
     """Run every party as its own process on loopback, each listening on a socket bound for it.
 
@@ -254,6 +263,7 @@ def launch_local(
         command: ``(party, roster_path, listen_fd) -> argv`` of one party's process; the child
             inherits the listening socket as descriptor ``listen_fd`` and should serve on it
             (``TcpNetwork.from_roster(Roster.load(roster_path), listen_fds={party: listen_fd})``).
+            With ``tls``, ``roster_path`` is that party's own kit's roster.
         timeout_s: seconds the whole run may take (finite, > 0); then every party is stopped.
         session: written into the roster (``None``: the roster fixes no session).
         env: variables added to this process's environment for the children.
@@ -261,6 +271,8 @@ def launch_local(
         check: raise :class:`LaunchError` when a party fails or the timeout passes (``False``:
             return the outcomes anyway).
         on_started: called with ``{party: pid}`` once every process has started.
+        tls: provision a throwaway TLS kit per party (default); ``False``: one roster with a
+            shared secret instead.
 
     Returns:
         ``{party: PartyOutcome}`` in roster order.
@@ -269,7 +281,8 @@ def launch_local(
         LaunchError: (``check=True``) a party exited with a non-zero status (the first one to do
             so is named, with the last line of its stderr) or the timeout passed.
         LaunchInterrupted: SIGINT or SIGTERM arrived while launching (main thread only).
-        ValueError: no parties, duplicate names, or a timeout that is not a positive number.
+        ValueError: no parties, duplicate names, or a timeout that is not a positive number; with
+            ``tls``, fewer than two parties or a name that cannot be a certificate name.
         OSError: a process could not be started (every started one is stopped first).
     """
     parties = tuple(parties)
@@ -288,15 +301,21 @@ def launch_local(
         try:
             for party in parties:
                 listeners[party] = socket.create_server(("127.0.0.1", 0), backlog=128)
-            roster = Roster.create(
-                {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in listeners.items()}, session=session
-            )
-            roster_path = roster.save(Path(tmp) / "roster.json")
+            addresses = {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in listeners.items()}
+            if tls:
+                from fedproto.provision import provision
+
+                valid_days = math.ceil(timeout_s / 86400) + 1  # outlives the launch: links may be re-dialled
+                kits = provision(parties, addresses, Path(tmp) / "kits", valid_days=valid_days, session=session)
+                roster_paths = {p: kit / "roster.json" for p, kit in kits.items()}
+            else:
+                roster_path = Roster.create(addresses, session=session).save(Path(tmp) / "roster.json")
+                roster_paths = {p: roster_path for p in parties}
             for party in parties:
                 if received:
                     break
                 fd = listeners[party].fileno()
-                argv = [str(a) for a in command(party, roster_path, fd)]
+                argv = [str(a) for a in command(party, roster_paths[party], fd)]
                 _check_program(argv, child_env, cwd)
                 process = subprocess.Popen(
                     _with_parent_death_signal(argv),

@@ -62,6 +62,8 @@ class Meter:
         self.sent: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.received: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.framing_overhead_bytes = 0
+        self.handshake_bytes = 0
+        self.tls_overhead_bytes = 0
         self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
         self.rejected_frames = 0
         self.rejected_by_cause: Counter[tuple[str, str]] = Counter()
@@ -103,6 +105,18 @@ class Meter:
         self.framing_overhead_bytes += overhead
         if round_idx not in self.round_started_s and not is_setup_phase(phase):
             self.round_started_s[round_idx] = self._now()
+
+    def record_connection_bytes(self, *, handshake_bytes: int = 0, tls_overhead_bytes: int = 0) -> None:
+        """Add what a transport wrote on the wire besides frames (its endpoints' own counts).
+
+        Args:
+            handshake_bytes: bytes written while authenticating connections (TLS handshakes, the
+                hello), e.g. :attr:`fedproto.transports.tcp.TcpTransport.handshake_bytes`.
+            tls_overhead_bytes: bytes TLS added around the frames after its handshakes (record
+                headers, content types, AEAD tags).
+        """
+        self.handshake_bytes += handshake_bytes
+        self.tls_overhead_bytes += tls_overhead_bytes
 
     def record_received(self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int) -> None:
         """Count one frame received (kept apart from the sent counters)."""
@@ -163,6 +177,8 @@ class Meter:
             parties=tuple(parties),
             links=links,
             framing_overhead_bytes=self.framing_overhead_bytes,
+            handshake_bytes=self.handshake_bytes,
+            tls_overhead_bytes=self.tls_overhead_bytes,
             wall_time_s=max(finished - started, 0.0),
             round_wall_s=tuple(round_wall),
             rejected_frames=self.rejected_frames,
@@ -246,6 +262,10 @@ class RunReport:
             "round_idx": ... or None, "crashed": bool}, ...]}`` (``fedproto run --dropout``,
             ``--dropout-rate``; ``crashed`` says whether the party reached that stage and crashed
             there); empty when none were, and then left out of the JSON form.
+        handshake_bytes: bytes the transport wrote authenticating connections: TLS handshakes and
+            the hello inside them, or the shared-secret handshake (bytes; 0 in memory and MPI).
+        tls_overhead_bytes: bytes TLS wrote around the frames after its handshakes: record
+            headers, content types and AEAD tags (bytes; 0 without TLS).
     """
 
     protocol: str
@@ -273,6 +293,8 @@ class RunReport:
     compile_s: float = 0.0
     device: str = ""
     faults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    handshake_bytes: int = 0
+    tls_overhead_bytes: int = 0
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -430,6 +452,8 @@ class RunReport:
             session=reports[0].session,
             parties=reports[0].parties,
             framing_overhead_bytes=sum(r.framing_overhead_bytes for r in reports),
+            handshake_bytes=sum(r.handshake_bytes for r in reports),
+            tls_overhead_bytes=sum(r.tls_overhead_bytes for r in reports),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

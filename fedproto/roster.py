@@ -1,11 +1,12 @@
-"""The roster of a multi-process run: who takes part, where each party listens, the run's secret.
+"""The roster of a multi-process run: who takes part, where each party listens, how links are secured.
 
 One JSON format serves the CLI (``fedproto party ... --roster FILE``), the process launcher
-(:func:`fedproto.launcher.launch_local`), the examples and the docs::
+(:func:`fedproto.launcher.launch_local`), the provisioning command (``fedproto provision``), the
+examples and the docs::
 
     {
       "session": 1234,
-      "secret": "9f1c...e0 (hex, at least 16 bytes)",
+      "tls": {"ca": "ca.pem", "cert": "client-0.pem", "key": "client-0.key"},
       "parties": [
         {"name": "server", "address": "10.0.0.1:7000"},
         {"name": "client-0", "address": "10.0.0.2:7000"}
@@ -14,8 +15,13 @@ One JSON format serves the CLI (``fedproto party ... --roster FILE``), the proce
 
 ``parties`` is in roster order (the order every process of the run agrees on). ``session`` is
 optional; when it is given, a party started with arguments that make another session refuses to
-run. The secret authenticates every connection of the run (see the TCP transport), so the file is
-written readable by its owner only.
+run. ``tls`` names this party's TLS material (PEM files, paths relative to the roster file): the
+federation CA's certificate, the party's own certificate and its private key; the TCP transport
+then runs mutual TLS 1.3 (:mod:`fedproto.provision` writes one such roster per party, the rosters
+of one federation differing only in this block). Without ``tls`` the roster must hold a
+``"secret"`` (hex, at least 16 bytes) for the shared-secret handshake, which the TCP transport
+uses only when asked to explicitly (it authenticates membership, not names, and does not encrypt).
+A roster may hold both. The file is written readable by its owner only.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Roster", "MIN_SECRET_BYTES"]
+__all__ = ["Roster", "TlsFiles", "MIN_SECRET_BYTES"]
 
 #: Shortest accepted secret (bytes).
 MIN_SECRET_BYTES = 16
@@ -53,26 +59,69 @@ def _check_address(party: str, address: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    """One party's TLS material: three PEM files.
+
+    Args:
+        ca: the federation CA's certificate (the only certificate a peer's is checked against).
+        cert: this party's certificate, issued by that CA, naming the party.
+        key: this party's private key (keep it readable by its owner only).
+
+    Relative paths are relative to the working directory; :meth:`Roster.load` makes those of a
+    roster file relative to the file's directory.
+
+    Raises:
+        TypeError: a path is not a string or path-like.
+        ValueError: an empty path.
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def __post_init__(self) -> None:
+        for name in ("ca", "cert", "key"):
+            value = getattr(self, name)
+            if not isinstance(value, str | os.PathLike):
+                raise TypeError(f"TlsFiles.{name} must be a path, got {type(value).__name__}")
+            if not str(value):
+                raise ValueError(f"TlsFiles.{name} must not be empty")
+            object.__setattr__(self, name, Path(value))
+
+    def anchored_at(self, directory: str | os.PathLike[str]) -> "TlsFiles":
+        """These files with relative paths taken from ``directory`` (absolute ones unchanged)."""
+        base = Path(directory)
+        return TlsFiles(*(base / getattr(self, n) for n in ("ca", "cert", "key")))
+
+    def to_dict(self) -> dict[str, str]:
+        """The roster's ``"tls"`` block."""
+        return {"ca": str(self.ca), "cert": str(self.cert), "key": str(self.key)}
+
+
+@dataclasses.dataclass(frozen=True)
 class Roster:
-    """The parties of a run, their addresses, the run's shared secret and optionally its session.
+    """The parties of a run, their addresses, how links are secured, and optionally the session.
 
     Args:
         parties: every party name, in roster order (unique, non-empty strings).
         addresses: ``{party: "host:port"}`` for every party (IPv6 as ``"[::1]:port"``).
-        secret: the run's shared secret, at least 16 bytes (:meth:`create` draws 32).
+        secret: the run's shared secret, at least 16 bytes (:meth:`create` draws 32), or ``None``
+            when ``tls`` is given.
         session: the run's session id in 0..2**64-1, or ``None`` when the roster does not fix it.
+        tls: this party's TLS material (:class:`TlsFiles`), or ``None``.
 
     Raises:
         ValueError: duplicate or empty names, a party without an address (or an address for a
-            party outside the roster), an address that is not ``host:port``, a short secret, a
-            session out of range.
-        TypeError: the secret is not bytes.
+            party outside the roster), an address that is not ``host:port``, a short secret,
+            neither a secret nor TLS material, a session out of range.
+        TypeError: the secret is not bytes, or ``tls`` is not :class:`TlsFiles`.
     """
 
     parties: tuple[str, ...]
     addresses: dict[str, str] = dataclasses.field(hash=False)
-    secret: bytes = dataclasses.field(repr=False)
+    secret: bytes | None = dataclasses.field(default=None, repr=False)
     session: int | None = None
+    tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         parties = tuple(self.parties)
@@ -92,9 +141,14 @@ class Roster:
         if extra:
             raise ValueError(f"addresses for parties outside the roster: {', '.join(map(str, extra))}")
         checked = {p: _check_address(p, addresses[p]) for p in parties}
-        if not isinstance(self.secret, bytes | bytearray):
+        if self.tls is not None and not isinstance(self.tls, TlsFiles):
+            raise TypeError(f"tls must be TlsFiles, got {type(self.tls).__name__}")
+        if self.secret is None:
+            if self.tls is None:
+                raise ValueError("the roster has neither TLS material nor a secret")
+        elif not isinstance(self.secret, bytes | bytearray):
             raise TypeError(f"the secret must be bytes, got {type(self.secret).__name__}")
-        if len(self.secret) < MIN_SECRET_BYTES:
+        elif len(self.secret) < MIN_SECRET_BYTES:
             raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(self.secret)}")
         session = self.session
         if session is not None and (
@@ -103,7 +157,8 @@ class Roster:
             raise ValueError(f"the session must be an integer in 0..2**64-1, got {session!r}")
         object.__setattr__(self, "parties", parties)
         object.__setattr__(self, "addresses", checked)
-        object.__setattr__(self, "secret", bytes(self.secret))
+        if self.secret is not None:
+            object.__setattr__(self, "secret", bytes(self.secret))
 
     @classmethod
     def create(
@@ -125,22 +180,25 @@ class Roster:
         doc: dict[str, Any] = {}
         if self.session is not None:
             doc["session"] = self.session
-        doc["secret"] = self.secret.hex()
+        if self.secret is not None:
+            doc["secret"] = self.secret.hex()
+        if self.tls is not None:
+            doc["tls"] = self.tls.to_dict()
         doc["parties"] = [{"name": p, "address": self.addresses[p]} for p in self.parties]
         return doc
 
     @classmethod
     def from_dict(cls, doc: Any) -> "Roster":
-        """Parse the JSON layout (already decoded).
+        """Parse the JSON layout (already decoded); ``tls`` paths are kept as written.
 
         Raises:
             ValueError: one line saying what is wrong.
         """
         if not isinstance(doc, dict):
             raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
-        unknown = sorted(set(doc) - {"session", "secret", "parties"})
+        unknown = sorted(set(doc) - {"session", "secret", "tls", "parties"})
         if unknown:
-            raise ValueError(f"unknown keys {', '.join(map(repr, unknown))} (expected session, secret, parties)")
+            raise ValueError(f"unknown keys {', '.join(map(repr, unknown))} (expected session, secret, tls, parties)")
         if "parties" not in doc:
             raise ValueError("no 'parties' list of {\"name\": ..., \"address\": \"host:port\"}")
         entries = doc["parties"]
@@ -158,23 +216,35 @@ class Roster:
                 raise ValueError(f"party names must be unique; repeated: {name}")
             names.append(name)
             addresses[name] = entry["address"]
-        if "secret" not in doc:
-            raise ValueError("no 'secret' (hex)")
-        secret_text = doc["secret"]
-        try:
-            if not isinstance(secret_text, str):
-                raise ValueError
-            secret = bytes.fromhex(secret_text)
-        except ValueError:
-            raise ValueError("the secret must be a hex string") from None
+        tls = None
+        if "tls" in doc:
+            block = doc["tls"]
+            if (
+                not isinstance(block, dict)
+                or set(block) != {"ca", "cert", "key"}
+                or not all(isinstance(v, str) and v for v in block.values())
+            ):
+                raise ValueError("'tls' must be an object of exactly 'ca', 'cert' and 'key' file paths")
+            tls = TlsFiles(block["ca"], block["cert"], block["key"])
+        secret = None
+        if "secret" in doc:
+            secret_text = doc["secret"]
+            try:
+                if not isinstance(secret_text, str):
+                    raise ValueError
+                secret = bytes.fromhex(secret_text)
+            except ValueError:
+                raise ValueError("the secret must be a hex string") from None
+        elif tls is None:
+            raise ValueError("no 'tls' block (fedproto provision writes one) and no 'secret' (hex)")
         session = doc.get("session")
         if session is not None and (isinstance(session, bool) or not isinstance(session, int)):
             raise ValueError(f"the session must be an integer, got {session!r}")
-        return cls(tuple(names), addresses, secret, session)
+        return cls(tuple(names), addresses, secret, session, tls)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Roster":
-        """Read a roster file.
+        """Read a roster file; relative ``tls`` paths are taken from the file's directory.
 
         Raises:
             ValueError: the file cannot be read or is not a valid roster; the message is one line
@@ -191,9 +261,12 @@ class Roster:
         except json.JSONDecodeError as exc:
             raise ValueError(f"roster {path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
         try:
-            return cls.from_dict(doc)
+            roster = cls.from_dict(doc)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"roster {path}: {exc}") from None
+        if roster.tls is not None:
+            roster = dataclasses.replace(roster, tls=roster.tls.anchored_at(Path(path).absolute().parent))
+        return roster
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the roster as JSON, readable and writable by its owner only (mode 0600).

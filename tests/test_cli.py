@@ -186,6 +186,10 @@ def test_same_seed_same_centroids_and_bytes_over_tcp_processes(tmp_path, memory_
     assert _links(report) == _links(reference)
     assert report.payload_bytes == reference.payload_bytes
     assert report.framing_overhead_bytes == 4 * report.messages  # one length prefix per frame
+    # mutual TLS by default: every frame here (with its prefix) fits one TLS 1.3 record, which
+    # adds a 5-byte header, a 1-byte content type and a 16-byte AEAD tag (RFC 8446 section 5.2)
+    assert report.tls_overhead_bytes == 22 * report.messages
+    assert report.handshake_bytes > 0
 
 
 @pytest.mark.mpi
@@ -339,17 +343,15 @@ def _session(argv: list[str]) -> int:
 
 
 def test_silent_client_over_tcp_fails_the_server_naming_it(tmp_path):
+    from fedproto.provision import provision
+
     roster = ["server", "client-0", "client-1"]
-    roster_file = tmp_path / "roster.json"
     base = ["party", "fastlloyd", *IRIS_2, "--deadline", "2"]
-    session = _session([*base, "--party", "server", "--roster", str(roster_file)])
-    roster_file.write_text(json.dumps({
-        "session": session,
-        "secret": os.urandom(32).hex(),
-        "parties": [{"name": p, "address": f"127.0.0.1:{port}"} for p, port in zip(roster, _free_ports(3))],
-    }))
+    session = _session([*base, "--party", "server", "--roster", str(tmp_path / "roster.json")])
+    addresses = {p: f"127.0.0.1:{port}" for p, port in zip(roster, _free_ports(3))}
+    kits = provision(roster, addresses, tmp_path / "kits", session=session)
     started = time.monotonic()
-    procs = {p: _start([*FEDPROTO, *base, "--party", p, "--roster", str(roster_file)], tmp_path)
+    procs = {p: _start([*FEDPROTO, *base, "--party", p, "--roster", str(kits[p] / "roster.json")], tmp_path)
              for p in ("server", "client-0")}  # client-1 never starts
     try:
         server = _finish(procs["server"], timeout=60)

@@ -289,6 +289,14 @@ def test_the_cli_page_documents_exactly_the_common_options():
         assert documented[f"fedproto {command}"] == visible_options(protocol_parser) - visible_options(own), command
 
 
+def test_the_cli_page_documents_exactly_the_provision_options():
+    from fedproto import cli
+
+    parser = cli.build_parser(["provision"])
+    provision = parser._subparsers._group_actions[0].choices["provision"]
+    assert documented_options(DOCS / "cli.md")["fedproto provision"] == visible_options(provision)
+
+
 def test_the_api_overview_imports():
     text = (DOCS / "index.md").read_text()
     block = text.split("## The public API at a glance", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -91,6 +91,7 @@ def test_roster_round_trips_through_a_private_file(tmp_path):
         ({"addresses": {"a": "h:1", "b": "h:65536"}}, "host:port"),
         ({"addresses": {"a": "h:1", "b": "::1:5"}}, "host:port"),
         ({"secret": b"short"}, "at least 16 bytes"),
+        ({"secret": None}, "neither TLS material nor a secret"),
         ({"session": -1}, "session"),
         ({"session": 2**64}, "session"),
         ({"session": True}, "session"),
@@ -122,6 +123,9 @@ BAD_ROSTERS = {
     json.dumps({**GOOD, "secret": "zz"}): "hex",
     json.dumps({**GOOD, "secret": "00ff"}): "at least 16 bytes",
     json.dumps({**GOOD, "session": "3"}): "session",
+    json.dumps({**GOOD, "tls": "kit"}): "'tls' must be an object of exactly 'ca', 'cert' and 'key'",
+    json.dumps({**GOOD, "tls": {"ca": "ca.pem", "cert": "a.pem"}}): "'tls' must be an object",
+    json.dumps({**GOOD, "tls": {"ca": "ca.pem", "cert": "a.pem", "key": ""}}): "'tls' must be an object",
 }
 
 
@@ -134,6 +138,24 @@ def test_roster_load_errors_are_one_line_naming_the_file(tmp_path, content):
     message = str(caught.value)
     assert "\n" not in message and str(path) in message and BAD_ROSTERS[content] in message, message
     assert "KeyError" not in message and "Traceback" not in message
+
+
+def test_a_roster_with_tls_material_needs_no_secret_and_its_paths_follow_the_file(tmp_path):
+    from fedproto.roster import TlsFiles
+
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    roster = Roster(("a", "b"), {"a": "h:1", "b": "h:2"}, tls=TlsFiles("ca.pem", "a.pem", "/abs/a.key"))
+    path = roster.save(kit / "roster.json")
+    doc = json.loads(path.read_text())
+    assert "secret" not in doc and doc["tls"] == {"ca": "ca.pem", "cert": "a.pem", "key": "/abs/a.key"}
+    loaded = Roster.load(path)
+    assert loaded.secret is None
+    # relative paths are the roster file's directory's; absolute ones stay
+    assert loaded.tls == TlsFiles(kit / "ca.pem", kit / "a.pem", "/abs/a.key")
+    assert Roster.from_dict(doc).tls == TlsFiles("ca.pem", "a.pem", "/abs/a.key")
+    both = Roster(("a", "b"), {"a": "h:1", "b": "h:2"}, SECRET, tls=TlsFiles("c", "d", "e"))
+    assert Roster.from_dict(both.to_dict()) == both
 
 
 def test_roster_load_of_a_missing_or_binary_file(tmp_path):
@@ -165,17 +187,21 @@ CHECK_SOCKET = """
     sock = socket.socket(fileno=fd)
     listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
     mode = stat.S_IMODE(os.stat(roster_path).st_mode)
+    kit = os.path.dirname(roster_path)
     print(json.dumps({"party": party, "port": port, "bound": sock.getsockname()[1], "listening": listening,
-                      "mode": mode, "session": doc.get("session"), "secret_bytes": len(bytes.fromhex(doc["secret"])),
-                      "roster_dir": os.path.dirname(roster_path)}))
+                      "mode": mode, "session": doc.get("session"), "secret": doc.get("secret"),
+                      "tls": doc.get("tls"), "roster_dir": kit, "kit": sorted(os.listdir(kit)),
+                      "key_mode": stat.S_IMODE(os.stat(os.path.join(kit, party + ".key")).st_mode)
+                      if doc.get("tls") else None}))
     sys.stdout.write("x" * (1 << 20))  # a megabyte on each pipe: the launcher must keep reading
     sys.stderr.write("y" * (1 << 20))
 """
 
 
-def test_every_party_gets_a_listening_socket_on_its_roster_port():
+@pytest.mark.parametrize("tls", [True, False])
+def test_every_party_gets_a_listening_socket_on_its_roster_port(tls):
     outcomes = launch_local(
-        PARTIES, lambda party, roster, fd: _python(CHECK_SOCKET, party, roster, fd), timeout_s=60, session=9
+        PARTIES, lambda party, roster, fd: _python(CHECK_SOCKET, party, roster, fd), timeout_s=60, session=9, tls=tls
     )
     assert list(outcomes) == list(PARTIES)
     seen = {}
@@ -187,10 +213,18 @@ def test_every_party_gets_a_listening_socket_on_its_roster_port():
     for party, info in seen.items():
         assert info["party"] == party
         assert info["bound"] == info["port"] and info["listening"]
-        assert info["mode"] == 0o600 and info["session"] == 9 and info["secret_bytes"] == 32
+        assert info["mode"] == 0o600 and info["session"] == 9
+        if tls:  # each party its own kit, holding its own key only, and no secret
+            assert info["secret"] is None
+            assert info["tls"] == {"ca": "ca.pem", "cert": f"{party}.pem", "key": f"{party}.key"}
+            assert info["kit"] == sorted(["ca.pem", f"{party}.pem", f"{party}.key", "roster.json"])
+            assert info["key_mode"] == 0o600
+        else:
+            assert info["tls"] is None and len(bytes.fromhex(info["secret"])) == 32
     assert len({info["port"] for info in seen.values()}) == len(PARTIES)
-    roster_dir = {info["roster_dir"] for info in seen.values()}
-    assert len(roster_dir) == 1 and not Path(roster_dir.pop()).exists()  # removed afterwards
+    roster_dirs = {info["roster_dir"] for info in seen.values()}
+    assert len(roster_dirs) == (len(PARTIES) if tls else 1)
+    assert not any(Path(d).exists() for d in roster_dirs)  # removed afterwards
 
 
 def test_first_failure_stops_the_others():

@@ -1,4 +1,4 @@
-"""TCP transport: a full mesh of authenticated trio streams carrying length-prefixed frames.
+"""TCP transport: a full mesh of mutually authenticated trio streams carrying length-prefixed frames.
 
 Theory of operation
 -------------------
@@ -10,7 +10,37 @@ doubling to 1 s) until ``connect_timeout_s`` has passed, so parties may start in
 :class:`~fedproto.errors.PeerUnreachable`. A connection that breaks is dropped; the next ``send``
 dials again.
 
-Handshake (every message is a length-prefixed msgpack array, at most 16 KiB)::
+Mutual TLS 1.3 (the default)
+----------------------------
+Each party holds a kit from ``fedproto provision`` (:mod:`fedproto.provision`): the federation
+CA's certificate, its own certificate (naming the party: SAN DNS name = party name) and its key.
+Every connection is TLS 1.3 only (:mod:`fedproto.transports._tls`: ``ssl`` contexts under
+:class:`trio.SSLStream`) with both certificates verified against the federation CA::
+
+    dialer D                                               listener L
+      TLS 1.3 handshake, server_hostname = L       <->     CertificateRequest: D must send one
+      (D checks L's certificate names L)                   (L verifies it; D's name := its SAN)
+      hello [version, session, H(roster), D, L]    ->
+                                                   <-      ["ok"]
+
+D checks the listener's certificate against the CA and the name of the party it dialled before it
+writes a byte of the hello, so an impostor listener learns nothing. L takes D's name from D's
+verified certificate, never from the hello: the hello's claimed dialer must equal it. L refuses
+(closes the connection and logs a WARNING on ``logging.getLogger("fedproto.transports.tcp")``,
+once per peer host and then as counts) a client that is not TLS 1.3, presents no certificate or
+one from another CA, expired, not yet valid, or naming a party outside the roster; a hello whose
+claimed name differs from the certificate's; and a wrong version, session or roster, a
+connection meant for another party, malformed bytes or a handshake longer than
+``handshake_timeout_s``. The endpoint keeps serving everyone else. Neither side sends a TLS
+``close_notify`` (endpoints close sockets at once, as the shared-secret mode does), so an EOF is
+taken as the peer closing; the length prefixes still detect a stream cut inside a frame.
+
+Shared-secret handshake (explicit choice, insecure)
+---------------------------------------------------
+Built with a ``secret`` instead of ``tls`` (``TcpNetwork(..., insecure_shared_secret=True)``,
+``fedproto party --insecure-shared-secret``), every connection instead starts with an HMAC
+challenge-response over one secret shared by the whole run (every message is a length-prefixed
+msgpack array, at most 16 KiB)::
 
     dialer D                                            listener L
       hello [version, session, H(roster), D, L, nonce_D]  ->
@@ -23,23 +53,22 @@ SHA-256 over the msgpack-encoded roster and both nonces are 32 fresh random byte
 name first (so a dialer never reveals a MAC to an impostor listener), then D proves its own; each
 MAC covers the other side's fresh nonce, so neither can be replayed, and the role label keeps one
 side's MAC from being reflected as the other's. MACs are compared with :func:`hmac.compare_digest`.
-The listener refuses (closes the connection and logs a WARNING on
-``logging.getLogger("fedproto.transports.tcp")``) a wrong version, session or roster, a claimed
-name outside the roster, a connection meant for another party, a bad MAC, malformed bytes or a
-handshake longer than ``handshake_timeout_s``; the endpoint keeps serving everyone else.
+Refusals are logged as above. This keeps out anyone without the secret, but any holder of the
+secret can claim any party's name, and frames after the handshake are neither encrypted nor
+MACed: use it for loopback experiments only.
 
-The sender of every received frame is the authenticated name of its connection, never anything
-in the frame. Frames above ``max_frame_bytes`` are refused from the length prefix, before their
-body is read; the stream cannot be resynchronised, so that connection is closed and logged.
+In both modes the sender of every received frame is the authenticated name of its connection,
+never anything in the frame. Frames above ``max_frame_bytes`` are refused from the length prefix,
+before their body is read; the stream cannot be resynchronised, so that connection is closed and
+logged.
 
-Security scope: the secret is shared by the whole run, so the handshake keeps out anyone who does
-not hold it and binds each connection to one roster name; it does not stop a holder of the secret
-from claiming another party's name, and frames after the handshake are neither encrypted nor
-MACed. On an untrusted network run it inside a VPN or TLS tunnel.
-
-Bytes: ``framing_overhead_bytes == 4`` per frame (the length prefix); handshake traffic is counted
-in :attr:`TcpTransport.handshake_bytes` (bytes this endpoint wrote during handshakes, framing
-included), so summing it over the parties counts every handshake byte once.
+Bytes: ``framing_overhead_bytes == 4`` per frame (the length prefix, inside TLS). Bytes that are
+not frames are counted per endpoint, as bytes this endpoint wrote, so summing over the parties
+counts every byte once: :attr:`TcpTransport.handshake_bytes` (the whole TLS handshake and the
+hello or acknowledgement as written to the socket, or the shared-secret handshake's messages
+with their prefixes) and :attr:`TcpTransport.tls_overhead_bytes` (after the handshake, socket
+bytes minus the plaintext prefixes and frames: TLS record headers, content types and AEAD tags,
+22 bytes per record of up to 16 KiB; 0 in shared-secret mode).
 """
 
 from __future__ import annotations
@@ -52,8 +81,10 @@ import logging
 import math
 import secrets
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -62,6 +93,7 @@ import trio
 from fedproto._logging import RateLimitedLog
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
 from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
+from fedproto.roster import TlsFiles
 from fedproto.transport import Network, Transport
 from fedproto.transports._framing import (
     FRAMING_OVERHEAD_BYTES,
@@ -73,6 +105,7 @@ from fedproto.transports._framing import (
 
 __all__ = [
     "HANDSHAKE_VERSION",
+    "TLS_HELLO_VERSION",
     "MIN_SECRET_BYTES",
     "TcpAddress",
     "TcpNetwork",
@@ -80,12 +113,15 @@ __all__ = [
     "handshake_mac",
     "open_tcp_network",
     "roster_digest",
+    "throwaway_tls",
 ]
 
 log = logging.getLogger("fedproto.transports.tcp")
 
-#: Version string of the handshake; a peer that speaks another version is refused.
+#: Version string of the shared-secret handshake; a peer that speaks another version is refused.
 HANDSHAKE_VERSION = "fedproto-tcp/1"
+#: Version string of the hello sent inside TLS.
+TLS_HELLO_VERSION = "fedproto-tls/1"
 #: Shortest accepted per-run secret (bytes).
 MIN_SECRET_BYTES = 16
 
@@ -166,6 +202,28 @@ class _HandshakeFailed(Exception):
 _DIAL_FAILURES = (_HandshakeFailed, trio.TooSlowError, trio.EndOfChannel, FrameTooLarge, TransportBroken)
 
 
+@dataclasses.dataclass(eq=False)
+class _Link:
+    """One authenticated outgoing connection.
+
+    Attributes:
+        raw: the TCP stream (closed synchronously, through its socket).
+        channel: what frames are written to: ``raw`` itself, or TLS over it.
+        wire: counts the bytes TLS writes to ``raw`` (``None`` without TLS).
+    """
+
+    raw: trio.SocketStream
+    channel: trio.abc.Stream
+    wire: Any = None
+
+
+def _tls_module() -> Any:
+    """:mod:`fedproto.transports._tls`, imported when TLS is first used (``ssl`` and X.509)."""
+    from fedproto.transports import _tls
+
+    return _tls
+
+
 def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
@@ -239,12 +297,18 @@ class TcpTransport(Transport):
     but not yet returned by ``receive`` are buffered without bound (so two parties that both send
     before they receive cannot deadlock); ``max_frame_bytes`` bounds each frame.
 
+    Exactly one of ``tls`` (mutual TLS 1.3, the secure mode) and ``secret`` (the shared-secret
+    handshake, insecure: see the module docstring) is given.
+
     Args:
         party: this endpoint's party name (must be in ``roster``).
-        roster: every party of the run, in order (unique names).
+        roster: every party of the run, in order (unique names; with ``tls``, each one DNS label:
+            :func:`fedproto.provision.check_party_name`).
         addresses: the address of every roster party (``TcpAddress`` or ``"host:port"``); this
             party's own entry is where it listens (port 0: pick a free port when serving).
-        secret: the per-run shared secret, at least 16 bytes.
+        secret: the per-run shared secret, at least 16 bytes, for the shared-secret handshake.
+        tls: this party's kit (:class:`~fedproto.roster.TlsFiles`: CA certificate, its own
+            certificate naming ``party``, its key); read and checked here.
         session: the run's session id (0 to 2**64 - 1); peers with another session are refused.
         max_frame_bytes: longest frame sent or accepted (bytes, at most 2**32 - 1).
         connect_timeout_s: how long ``send`` keeps dialling an unreachable peer (seconds).
@@ -257,10 +321,17 @@ class TcpTransport(Transport):
 
     Attributes:
         addresses: ``{party: TcpAddress}``; this party's entry holds the real port once serving.
-        handshake_bytes: bytes this endpoint wrote during handshakes (framing included).
+        uses_tls: whether links are mutual TLS (else the shared-secret handshake).
+        handshake_bytes: bytes this endpoint wrote to sockets during handshakes (TLS records or
+            the shared-secret messages, framing included), refused ones included.
+        tls_overhead_bytes: bytes this endpoint wrote to sockets after TLS handshakes beyond the
+            plaintext it sent (length prefixes and frames): record headers, content types, AEAD
+            tags. 0 without TLS.
 
     Raises:
-        ValueError: bad roster, party, addresses, secret length, session or limits.
+        ValueError: bad roster, party, addresses, secret length, session or limits; both or
+            neither of ``secret`` and ``tls``; TLS material that cannot be read, is not for
+            ``party``, not signed by its CA, or expired.
         TypeError: the secret is not bytes.
     """
 
@@ -271,8 +342,9 @@ class TcpTransport(Transport):
         party: str,
         roster: Sequence[str],
         addresses: Mapping[str, TcpAddress | str],
-        secret: bytes,
+        secret: bytes | None = None,
         *,
+        tls: TlsFiles | None = None,
         session: int = 0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         connect_timeout_s: float = 30.0,
@@ -294,10 +366,15 @@ class TcpTransport(Transport):
         extra = sorted(set(parsed) - set(roster))
         if extra:
             raise ValueError(f"addresses given for parties outside the roster: {extra}")
-        if not isinstance(secret, (bytes, bytearray)):
-            raise TypeError(f"the secret must be bytes, got {type(secret).__name__}")
-        if len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        if (secret is None) == (tls is None):
+            raise ValueError(
+                "give either TLS material (tls=...) or the shared secret (secret=...), not both or neither"
+            )
+        if secret is not None:
+            if not isinstance(secret, (bytes, bytearray)):
+                raise TypeError(f"the secret must be bytes, got {type(secret).__name__}")
+            if len(secret) < MIN_SECRET_BYTES:
+                raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         if isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < 2**64:
             raise ValueError(f"session must be an int in 0..2**64-1, got {session!r}")
         if not 0 < max_frame_bytes <= MAX_WIRE_FRAME_BYTES:
@@ -318,6 +395,15 @@ class TcpTransport(Transport):
                 raise ValueError(
                     f"listen_socket is bound to port {bound_port}, but {party}'s address is {parsed[party]}"
                 )
+        self._tls = None
+        if tls is not None:
+            from fedproto.provision import check_party_name
+
+            for name in roster:
+                check_party_name(name)
+            if not isinstance(tls, TlsFiles):
+                raise TypeError(f"tls must be TlsFiles, got {type(tls).__name__}")
+            self._tls = _tls_module().load_contexts(tls, party)
 
         self.party = party
         self.roster = roster
@@ -326,14 +412,16 @@ class TcpTransport(Transport):
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout_s = float(connect_timeout_s)
         self.handshake_timeout_s = float(handshake_timeout_s)
+        self.uses_tls = self._tls is not None
         self.handshake_bytes = 0
+        self.tls_overhead_bytes = 0
         self._listen_socket = listen_socket
-        self._secret = bytes(secret)
+        self._secret = bytes(secret) if secret is not None else b""
         self._roster_set = frozenset(roster)
         self._roster_hash = roster_digest(roster)
         self._inbox_send, self._inbox_receive = trio.open_memory_channel[tuple[str, bytes]](math.inf)
         self._send_locks: dict[str, trio.Lock] = {}
-        self._outgoing: dict[str, trio.SocketStream] = {}
+        self._outgoing: dict[str, _Link] = {}
         self._dialling: set[trio.SocketStream] = set()
         self._incoming: set[trio.SocketStream] = set()
         self._listeners: list[trio.SocketListener] = []
@@ -345,7 +433,8 @@ class TcpTransport(Transport):
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
-        return f"<TcpTransport {self.party} at {self.addresses[self.party]}{state}>"
+        mode = "tls" if self.uses_tls else "shared secret"
+        return f"<TcpTransport {self.party} at {self.addresses[self.party]} ({mode}){state}>"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -407,13 +496,21 @@ class TcpTransport(Transport):
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         peer_address = _peername(stream)
         self._incoming.add(stream)
+        wire = None
         try:
             if self._closed:
                 return
-            reader = FrameReader(stream)
+            channel: trio.abc.Stream = stream
+            if self._tls is not None:
+                wire = _tls_module().MeteredStream(stream)
+                channel = trio.SSLStream(wire, self._tls.listener, server_side=True, https_compatible=True)
+            reader = FrameReader(channel)
             try:
                 with trio.fail_after(self.handshake_timeout_s):
-                    peer = await self._listener_handshake(stream, reader)
+                    if wire is None:
+                        peer = await self._listener_handshake(stream, reader)
+                    else:
+                        peer = await self._listener_tls_handshake(channel, reader)
             except trio.TooSlowError:
                 self._refuse(peer_address, f"no handshake within {self.handshake_timeout_s} s")
                 return
@@ -427,12 +524,21 @@ class TcpTransport(Transport):
                 self._refuse(peer_address, f"oversized handshake message ({exc})")
                 return
             except TransportBroken as exc:
-                self._refuse(peer_address, f"connection broke during the handshake ({exc})")
+                reason = _tls_module().failure_reason(exc) if wire is not None else exc
+                self._refuse(peer_address, f"connection broke during the handshake ({reason})")
                 return
             except TransportClosed:
                 return
+            finally:
+                if wire is not None:
+                    self.handshake_bytes += wire.sent_bytes
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
-            await self._read_frames(stream, reader, peer, peer_address)
+            ready_bytes = wire.sent_bytes if wire is not None else 0
+            try:
+                await self._read_frames(channel, reader, peer, peer_address)
+            finally:
+                if wire is not None:  # a listener writes nothing after the handshake, unless TLS must
+                    self.tls_overhead_bytes += wire.sent_bytes - ready_bytes
         finally:
             self._incoming.discard(stream)
             stream.socket.close()
@@ -446,7 +552,7 @@ class TcpTransport(Transport):
             )
 
     async def _read_frames(
-        self, stream: trio.SocketStream, reader: FrameReader, peer: str, peer_address: str
+        self, stream: trio.abc.Stream, reader: FrameReader, peer: str, peer_address: str
     ) -> None:
         while True:
             try:
@@ -512,6 +618,36 @@ class TcpTransport(Transport):
         await self._send_handshake(stream, ["ok"])
         return dialer
 
+    async def _listener_tls_handshake(self, channel: trio.SSLStream[Any], reader: FrameReader) -> str:
+        """TLS 1.3 with the dialer's certificate required, then the hello; returns the dialer's name."""
+        tls = _tls_module()
+        try:
+            await channel.do_handshake()
+        except trio.BrokenResourceError as exc:
+            raise _HandshakeFailed(f"TLS handshake failed ({tls.failure_reason(exc)})") from exc
+        except trio.ClosedResourceError as exc:  # we closed the socket (aclose) mid-handshake
+            raise TransportClosed("the connection was closed during the TLS handshake") from exc
+        try:
+            named = tls.peer_party(channel)
+        except ValueError as exc:
+            raise _HandshakeFailed(str(exc)) from None
+        if named not in self._roster_set:
+            raise _HandshakeFailed(f"certificate for {named!r}, who is not in the roster")
+        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 5, "hello")
+        version, session, roster_hash, dialer, listener = hello
+        if version != TLS_HELLO_VERSION:
+            raise _HandshakeFailed(f"unsupported hello version {version!r} from {named!r}")
+        if dialer != named:
+            raise _HandshakeFailed(f"the certificate names {named!r} but the hello claims {dialer!r}")
+        if session != self.session:
+            raise _HandshakeFailed(f"{named!r} is in session {session!r}, this run is {self.session}")
+        if roster_hash != self._roster_hash:
+            raise _HandshakeFailed(f"{named!r} has a different roster")
+        if listener != self.party:
+            raise _HandshakeFailed(f"{named!r} wanted party {listener!r}, this is {self.party!r}")
+        await send_frame(channel, _pack(["ok"]))
+        return named
+
     # ------------------------------------------------------------------------------------ send
 
     async def send(self, dest: str, frame: bytes) -> None:
@@ -538,32 +674,36 @@ class TcpTransport(Transport):
             lock = self._send_locks[dest] = trio.Lock()
         async with lock:
             self._check_open()
-            stream = self._outgoing.get(dest)
-            if stream is None:
-                stream = await self._connect(dest)
+            link = self._outgoing.get(dest)
+            if link is None:
+                link = await self._connect(dest)
+            wire_before = link.wire.sent_bytes if link.wire is not None else 0
             try:
-                await send_frame(stream, frame)
+                await send_frame(link.channel, frame)
             except TransportBroken as exc:
-                self._drop_outgoing(dest, stream)
+                self._drop_outgoing(dest, link)
                 self._check_open()
                 raise PeerUnreachable(
                     f"the connection to {dest} broke", party=dest
                 ) from (exc.__cause__ or exc)
             except TransportClosed:
-                self._drop_outgoing(dest, stream)
+                self._drop_outgoing(dest, link)
                 self._check_open()
                 raise
             except BaseException:
                 # Cancelled (or failed) mid-frame: the stream's state is unknown, so drop it.
-                self._drop_outgoing(dest, stream)
+                self._drop_outgoing(dest, link)
                 raise
+            if link.wire is not None:
+                written = link.wire.sent_bytes - wire_before
+                self.tls_overhead_bytes += written - FRAMING_OVERHEAD_BYTES - len(frame)
 
-    def _drop_outgoing(self, dest: str, stream: trio.SocketStream) -> None:
-        if self._outgoing.get(dest) is stream:
+    def _drop_outgoing(self, dest: str, link: _Link) -> None:
+        if self._outgoing.get(dest) is link:
             del self._outgoing[dest]
-        stream.socket.close()
+        link.raw.socket.close()
 
-    async def _connect(self, dest: str) -> trio.SocketStream:
+    async def _connect(self, dest: str) -> _Link:
         address = self.addresses[dest]
         if address.port == 0:
             raise PeerUnreachable(f"the address of {dest} is unknown (port 0)", party=dest)
@@ -590,15 +730,27 @@ class TcpTransport(Transport):
             retry_s = min(2 * retry_s, _MAX_RETRY_S)
 
         self._dialling.add(stream)
+        link = _Link(stream, stream)
         try:
             try:
                 with trio.fail_after(self.handshake_timeout_s):
-                    await self._dialer_handshake(stream, dest)
+                    if self._tls is None:
+                        await self._dialer_handshake(stream, dest)
+                    else:
+                        link.wire = _tls_module().MeteredStream(stream)
+                        link.channel = trio.SSLStream(
+                            link.wire, self._tls.dialer, server_hostname=dest, https_compatible=True
+                        )
+                        try:
+                            await self._dialer_tls_handshake(link.channel, dest)
+                        finally:
+                            self.handshake_bytes += link.wire.sent_bytes
             except _DIAL_FAILURES as exc:
                 self._check_open()
+                credentials = "secret" if self._tls is None else "certificates"
                 reason = {
                     trio.TooSlowError: f"no answer within {self.handshake_timeout_s} s",
-                    trio.EndOfChannel: "refused by the peer (check secret, session and roster)",
+                    trio.EndOfChannel: f"refused by the peer (check {credentials}, session and roster)",
                 }.get(type(exc), str(exc))
                 raise PeerUnreachable(
                     f"handshake with {dest} at {address} failed: {reason}", party=dest
@@ -612,9 +764,9 @@ class TcpTransport(Transport):
             raise
         finally:
             self._dialling.discard(stream)
-        self._outgoing[dest] = stream
+        self._outgoing[dest] = link
         log.debug("%s: connected to %s at %s", self.party, dest, address)
-        return stream
+        return link
 
     async def _dialer_handshake(self, stream: trio.SocketStream, dest: str) -> None:
         reader = FrameReader(stream)
@@ -640,6 +792,25 @@ class TcpTransport(Transport):
         await self._send_handshake(stream, [handshake_mac(self._secret, "dialer", **context)])
         ack = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 1, "acknowledgement")
         if ack != ["ok"]:
+            raise _HandshakeFailed("malformed acknowledgement")
+
+    async def _dialer_tls_handshake(self, channel: trio.SSLStream[Any], dest: str) -> None:
+        """TLS 1.3 checking ``dest``'s certificate and name, then the hello and its acknowledgement."""
+        tls = _tls_module()
+        reader = FrameReader(channel)
+        try:
+            await channel.do_handshake()
+        except trio.BrokenResourceError as exc:
+            raise _HandshakeFailed(f"TLS handshake failed ({tls.failure_reason(exc)})") from exc
+        except trio.ClosedResourceError as exc:  # we closed the socket (aclose) mid-handshake
+            raise TransportClosed("the connection was closed during the TLS handshake") from exc
+        # Only now, with the listener's certificate checked against dest's name, may we speak.
+        await send_frame(channel, _pack([TLS_HELLO_VERSION, self.session, self._roster_hash, self.party, dest]))
+        try:
+            frame = await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES)
+        except TransportBroken as exc:  # a TLS alert: the listener refused our certificate
+            raise _HandshakeFailed(f"refused by the peer ({tls.failure_reason(exc)})") from exc
+        if _unpack_list(frame, 1, "acknowledgement") != ["ok"]:
             raise _HandshakeFailed("malformed acknowledgement")
 
     # --------------------------------------------------------------------------------- receive
@@ -687,7 +858,7 @@ class TcpTransport(Transport):
                 listener.socket.close()
             if self._listen_socket is not None:
                 self._listen_socket.close()  # ours even if serve never ran
-            for stream in [*self._incoming, *self._dialling, *self._outgoing.values()]:
+            for stream in [*self._incoming, *self._dialling, *(link.raw for link in self._outgoing.values())]:
                 stream.socket.close()
             self._outgoing.clear()
             self._inbox_receive.close()
@@ -719,27 +890,74 @@ async def _serving_all(endpoints: Mapping[str, TcpTransport]) -> AsyncIterator[N
         raise
 
 
+@contextmanager
+def throwaway_tls(parties: Sequence[str]) -> Iterator[dict[str, TlsFiles]]:
+    """Kits of a throwaway federation (fresh CA, its key dropped), in a private temporary directory.
+
+    For in-process networks and tests: build the endpoints inside the ``with`` (they read their
+    kit when constructed); the files are removed on exit.
+
+    Yields:
+        ``{party: TlsFiles}``.
+
+    Raises:
+        ValueError: a party name that cannot be a certificate name.
+    """
+    from fedproto.provision import ephemeral_credentials
+
+    credentials = ephemeral_credentials(parties)
+    with tempfile.TemporaryDirectory(prefix="fedproto-tls-") as tmp:  # mode 0700
+        files = {}
+        for party, creds in credentials.items():
+            kit = Path(tmp) / party
+            kit.mkdir(mode=0o700)
+            files[party] = creds.write(kit)
+        yield files
+
+
 @asynccontextmanager
 async def open_tcp_network(
-    roster: Sequence[str], secret: bytes, *, host: str = "127.0.0.1", **kwargs: Any
+    roster: Sequence[str],
+    secret: bytes | None = None,
+    *,
+    tls: Mapping[str, TlsFiles] | None = None,
+    host: str = "127.0.0.1",
+    **kwargs: Any,
 ) -> AsyncIterator[dict[str, TcpTransport]]:
     """All parties of ``roster`` in this process, each serving on a free port of ``host``.
 
-    For tests and examples. Every endpoint knows every other's bound address on entry; all are
-    closed (and their listeners stopped) on exit.
+    For tests, benchmarks and examples. Every endpoint knows every other's bound address on entry;
+    all are closed (and their listeners stopped) on exit. Links are mutual TLS 1.3 unless a
+    ``secret`` is given (the shared-secret handshake, insecure: see the module docstring).
 
     Args:
         roster: every party of the run.
-        secret: the per-run secret (at least 16 bytes).
+        secret: a per-run secret (at least 16 bytes) for the shared-secret handshake, or ``None``.
+        tls: ``{party: TlsFiles}`` for every party; ``None`` (and no secret): a throwaway
+            federation made for this network (:func:`throwaway_tls`).
         host: the address every party listens on (loopback by default).
         **kwargs: passed to :class:`TcpTransport` (``session``, ``max_frame_bytes``, timeouts).
 
     Yields:
         ``{party: TcpTransport}`` in roster order.
+
+    Raises:
+        ValueError: both ``secret`` and ``tls``, or ``tls`` missing a party.
     """
     roster = tuple(roster)
     addresses = {p: TcpAddress(host, 0) for p in roster}
-    endpoints = {p: TcpTransport(p, roster, addresses, secret, **kwargs) for p in roster}
+    if secret is not None:
+        if tls is not None:
+            raise ValueError("give either TLS material (tls=...) or the shared secret, not both")
+        endpoints = {p: TcpTransport(p, roster, addresses, secret, **kwargs) for p in roster}
+    elif tls is not None:
+        missing = [p for p in roster if p not in tls]
+        if missing:
+            raise ValueError(f"no TLS material for {missing}")
+        endpoints = {p: TcpTransport(p, roster, addresses, tls=tls[p], **kwargs) for p in roster}
+    else:
+        with throwaway_tls(roster) as files:
+            endpoints = {p: TcpTransport(p, roster, addresses, tls=files[p], **kwargs) for p in roster}
     async with _serving_all(endpoints):
         bound = {p: endpoint.addresses[p] for p, endpoint in endpoints.items()}
         for endpoint in endpoints.values():
@@ -748,18 +966,26 @@ async def open_tcp_network(
 
 
 class TcpNetwork(Network):
-    """TCP endpoints for the CLI registry.
+    """TCP endpoints for the CLI registry: mutual TLS 1.3 by default.
 
-    Without ``addresses`` every party runs in this process on loopback (:func:`open_tcp_network`,
-    with a fresh random secret unless one is given). With ``addresses`` and ``secret``, this
-    process hosts the ``local`` parties at their given addresses and reaches the others at theirs.
+    Without ``addresses`` every party runs in this process on loopback (:func:`open_tcp_network`:
+    a throwaway federation's TLS kits unless ``tls`` gives them). With ``addresses``, this process
+    hosts the ``local`` parties at their given addresses and reaches the others at theirs; each
+    local party needs its TLS kit (``tls``). The shared-secret handshake (insecure: any holder of
+    the secret can claim any name, frames are not encrypted) is used only when asked for with
+    ``insecure_shared_secret=True``.
 
     :meth:`from_roster` builds one from a :class:`~fedproto.roster.Roster` (the roster file of a
-    multi-process run), optionally serving on listening sockets inherited from the launcher.
+    multi-process run: ``fedproto provision`` writes one per party), optionally serving on
+    listening sockets inherited from the launcher.
 
     Args:
         addresses: ``{party: TcpAddress | "host:port"}`` for every party, or None.
-        secret: the per-run secret (required with ``addresses``).
+        secret: the per-run secret, with ``insecure_shared_secret=True`` only (required then with
+            ``addresses``; without them a random one is drawn when ``None``).
+        tls: the kit of the local party (a :class:`~fedproto.roster.TlsFiles`, for every local
+            party it is for: its certificate names one party) or ``{party: TlsFiles}``.
+        insecure_shared_secret: use the shared-secret handshake instead of TLS.
         host: listening host when ``addresses`` is None.
         listen_fds: ``{party: file descriptor}`` of bound TCP sockets that local parties serve
             on instead of binding their address (see :func:`fedproto.launcher.launch_local`);
@@ -771,12 +997,17 @@ class TcpNetwork(Network):
             prefix), so a front end can check the option before starting anything.
 
     Raises:
-        ValueError: ``addresses`` without ``secret``; ``listen_fds`` without ``addresses`` or for
-            parties without an address.
+        ValueError: ``listen_fds`` without ``addresses`` or for parties without an address; a
+            secret without ``insecure_shared_secret=True``; ``insecure_shared_secret=True`` with
+            ``tls``, or with ``addresses`` but no secret; ``addresses`` without ``tls`` (in TLS
+            mode).
     """
 
     name = "tcp"
-    description = "parties in separate processes or hosts: HMAC-authenticated TCP streams, length-prefixed frames"
+    description = (
+        "parties in separate processes or hosts: TCP streams under mutual TLS 1.3 (one certificate per party), "
+        "length-prefixed frames"
+    )
     max_frame_bytes_limit = MAX_WIRE_FRAME_BYTES
 
     def __init__(
@@ -784,43 +1015,91 @@ class TcpNetwork(Network):
         addresses: Mapping[str, TcpAddress | str] | None = None,
         secret: bytes | None = None,
         *,
+        tls: TlsFiles | Mapping[str, TlsFiles] | None = None,
+        insecure_shared_secret: bool = False,
         host: str = "127.0.0.1",
         listen_fds: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> None:
-        if addresses is not None and secret is None:
-            raise ValueError("a TCP network with explicit addresses needs the run's secret")
         listen_fds = dict(listen_fds or {})
         if listen_fds and addresses is None:
             raise ValueError("listen_fds need the addresses of every party")
         unknown = sorted(set(listen_fds) - set(addresses or {}))
         if unknown:
             raise ValueError(f"listen_fds for parties without an address: {unknown}")
+        if insecure_shared_secret:
+            if tls is not None:
+                raise ValueError("insecure_shared_secret=True uses the shared secret instead of TLS: give one of them")
+            if addresses is not None and secret is None:
+                raise ValueError("a TCP network with explicit addresses needs the run's secret")
+        elif secret is not None:
+            raise ValueError(
+                "the shared-secret handshake is insecure (any holder of the secret can claim any party's name, "
+                "frames travel unencrypted): pass insecure_shared_secret=True to use it, or give TLS material"
+            )
+        elif addresses is not None and tls is None:
+            raise ValueError(
+                "a TCP network with explicit addresses needs each local party's TLS kit (tls=..., made by "
+                "fedproto provision), or insecure_shared_secret=True and the run's secret"
+            )
         self.addresses = addresses
         self.secret = secret
+        self.tls = tls
+        self.insecure_shared_secret = insecure_shared_secret
         self.host = host
         self.listen_fds = listen_fds
         self.kwargs = kwargs
 
     @classmethod
-    def from_roster(cls, roster: Any, *, listen_fds: Mapping[str, int] | None = None, **kwargs: Any) -> "TcpNetwork":
-        """The network of a roster: its addresses, its secret and (if it fixes one) its session.
+    def from_roster(
+        cls,
+        roster: Any,
+        *,
+        listen_fds: Mapping[str, int] | None = None,
+        insecure_shared_secret: bool = False,
+        **kwargs: Any,
+    ) -> "TcpNetwork":
+        """The network of a roster: its addresses, its TLS kit (or secret) and its session, if any.
 
         Args:
             roster: a :class:`fedproto.roster.Roster`.
             listen_fds: ``{party: fd}`` of inherited listening sockets (``--listen-fd``).
+            insecure_shared_secret: use the roster's secret and the shared-secret handshake
+                (``--insecure-shared-secret``) instead of its TLS kit.
             **kwargs: passed to :class:`TcpTransport` (``max_frame_bytes``, timeouts; ``session``
                 when the roster fixes none).
 
         Raises:
-            ValueError: ``session`` given that differs from the roster's.
+            ValueError: one line: ``session`` given that differs from the roster's; a roster
+                without TLS material (and no ``insecure_shared_secret``), or without a secret
+                (with it).
         """
         if roster.session is not None:
             if kwargs.setdefault("session", roster.session) != roster.session:
                 raise ValueError(f"the roster is for session {roster.session}, not {kwargs['session']}")
-        network = cls(dict(roster.addresses), roster.secret, listen_fds=listen_fds, **kwargs)
+        if insecure_shared_secret:
+            if roster.secret is None:
+                raise ValueError("the roster has no secret for the shared-secret handshake (it has a TLS kit: use it)")
+            network = cls(
+                dict(roster.addresses), roster.secret, insecure_shared_secret=True, listen_fds=listen_fds, **kwargs
+            )
+        else:
+            if roster.tls is None:
+                raise ValueError(
+                    "the roster has no TLS material (a 'tls' block: make kits with fedproto provision); to use its "
+                    "shared secret instead, which is insecure, pass --insecure-shared-secret"
+                )
+            network = cls(dict(roster.addresses), tls=roster.tls, listen_fds=listen_fds, **kwargs)
         network.roster = tuple(roster.parties)
         return network
+
+    def _tls_of(self, party: str) -> TlsFiles:
+        if isinstance(self.tls, TlsFiles):
+            return self.tls
+        assert self.tls is not None
+        if party not in self.tls:
+            raise ValueError(f"no TLS kit for {party}")
+        return self.tls[party]
 
     @asynccontextmanager
     async def endpoints(
@@ -846,18 +1125,27 @@ class TcpNetwork(Network):
         if self.addresses is None:
             if set(local) != set(roster):
                 raise ValueError("hosting only some parties needs the addresses of all of them")
-            secret = self.secret if self.secret is not None else secrets.token_bytes(32)
-            async with open_tcp_network(roster, secret, host=self.host, **self.kwargs) as endpoints:
+            if self.insecure_shared_secret:
+                secret = self.secret if self.secret is not None else secrets.token_bytes(32)
+                network = open_tcp_network(roster, secret, host=self.host, **self.kwargs)
+            else:
+                tls = None if self.tls is None else {p: self._tls_of(p) for p in roster}
+                network = open_tcp_network(roster, tls=tls, host=self.host, **self.kwargs)
+            async with network as endpoints:
                 yield endpoints
             return
-        assert self.secret is not None
         endpoints = {}
         for p in local:
             fd = self.listen_fds.pop(p, None)
             listen_socket = None if fd is None else socket.socket(fileno=fd)
             try:
+                if self.insecure_shared_secret:
+                    assert self.secret is not None
+                    security: dict[str, Any] = {"secret": self.secret}
+                else:
+                    security = {"tls": self._tls_of(p)}
                 endpoints[p] = TcpTransport(
-                    p, roster, self.addresses, self.secret, listen_socket=listen_socket, **self.kwargs
+                    p, roster, self.addresses, listen_socket=listen_socket, **security, **self.kwargs
                 )
             except BaseException:
                 if listen_socket is not None:

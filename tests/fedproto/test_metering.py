@@ -61,6 +61,22 @@ def test_json_round_trip_and_merge():
     assert merged.links == report.links and merged.payload_bytes == report.payload_bytes
 
 
+def test_connection_bytes_stay_apart_from_payload_and_merge_by_sum():
+    reports = []
+    for party, handshake, tls in (("a", 2900, 44), ("s", 2950, 22)):
+        meter = Meter()
+        meter.record_sent(0, "update", party, "a" if party == "s" else "s", "t", 100)
+        meter.record_connection_bytes(handshake_bytes=handshake, tls_overhead_bytes=tls)
+        reports.append(meter.report(protocol="p", transport="tcp", session=0, parties=["a", "s"]))
+    assert (reports[0].handshake_bytes, reports[0].tls_overhead_bytes, reports[0].payload_bytes) == (2900, 44, 100)
+    merged = RunReport.merge(reports)
+    assert (merged.handshake_bytes, merged.tls_overhead_bytes, merged.payload_bytes) == (5850, 66, 200)
+    assert RunReport.from_json(merged.to_json()) == merged
+    old = merged.to_dict()
+    del old["handshake_bytes"], old["tls_overhead_bytes"]  # a report written before these fields
+    assert RunReport.from_dict(old).tls_overhead_bytes == 0
+
+
 def test_received_frames_fill_in_for_a_single_process():
     meter = Meter()
     meter.record_sent(0, "update", "a", "s", "t", 5)

@@ -264,11 +264,19 @@ async def test_conformance() -> None:
 
 async def test_network_in_one_process_and_split_over_two() -> None:
     async with TcpNetwork().endpoints(ROSTER) as endpoints:
+        assert all(ep.uses_tls for ep in endpoints.values())  # TLS unless asked otherwise
+        await endpoints["alice"].send("carol", b"hi")
+        assert await endpoints["carol"].receive() == ("alice", b"hi")
+    async with TcpNetwork(insecure_shared_secret=True).endpoints(ROSTER) as endpoints:
+        assert not any(ep.uses_tls for ep in endpoints.values())
         await endpoints["alice"].send("carol", b"hi")
         assert await endpoints["carol"].receive() == ("alice", b"hi")
     with reserved_ports(3) as ports:
         addresses = {p: TcpAddress("127.0.0.1", port) for p, port in zip(ROSTER, ports)}
-    first, second = TcpNetwork(addresses, SECRET), TcpNetwork(addresses, SECRET)
+    with pytest.raises(ValueError, match="insecure"):
+        TcpNetwork(addresses, SECRET)
+    first = TcpNetwork(addresses, SECRET, insecure_shared_secret=True)
+    second = TcpNetwork(addresses, SECRET, insecure_shared_secret=True)
     async with (
         first.endpoints(ROSTER, ["alice"]) as mine,
         second.endpoints(ROSTER, ["bob", "carol"]) as theirs,
@@ -277,8 +285,10 @@ async def test_network_in_one_process_and_split_over_two() -> None:
         await theirs["carol"].send("alice", b"back")
         assert await theirs["bob"].receive() == ("alice", b"across")
         assert await mine["alice"].receive() == ("carol", b"back")
-    with pytest.raises(ValueError, match="secret"):
+    with pytest.raises(ValueError, match="TLS kit"):
         TcpNetwork(addresses)
+    with pytest.raises(ValueError, match="needs the run's secret"):
+        TcpNetwork(addresses, insecure_shared_secret=True)
     with pytest.raises(ValueError, match="addresses"):
         async with TcpNetwork().endpoints(ROSTER, ["alice"]):
             pass
@@ -646,21 +656,35 @@ def _bound_listening_sockets(n: int) -> list[socket.socket]:
     return [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
 
 
-async def test_network_from_roster_serves_on_inherited_listening_sockets() -> None:
+@pytest.mark.parametrize("security", ["tls", "insecure-shared-secret"])
+async def test_network_from_roster_serves_on_inherited_listening_sockets(tmp_path, security: str) -> None:
+    from fedproto.provision import provision
     from fedproto.roster import Roster
 
     socks = _bound_listening_sockets(len(ROSTER))
-    roster = Roster.create({p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in zip(ROSTER, socks)}, session=7)
-    # Each process of a launched run adopts its own descriptor; here two networks share one process.
+    addresses = {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in zip(ROSTER, socks)}
+    if security == "tls":  # each party's own kit
+        kits = provision(ROSTER, addresses, tmp_path / "kits", session=7)
+        rosters = {p: Roster.load(kits[p] / "roster.json") for p in ROSTER}
+        options: dict[str, object] = {}
+    else:
+        rosters = dict.fromkeys(ROSTER, Roster.create(addresses, session=7))
+        options = {"insecure_shared_secret": True}
+    # Each process of a launched run adopts its own descriptor; here three networks share one process.
     fds = {p: s.detach() for p, s in zip(ROSTER, socks)}
-    first = TcpNetwork.from_roster(roster, listen_fds={"alice": fds["alice"]})
-    second = TcpNetwork.from_roster(roster, listen_fds={"bob": fds["bob"], "carol": fds["carol"]})
-    async with first.endpoints(local=["alice"]) as mine, second.endpoints(local=["bob", "carol"]) as theirs:
+    networks = {p: TcpNetwork.from_roster(rosters[p], listen_fds={p: fds[p]}, **options) for p in ROSTER}
+    async with (
+        networks["alice"].endpoints(local=["alice"]) as mine,
+        networks["bob"].endpoints(local=["bob"]) as bobs,
+        networks["carol"].endpoints(local=["carol"]) as carols,
+    ):
+        theirs = {**bobs, **carols}
         assert mine["alice"].session == theirs["bob"].session == 7
+        assert mine["alice"].uses_tls == (security == "tls")
         # nobody re-bound anything: every endpoint listens on the port the roster names
         for endpoints in (mine, theirs):
             for party, endpoint in endpoints.items():
-                assert endpoint._listeners[0].socket.getsockname()[1] == int(roster.addresses[party].split(":")[1])
+                assert endpoint._listeners[0].socket.getsockname()[1] == int(addresses[party].split(":")[1])
         await mine["alice"].send("carol", b"to carol")
         await theirs["bob"].send("alice", b"to alice")
         assert await theirs["carol"].receive() == ("alice", b"to carol")
@@ -669,6 +693,10 @@ async def test_network_from_roster_serves_on_inherited_listening_sockets() -> No
     for fd in fds.values():
         with pytest.raises(OSError):
             socket.socket(fileno=fd)
+    # the other security mode is not taken silently
+    other = {"insecure_shared_secret": True} if security == "tls" else {}
+    with pytest.raises(ValueError, match="no secret" if security == "tls" else "no TLS material"):
+        TcpNetwork.from_roster(rosters["alice"], **other)
 
 
 async def test_a_bound_socket_that_is_not_listening_yet_is_listened_on() -> None:
@@ -702,7 +730,7 @@ def test_listen_socket_and_fds_are_checked() -> None:
         with pytest.raises(ValueError, match="addresses"):
             TcpNetwork(listen_fds={"alice": sock.fileno()})
         with pytest.raises(ValueError, match="without an address"):
-            TcpNetwork(addresses, SECRET, listen_fds={"dave": sock.fileno()})
+            TcpNetwork(addresses, SECRET, insecure_shared_secret=True, listen_fds={"dave": sock.fileno()})
     finally:
         sock.close()
     assert TcpNetwork.max_frame_bytes_limit == 2**32 - 1
