@@ -181,10 +181,13 @@ def msa_run(inputs: np.ndarray, ring_bits: int, seed: int) -> dict:
 
 def analytic_mean(config: engine.SecAggPlusConfig, dropped: int) -> dict[str, dict[str, float]]:
     """``stage_bytes`` averaged over all clients when ``dropped`` clients are silent from the
-    masked-input stage on (they send and receive nothing after sharing keys)."""
+    masked-input stage on (they send and receive nothing after sharing keys). A survivor's unmask
+    request lists its own dropped neighbours: ``k D / (n - 1)`` of them in expectation over a
+    uniformly random dropped set."""
     n = config.n_clients
     alive = (n - dropped) / n
-    cost = engine.stage_bytes(config, dropped=dropped)
+    cost = {stage: dict(sides) for stage, sides in engine.stage_bytes(config).items()}
+    cost[STAGES[2]]["received"] += 4 * config.degree * dropped / (n - 1)
     return {
         stage: {side: value * (alive if stage in STAGES[2:] else 1.0) for side, value in cost[stage].items()}
         for stage in STAGES
