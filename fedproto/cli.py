@@ -4,14 +4,17 @@ Commands:
 
 * ``fedproto run PROTOCOL [options]``: run a protocol end to end. ``--transport memory`` runs every
   party in this process; ``--transport tcp`` starts every party as its own OS process on
-  loopback (:func:`fedproto.launcher.launch_local`) and merges their reports; ``--transport mpi``
+  loopback (:func:`fedproto.launcher.launch_local`; ``--topology star``, the default, has only the
+  first party listen and the others dial out to it, ``--topology mesh`` has every party listen)
+  and merges their reports; ``--transport mpi``
   is run under ``mpiexec -n <parties> fedproto run ...`` with one party per rank (rank 0 prints).
 * ``fedproto party PROTOCOL --party NAME --roster FILE [options]``: run one party of a TCP run
   (on any host), given the roster file of its kit (:class:`fedproto.roster.Roster`: party
-  addresses, the party's TLS material, the session); links are mutual TLS 1.3, or the insecure
-  shared-secret handshake with ``--insecure-shared-secret``.
-* ``fedproto provision --parties NAME,NAME,... (--address PARTY=HOST:PORT ... | --hub HOST:PORT)
-  --out DIR``: make a federation's CA and one kit per party (:mod:`fedproto.provision`).
+  addresses, topology, the party's TLS material, the session); links are mutual TLS 1.3, or the
+  insecure shared-secret handshake with ``--insecure-shared-secret``.
+* ``fedproto provision --parties NAME,NAME,... --hub HOST:PORT [--topology mesh --address
+  PARTY=HOST:PORT ...] --out DIR``: make a federation's CA and one kit per party
+  (:mod:`fedproto.provision`); in the default star only the hub (the first party) has an address.
 * ``fedproto list``: installed protocols and transports, one line each (a plugin that cannot be
   imported is listed as broken, with the reason).
 
@@ -64,7 +67,9 @@ __all__ = ["main", "build_parser"]
 COMMANDS = ("run", "party", "provision", "list")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
-_LAUNCHER_OPTIONS = {"--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False}
+_LAUNCHER_OPTIONS = {
+    "--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False, "--topology": True,
+}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
 _INTERNAL_KEYS = {"command", "protocol_name"}
 #: Global options (before the command) that take a value.
@@ -256,6 +261,11 @@ def _common_arguments(
         )
     else:
         group.add_argument("--transport", default="memory", help="memory (default), tcp or mpi")
+        group.add_argument(
+            "--topology", choices=("star", "mesh"), default=None,
+            help="with --transport tcp: star (default: only the first party listens, the others dial out to it "
+            "and it relays their frames to each other) or mesh (every party listens)",
+        )
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
         group.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
         group.add_argument("--quiet", action="store_true", help="print only the summary, no progress")
@@ -284,17 +294,24 @@ def _provision_arguments(parser: argparse.ArgumentParser) -> None:
         "label: lowercase letters, digits and '-'",
     )
     parser.add_argument(
+        "--topology", choices=("star", "mesh"), default="star",
+        help="star (default): only the hub, the first party, listens and the others dial out to it; mesh: every "
+        "party listens (needs an address for each)",
+    )
+    parser.add_argument(
         "--address", action="append", default=None, metavar="PARTY=HOST:PORT",
-        help="where PARTY listens (repeatable); every party needs one unless --hub is given",
+        help="where PARTY listens (repeatable): the hub's (or use --hub); with --topology mesh every party needs one "
+        "unless --hub numbers them",
     )
     parser.add_argument(
         "--hub", default=None, metavar="HOST:PORT",
-        help="where the first party (the coordinating one) listens; every other party without --address "
-        "gets the hub's host and the next free port from --base-port",
+        help="where the first party (the coordinating one, the hub) listens; with --topology mesh every other party "
+        "without --address gets the hub's host and the next free port from --base-port",
     )
     parser.add_argument(
         "--base-port", type=_int_at_least(1), default=None, metavar="PORT",
-        help="with --hub: first port of the other parties, numbered in roster order (default: the hub's port + 1)",
+        help="with --topology mesh and --hub: first port of the other parties, numbered in roster order (default: "
+        "the hub's port + 1)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory: must not exist, or be empty")
     parser.add_argument(
@@ -609,17 +626,21 @@ def _run_tcp_launcher(plan: RunPlan, args: argparse.Namespace, argv: Sequence[st
     base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol))
     with tempfile.TemporaryDirectory(prefix="fedproto-tcp-") as tmp:
 
-        def command(party: str, roster_path: Path, listen_fd: int) -> list[str]:
+        def command(party: str, roster_path: Path, listen_fd: int | None) -> list[str]:
+            listen = [] if listen_fd is None else ["--listen-fd", str(listen_fd)]
             return [
                 sys.executable, "-m", "fedproto", *base, "--party", party, "--roster", str(roster_path),
-                "--listen-fd", str(listen_fd), "--party-report", str(Path(tmp) / f"{party}.json"),
+                *listen, "--party-report", str(Path(tmp) / f"{party}.json"),
             ]
 
         timeout_s = args.deadline * (plan.iterations + 6) + 120
-        description = f"{len(plan.roster)} parties running as separate processes over TCP"
+        topology = args.topology = args.topology or "star"  # the report's options say which ran
+        description = f"{len(plan.roster)} parties running as separate processes over TCP ({topology})"
         with progress_task(description):
             try:
-                outcomes = launch_local(plan.roster, command, timeout_s=timeout_s, session=plan.session)
+                outcomes = launch_local(
+                    plan.roster, command, timeout_s=timeout_s, session=plan.session, topology=topology
+                )
             except LaunchError as exc:
                 _forward_party_logs(exc.outcomes)
                 raise
@@ -700,6 +721,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
     meter.record_connection_bytes(
         handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
         tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
+        relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
     )
     report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
     doc = _party_json(plan, args.party, result, report)
@@ -921,6 +943,8 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
         if args.plot:
             _check_output_path("--plot", args.plot, prog=prog, plot=True)
         _check_dropout_options(args, prog)
+        if args.topology is not None and args.transport != "tcp":
+            raise UsageError(f"argument --topology: applies to --transport tcp, not {args.transport}", prog=prog)
     elif args.party_report:
         _check_output_path("--party-report", args.party_report, prog=prog)
 
@@ -1005,10 +1029,13 @@ def _command_party(args: argparse.Namespace) -> int:
 def _provision_addresses(args: argparse.Namespace, parties: Sequence[str]) -> dict[str, str]:
     """``{party: "host:port"}`` from ``--address`` and ``--hub``/``--base-port`` (see their help).
 
+    In the star only the hub needs one (the others' are kept but not used); in the mesh every
+    party does.
+
     Raises:
         UsageError: a malformed or repeated ``--address``, one for a party not in ``--parties``,
-            a bad ``--hub``, ``--base-port`` without ``--hub``, a port 0 or past 65535, a party
-            left without an address.
+            a bad ``--hub``, ``--base-port`` without ``--hub`` or in the star, a port 0 or past
+            65535, a party (the hub, in the star) left without an address.
     """
     prog = "fedproto provision"
     addresses: dict[str, str] = {}
@@ -1023,11 +1050,25 @@ def _provision_addresses(args: argparse.Namespace, parties: Sequence[str]) -> di
         addresses[party] = _provision_address("--address", party, address)
     if args.base_port is not None and args.hub is None:
         raise UsageError("argument --base-port: needs --hub", prog=prog)
+    if args.base_port is not None and args.topology == "star":
+        raise UsageError(
+            "argument --base-port: numbers the ports of the other parties, which only listen in a mesh "
+            "(--topology mesh); in the star they dial out to the hub",
+            prog=prog,
+        )
+    hub = parties[0]
     if args.hub is not None:
-        hub = parties[0]
         if hub in addresses:
             raise UsageError(f"argument --hub: {hub} (the first party) also has an --address; give one", prog=prog)
         addresses[hub] = _provision_address("--hub", hub, args.hub)
+    if args.topology == "star":
+        if hub not in addresses:
+            raise UsageError(
+                f"no address for the hub {hub} (the first party, the only one that listens): give --hub HOST:PORT",
+                prog=prog,
+            )
+        return {p: addresses[p] for p in parties if p in addresses}
+    if args.hub is not None:
         host, _, port = addresses[hub].rpartition(":")
         next_port = args.base_port if args.base_port is not None else int(port) + 1
         for party in parties:
@@ -1084,13 +1125,19 @@ def _command_provision(args: argparse.Namespace) -> int:
     if args.session is not None and args.session >= 2**64:
         raise UsageError(f"argument --session: must be below 2**64, got {args.session}", prog=prog)
     addresses = _provision_addresses(args, parties)
-    kits = provision(parties, addresses, args.out, valid_days=args.valid_days, session=args.session)
+    kits = provision(
+        parties, addresses, args.out, valid_days=args.valid_days, session=args.session, topology=args.topology
+    )
     out = Path(args.out)
-    print(f"federation provisioned in {out} (certificates valid for {args.valid_days} days)")
+    print(f"federation provisioned in {out} ({args.topology}; certificates valid for {args.valid_days} days)")
     print(f"  {out / 'ca' / 'ca.key'}: the CA's private key; keep it offline, on no party's host")
     width = max(len(str(kit)) for kit in kits.values()) + 1
     for party, kit in kits.items():
-        print(f"  {str(kit) + '/':<{width}} {party} listens on {addresses[party]}; copy this kit to its host only")
+        if args.topology == "star" and party != parties[0]:
+            role = f"dials out to the hub {parties[0]}"
+        else:
+            role = f"listens on {addresses[party]}"
+        print(f"  {str(kit) + '/':<{width}} {party} {role}; copy this kit to its host only")
     print("start each party with: fedproto party PROTOCOL --party NAME --roster KIT/roster.json [options]")
     return 0
 

@@ -23,6 +23,10 @@ Theory of operation:
   number). The child listens on the inherited socket (``TcpNetwork.from_roster(roster,
   listen_fds={party: fd})``), so no port is ever released and re-bound. Connections that arrive
   before the child accepts wait in the socket's backlog.
+* **Star or mesh.** With ``topology="star"`` only the hub (the first party) gets a socket and an
+  address in the roster; the other parties are started with ``listen_fd=None`` and dial out to
+  the hub. The default, ``"mesh"``, gives every party both (and so keeps ``listen_fd`` an int for
+  commands written before the star existed).
 * **Roster and TLS kits.** By default (``tls=True``) the launcher provisions a throwaway
   federation (:func:`fedproto.provision.provision`: a fresh CA, one key and certificate per
   party, valid for the launch's timeout and a day) in a private temporary directory (mode
@@ -244,7 +248,7 @@ def _catch_signals(received: list[int]) -> Iterator[None]:
 
 def launch_local(
     parties: Sequence[str],
-    command: Callable[[str, Path, int], Sequence[str]],
+    command: Callable[[str, Path, int | None], Sequence[str]],
     *,
     timeout_s: float,
     session: int | None = None,
@@ -253,6 +257,7 @@ def launch_local(
     check: bool = True,
     on_started: Callable[[Mapping[str, int]], None] | None = None,
     tls: bool = True,
+    topology: str = "mesh",
 ) -> dict[str, PartyOutcome]:
     """Run every party as its own process on loopback, each listening on a socket bound for it.
 
@@ -262,8 +267,9 @@ def launch_local(
         parties: every party, in roster order (unique names).
         command: ``(party, roster_path, listen_fd) -> argv`` of one party's process; the child
             inherits the listening socket as descriptor ``listen_fd`` and should serve on it
-            (``TcpNetwork.from_roster(Roster.load(roster_path), listen_fds={party: listen_fd})``).
-            With ``tls``, ``roster_path`` is that party's own kit's roster.
+            (``TcpNetwork.from_roster(Roster.load(roster_path), listen_fds={party: listen_fd})``);
+            in a star, ``listen_fd`` is ``None`` for every party but the hub. With ``tls``,
+            ``roster_path`` is that party's own kit's roster.
         timeout_s: seconds the whole run may take (finite, > 0); then every party is stopped.
         session: written into the roster (``None``: the roster fixes no session).
         env: variables added to this process's environment for the children.
@@ -273,6 +279,8 @@ def launch_local(
         on_started: called with ``{party: pid}`` once every process has started.
         tls: provision a throwaway TLS kit per party (default); ``False``: one roster with a
             shared secret instead.
+        topology: ``"mesh"`` (every party listens) or ``"star"`` (only the first party does),
+            written into the roster.
 
     Returns:
         ``{party: PartyOutcome}`` in roster order.
@@ -281,8 +289,9 @@ def launch_local(
         LaunchError: (``check=True``) a party exited with a non-zero status (the first one to do
             so is named, with the last line of its stderr) or the timeout passed.
         LaunchInterrupted: SIGINT or SIGTERM arrived while launching (main thread only).
-        ValueError: no parties, duplicate names, or a timeout that is not a positive number; with
-            ``tls``, fewer than two parties or a name that cannot be a certificate name.
+        ValueError: no parties, duplicate names, a timeout that is not a positive number, or an
+            unknown topology; with ``tls``, fewer than two parties or a name that cannot be a
+            certificate name.
         OSError: a process could not be started (every started one is stopped first).
     """
     parties = tuple(parties)
@@ -290,6 +299,9 @@ def launch_local(
         raise ValueError(f"launch_local needs unique party names, got {list(parties)}")
     if not (isinstance(timeout_s, int | float) and 0 < timeout_s < float("inf")):
         raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+    if topology not in ("star", "mesh"):
+        raise ValueError(f"topology must be 'star' or 'mesh', got {topology!r}")
+    listening = parties[:1] if topology == "star" else parties
     child_env = None if env is None else {**os.environ, **env}
     received: list[int] = []
     children: dict[str, _Child] = {}
@@ -299,22 +311,25 @@ def launch_local(
     first_failure: str | None = None
     with _catch_signals(received), tempfile.TemporaryDirectory(prefix="fedproto-launch-") as tmp:
         try:
-            for party in parties:
+            for party in listening:
                 listeners[party] = socket.create_server(("127.0.0.1", 0), backlog=128)
             addresses = {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in listeners.items()}
             if tls:
                 from fedproto.provision import provision
 
                 valid_days = math.ceil(timeout_s / 86400) + 1  # outlives the launch: links may be re-dialled
-                kits = provision(parties, addresses, Path(tmp) / "kits", valid_days=valid_days, session=session)
+                kits = provision(
+                    parties, addresses, Path(tmp) / "kits", valid_days=valid_days, session=session, topology=topology
+                )
                 roster_paths = {p: kit / "roster.json" for p, kit in kits.items()}
             else:
-                roster_path = Roster.create(addresses, session=session).save(Path(tmp) / "roster.json")
+                roster = Roster.create(addresses, session=session, parties=parties, topology=topology)
+                roster_path = roster.save(Path(tmp) / "roster.json")
                 roster_paths = {p: roster_path for p in parties}
             for party in parties:
                 if received:
                     break
-                fd = listeners[party].fileno()
+                fd = listeners[party].fileno() if party in listeners else None
                 argv = [str(a) for a in command(party, roster_paths[party], fd)]
                 _check_program(argv, child_env, cwd)
                 process = subprocess.Popen(
@@ -322,13 +337,14 @@ def launch_local(
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    pass_fds=(fd,),
+                    pass_fds=() if fd is None else (fd,),
                     env=child_env,
                     cwd=cwd,
                 )
                 # The child holds its own copy; ours would keep accepting into the backlog after
                 # the child died, so a peer would wait for a handshake instead of being refused.
-                listeners.pop(party).close()
+                if fd is not None:
+                    listeners.pop(party).close()
                 readers = (
                     _Reader(process.stdout, f"fedproto-launch-{party}-stdout"),
                     _Reader(process.stderr, f"fedproto-launch-{party}-stderr"),

@@ -64,6 +64,7 @@ class Meter:
         self.framing_overhead_bytes = 0
         self.handshake_bytes = 0
         self.tls_overhead_bytes = 0
+        self.relay_overhead_bytes = 0
         self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
         self.rejected_frames = 0
         self.rejected_by_cause: Counter[tuple[str, str]] = Counter()
@@ -106,7 +107,9 @@ class Meter:
         if round_idx not in self.round_started_s and not is_setup_phase(phase):
             self.round_started_s[round_idx] = self._now()
 
-    def record_connection_bytes(self, *, handshake_bytes: int = 0, tls_overhead_bytes: int = 0) -> None:
+    def record_connection_bytes(
+        self, *, handshake_bytes: int = 0, tls_overhead_bytes: int = 0, relay_overhead_bytes: int = 0
+    ) -> None:
         """Add what a transport wrote on the wire besides frames (its endpoints' own counts).
 
         Args:
@@ -114,9 +117,13 @@ class Meter:
                 hello), e.g. :attr:`fedproto.transports.tcp.TcpTransport.handshake_bytes`.
             tls_overhead_bytes: bytes TLS added around the frames after its handshakes (record
                 headers, content types, AEAD tags).
+            relay_overhead_bytes: bytes that relaying frames between two parties through a third
+                cost (route headers, and the relay's second hop), e.g.
+                :attr:`fedproto.transports.tcp.TcpTransport.relay_overhead_bytes`.
         """
         self.handshake_bytes += handshake_bytes
         self.tls_overhead_bytes += tls_overhead_bytes
+        self.relay_overhead_bytes += relay_overhead_bytes
 
     def record_received(self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int) -> None:
         """Count one frame received (kept apart from the sent counters)."""
@@ -179,6 +186,7 @@ class Meter:
             framing_overhead_bytes=self.framing_overhead_bytes,
             handshake_bytes=self.handshake_bytes,
             tls_overhead_bytes=self.tls_overhead_bytes,
+            relay_overhead_bytes=self.relay_overhead_bytes,
             wall_time_s=max(finished - started, 0.0),
             round_wall_s=tuple(round_wall),
             rejected_frames=self.rejected_frames,
@@ -266,6 +274,10 @@ class RunReport:
             the hello inside them, or the shared-secret handshake (bytes; 0 in memory and MPI).
         tls_overhead_bytes: bytes TLS wrote around the frames after its handshakes: record
             headers, content types and AEAD tags (bytes; 0 without TLS).
+        relay_overhead_bytes: bytes relaying cost where a frame between two parties travels
+            through a third (the TCP star's hub): each relayed frame's route header on its first
+            hop and its whole second hop as written to the socket (bytes; 0 when nothing was
+            relayed). The frame itself is counted once, in ``payload_bytes``, on its logical link.
     """
 
     protocol: str
@@ -295,6 +307,7 @@ class RunReport:
     faults: dict[str, Any] = dataclasses.field(default_factory=dict)
     handshake_bytes: int = 0
     tls_overhead_bytes: int = 0
+    relay_overhead_bytes: int = 0
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -454,6 +467,7 @@ class RunReport:
             framing_overhead_bytes=sum(r.framing_overhead_bytes for r in reports),
             handshake_bytes=sum(r.handshake_bytes for r in reports),
             tls_overhead_bytes=sum(r.tls_overhead_bytes for r in reports),
+            relay_overhead_bytes=sum(r.relay_overhead_bytes for r in reports),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

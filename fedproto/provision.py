@@ -8,12 +8,15 @@ authenticate each other with mutual TLS 1.3 over the TCP transport:
   random tag in its name, so two federations' CAs never look alike in a log;
 * per **party**: an ECDSA P-256 key and a certificate signed by the CA whose identity is the
   party name (subject CN and a SubjectAlternativeName DNS name, both the party name), not a CA,
-  key usage ``digitalSignature``, extended key usage ``serverAuth`` and ``clientAuth`` (in the
-  full mesh every party both dials and listens);
+  key usage ``digitalSignature``, extended key usage ``serverAuth`` and ``clientAuth`` (in a
+  star the hub listens and the others dial; in a mesh every party does both, and one kit serves
+  either topology);
 * per party a **kit** directory ``OUT/<party>/``: ``ca.pem`` (the CA's certificate),
-  ``<party>.pem``, ``<party>.key`` (mode 0600) and ``roster.json`` (every party's address, the
-  session if given, and a ``"tls"`` block naming the three files, relative to the roster); the
-  kits of one federation differ only in that block and their own key and certificate.
+  ``<party>.pem``, ``<party>.key`` (mode 0600) and ``roster.json`` (every party, the addresses
+  given, the topology, the session if given, and a ``"tls"`` block naming the three files,
+  relative to the roster); the kits of one federation differ only in that block and their own
+  key and certificate. In the default star topology only the hub (the first party) needs an
+  address: the others dial out to it.
 
 The CA's private key is written to ``OUT/ca/ca.key`` (mode 0600, beside ``OUT/ca/ca.pem``) and
 never into a kit: copy each kit to its party's host, and keep ``OUT/ca`` offline (it can issue
@@ -332,6 +335,7 @@ def write_kit(
     addresses: Mapping[str, str],
     *,
     session: int | None = None,
+    topology: str = "star",
 ) -> Path:
     """Write one party's kit: its TLS files and a roster naming them; returns the roster's path.
 
@@ -339,8 +343,10 @@ def write_kit(
         directory: the kit directory (created, mode 0700; it must not exist or be empty).
         credentials: the party's key and certificate and the CA's certificate.
         parties: every party, in roster order.
-        addresses: ``{party: "host:port"}`` for every party.
+        addresses: ``{party: "host:port"}`` for the hub (the first party) in a star, for every
+            party in a mesh.
         session: the run's session id, or ``None``.
+        topology: ``"star"`` or ``"mesh"`` (see :class:`~fedproto.roster.Roster`).
 
     Raises:
         ValueError: a bad roster (see :class:`~fedproto.roster.Roster`).
@@ -348,7 +354,7 @@ def write_kit(
     """
     directory = Path(directory)
     relative = TlsFiles("ca.pem", f"{credentials.party}.pem", f"{credentials.party}.key")
-    roster = Roster(tuple(parties), dict(addresses), None, session, relative)  # checked before writing
+    roster = Roster(tuple(parties), dict(addresses), None, session, relative, topology)  # checked before writing
     directory.mkdir(mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     credentials.write(directory)
@@ -362,6 +368,7 @@ def provision(
     *,
     valid_days: int = DEFAULT_VALID_DAYS,
     session: int | None = None,
+    topology: str = "star",
 ) -> dict[str, Path]:
     """Make a federation's CA and one kit per party under ``out_dir`` (see the module docstring).
 
@@ -370,18 +377,20 @@ def provision(
     Args:
         parties: every party, in roster order (unique DNS-label names, see
             :func:`check_party_name`).
-        addresses: ``{party: "host:port"}`` for every party (where it listens).
+        addresses: ``{party: "host:port"}`` (where it listens): the hub's (the first party's) in
+            a star, where the others only dial out; every party's in a mesh.
         out_dir: a directory that does not exist yet (its parent must) or is empty.
         valid_days: days the CA and party certificates are valid (1..36500).
         session: the run's session id written into every roster, or ``None``.
+        topology: ``"star"`` (the default) or ``"mesh"``, written into every roster.
 
     Returns:
         ``{party: kit directory}`` in roster order; the CA's key is ``out_dir/ca/ca.key``.
 
     Raises:
         ValueError: one line: a bad or repeated party name, a missing or malformed address, an
-            address of port 0, a session or ``valid_days`` out of range, or an output directory
-            that exists and is not empty (or cannot be made).
+            address of port 0, a session, ``valid_days`` or topology out of range, or an output
+            directory that exists and is not empty (or cannot be made).
     """
     parties = tuple(parties)
     if len(parties) < 2:
@@ -392,7 +401,9 @@ def provision(
         raise ValueError(f"party name {CA_DIRECTORY!r} is taken by the CA's directory; choose another")
     valid_days = _check_valid_days(valid_days)
     # the roster's own checks (unique names, every address well formed, the session's range)
-    template = Roster(parties, dict(addresses), None, session, TlsFiles("ca.pem", "party.pem", "party.key"))
+    template = Roster(
+        parties, dict(addresses), None, session, TlsFiles("ca.pem", "party.pem", "party.key"), topology
+    )
     unknown_port = [p for p, a in template.addresses.items() if a.rpartition(":")[2] == "0"]
     if unknown_port:
         raise ValueError(f"the address of {unknown_port[0]!r} has port 0; give the port it will listen on")
@@ -409,7 +420,7 @@ def provision(
     kits = {}
     for party in parties:
         kits[party] = out / party
-        write_kit(kits[party], credentials[party], parties, template.addresses, session=session)
+        write_kit(kits[party], credentials[party], parties, template.addresses, session=session, topology=topology)
     return kits
 
 

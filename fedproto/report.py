@@ -139,6 +139,7 @@ def render_report(
             "transport framing overhead bytes": report.framing_overhead_bytes,
             **({"connection handshake bytes": report.handshake_bytes} if report.handshake_bytes else {}),
             **({"TLS record overhead bytes": report.tls_overhead_bytes} if report.tls_overhead_bytes else {}),
+            **({"relay overhead bytes (star)": report.relay_overhead_bytes} if report.relay_overhead_bytes else {}),
             "rejected frames": report.rejected_frames,
             "wall time s": report.wall_time_s,
             "  of which JAX compile s": report.compile_s,

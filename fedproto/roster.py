@@ -9,11 +9,16 @@ examples and the docs::
       "tls": {"ca": "ca.pem", "cert": "client-0.pem", "key": "client-0.key"},
       "parties": [
         {"name": "server", "address": "10.0.0.1:7000"},
-        {"name": "client-0", "address": "10.0.0.2:7000"}
+        {"name": "client-0"},
+        {"name": "client-1"}
       ]
     }
 
-``parties`` is in roster order (the order every process of the run agrees on). ``session`` is
+``parties`` is in roster order (the order every process of the run agrees on). The first party
+is the **hub** (the coordinating one: ``server``, ``coordinator``, ``root``): in the default
+``"topology": "star"`` only the hub listens, so only its entry needs an ``address``; the others
+dial out to it (an address they give is not used). With ``"topology": "mesh"`` every party
+listens and every entry needs an address (see :mod:`fedproto.transports.tcp`). ``session`` is
 optional; when it is given, a party started with arguments that make another session refuses to
 run. ``tls`` names this party's TLS material (PEM files, paths relative to the roster file): the
 federation CA's certificate, the party's own certificate and its private key; the TCP transport
@@ -34,10 +39,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Roster", "TlsFiles", "MIN_SECRET_BYTES"]
+__all__ = ["Roster", "TlsFiles", "MIN_SECRET_BYTES", "TOPOLOGIES"]
 
 #: Shortest accepted secret (bytes).
 MIN_SECRET_BYTES = 16
+#: How the parties of a TCP run connect: only the hub listens (``"star"``), or all (``"mesh"``).
+TOPOLOGIES = ("star", "mesh")
 _SESSION_LIMIT = 2**64
 
 
@@ -103,17 +110,21 @@ class Roster:
     """The parties of a run, their addresses, how links are secured, and optionally the session.
 
     Args:
-        parties: every party name, in roster order (unique, non-empty strings).
-        addresses: ``{party: "host:port"}`` for every party (IPv6 as ``"[::1]:port"``).
+        parties: every party name, in roster order (unique, non-empty strings); the first is the
+            hub.
+        addresses: ``{party: "host:port"}`` (IPv6 as ``"[::1]:port"``): for every party in a
+            mesh, for the hub at least in a star.
         secret: the run's shared secret, at least 16 bytes (:meth:`create` draws 32), or ``None``
             when ``tls`` is given.
         session: the run's session id in 0..2**64-1, or ``None`` when the roster does not fix it.
         tls: this party's TLS material (:class:`TlsFiles`), or ``None``.
+        topology: ``"star"`` (only the hub listens; the default) or ``"mesh"`` (every party does).
 
     Raises:
-        ValueError: duplicate or empty names, a party without an address (or an address for a
-            party outside the roster), an address that is not ``host:port``, a short secret,
-            neither a secret nor TLS material, a session out of range.
+        ValueError: duplicate or empty names, a party without an address (in a star: the hub;
+            or an address for a party outside the roster), an address that is not
+            ``host:port``, a short secret, neither a secret nor TLS material, a session out of
+            range, an unknown topology.
         TypeError: the secret is not bytes, or ``tls`` is not :class:`TlsFiles`.
     """
 
@@ -122,6 +133,12 @@ class Roster:
     secret: bytes | None = dataclasses.field(default=None, repr=False)
     session: int | None = None
     tls: TlsFiles | None = None
+    topology: str = "star"
+
+    @property
+    def hub(self) -> str:
+        """The coordinating party (the roster's first): in a star, the only one that listens."""
+        return self.parties[0]
 
     def __post_init__(self) -> None:
         parties = tuple(self.parties)
@@ -134,13 +151,19 @@ class Roster:
         if duplicates:
             raise ValueError(f"party names must be unique; repeated: {', '.join(duplicates)}")
         addresses = dict(self.addresses)
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"the topology must be 'star' or 'mesh', got {self.topology!r}")
+        if self.topology == "star" and parties[0] not in addresses:
+            raise ValueError(
+                f"no address for the hub {parties[0]} (the first party: in a star it alone listens)"
+            )
         missing = [p for p in parties if p not in addresses]
-        if missing:
-            raise ValueError(f"no address for {', '.join(missing)}")
+        if missing and self.topology == "mesh":
+            raise ValueError(f"no address for {', '.join(missing)} (in a mesh every party listens)")
         extra = sorted(set(addresses) - set(parties))
         if extra:
             raise ValueError(f"addresses for parties outside the roster: {', '.join(map(str, extra))}")
-        checked = {p: _check_address(p, addresses[p]) for p in parties}
+        checked = {p: _check_address(p, addresses[p]) for p in parties if p in addresses}
         if self.tls is not None and not isinstance(self.tls, TlsFiles):
             raise TypeError(f"tls must be TlsFiles, got {type(self.tls).__name__}")
         if self.secret is None:
@@ -162,16 +185,26 @@ class Roster:
 
     @classmethod
     def create(
-        cls, addresses: Mapping[str, str], *, session: int | None = None, secret_bytes: int = 32
+        cls,
+        addresses: Mapping[str, str],
+        *,
+        session: int | None = None,
+        secret_bytes: int = 32,
+        parties: Sequence[str] | None = None,
+        topology: str = "star",
     ) -> "Roster":
         """A roster with a fresh random secret (:func:`secrets.token_bytes`).
 
         Args:
-            addresses: ``{party: "host:port"}`` in roster order.
+            addresses: ``{party: "host:port"}``, in roster order when ``parties`` is not given.
             session: the run's session id, or ``None``.
             secret_bytes: length of the secret (at least 16).
+            parties: every party in roster order (default: the keys of ``addresses``); in a star,
+                parties without an address dial out to the hub.
+            topology: ``"star"`` or ``"mesh"``.
         """
-        return cls(tuple(addresses), dict(addresses), secrets.token_bytes(secret_bytes), session)
+        parties = tuple(addresses) if parties is None else tuple(parties)
+        return cls(parties, dict(addresses), secrets.token_bytes(secret_bytes), session, topology=topology)
 
     # -- JSON -----------------------------------------------------------------------------------
 
@@ -184,7 +217,11 @@ class Roster:
             doc["secret"] = self.secret.hex()
         if self.tls is not None:
             doc["tls"] = self.tls.to_dict()
-        doc["parties"] = [{"name": p, "address": self.addresses[p]} for p in self.parties]
+        if self.topology != "star":
+            doc["topology"] = self.topology
+        doc["parties"] = [
+            {"name": p, "address": self.addresses[p]} if p in self.addresses else {"name": p} for p in self.parties
+        ]
         return doc
 
     @classmethod
@@ -196,9 +233,14 @@ class Roster:
         """
         if not isinstance(doc, dict):
             raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
-        unknown = sorted(set(doc) - {"session", "secret", "tls", "parties"})
+        unknown = sorted(set(doc) - {"session", "secret", "tls", "topology", "parties"})
         if unknown:
-            raise ValueError(f"unknown keys {', '.join(map(repr, unknown))} (expected session, secret, tls, parties)")
+            raise ValueError(
+                f"unknown keys {', '.join(map(repr, unknown))} (expected session, secret, tls, topology, parties)"
+            )
+        topology = doc.get("topology", "star")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"the topology must be \"star\" or \"mesh\", got {topology!r}")
         if "parties" not in doc:
             raise ValueError("no 'parties' list of {\"name\": ..., \"address\": \"host:port\"}")
         entries = doc["parties"]
@@ -207,15 +249,19 @@ class Roster:
         names: list[str] = []
         addresses: dict[str, str] = {}
         for i, entry in enumerate(entries):
-            if not isinstance(entry, dict) or set(entry) != {"name", "address"}:
-                raise ValueError(f"parties[{i}] must be an object with exactly 'name' and 'address'")
+            if not isinstance(entry, dict) or not {"name"} <= set(entry) <= {"name", "address"}:
+                raise ValueError(f"parties[{i}] must be an object with 'name' and (optional in a star) 'address'")
             name = entry["name"]
             if not isinstance(name, str):
                 raise ValueError(f"parties[{i}]: the name must be a string, got {name!r}")
-            if name in addresses:
+            if name in names:
                 raise ValueError(f"party names must be unique; repeated: {name}")
+            if "address" not in entry and (topology == "mesh" or i == 0):
+                role = "in a mesh every party listens" if topology == "mesh" else "the first party is the star's hub"
+                raise ValueError(f"parties[{i}] ({name}) needs an 'address': {role}")
             names.append(name)
-            addresses[name] = entry["address"]
+            if "address" in entry:
+                addresses[name] = entry["address"]
         tls = None
         if "tls" in doc:
             block = doc["tls"]
@@ -240,7 +286,7 @@ class Roster:
         session = doc.get("session")
         if session is not None and (isinstance(session, bool) or not isinstance(session, int)):
             raise ValueError(f"the session must be an integer, got {session!r}")
-        return cls(tuple(names), addresses, secret, session, tls)
+        return cls(tuple(names), addresses, secret, session, tls, topology)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Roster":

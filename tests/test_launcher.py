@@ -85,7 +85,9 @@ def test_roster_round_trips_through_a_private_file(tmp_path):
         ({"parties": ()}, "no parties"),
         ({"parties": ("a", "a")}, "unique; repeated: a"),
         ({"parties": ("a", " ")}, "non-empty"),
-        ({"addresses": {"a": "h:1"}}, "no address for b"),
+        ({"addresses": {"a": "h:1"}, "topology": "mesh"}, "no address for b"),
+        ({"addresses": {"b": "h:2"}}, "no address for the hub a"),  # a star needs its hub's address
+        ({"topology": "ring"}, "topology must be 'star' or 'mesh'"),
         ({"addresses": {"a": "h:1", "b": "h:2", "c": "h:3"}}, "outside the roster: c"),
         ({"addresses": {"a": "h:1", "b": "h"}}, "host:port"),
         ({"addresses": {"a": "h:1", "b": "h:65536"}}, "host:port"),

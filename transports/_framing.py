@@ -16,6 +16,22 @@ already read cannot be resynchronised.
 frame). :class:`FrameReader` keeps a small buffer so a burst of small frames costs one
 ``receive_some`` for many frames; use it for a connection's whole lifetime, because the buffer
 may hold the beginning of the next frame.
+
+Routed frames
+-------------
+A stream shared by several logical links (the TCP star: one connection per client to the hub
+carries the client's frames for every party, and the hub's frames from every party) marks a frame
+that belongs to a party other than the stream's peer with an 8-byte route header::
+
+    +-------------------------+------------------------+-----------------+------------------+
+    | 0xFFFFFFFF: route marker| party index: uint32 BE | length: uint32  | frame: length B  |
+    +-------------------------+------------------------+-----------------+------------------+
+
+The party index is a position in the run's roster (the destination on the way to the relay, the
+origin on the way from it). A frame without the header is the peer's own, exactly as above, so a
+stream that carries only the peer's frames costs nothing extra; the price is that a plain frame
+cannot be 2**32 - 1 bytes long (:data:`MAX_ROUTED_STREAM_FRAME_BYTES`).
+:func:`send_routed_frame` writes one; :meth:`FrameReader.receive_routed_frame` reads either kind.
 """
 
 from __future__ import annotations
@@ -29,9 +45,13 @@ from fedproto.errors import DecodeError, TransportBroken, TransportClosed
 __all__ = [
     "FRAMING_OVERHEAD_BYTES",
     "MAX_WIRE_FRAME_BYTES",
+    "MAX_ROUTED_STREAM_FRAME_BYTES",
+    "ROUTE_HEADER_BYTES",
+    "ROUTE_MARKER",
     "FrameTooLarge",
     "FrameReader",
     "send_frame",
+    "send_routed_frame",
     "receive_frame",
 ]
 
@@ -39,8 +59,15 @@ __all__ = [
 FRAMING_OVERHEAD_BYTES = 4
 #: Largest frame the 4-byte prefix can announce (bytes).
 MAX_WIRE_FRAME_BYTES = 2**32 - 1
+#: The length-prefix value that announces a route header instead of a frame.
+ROUTE_MARKER = 2**32 - 1
+#: Bytes of a route header (the marker and the party index), before the frame's own prefix.
+ROUTE_HEADER_BYTES = 8
+#: Largest frame on a stream that carries routed frames (the marker's value is taken).
+MAX_ROUTED_STREAM_FRAME_BYTES = ROUTE_MARKER - 1
 
 _PREFIX = struct.Struct(">I")
+_ROUTE = struct.Struct(">III")  # marker, party index, frame length
 # Below this size the prefix and the frame go out in one send_all (one syscall, one TCP segment
 # with TCP_NODELAY); above it the copy to concatenate them costs more than the extra call.
 _COALESCE_BYTES = 64 * 1024
@@ -94,6 +121,41 @@ async def send_frame(stream: trio.abc.SendStream, frame: bytes | bytearray | mem
             await stream.send_all(frame)
     except trio.BrokenResourceError as exc:
         raise TransportBroken(f"stream broke while sending a frame of {length} bytes") from exc
+    except trio.ClosedResourceError as exc:
+        raise TransportClosed("stream was closed while sending a frame") from exc
+
+
+async def send_routed_frame(
+    stream: trio.abc.SendStream, party_index: int, frame: bytes | bytearray | memoryview
+) -> None:
+    """Write one frame behind a route header naming roster position ``party_index``.
+
+    Args:
+        stream: the stream to write to (writers serialised by the caller, as for
+            :func:`send_frame`).
+        party_index: the roster position the header names (0 to 2**32 - 1).
+        frame: the frame's bytes (may be empty).
+
+    Raises:
+        ValueError: the frame is longer than :data:`MAX_ROUTED_STREAM_FRAME_BYTES`, or the index
+            is out of range.
+        TransportBroken: the stream failed (the frame may be partly written: close the stream).
+        TransportClosed: the stream was closed by us.
+    """
+    length = len(frame)
+    if length > MAX_ROUTED_STREAM_FRAME_BYTES:
+        raise ValueError(f"frame of {length} bytes cannot be routed (maximum {MAX_ROUTED_STREAM_FRAME_BYTES})")
+    if not 0 <= party_index < 2**32:
+        raise ValueError(f"party index {party_index} does not fit a route header")
+    header = _ROUTE.pack(ROUTE_MARKER, party_index, length)
+    try:
+        if length <= _COALESCE_BYTES:
+            await stream.send_all(header + frame)
+        else:
+            await stream.send_all(header)
+            await stream.send_all(frame)
+    except trio.BrokenResourceError as exc:
+        raise TransportBroken(f"stream broke while sending a routed frame of {length} bytes") from exc
     except trio.ClosedResourceError as exc:
         raise TransportClosed("stream was closed while sending a frame") from exc
 
@@ -231,3 +293,35 @@ class FrameReader:
         await self._fill(_PREFIX.size + length, "frame", at_boundary=False)
         self._start += _PREFIX.size
         return self._take(length) if length else b""
+
+    async def receive_routed_frame(self, max_frame_bytes: int) -> tuple[int | None, bytes]:
+        """Read the next frame of a stream that carries routed frames (see the module docstring).
+
+        Args:
+            max_frame_bytes: longest frame accepted (bytes), routed or not.
+
+        Returns:
+            ``(party_index, frame)``: the roster position its route header names, or ``None``
+            for a plain frame.
+
+        Raises:
+            trio.EndOfChannel: the stream ended cleanly between two frames.
+            FrameTooLarge: a frame longer than ``max_frame_bytes`` was announced (the reader is
+                then unusable: close the stream).
+            TransportBroken: the stream failed or ended inside a header or frame.
+            TransportClosed: the stream was closed by us.
+        """
+        await self._fill(_PREFIX.size, "length prefix", at_boundary=True)
+        (length,) = _PREFIX.unpack_from(self._buffer, self._start)
+        if length != ROUTE_MARKER:
+            _check_length(length, max_frame_bytes)
+            await self._fill(_PREFIX.size + length, "frame", at_boundary=False)
+            self._start += _PREFIX.size
+            return None, (self._take(length) if length else b"")
+        # As in receive_frame, nothing is consumed until the whole routed frame is in.
+        await self._fill(_ROUTE.size, "route header", at_boundary=False)
+        _, party_index, length = _ROUTE.unpack_from(self._buffer, self._start)
+        _check_length(length, max_frame_bytes)
+        await self._fill(_ROUTE.size + length, "routed frame", at_boundary=False)
+        self._start += _ROUTE.size
+        return party_index, (self._take(length) if length else b"")

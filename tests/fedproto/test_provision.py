@@ -111,7 +111,7 @@ def test_names_that_cannot_be_a_certificate_identity_are_refused(name):
         (("server", "ca"), None, "taken by the CA's directory"),
         (("server",), None, "at least two parties"),
         (("server", "server"), None, "unique; repeated: server"),
-        (("server", "client-0"), {"server": "h:1"}, "no address for client-0"),
+        (("server", "client-0"), {"client-0": "h:1"}, "no address for the hub server"),
         (("server", "client-0"), {"server": "h:1", "client-0": "h"}, "host:port"),
         (("server", "client-0"), {"server": "h:1", "client-0": "h:0"}, "port 0"),
     ],
@@ -146,17 +146,17 @@ def test_the_provision_command_with_a_hub_and_defaults(tmp_path, capsys):
     from fedproto.cli import main
 
     out = tmp_path / "fed"
-    assert main(["provision", "--parties", "server,client-0,client-1", "--hub", "127.0.0.1:7100",
+    assert main(["provision", "--parties", "server,client-0,client-1", "--hub", "127.0.0.1:7100", "--topology", "mesh",
                  "--address", "client-1=10.0.0.9:9000", "--out", str(out), "--session", "5"]) == 0
     printed = capsys.readouterr().out
     assert "ca.key" in printed and "keep it offline" in printed and "fedproto party" in printed
     roster = Roster.load(out / "client-0" / "roster.json")
-    # the hub is the first party; the others without --address get the hub's host, from its port + 1
+    # in a mesh, the hub is the first party; the others without --address get the hub's host, from its port + 1
     assert roster.addresses == {"server": "127.0.0.1:7100", "client-0": "127.0.0.1:7101", "client-1": "10.0.0.9:9000"}
     assert roster.session == 5
     cert = x509.load_pem_x509_certificate((out / "client-0" / "client-0.pem").read_bytes())
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(days=DEFAULT_VALID_DAYS)
-    assert main(["provision", "--parties", "a,b", "--hub", "[::1]:7000", "--base-port", "8000",
+    assert main(["provision", "--parties", "a,b", "--hub", "[::1]:7000", "--base-port", "8000", "--topology", "mesh",
                  "--out", str(tmp_path / "v6"), "--valid-days", "2"]) == 0
     assert Roster.load(tmp_path / "v6" / "b" / "roster.json").addresses == {"a": "[::1]:7000", "b": "[::1]:8000"}
 
@@ -176,10 +176,12 @@ def _provision_usage_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "address without party": ([*base, "--address", "h:1", *out], "expected PARTY=HOST:PORT"),
         "address of a stranger": ([*base, "--hub", "h:1", "--address", "bob=h:2", *out], "'bob' is not one of"),
         "address given twice": ([*base, "--address", "server=h:1", "--address", "server=h:2", *out], "more than once"),
-        "missing address": ([*base, "--address", "server=h:1", *out], "no address for client-0"),
+        "missing address": ([*base, "--topology", "mesh", "--address", "server=h:1", *out], "no address for client-0"),
+        "star without its hub": ([*base, "--address", "client-0=h:1", *out], "no address for the hub server"),
+        "base port in the star": ([*base, "--hub", "h:1", "--base-port", "9000", *out], "only listen in a mesh"),
         "port 0 hub": ([*base, "--hub", "h:0", *out], "must not be 0"),
         "base port without hub": ([*base, "--base-port", "9000", *out], "--base-port: needs --hub"),
-        "ports run out": ([*base, "--hub", "h:65535", *out], "no port left for client-0"),
+        "ports run out": ([*base, "--topology", "mesh", "--hub", "h:65535", *out], "no port left for client-0"),
         "too many days": ([*base, "--hub", "h:1", "--valid-days", "99999", *out], "--valid-days: at most"),
     }
 

@@ -664,11 +664,11 @@ async def test_network_from_roster_serves_on_inherited_listening_sockets(tmp_pat
     socks = _bound_listening_sockets(len(ROSTER))
     addresses = {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in zip(ROSTER, socks)}
     if security == "tls":  # each party's own kit
-        kits = provision(ROSTER, addresses, tmp_path / "kits", session=7)
+        kits = provision(ROSTER, addresses, tmp_path / "kits", session=7, topology="mesh")  # every party listens
         rosters = {p: Roster.load(kits[p] / "roster.json") for p in ROSTER}
         options: dict[str, object] = {}
     else:
-        rosters = dict.fromkeys(ROSTER, Roster.create(addresses, session=7))
+        rosters = dict.fromkeys(ROSTER, Roster.create(addresses, session=7, topology="mesh"))
         options = {"insecure_shared_secret": True}
     # Each process of a launched run adopts its own descriptor; here three networks share one process.
     fds = {p: s.detach() for p, s in zip(ROSTER, socks)}
