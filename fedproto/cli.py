@@ -8,10 +8,20 @@ Commands:
   first party listen and the others dial out to it, ``--topology mesh`` has every party listen)
   and merges their reports; ``--transport mpi``
   is run under ``mpiexec -n <parties> fedproto run ...`` with one party per rank (rank 0 prints).
-* ``fedproto party PROTOCOL --party NAME --roster FILE [options]``: run one party of a TCP run
-  (on any host), given the roster file of its kit (:class:`fedproto.roster.Roster`: party
-  addresses, topology, the party's TLS material, the session); links are mutual TLS 1.3, or the
-  insecure shared-secret handshake with ``--insecure-shared-secret``.
+* ``fedproto party PROTOCOL --party NAME --roster FILE [--data FILE] [options]``: run one party
+  of a TCP run (on any host), given the roster file of its kit (:class:`fedproto.roster.Roster`:
+  party addresses, topology, the party's TLS material, the session); links are mutual TLS 1.3, or
+  the insecure shared-secret handshake with ``--insecure-shared-secret``. For a protocol whose
+  parties can each hold only their own data (its plugin has ``split`` and ``plan_party``:
+  every built-in one), ``--data`` is this party's own file and a party without data gives none;
+  the roster decides the parties. Otherwise every party loads the whole ``--data`` and cuts its
+  part by ``--seed``.
+* ``fedproto split PROTOCOL --data DATA --clients M [--partition P] [--seed S] [options] --out
+  DIR``: write the split that ``fedproto run`` makes of a data set, one ``DIR/PARTY.npz`` per
+  data-holding party (:func:`fedproto.data.save_dataset`) and ``DIR/split.json``; parties
+  started on those files compute the result and payload bytes of the simulation. With
+  ``--transport tcp``, ``fedproto run`` splits this way itself and gives each party process only
+  its own part.
 * ``fedproto provision --parties NAME,NAME,... --hub HOST:PORT [--topology mesh --address
   PARTY=HOST:PORT ...] --out DIR``: make a federation's CA and one kit per party
   (:mod:`fedproto.provision`); in the default star only the hub (the first party) has an address.
@@ -52,7 +62,7 @@ import trio
 
 from fedproto import __version__, registry
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
-from fedproto.data import PARTITIONS, load_dataset
+from fedproto.data import PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
@@ -64,14 +74,17 @@ from fedproto.runtime import RuntimeConfig, run_parties, run_party
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = ("run", "party", "provision", "list")
+COMMANDS = ("run", "party", "split", "provision", "list")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
 _LAUNCHER_OPTIONS = {
     "--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False, "--topology": True,
 }
+#: ``fedproto run`` options that a TCP party holding only its own data does not take (the launcher
+#: gives it ``--data FILE`` instead): the whole data set and how it is cut.
+_WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
-_INTERNAL_KEYS = {"command", "protocol_name"}
+_INTERNAL_KEYS = {"command", "protocol_name", "argv"}
 #: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 _log = logging.getLogger("fedproto.cli")
@@ -208,24 +221,47 @@ def _common_arguments(
     needs_data: bool = True,
     partitions: Sequence[str] = PARTITIONS,
     default_partition: str = "iid",
+    local_data: bool = False,
+    split: bool = False,
 ) -> None:
     """The options every protocol shares (``needs_data=False``: no data options; a plugin may
-    name its own ``--partition`` schemes and default, e.g. a paper's own split)."""
-    group = parser.add_argument_group("run")
-    if needs_data:
+    name its own ``--partition`` schemes and default, e.g. a paper's own split).
+
+    ``party`` with ``local_data`` (a plugin with ``split`` and ``plan_party``): ``--data`` is the
+    party's own file and the options that cut a whole data set (``--clients``, ``--partition``)
+    are absent. ``split``: the options of ``fedproto split`` (the data, how it is cut, ``--out``).
+    """
+    group = parser.add_argument_group("run" if not split else "split")
+    whole_data = not (party and local_data)
+    if needs_data and whole_data:
         group.add_argument(
             "--data", default="iris", help="bundled name (iris, wine, breast_cancer, digits) or a file path"
         )
-    group.add_argument("--clients", type=_int_at_least(1), default=2, help="number of clients (default 2)")
+    elif needs_data:
+        group.add_argument(
+            "--data", default=None, metavar="FILE",
+            help="this party's own data (a file fedproto split writes, or any data file: text, .npy, .npz); "
+            "a party that holds no data (the hub) gives none",
+        )
+    if whole_data:
+        group.add_argument("--clients", type=_int_at_least(1), default=2, help="number of clients (default 2)")
     group.add_argument(
         "--seed", type=_int_at_least(0, "a non-negative integer"), default=0,
         help="seed of the split, initialisation and noise (default 0)",
     )
-    if needs_data:
+    if needs_data and whole_data:
         group.add_argument(
             "--partition", choices=tuple(partitions), default=default_partition,
             help=f"how data is split over clients (default {default_partition})",
         )
+    if split:
+        group.add_argument(
+            "--out", required=True, metavar="DIR",
+            help="write one file per data-holding party here (DIR/PARTY.npz) and DIR/split.json; the directory "
+            "must not exist, or be empty",
+        )
+        _global_arguments(parser, top=False)
+        return
     group.add_argument(
         "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default 60)"
     )
@@ -338,11 +374,23 @@ def _scan(argv: Sequence[str]) -> tuple[str | None, str | None]:
             if token in _GLOBAL_WITH_VALUE:
                 next(tokens, None)
             continue
-        if token not in ("run", "party"):
+        if token not in ("run", "party", "split"):
             return token, None
         spec = next(tokens, None)
         return token, (spec if spec is not None and not spec.startswith("-") else None)
     return None, None
+
+
+def holds_local_data(plugin: Any) -> bool:
+    """Whether a plugin's parties can each hold only their own data: it has ``split`` and
+    ``plan_party`` (see :mod:`fedproto.plugin`). Then ``fedproto party --data FILE`` is the
+    party's own file, ``fedproto split`` writes those files, and ``fedproto run --transport tcp``
+    gives each party process only its own."""
+    return (
+        getattr(plugin, "needs_data", True)
+        and callable(getattr(plugin, "split", None))
+        and callable(getattr(plugin, "plan_party", None))
+    )
 
 
 def _plugin_description(plugin: Any) -> str:
@@ -373,6 +421,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     run = commands.add_parser("run", help="run a protocol end to end", description=protocol_help)
     party = commands.add_parser("party", help="run one party of a TCP run", description=protocol_help)
+    split = commands.add_parser(
+        "split", help="write each party's share of a data set to its own file", description=protocol_help
+    )
     commands.add_parser("list", help="list protocols and transports", description="installed protocols and transports")
     _provision_arguments(
         commands.add_parser(
@@ -391,9 +442,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                 continue
     else:
         command, spec = _scan(argv)
-        if command in ("run", "party") and spec is not None:
+        if command in ("run", "party", "split") and spec is not None:
             plugins[spec] = registry.load_protocol(spec)
-    for command_parser, is_party in ((run, False), (party, True)):
+    for command_parser, name in ((run, "run"), (party, "party"), (split, "split")):
         protocols = command_parser.add_subparsers(
             dest="protocol", required=True, parser_class=_Parser, metavar="PROTOCOL"
         )
@@ -402,10 +453,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             sub = protocols.add_parser(spec, help=description, description=description)
             _common_arguments(
                 sub,
-                party=is_party,
+                party=name == "party",
                 needs_data=getattr(plugin, "needs_data", True),
                 partitions=getattr(plugin, "partitions", PARTITIONS),
                 default_partition=getattr(plugin, "default_partition", "iid"),
+                local_data=holds_local_data(plugin),
+                split=name == "split",
             )
             add_arguments = getattr(plugin, "add_arguments", None)
             if add_arguments is not None:
@@ -592,9 +645,11 @@ def _run_memory(
     return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
 
 
-def _child_argv(argv: Sequence[str], spec: str) -> list[str]:
+def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAUNCHER_OPTIONS) -> list[str]:
     """The ``party`` command line of a TCP party: ``run`` becomes ``party``, the protocol spec is
-    one any working directory can load, and the launcher's own options are left out."""
+    one any working directory can load, and the options in ``strip`` (``{option: takes a
+    value}``: the launcher's own, and the whole data set's where each party gets its own file)
+    are left out."""
     out: list[str] = []
     tokens = iter(argv)
     command_seen = protocol_seen = False
@@ -614,23 +669,33 @@ def _child_argv(argv: Sequence[str], spec: str) -> list[str]:
             out.append(spec)
             continue
         name = token.split("=", 1)[0]
-        if name in _LAUNCHER_OPTIONS:
-            if _LAUNCHER_OPTIONS[name] and "=" not in token:
+        if name in strip:
+            if strip[name] and "=" not in token:
                 next(tokens, None)
             continue
         out.append(token)
     return out
 
 
-def _run_tcp_launcher(plan: RunPlan, args: argparse.Namespace, argv: Sequence[str]) -> tuple[dict[str, Any], RunReport]:
-    base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol))
+def _run_tcp_launcher(
+    plan: RunPlan, args: argparse.Namespace, argv: Sequence[str], plugin: Any, dataset: Any
+) -> tuple[dict[str, Any], RunReport]:
+    local = holds_local_data(plugin)
+    strip = {**_LAUNCHER_OPTIONS, **_WHOLE_DATA_OPTIONS} if local else _LAUNCHER_OPTIONS
+    base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol), strip)
     with tempfile.TemporaryDirectory(prefix="fedproto-tcp-") as tmp:
+        own_data: dict[str, list[str]] = {}
+        if local:
+            # Each party process gets only its own part, as on separate machines.
+            base += [str(token) for token in (getattr(plugin, "resolved_options", None) or (lambda a, d: []))(args, dataset)]
+            for party, part in _split_parts(plugin, args, dataset, plan.roster).items():
+                own_data[party] = ["--data", str(save_dataset(Path(tmp) / f"{party}.data.npz", part))]
 
         def command(party: str, roster_path: Path, listen_fd: int | None) -> list[str]:
             listen = [] if listen_fd is None else ["--listen-fd", str(listen_fd)]
             return [
-                sys.executable, "-m", "fedproto", *base, "--party", party, "--roster", str(roster_path),
-                *listen, "--party-report", str(Path(tmp) / f"{party}.json"),
+                sys.executable, "-m", "fedproto", *base, *own_data.get(party, []), "--party", party,
+                "--roster", str(roster_path), *listen, "--party-report", str(Path(tmp) / f"{party}.json"),
             ]
 
         timeout_s = args.deadline * (plan.iterations + 6) + 120
@@ -989,11 +1054,12 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console = Console()
     show_progress = not args.quiet and (args.transport != "mpi" or _mpi_rank_from_environment() == 0)
     with progress_display(Console(stderr=True), enabled=show_progress):
-        plan = plugin.plan(args, _dataset(plugin, args))
+        dataset = _dataset(plugin, args)
+        plan = plugin.plan(args, dataset)
         if args.transport == "memory":
             results, report = _run_memory(plan, args, console, _dropouts(plan, args))
         elif args.transport == "tcp":
-            results, report = _run_tcp_launcher(plan, args, argv)
+            results, report = _run_tcp_launcher(plan, args, argv, plugin, dataset)
         elif args.transport == "mpi":
             outcome = _run_mpi(plan, args)
             if outcome is None:
@@ -1020,10 +1086,82 @@ def _command_party(args: argparse.Namespace) -> int:
     plugin = registry.load_protocol(args.protocol)
     _check_options(args, registry.load_transport("tcp"))
     roster = _party_roster(args)  # before any work: a roster without TLS material is refused at once
+    if args.party not in roster.parties:
+        raise ValueError(f"--party {args.party!r} is not in the roster {args.roster} ({_names(roster.parties)})")
     select_device(args.device)
     _compile_cache(args)
-    plan = plugin.plan(args, _dataset(plugin, args))
+    if holds_local_data(plugin):
+        data = load_dataset(args.data) if args.data is not None else None
+        session = roster.session if roster.session is not None else local_session(args, roster.parties)
+        plan = plugin.plan_party(args, args.party, tuple(roster.parties), session, data)
+    else:
+        plan = plugin.plan(args, _dataset(plugin, args))
     return _run_party_tcp(plan, args, roster)
+
+
+def local_session(args: argparse.Namespace, parties: Sequence[str]) -> int:
+    """The session id of a run whose parties each hold only their own data and whose roster
+    fixes none: derived from the protocol, the roster and ``--seed`` (the same in every party)."""
+    return session_id(args.protocol_name, tuple(parties), args.seed)
+
+
+def _split_parts(plugin: Any, args: argparse.Namespace, dataset: Any, roster: Sequence[str]) -> dict[str, Any]:
+    """``plugin.split(args, dataset)``, checked: parties of ``roster``, each a non-empty 2-D set."""
+    parts = dict(plugin.split(args, dataset))
+    unknown = [p for p in parts if p not in roster]
+    if unknown:
+        raise ValueError(f"the plugin split data for parties outside its roster: {_names(unknown)}")
+    for party, part in parts.items():
+        if not isinstance(part, Dataset) or part.x.ndim != 2 or part.n == 0:
+            raise ValueError(f"the plugin's split gave {party} no data (every data-holding party needs a point)")
+    return parts
+
+
+def _command_split(args: argparse.Namespace) -> int:
+    """``fedproto split``: the simulation's split of a data set, one file per data-holding party."""
+    prog = f"fedproto split {args.protocol}"
+    plugin = registry.load_protocol(args.protocol)
+    if not getattr(plugin, "needs_data", True):
+        raise UsageError(f"{args.protocol_name} holds no data: there is nothing to split", prog=prog)
+    if not holds_local_data(plugin):
+        raise UsageError(
+            f"{args.protocol_name} cannot run on per-party files (its plugin has no split and plan_party)", prog=prog
+        )
+    out = Path(args.out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {args.out}: exists and is not an empty directory", prog=prog)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not out.exists() and not parent.is_dir():
+        raise UsageError(f"--out {args.out}: the directory {parent} does not exist", prog=prog)
+    if not os.access(out if out.exists() else parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {args.out}: not writable", prog=prog)
+    dataset = _dataset(plugin, args)
+    # The roster of the run these files are for: the one plan() describes (it cuts the data the same way).
+    plan = plugin.plan(args, dataset)
+    parts = _split_parts(plugin, args, dataset, plan.roster)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for party in plan.roster:
+        if party not in parts:
+            continue
+        path = save_dataset(out / f"{party}.npz", parts[party])
+        entries.append({"party": party, "file": path.name, "n_points": parts[party].n, "d": parts[party].d})
+        print(f"{path}: {parts[party].n} points of {parts[party].d} features for {party}")
+    manifest = {
+        "protocol": args.protocol_name,
+        "data_set": dataset.name,
+        "parties": list(plan.roster),
+        "files": entries,
+        "options": _options(args),
+        "command": ["fedproto", *args.argv],
+    }
+    (out / "split.json").write_text(json.dumps(_json_ready(manifest), indent=2) + "\n")
+    without = [p for p in plan.roster if p not in parts]
+    print(
+        f"{out / 'split.json'}: the split of {dataset.name} ({dataset.n} points) over {len(entries)} parties; "
+        + (f"{_names(without)} hold no data (start them without --data)" if without else "every party holds data")
+    )
+    return 0
 
 
 def _provision_addresses(args: argparse.Namespace, parties: Sequence[str]) -> dict[str, str]:
@@ -1192,7 +1330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parse(argv)
-        if args.command in ("run", "party"):
+        if args.command in ("run", "party", "split"):
             args.protocol_name = _protocol_name(args.protocol)
         with _logging_to_stderr(args.verbose, args.log_level):
             _log.debug("fedproto %s: %s", __version__, " ".join(argv))
@@ -1202,6 +1340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _command_party(args)
             if args.command == "provision":
                 return _command_provision(args)
+            if args.command == "split":
+                args.argv = argv
+                return _command_split(args)
             return _command_run(args, argv)
     except _QuietExit as exc:
         return exc.code

@@ -7,7 +7,8 @@ Sources:
   ``FEDPROTO_DATA`` (``os.pathsep``-separated), then ``shared/data`` in the working directory and
   in each of its parents (the project's ``../shared/data`` beside a checkout);
 * any file by path: whitespace-separated or CSV text (one point per line; non-numeric lines
-  before the first row, e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``).
+  before the first row, e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``, and the ``name`` and
+  ``paper_k`` that :func:`save_dataset` records: ``fedproto split`` writes each party's file so).
   The FastLloyd files in ``../shared/data`` (``s1.txt``, ``lsun.txt``, ...) load this way.
 
 Every set is min-max normalised per feature to ``[-B, B]`` (FastLloyd spec 2.2; constant features
@@ -20,6 +21,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,9 @@ __all__ = [
     "BUNDLED",
     "PAPER_K",
     "load_dataset",
+    "save_dataset",
     "find_data_file",
+    "feature_extent",
     "normalize",
     "partition",
     "PARTITIONS",
@@ -150,6 +154,7 @@ def load_dataset(source: str) -> Dataset:
     Raises:
         ValueError: unknown name, unreadable or malformed file, not 2-D, empty, or NaN/inf values.
     """
+    paper_k: int | None = None
     if source in BUNDLED:
         x, y = _load_bundled(source)
         name = source
@@ -163,6 +168,7 @@ def load_dataset(source: str) -> Dataset:
             )
         name = path.stem
         y = None
+        paper_k = None
         try:
             if path.suffix == ".npy":
                 x = np.load(path, allow_pickle=False)
@@ -172,6 +178,7 @@ def load_dataset(source: str) -> Dataset:
                         raise ValueError(f"{path}: an .npz data set needs an array named 'X'")
                     x = archive["X"]
                     y = archive["y"] if "y" in archive else None
+                    name, paper_k = _archive_metadata(path, archive, name)
             else:
                 x = _load_text(path)
         except (OSError, UnicodeDecodeError) as exc:
@@ -195,28 +202,107 @@ def load_dataset(source: str) -> Dataset:
         raise ValueError(f"data set {name!r} has {bad} NaN or infinite values")
     if y is not None and y.shape[0] != x.shape[0]:
         raise ValueError(f"data set {name!r}: {y.shape[0]} labels for {x.shape[0]} points")
-    return Dataset(name, x, y, PAPER_K.get(name))
+    return Dataset(name, x, y, PAPER_K.get(name) if paper_k is None else paper_k)
 
 
-def normalize(x: np.ndarray, bound: float = 1.0) -> np.ndarray:
+def _archive_metadata(path: Path, archive: Any, stem: str) -> tuple[str, int | None]:
+    """The ``name`` and ``paper_k`` an ``.npz`` written by :func:`save_dataset` records."""
+    name, paper_k = stem, None
+    if "name" in archive:
+        value = archive["name"]
+        if value.shape != () or value.dtype.kind != "U" or not str(value):
+            raise ValueError(f"{path}: 'name' must be a non-empty string")
+        name = str(value)
+    if "paper_k" in archive:
+        value = archive["paper_k"]
+        if value.shape != () or value.dtype.kind not in "iu":
+            raise ValueError(f"{path}: 'paper_k' must be an integer")
+        paper_k = int(value) if int(value) > 0 else None
+    return name, paper_k
+
+
+def save_dataset(path: str | os.PathLike[str], dataset: Dataset) -> Path:
+    """Write a data set as ``.npz`` that :func:`load_dataset` reads back unchanged.
+
+    The archive holds ``X`` (``[n, d]`` float64), ``y`` (``[n]`` int64, when the set has labels),
+    ``name`` (the data set's name, so a party's file remembers which set it was cut from) and
+    ``paper_k`` (the papers' k for it, -1 for none). ``fedproto split`` writes one per party.
+
+    Args:
+        path: where to write; ``.npz`` is appended when missing.
+        dataset: the data to write.
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    target = Path(path)
+    if target.suffix != ".npz":
+        target = target.with_name(target.name + ".npz")
+    arrays: dict[str, np.ndarray] = {
+        "X": np.asarray(dataset.x, dtype=np.float64),
+        "name": np.asarray(dataset.name),
+        "paper_k": np.asarray(-1 if dataset.paper_k is None else int(dataset.paper_k), dtype=np.int64),
+    }
+    if dataset.y is not None:
+        arrays["y"] = np.asarray(dataset.y, dtype=np.int64)
+    with target.open("wb") as handle:
+        np.savez(handle, **arrays)
+    return target
+
+
+def feature_extent(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature minimum and maximum of ``x``: what :func:`normalize` needs of the data.
+
+    Over several parties' data the extent is the element-wise minimum of their minima and maximum
+    of their maxima, so a federation can agree it without pooling its points.
+
+    Args:
+        x: ``[n, d]`` float64 (n >= 1).
+
+    Returns:
+        ``(lo, hi)``, each ``[d]`` float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return x.min(axis=0), x.max(axis=0)
+
+
+def normalize(
+    x: np.ndarray, bound: float = 1.0, *, extent: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Min-max normalise each feature to ``[-bound, bound]``; constant features become 0.
 
     Args:
         x: ``[n, d]`` float64.
         bound: half-width B of the target domain.
+        extent: the per-feature ``(lo, hi)`` to scale by (``[d]`` each, e.g. the whole
+            federation's, agreed in a setup phase); default: ``x``'s own
+            (:func:`feature_extent`). Normalising each party's rows by the federation's extent
+            gives exactly the rows of the pooled data normalised at once (same arithmetic).
 
     Returns:
-        ``[n, d]`` float64 in ``[-B, B]``.
+        ``[n, d]`` float64 in ``[-B, B]`` (values outside ``extent`` are clipped).
+
+    Raises:
+        ValueError: ``extent`` does not have ``d`` entries per bound.
 
     References:
         FastLloyd Sec. 6.1; spec 2.2 step 1.
     """
     x = np.asarray(x, dtype=np.float64)
+    if extent is None:
+        extent = feature_extent(x)
+    lo_raw, hi_raw = (np.asarray(v, dtype=np.float64).reshape(-1) for v in extent)
+    if lo_raw.shape[0] != x.shape[1] or hi_raw.shape[0] != x.shape[1]:
+        raise ValueError(f"the extent has {lo_raw.shape[0]} and {hi_raw.shape[0]} entries for {x.shape[1]} features")
     # Halving first keeps hi - lo finite for any finite data (features near +-1.8e308 would
-    # overflow to inf); a factor of 2 is exact, and it cancels in the ratio.
+    # overflow to inf); a factor of 2 is exact, and it cancels in the ratio. (The minimum of the
+    # halved values is the halved minimum, so an extent agreed on raw values gives the same.)
     half = x * 0.5
-    lo = half.min(axis=0)
-    span = half.max(axis=0) - lo
+    lo = lo_raw * 0.5
+    span = hi_raw * 0.5 - lo
     safe = np.where(span > 0, span, 1.0)
     out = (half - lo) / safe * (2 * bound) - bound
     out[:, span == 0] = 0.0

@@ -13,6 +13,26 @@ A protocol plugin is an object with:
   ``label-skew``) with default ``iid`` (MUFC offers the paper's ``noniid`` split and a file's own);
 * optionally ``generated_datasets``: ``{name: (seed) -> Dataset}``, data sets the plugin builds
   itself (a paper's synthetic mixture); ``--data NAME`` picks them before any file lookup.
+* optionally, so that each party can hold **only its own data** (parties on separate machines),
+  the three methods below. With them, ``fedproto split`` writes each data-holding party's part
+  to its own file, ``fedproto party --data FILE`` runs a party on its file alone, and ``fedproto
+  run --transport tcp`` gives each party process only its part:
+
+  - ``split(args, dataset) -> {party: Dataset}``: the raw (not normalised) rows of every
+    data-holding party of the run that ``plan(args, dataset)`` describes;
+  - ``plan_party(args, party, roster, session, data) -> RunPlan``: the plan of one party that
+    holds only ``data`` (``None`` for a party without data), for the parties ``roster`` (from
+    the roster file: the number of clients is read there, not from ``--clients``) and the
+    session id ``session`` (the roster's, else one derived from the protocol, the roster and
+    ``--seed``). Its ``make_machine`` need only build ``party``; ``summarize`` is not called;
+  - ``resolved_options(args, dataset) -> list[str]``: command-line tokens that spell out options
+    whose default depends on the whole data set (``["--k", "15"]``), given to the launcher's
+    party processes (optional; ``[]`` by default).
+
+  Whatever public quantity the machines need from the whole federation (the total number of
+  points, the features' extent) is then agreed in a metered setup phase of the protocol
+  (``setup.data``), and ``plan`` builds every machine exactly as ``plan_party`` does, from its own
+  part, so that a run over per-party files gives the simulation's result and payload bytes.
 
 ``fedproto run`` finds it by the name it is registered under in the ``fedproto.protocols``
 entry-point group of an installed package, or, without packaging, in a Python file
