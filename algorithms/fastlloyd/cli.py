@@ -1,9 +1,16 @@
 """The FastLloyd plugin for the ``fedproto`` command line (entry point ``fastlloyd``).
 
-``fedproto run fastlloyd --data wine --clients 4 --epsilon 1 --seed 0`` splits the normalised data
-over the clients, runs the chosen variant (FastLloyd by default; ``--variant`` picks the Lloyd,
-GLloyd or SuLloyd baseline) and prints NICV beside non-private Lloyd's (same initialisation,
-computed centrally) and scikit-learn's k-means++, with the privacy spent.
+``fedproto run fastlloyd --data wine --clients 4 --epsilon 1 --seed 0`` splits the raw data over
+the clients (:meth:`FastLloydPlugin.split`), runs the chosen variant (FastLloyd by default;
+``--variant`` picks the Lloyd, GLloyd or SuLloyd baseline) and prints NICV beside non-private
+Lloyd's (same initialisation, computed centrally) and scikit-learn's k-means++, with the privacy
+spent.
+
+Each client is built from its own raw rows and the public options only; the parties agree N and
+the feature extent in the setup phase ``setup.data`` and each client normalises its rows by that
+extent (:mod:`fedproto.algorithms.fastlloyd.protocol`). So ``plan`` (every party in one process)
+and ``plan_party`` (``fedproto party fastlloyd --data FILE``, one party per process, its file
+from ``fedproto split``) build the same machines, and give the same results and payload bytes.
 
 Result keys of the report (``results``; :data:`LABELS` gives the table labels):
 
@@ -38,6 +45,11 @@ Result keys of the report (``results``; :data:`LABELS` gives the table labels):
 ``survivors_final``               SecAgg+ only: clients whose updates the last aggregate holds
 ================================  =================================================================
 
+A party's own result (``fedproto party ... --party-report``): a client's ``centroids`` ``[k, d]``,
+``unassigned`` ``[T]`` (its points outside the radius per iteration) and ``noisy_counts``
+``[T, k]``; the server's ``iterations``, ``n_points`` (N) and ``d`` agreed in ``setup.data``, and
+with SecAgg+ its ``survivors`` per iteration and ``dropouts``.
+
 ``--secagg plus`` (or ``complete``) aggregates each iteration with SecAgg+
 (:mod:`fedproto.algorithms.secagg_plus`) on top of the paper's shared-seed masks, so the run goes on
 when clients drop after setup (``--dropout client-3@masked-input`` injects such a drop on the
@@ -56,30 +68,44 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedproto.algorithms import dp, kmeans
-from fedproto.algorithms.fastlloyd.config import VARIANTS, FastLloydConfig, make_config
-from fedproto.algorithms.fastlloyd.protocol import (
-    FastLloydClient,
-    FastLloydResult,
-    FastLloydServer,
-    ServerSummary,
-    initial_centroids,
-)
+from fedproto.algorithms.fastlloyd.config import SECAGG_CHOICES, VARIANTS, FastLloydConfig, FastLloydOptions
 from fedproto.algorithms.fastlloyd.messages import (
+    DataSummary,
+    FederationSummary,
     MaskedUpdate,
     NoisyAggregate,
     PublicKey,
     PublicKeys,
     SealedSeed,
     SealedSeeds,
+    SurvivorAggregate,
+)
+from fedproto.algorithms.fastlloyd.protocol import (
+    FastLloydClient,
+    FastLloydResult,
+    FastLloydServer,
+    ServerSummary,
+    initial_centroids,
+    secagg_plus_config,
 )
 from fedproto.algorithms.secagg import ring_dtype
 from fedproto.algorithms.secagg_plus import engine as secagg_plus
+from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.framesize import max_frame_bytes
+from fedproto.machine import ProtocolMachine
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_task
 
-__all__ = ["LABELS", "PROTOCOL", "FastLloydPlugin", "privacy_spent", "centralised_lloyd", "frame_limit"]
+__all__ = [
+    "LABELS",
+    "PROTOCOL",
+    "FastLloydPlugin",
+    "privacy_spent",
+    "centralised_lloyd",
+    "frame_limit",
+    "setup_data_bytes",
+]
 
 SERVER = "server"
 
@@ -102,6 +128,7 @@ LABELS: dict[str, str] = {
     "clients_agree": "clients agree on centroids",
     "ring_element_bytes": "ring element bytes",
     "analytic_payload_bytes_per_iteration": "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)",
+    "analytic_setup_data_bytes": "analytic setup.data bytes (2·M·2d·8, counts and envelopes apart)",
     "analytic_secagg_bytes_per_client_per_iteration": "analytic SecAgg+ data bytes per client per iteration",
     "secagg": "secure aggregation",
     "secagg_degree": "SecAgg+ neighbours k",
@@ -109,28 +136,13 @@ LABELS: dict[str, str] = {
     "survivors_final": "clients in the last aggregate",
 }
 
-#: ``--secagg`` choices: the paper's masked secure aggregation, SecAgg+ on a sparse graph, or
-#: classic SecAgg (complete graph).
-SECAGG_CHOICES = ("msa", "plus", "complete")
-
-
-def secagg_config(choice: str, config: FastLloydConfig, n_clients: int, session: int):
-    """The SecAgg+ parameters of a run, or ``None`` for the paper's MSA.
-
-    The graph seed is public: SHA-256 of the session id, which every party knows.
-    """
-    if choice == "msa":
-        return None
-    import hashlib
-
-    seed = hashlib.sha256(b"fedproto/fastlloyd/secagg-graph" + session.to_bytes(8, "big")).digest()
-    modulus = secagg_plus.Modulus.ring(config.ring_bits)
-    length = config.k * (config.d + 1)
-    if n_clients < 2:
-        raise ValueError("--secagg plus needs at least 2 clients")
-    if choice == "complete":
-        return secagg_plus.complete_config(n_clients, length, modulus, graph_seed=seed)
-    return secagg_plus.plus_config(n_clients, length, modulus, graph_seed=seed)
+def secagg_config(choice: str, config: FastLloydConfig, n_clients: int, session: int) -> SecAggPlusConfig | None:
+    """The SecAgg+ parameters of a run at ``config``, or ``None`` for the paper's MSA
+    (:func:`~fedproto.algorithms.fastlloyd.protocol.secagg_plus_config`; the graph seed is
+    SHA-256 of the public session id)."""
+    return secagg_plus_config(
+        choice, ring_bits=config.ring_bits, length=config.k * (config.d + 1), n_clients=n_clients, session=session
+    )
 
 
 def client_name(i: int) -> str:
@@ -171,17 +183,35 @@ def privacy_spent(config: FastLloydConfig) -> dict[str, Any]:
     }
 
 
-def frame_limit(config: FastLloydConfig, n_clients: int) -> int:
+def setup_data_bytes(n_clients: int, d: int) -> int:
+    """The data bytes of the ``setup.data`` phase: ``2 M · 2d · 8 = 32 M d``.
+
+    Each of the M clients uploads its per-feature minimum and maximum (``float64 [2, d]``) and
+    receives the federation's; the counts n_i and N (msgpack integers, 1 to 9 bytes each) and
+    the envelopes come on top, one per frame (2M frames).
+    """
+    return 32 * n_clients * d
+
+
+def frame_limit(config: FastLloydConfig, n_clients: int, secagg_plus: SecAggPlusConfig | None = None) -> int:
     """The largest frame any party of a FastLloyd run sends (bytes, envelope included).
 
-    Setup sends 32-byte keys (every client's to client 0) and 48-byte sealed seeds (client 0's
-    for the other ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of
-    ``w / 8`` bytes each way.
+    ``setup.data`` sends ``float64 [2, d]`` extents and a count each way; the key setup sends
+    32-byte keys (every client's to client 0) and 48-byte sealed seeds (client 0's for the other
+    ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of ``w / 8`` bytes each
+    way, or with SecAgg+ (``secagg_plus``) its stages' messages.
     """
+    return _frame_bound(config.k, config.d, config.ring_bits, n_clients, secagg_plus)
+
+
+def _frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlusConfig | None) -> int:
     key, sealed = bytes(32), bytes(48)
-    ring = {"masked": (config.k, config.d + 1)}
-    dtype = {"masked": ring_dtype(config.ring_bits)}
-    return max(
+    ring = {"masked": (k, d + 1)}
+    dtype = {"masked": ring_dtype(ring_bits)}
+    extent = {"extent": (2, d)}
+    limit = max(
+        max_frame_bytes(DataSummary, arrays=extent),
+        max_frame_bytes(FederationSummary, arrays=extent),
         max_frame_bytes(PublicKey, plain={"public_key": key}),
         max_frame_bytes(PublicKeys, plain={"public_keys": (key,) * n_clients}),
         max_frame_bytes(SealedSeeds, plain={"sealed": (sealed,) * max(n_clients - 1, 0)}),
@@ -189,6 +219,14 @@ def frame_limit(config: FastLloydConfig, n_clients: int) -> int:
         max_frame_bytes(MaskedUpdate, arrays=ring, dtypes=dtype),
         max_frame_bytes(NoisyAggregate, arrays=ring, dtypes=dtype),
     )
+    if plus is not None:
+        survivors = {"masked": (k, d + 1), "survivors": (n_clients,)}
+        limit = max(
+            limit,
+            secagg_plus.frame_limit(plus),
+            max_frame_bytes(SurvivorAggregate, arrays=survivors, dtypes=dtype),
+        )
+    return limit
 
 
 def centralised_lloyd(x: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
@@ -198,6 +236,105 @@ def centralised_lloyd(x: np.ndarray, init: np.ndarray, iterations: int) -> np.nd
     for _ in range(iterations):
         centroids = kmeans.lloyd_step(xs, centroids)
     return np.asarray(centroids)
+
+
+_NO_DROPOUT = "fastlloyd survives dropouts only with --secagg plus or complete"
+
+
+def _default_k(dataset: Dataset) -> int:
+    """``--k``'s default: the papers' k for the data set, else 3."""
+    return dataset.paper_k or 3
+
+
+def _options(args: argparse.Namespace, k: int) -> FastLloydOptions:
+    """The run's public options from the command line (``--seed`` seeds the initialisation).
+
+    Raises:
+        ValueError: an option out of range, named by its flag.
+    """
+    if k < 1:
+        raise ValueError("--k must be at least 1")
+    if args.epsilon is not None and not args.epsilon > 0:
+        raise ValueError("--epsilon must be positive")
+    if args.alpha is not None and not args.alpha > 0:
+        raise ValueError("--alpha must be positive")
+    if args.iterations is not None and args.iterations < 1:
+        raise ValueError("--iterations must be at least 1")
+    return FastLloydOptions(
+        variant=args.variant,
+        k=k,
+        epsilon=None if args.variant == "lloyd" else args.epsilon,
+        delta=args.delta,
+        alpha=args.alpha,
+        iterations=args.iterations,
+        ring_bits=args.ring_bits if args.ring_bits == "auto" else int(args.ring_bits),
+        init_seed=args.seed,
+        noise=not args.no_noise,
+        secagg=getattr(args, "secagg", "msa"),
+    )
+
+
+def _noise_seed(args: argparse.Namespace) -> int:
+    return int.from_bytes(os.urandom(8), "big") if args.fresh_noise else args.seed
+
+
+def _machine(
+    options: FastLloydOptions,
+    party: str,
+    clients: tuple[str, ...],
+    session: int,
+    noise_seed: int,
+    points: np.ndarray | None,
+) -> ProtocolMachine:
+    """The machine of ``party``, built from the public options and (a client) its own raw rows
+    ``[n_i, d]`` float64: the one builder of :meth:`FastLloydPlugin.plan` and
+    :meth:`FastLloydPlugin.plan_party`."""
+    if party == SERVER:
+        return FastLloydServer(SERVER, options=options, clients=clients, noise_seed=noise_seed, session=session)
+    if points is None:
+        raise ValueError(f"{party} is a client and needs its data")
+    return FastLloydClient(
+        party,
+        options=options,
+        server=SERVER,
+        clients=clients,
+        points=points,
+        entropy=os.urandom(32),
+        session=session,
+    )
+
+
+def _phases(options: FastLloydOptions) -> tuple[str, ...]:
+    setup = ("setup.data", "setup.keys", "setup.roster", "setup.seal", "setup.relay")
+    if options.secagg == "msa":
+        return (*setup, "update", "aggregate")
+    return (*setup, *secagg_plus.STAGES, "aggregate")
+
+
+def _role_of(party: str) -> str:
+    return "server" if party == SERVER else "client"
+
+
+def _result_to_json(with_secagg_plus: bool):
+    """``(party, result) -> dict``: a client's centroids, unassigned points and noisy counts per
+    iteration; the server's iterations, N and d, and with SecAgg+ its survivors and dropouts."""
+
+    def result_to_json(party: str, result: Any) -> dict[str, Any]:
+        if isinstance(result, FastLloydResult):
+            return {
+                "centroids": result.centroids.tolist(),
+                "unassigned": result.unassigned.tolist(),
+                "noisy_counts": result.noisy_counts.tolist(),
+            }
+        if isinstance(result, ServerSummary):
+            out: dict[str, Any] = {"iterations": result.iterations, "n_points": result.n_points, "d": result.d}
+            if with_secagg_plus:
+                out["survivors"] = [list(s) for s in result.survivors]
+                out["dropouts"] = [f"{p}@{stage}:{r}" for p, (r, stage) in sorted(result.dropouts.items())]
+            return out
+        raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+
+    return result_to_json
 
 
 class FastLloydPlugin:
@@ -227,79 +364,63 @@ class FastLloydPlugin:
             "complete (classic SecAgg)",
         )
 
-    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        k = args.k if args.k is not None else (dataset.paper_k or 3)
-        if k < 1:
-            raise ValueError("--k must be at least 1")
-        if k > dataset.n:
-            raise ValueError(f"k = {k} is larger than the number of points ({dataset.n})")
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each client's raw (not normalised) rows, as the run ``plan(args, dataset)`` splits them.
+
+        Args:
+            args: the run's options (``--clients``, ``--partition``, ``--seed``).
+            dataset: the whole data set, raw.
+
+        Returns:
+            ``{client-i: Dataset(dataset.name, x [n_i, d] float64, y [n_i] int64 or None,
+            dataset.paper_k)}`` in client order (:func:`fedproto.data.partition`; the server
+            holds no data).
+
+        Raises:
+            ValueError: ``--clients`` below 1, or a partition that does not fit the data.
+        """
         if args.clients < 1:
             raise ValueError("--clients must be at least 1")
-        if args.epsilon is not None and not args.epsilon > 0:
-            raise ValueError("--epsilon must be positive")
-        if args.alpha is not None and not args.alpha > 0:
-            raise ValueError("--alpha must be positive")
-        if args.iterations is not None and args.iterations < 1:
-            raise ValueError("--iterations must be at least 1")
-        x = normalize(dataset.x)
-        n, d = x.shape
-        ring = args.ring_bits if args.ring_bits == "auto" else int(args.ring_bits)
-        config = make_config(
-            args.variant,
-            n=n,
-            k=k,
-            d=d,
-            epsilon=None if args.variant == "lloyd" else args.epsilon,
-            delta=args.delta,
-            alpha=args.alpha,
-            iterations=args.iterations,
-            ring_bits=ring,
-            init_seed=args.seed,
-            noise=not args.no_noise,
-        )
-        parts = partition(n, args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
-        clients = tuple(client_name(i) for i in range(args.clients))
-        roster = (SERVER, *clients)
-        session = session_id("fastlloyd", dataset.name, n, d, k, args.clients, args.seed, args.variant, args.epsilon)
-        noise_seed = int.from_bytes(os.urandom(8), "big") if args.fresh_noise else args.seed
-        choice = getattr(args, "secagg", "msa")
-        plus = secagg_config(choice, config, len(clients), session)
-
-        def make_machine(party: str):
-            if party == SERVER:
-                return FastLloydServer(
-                    SERVER, config=config, clients=clients, noise_seed=noise_seed, session=session, secagg_plus=plus
-                )
-            i = clients.index(party)
-            return FastLloydClient(
-                party,
-                config=config,
-                server=SERVER,
-                clients=clients,
-                points=x[parts[i]],
-                entropy=os.urandom(32),
-                session=session,
-                secagg_plus=plus,
+        parts = partition(dataset.n, args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
+        return {
+            client_name(i): Dataset(
+                dataset.name, dataset.x[idx], None if dataset.y is None else dataset.y[idx], dataset.paper_k
             )
+            for i, idx in enumerate(parts)
+        }
 
-        def result_to_json(party: str, result: Any) -> dict[str, Any]:
-            if isinstance(result, FastLloydResult):
-                return {
-                    "centroids": result.centroids.tolist(),
-                    "unassigned": result.unassigned.tolist(),
-                    "noisy_counts": result.noisy_counts.tolist(),
-                }
-            if isinstance(result, ServerSummary):
-                out: dict[str, Any] = {"iterations": result.iterations}
-                if plus is not None:
-                    out["survivors"] = [list(s) for s in result.survivors]
-                    out["dropouts"] = [f"{p}@{stage}:{r}" for p, (r, stage) in sorted(result.dropouts.items())]
-                return out
-            raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``["--k", K]`` when ``--k`` defaults to the data set's paper k (else ``[]``): the only
+        option whose default comes from the whole data set (N-dependent defaults, delta, the
+        iterations and the ring, are agreed in ``setup.data``)."""
+        return [] if args.k is not None else ["--k", str(_default_k(dataset))]
+
+    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
+        """The whole run in one process: :meth:`split`, the machines :meth:`plan_party` builds,
+        and the summaries on the pooled data (NICV, non-private Lloyd, scikit-learn)."""
+        k = args.k if args.k is not None else _default_k(dataset)
+        if k > dataset.n:
+            raise ValueError(f"k = {k} is larger than the number of points ({dataset.n})")
+        options = _options(args, k)
+        parts = self.split(args, dataset)
+        clients = tuple(parts)
+        roster = (SERVER, *clients)
+        n, d = dataset.n, dataset.d
+        session = session_id("fastlloyd", dataset.name, n, d, k, args.clients, args.seed, args.variant, args.epsilon)
+        # What every party derives in setup.data, computed here for the summary, the analytic
+        # costs and the frame limit (and to refuse options that do not fit before any work).
+        config = options.config(n, d)
+        plus = secagg_config(options.secagg, config, len(clients), session)
+        noise_seed = _noise_seed(args)
+
+        def make_machine(party: str) -> ProtocolMachine:
+            return _machine(options, party, clients, session, noise_seed, parts[party].x if party in parts else None)
+
+        x = normalize(dataset.x)  # the pooled data, for the references only
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             summary = self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed)
-            summary["secagg"] = choice
+            summary["secagg"] = options.secagg
             if plus is not None:
                 server = results.get(SERVER, {})
                 summary["secagg_degree"] = plus.degree
@@ -308,39 +429,114 @@ class FastLloydPlugin:
                 summary["survivors_final"] = (server.get("survivors") or [[]])[-1]
             return summary
 
+        analytic: dict[str, Any] = {
+            "ring_element_bytes": config.element_bytes,
+            "analytic_setup_data_bytes": setup_data_bytes(len(clients), d),
+        }
         if plus is None:
-            phases = ("setup.keys", "setup.roster", "setup.seal", "setup.relay", "update", "aggregate")
-            analytic = {
-                "ring_element_bytes": config.element_bytes,
-                "analytic_payload_bytes_per_iteration": config.payload_bytes_per_iteration(len(clients)),
-            }
-            limit = frame_limit(config, len(clients))
+            analytic["analytic_payload_bytes_per_iteration"] = config.payload_bytes_per_iteration(len(clients))
         else:
-            phases = ("setup.keys", "setup.roster", "setup.seal", "setup.relay", *secagg_plus.STAGES, "aggregate")
             per_client = secagg_plus.stage_bytes(plus)
-            analytic = {
-                "ring_element_bytes": config.element_bytes,
-                "analytic_secagg_bytes_per_client_per_iteration": sum(
-                    v["sent"] + v["received"] for v in per_client.values()
-                ),
-            }
-            limit = max(frame_limit(config, len(clients)), secagg_plus.frame_limit(plus))
-
+            analytic["analytic_secagg_bytes_per_client_per_iteration"] = sum(
+                v["sent"] + v["received"] for v in per_client.values()
+            )
         return RunPlan(
             roster=roster,
             session=session,
             make_machine=make_machine,
-            result_to_json=result_to_json,
+            result_to_json=_result_to_json(plus is not None),
             summarize=summarize,
-            role_of=lambda p: "server" if p == SERVER else "client",
+            role_of=_role_of,
             iterations=config.iterations,
-            phases=phases,
+            phases=_phases(options),
             plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
             analytic=analytic,
             labels={**LABELS, "nicv": f"NICV ({config.variant})"},
-            max_frame_bytes=limit,
+            max_frame_bytes=frame_limit(config, len(clients), plus),
             dropout_stages=secagg_plus.STAGES if plus is not None else (),
-            dropout_unsupported="" if plus is not None else "fastlloyd survives dropouts only with --secagg plus or complete",
+            dropout_unsupported="" if plus is not None else _NO_DROPOUT,
+        )
+
+    def plan_party(
+        self,
+        args: argparse.Namespace,
+        party: str,
+        roster: tuple[str, ...],
+        session: int,
+        data: Dataset | None,
+    ) -> RunPlan:
+        """The plan of one party holding only ``data`` (``fedproto party fastlloyd --data FILE``).
+
+        The machine is the one :meth:`plan` builds for ``party``: the server from the public
+        options alone, a client from its own raw rows; N, the extent the data are normalised
+        by, and every N-dependent parameter are agreed in ``setup.data``.
+
+        Args:
+            args: the run's options (``--clients`` is ignored: the roster says who the clients
+                are).
+            party: this process's party.
+            roster: ``("server", client, ...)``, the roster file's parties in order.
+            session: the session id (the roster's).
+            data: this client's rows, raw (e.g. ``fedproto split``'s file); the server's is
+                ignored (it holds no data).
+
+        Returns:
+            A plan whose ``make_machine`` builds ``party``'s machine, ``summarize`` returns
+            ``{}``, and ``iterations`` is ``--iterations`` or 0 (T depends on N, agreed later).
+            A client's frame limit covers both ring widths ``--ring-bits auto`` may pick; the
+            server, which learns d only in ``setup.data``, states none.
+
+        Raises:
+            ValueError: ``party`` or ``server`` not in the roster, no client, a client without
+                data, ``--k`` missing where the file records no paper k, bad options.
+        """
+        roster = tuple(roster)
+        if not roster or roster[0] != SERVER:
+            raise ValueError(f"the roster of a fastlloyd run starts with {SERVER!r}, got {list(roster[:3])}")
+        if party not in roster:
+            raise ValueError(f"{party!r} is not in the roster {list(roster)}")
+        clients = roster[1:]
+        if not clients:
+            raise ValueError("the roster has no client")
+        if party != SERVER and data is None:
+            raise ValueError(f"{party} is a client: give it its own data with --data FILE (see fedproto split)")
+        if args.k is not None:
+            k = args.k
+        elif data is not None and data.paper_k is not None:
+            k = data.paper_k
+        else:
+            raise ValueError("--k is required when a party holds only its own data")
+        options = _options(args, k)
+        plus_possible = options.secagg != "msa"
+        if plus_possible and len(clients) < 2:
+            raise ValueError("--secagg plus needs at least 2 clients")
+        points = data.x if (party != SERVER and data is not None) else None
+        noise_seed = _noise_seed(args)
+        limit = None
+        if points is not None:
+            d = points.shape[1]
+            widths = (32, 64) if options.ring_bits == "auto" else (int(options.ring_bits),)
+            limit = max(
+                _frame_bound(
+                    k, d, w, len(clients),
+                    secagg_plus_config(options.secagg, ring_bits=w, length=k * (d + 1), n_clients=len(clients),
+                                       session=session),
+                )
+                for w in widths
+            )
+        return RunPlan(
+            roster=roster,
+            session=session,
+            make_machine=lambda p: _machine(options, p, clients, session, noise_seed, points),
+            result_to_json=_result_to_json(plus_possible),
+            summarize=lambda results: {},
+            role_of=_role_of,
+            iterations=args.iterations or 0,
+            phases=_phases(options),
+            labels=LABELS,
+            max_frame_bytes=limit,
+            dropout_stages=secagg_plus.STAGES if plus_possible else (),
+            dropout_unsupported="" if plus_possible else _NO_DROPOUT,
         )
 
     def summarize(

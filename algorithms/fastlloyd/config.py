@@ -24,9 +24,12 @@ import math
 from fedproto.algorithms import dp
 from fedproto.algorithms.secagg import headroom
 
-__all__ = ["FastLloydConfig", "VARIANTS", "make_config"]
+__all__ = ["FastLloydConfig", "FastLloydOptions", "SECAGG_CHOICES", "VARIANTS", "make_config"]
 
 VARIANTS = ("fastlloyd", "lloyd", "glloyd", "sulloyd")
+#: The secure aggregation of a run: the paper's masked secure aggregation (``msa``), SecAgg+ on a
+#: sparse graph (``plus``) or classic SecAgg, SecAgg+ on the complete graph (``complete``).
+SECAGG_CHOICES = ("msa", "plus", "complete")
 _POSTS = ("fold", "truncate", "none")
 _NOISES = ("gaussian", "laplace", "none")
 
@@ -227,3 +230,96 @@ def make_config(
         cfg = dataclasses.replace(cfg, noise="none")
     return _choose_ring(cfg, n, ring_bits)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class FastLloydOptions:
+    """The public options of a run, fixed before any party looks at the data.
+
+    A :class:`FastLloydConfig` also depends on the federation's total number of points N (the
+    default delta ``1/(N ln N)``, the iteration heuristic, the ring's head-room) and on the
+    number of features d. When each party holds only its own data, the parties agree N and d in
+    the setup phase ``setup.data`` and each then calls :meth:`config` with them (see
+    :mod:`fedproto.algorithms.fastlloyd.protocol`), so every party derives the same config.
+
+    Attributes:
+        variant: one of :data:`VARIANTS`.
+        k: number of clusters (>= 1).
+        epsilon: total privacy budget; required (positive) by the private variants, ignored by
+            ``lloyd``.
+        delta: the delta of (epsilon, delta)-DP (FastLloyd, GLloyd); ``None``: ``1/(N ln N)``
+            once N is known.
+        alpha: FastLloyd's radius scale (> 0).
+        iterations: Lloyd iterations T; ``None``: the variant's heuristic at N.
+        ring_bits: 32, 64 or ``"auto"`` (32 when the public aggregate bound at N fits).
+        init_seed: public seed of the sphere-packing initialisation.
+        noise: ``False`` calibrates as usual but adds no noise (testing).
+        bound: half-width B of the data domain ``[-B, B]^d`` the data are normalised to.
+        secagg: the secure aggregation, one of :data:`SECAGG_CHOICES`.
+
+    Raises:
+        ValueError: an unknown variant, ring width or secure aggregation; ``k < 1``; a private
+            variant without a positive epsilon; a delta outside (0, 1); ``alpha`` or ``bound``
+            not positive; ``iterations < 1``.
+    """
+
+    variant: str = "fastlloyd"
+    k: int = 3
+    epsilon: float | None = 1.0
+    delta: float | None = None
+    alpha: float = 0.8
+    iterations: int | None = None
+    ring_bits: int | str = "auto"
+    init_seed: int = 0
+    noise: bool = True
+    bound: float = 1.0
+    secagg: str = "msa"
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose one of {VARIANTS}")
+        if self.k < 1:
+            raise ValueError("k must be at least 1")
+        if self.variant != "lloyd" and (self.epsilon is None or not self.epsilon > 0):
+            raise ValueError(f"{self.variant} needs a positive epsilon")
+        if self.variant in ("fastlloyd", "glloyd") and self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must lie in the open interval (0, 1), got {self.delta!r}")
+        if not self.alpha > 0:
+            raise ValueError("alpha must be positive")
+        if self.iterations is not None and self.iterations < 1:
+            raise ValueError("iterations must be at least 1")
+        if self.ring_bits not in ("auto", 32, 64):
+            raise ValueError("ring_bits must be 32, 64 or 'auto'")
+        if not self.bound > 0:
+            raise ValueError("bound must be positive")
+        if self.secagg not in SECAGG_CHOICES:
+            raise ValueError(f"unknown secure aggregation {self.secagg!r}; choose one of {SECAGG_CHOICES}")
+
+    def config(self, n: int, d: int) -> FastLloydConfig:
+        """The run's public parameters for a federation of ``n`` points with ``d`` features.
+
+        Args:
+            n: the federation's total number of points N (>= k).
+            d: the number of features (>= 1).
+
+        Returns:
+            :func:`make_config` of these options at ``n`` and ``d`` (``epsilon`` is dropped for
+            the non-private ``lloyd``).
+
+        Raises:
+            ValueError: ``k > n``, ``d < 1``, or a ring too small for the aggregates.
+        """
+        return make_config(
+            self.variant,
+            n=n,
+            k=self.k,
+            d=d,
+            epsilon=None if self.variant == "lloyd" else self.epsilon,
+            delta=self.delta,
+            alpha=self.alpha,
+            iterations=self.iterations,
+            ring_bits=self.ring_bits,
+            init_seed=self.init_seed,
+            noise=self.noise,
+            bound=self.bound,
+        )

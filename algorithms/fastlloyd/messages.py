@@ -1,5 +1,13 @@
 """FastLloyd's wire messages (spec fastlloyd.md, sections 2.8 and 6).
 
+Setup of the federation's public quantities (phase ``setup.data``, only when each party holds
+its own raw data; metered as setup):
+
+* :class:`DataSummary` client -> server: the client's number of points n_i and per-feature
+  minimum and maximum, ``float64 [2, d]``;
+* :class:`FederationSummary` server -> every client: the total N and the federation's
+  per-feature minimum and maximum, ``float64 [2, d]``.
+
 Setup (key agreement for the clients' shared mask seed; metered as setup):
 
 * :class:`PublicKey` client -> server: the client's X25519 public key;
@@ -28,7 +36,10 @@ import numpy as np
 
 from fedproto.messages import Message, array_field
 
-__all__ = ["PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate", "SurvivorAggregate"]
+__all__ = [
+    "DataSummary",
+    "FederationSummary",
+    "PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate", "SurvivorAggregate"]
 
 _KEY_BYTES = 32
 _SEALED_BYTES = 48  # a 32-byte seed plus the 16-byte Poly1305 tag
@@ -39,9 +50,63 @@ def _check_key(key: bytes, what: str) -> None:
         raise ValueError(f"{what} must be {_KEY_BYTES} bytes")
 
 
+def _check_extent(n_points: int, extent: np.ndarray, *, empty_allowed: bool) -> None:
+    if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < (0 if empty_allowed else 1):
+        raise ValueError(f"n_points must be an int >= {0 if empty_allowed else 1}, got {n_points!r}")
+    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+    if n_points == 0:
+        # the identities of min and max: what the extent of no points is
+        if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
+            raise ValueError("the extent of no points must be [+inf, -inf] per feature")
+        return
+    if not np.all(np.isfinite(extent)):
+        raise ValueError("extent holds NaN or infinite values")
+    if np.any(extent[0] > extent[1]):
+        raise ValueError("extent has a minimum above its maximum")
+
+
 def _check_ring(values: np.ndarray, what: str) -> None:
     if values.ndim != 2 or values.shape[1] < 2 or values.shape[0] < 1:
         raise ValueError(f"{what} must have shape [k, d+1] with k >= 1 and d >= 1, got {values.shape}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSummary(Message):
+    """A client's share of the federation's public quantities (client -> server, ``setup.data``).
+
+    Attributes:
+        n_points: the client's number of points n_i (>= 0).
+        extent: ``float64 [2, d]``: row 0 the per-feature minimum of the client's raw points,
+            row 1 the maximum (:func:`fedproto.data.feature_extent`); ``+inf`` and ``-inf``
+            when ``n_points`` is 0.
+    """
+
+    TAG = "fl.data"
+    n_points: int
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_extent(self.n_points, self.extent, empty_allowed=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FederationSummary(Message):
+    """The federation's public quantities (server -> every client, ``setup.data``).
+
+    Attributes:
+        n_points: the total number of points N (the sum of the clients' n_i, >= 1).
+        extent: ``float64 [2, d]``: the element-wise minimum of the clients' minima (row 0) and
+            maximum of their maxima (row 1), the extent of the pooled data, by which each client
+            normalises its own points (:func:`fedproto.data.normalize`).
+    """
+
+    TAG = "fl.fed"
+    n_points: int
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_extent(self.n_points, self.extent, empty_allowed=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,11 +4,30 @@ Theory of operation (Diaa, Humphries, Kerschbaum, "FastLloyd", Sec. 5, Alg. 1 an
 spec fastlloyd.md sections 2.4-2.10).
 
 Roles: one :class:`FastLloydServer` (semi-honest: it aggregates and adds the DP noise, and sees
-only masked values) and M :class:`FastLloydClient` s (each holds a horizontal slice of the data,
-already normalised to ``[-B, B]^d``).
+only masked values) and M :class:`FastLloydClient` s (each holds a horizontal slice of the data).
 
-Setup (phases ``setup.*``, round 0, metered as setup): the clients need a mask seed the server
-never learns. Every client sends its X25519 public key (:class:`PublicKey`); the server sends all
+A machine is built in one of two ways:
+
+* from the run's :class:`~fedproto.algorithms.fastlloyd.config.FastLloydOptions` (``options=``):
+  each client holds only its own *raw* points, and the server holds nothing. The parties first
+  agree the federation's public quantities (phase ``setup.data``, round 0, metered as setup):
+  each client sends its count n_i and per-feature minimum and maximum (:class:`DataSummary`);
+  the server checks that every client has the same number of features d, and broadcasts the
+  total N and the element-wise minimum of the minima and maximum of the maxima
+  (:class:`FederationSummary`). That extent is the pooled data's, so each client's
+  ``normalize(x_i, extent=...)`` gives exactly its rows of the pooled data normalised at once
+  (:func:`fedproto.data.normalize`, FastLloyd Sec. 6.1). Every party then derives the same
+  :class:`~fedproto.algorithms.fastlloyd.config.FastLloydConfig` from the options at N and d
+  (``options.config(N, d)``: the default delta ``1/(N ln N)``, the iteration heuristic, the
+  ring) and, with SecAgg+, the same SecAgg+ parameters (:func:`secagg_plus_config`). This is
+  how ``fedproto run fastlloyd`` builds every run, in one process or one per party.
+* from a ready :class:`~fedproto.algorithms.fastlloyd.config.FastLloydConfig` (``config=``):
+  the public parameters are known in advance and each client's points are already normalised
+  to ``[-B, B]^d``; there is no ``setup.data`` phase (the benchmarks and examples build runs
+  this way).
+
+Setup of the mask seed (phases ``setup.keys`` to ``setup.relay``, round 0, metered as setup):
+the clients need a mask seed the server never learns. Every client sends its X25519 public key (:class:`PublicKey`); the server sends all
 keys to client 0 (:class:`PublicKeys`); client 0 draws the seed and seals it for each other client
 under a ChaCha20-Poly1305 key derived (HKDF) from their X25519 shared secret
 (:class:`SealedSeeds`); the server relays each sealed seed (:class:`SealedSeed`). A semi-honest
@@ -56,8 +75,8 @@ iteration after setup:
   analysis (a point's change moves one client's statistics by the same bounded amount), and a
   point enters at most T releases, so the composed (epsilon, delta) is the paper's. Dropout is
   taken to be independent of the data (a crash, a lost link).
-* setup (the shared seed) still needs every client: a dropout before the first iteration ends the
-  run with the error above.
+* setup (``setup.data`` and the shared seed) still needs every client: a dropout before the first
+  iteration ends the run with the error above.
 """
 
 from __future__ import annotations
@@ -65,7 +84,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import hashlib
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import jax
@@ -73,8 +94,10 @@ import numpy as np
 
 from fedproto.algorithms import kmeans, secagg
 from fedproto.algorithms.fastlloyd import _kernels
-from fedproto.algorithms.fastlloyd.config import FastLloydConfig
+from fedproto.algorithms.fastlloyd.config import SECAGG_CHOICES, FastLloydConfig, FastLloydOptions
 from fedproto.algorithms.fastlloyd.messages import (
+    DataSummary,
+    FederationSummary,
     MaskedUpdate,
     NoisyAggregate,
     PublicKey,
@@ -83,6 +106,7 @@ from fedproto.algorithms.fastlloyd.messages import (
     SealedSeeds,
     SurvivorAggregate,
 )
+from fedproto.algorithms.secagg_plus import engine as secagg_plus_engine
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
 from fedproto.algorithms.secagg_plus.messages import (
     AdvertiseKeys,
@@ -94,15 +118,69 @@ from fedproto.algorithms.secagg_plus.messages import (
     UnmaskShares,
 )
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
+from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
 
-__all__ = ["FastLloydClient", "FastLloydServer", "FastLloydResult", "ServerSummary", "initial_centroids"]
+__all__ = [
+    "FastLloydClient",
+    "FastLloydServer",
+    "FastLloydResult",
+    "ServerSummary",
+    "initial_centroids",
+    "secagg_plus_config",
+]
 
 _SEED_CONTEXT = b"fedproto/fastlloyd/mask-seed"
 _MASK_LABEL = b"fedproto/fastlloyd/mask"
 _SECAGG_PURPOSE = b"fedproto/fastlloyd/secagg-plus"
+
+
+def secagg_plus_config(
+    choice: str, *, ring_bits: int, length: int, n_clients: int, session: int
+) -> SecAggPlusConfig | None:
+    """The SecAgg+ parameters of a run, or ``None`` for the paper's MSA.
+
+    Every party derives them from public values only: the graph seed is SHA-256 of the session
+    id, the vectors are ``length = k (d+1)`` elements of ``Z_{2^w}``.
+
+    Args:
+        choice: ``"msa"``, ``"plus"`` (Bell et al.'s sparse graph) or ``"complete"`` (classic
+            SecAgg), one of :data:`~fedproto.algorithms.fastlloyd.config.SECAGG_CHOICES`.
+        ring_bits: the run's ring width w (32 or 64).
+        length: elements per client vector, ``k (d+1)``.
+        n_clients: number of clients M.
+        session: the run's session id.
+
+    Raises:
+        ValueError: an unknown choice, or SecAgg+ with fewer than 2 clients.
+    """
+    if choice not in SECAGG_CHOICES:
+        raise ValueError(f"unknown secure aggregation {choice!r}; choose one of {SECAGG_CHOICES}")
+    if choice == "msa":
+        return None
+    if n_clients < 2:
+        raise ValueError("--secagg plus needs at least 2 clients")
+    seed = hashlib.sha256(b"fedproto/fastlloyd/secagg-graph" + session.to_bytes(8, "big")).digest()
+    modulus = secagg_plus_engine.Modulus.ring(ring_bits)
+    if choice == "complete":
+        return secagg_plus_engine.complete_config(n_clients, length, modulus, graph_seed=seed)
+    return secagg_plus_engine.plus_config(n_clients, length, modulus, graph_seed=seed)
+
+
+def _secagg_plus_for(options: FastLloydOptions, config: FastLloydConfig, n_clients: int, session: int):
+    return secagg_plus_config(
+        options.secagg, ring_bits=config.ring_bits, length=config.k * (config.d + 1), n_clients=n_clients,
+        session=session,
+    )
+
+
+def _one_of(config: FastLloydConfig | None, options: FastLloydOptions | None, secagg_plus) -> None:
+    if (config is None) == (options is None):
+        raise ValueError("give exactly one of config (normalised points) and options (raw points, setup.data)")
+    if options is not None and secagg_plus is not None:
+        raise ValueError("with options the SecAgg+ parameters follow from options.secagg after setup; leave secagg_plus out")
 
 
 def check_secagg_plus(config: FastLloydConfig, secagg_plus: SecAggPlusConfig | None, n_clients: int) -> None:
@@ -175,6 +253,9 @@ class ServerSummary:
         survivors: with SecAgg+, per iteration the clients whose updates the aggregate holds;
             else empty.
         dropouts: with SecAgg+, ``{client: (iteration, stage)}`` for each client that dropped.
+        n_points: the federation's total number of points N agreed in ``setup.data``; ``None``
+            when the server was built from a ready config (no ``setup.data``).
+        d: the number of features.
     """
 
     iterations: int
@@ -182,6 +263,8 @@ class ServerSummary:
     noise_count: tuple[float, ...]
     survivors: tuple[tuple[str, ...], ...] = ()
     dropouts: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    n_points: int | None = None
+    d: int | None = None
 
 
 def _check_ring_values(config: FastLloydConfig, values: np.ndarray, what: str, sender: str, round_idx: int) -> None:
@@ -204,6 +287,7 @@ def _encode_update(config: FastLloydConfig, sums: np.ndarray, counts: np.ndarray
 class ClientState(enum.Enum):
     """States of a FastLloyd client."""
 
+    SETUP_DATA = enum.auto()
     SETUP = enum.auto()
     ITERATING = enum.auto()
     DONE = enum.auto()
@@ -213,6 +297,7 @@ class ClientState(enum.Enum):
 class ServerState(enum.Enum):
     """States of the FastLloyd server."""
 
+    SETUP_DATA = enum.auto()
     SETUP_KEYS = enum.auto()
     SETUP_SEAL = enum.auto()
     COLLECT = enum.auto()
@@ -223,28 +308,48 @@ class ServerState(enum.Enum):
 class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
     """A FastLloyd client (sans-IO).
 
+    Give exactly one of ``config`` and ``options`` (see the module docstring).
+
     Args:
         party: this client's party name.
-        config: the run's public parameters.
+        config: the run's public parameters, when known in advance: ``points`` are then already
+            normalised and the run starts with the key setup.
+        options: the run's public options: ``points`` are this client's raw rows, and the run
+            starts with ``setup.data``, after which :attr:`config` is set.
         server: the server's party name.
         clients: every client's party name, in client order (this one included).
-        points: this client's points ``[n_i, d]`` float64 in ``[-B, B]^d`` (``n_i`` may be 0).
+        points: this client's points ``[n_i, d]`` float64 (``n_i`` may be 0): in ``[-B, B]^d``
+            with ``config``, raw (any finite values) with ``options``.
         entropy: at least 32 secret random bytes: this client's X25519 key (and, for client 0,
             the mask seed) are derived from it. Same entropy, same keys: runs are repeatable.
-        session: the run's session id (bound into the seed-sealing context).
-        secagg_plus: aggregate each iteration with SecAgg+ (dropout-tolerant; see the module
-            docstring) under these parameters; ``None`` (default) is the paper's MSA.
+        session: the run's session id (bound into the seed-sealing context and, with SecAgg+,
+            the graph seed).
+        secagg_plus: with ``config``: aggregate each iteration with SecAgg+ (dropout-tolerant;
+            see the module docstring) under these parameters; ``None`` (default) is the paper's
+            MSA. With ``options`` leave it out: ``options.secagg`` chooses, and the parameters
+            follow after ``setup.data`` (:func:`secagg_plus_config`).
+
+    Attributes:
+        config: the run's public parameters (``None`` until ``setup.data`` is done when built
+            from ``options``).
+        secagg_plus: the SecAgg+ parameters, ``None`` for MSA (and until ``setup.data``).
+        n_points: the federation's N agreed in ``setup.data`` (``None`` with ``config``).
 
     Raises:
-        ValueError: ``points`` has the wrong shape, holds NaN/inf or leaves the domain; ``party``
-            is not in ``clients``; ``entropy`` is shorter than 32 bytes; ``secagg_plus`` does
-            not fit the run.
+        ValueError: not exactly one of ``config`` and ``options``; ``points`` is not 2-D, has
+            no feature, has a number of features other than ``config.d``, holds NaN/inf or (with
+            ``config``) leaves the domain; ``party`` is not in ``clients``; ``entropy`` is shorter
+            than 32 bytes; ``secagg_plus`` does not fit the run or is given with ``options``.
+            In ``setup.data`` (the machine fails): :class:`~fedproto.errors.RemoteProtocolError`
+            when the server's summary has another number of features or does not cover this
+            client's points, ``ValueError`` when the options do not fit N (e.g. ``k > N``).
     """
 
     State = ClientState
     DEADLINE_FACTOR = 2.0
-    INITIAL_STATE = ClientState.SETUP
+    INITIAL_STATE = ClientState.SETUP_DATA
     TRANSITIONS = {
+        (ClientState.SETUP_DATA, FederationSummary): ("_on_federation", ClientState.SETUP),
         (ClientState.SETUP, PublicKeys): ("_on_public_keys", ClientState.ITERATING),
         (ClientState.SETUP, SealedSeed): ("_on_sealed_seed", ClientState.ITERATING),
         (ClientState.ITERATING, NoisyAggregate): ("_on_aggregate", ClientState.ITERATING),
@@ -258,7 +363,8 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         self,
         party: str,
         *,
-        config: FastLloydConfig,
+        config: FastLloydConfig | None = None,
+        options: FastLloydOptions | None = None,
         server: str,
         clients: Sequence[str],
         points: np.ndarray,
@@ -270,33 +376,50 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         clients = tuple(clients)
         if party not in clients:
             raise ValueError(f"{party!r} is not in the client list")
-        check_secagg_plus(config, secagg_plus, len(clients))
+        _one_of(config, options, secagg_plus)
         points = np.asarray(points, dtype=np.float64)
-        if points.ndim != 2 or points.shape[1] != config.d:
-            raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
+        if points.ndim != 2 or points.shape[1] < 1:
+            raise ValueError(f"points must have shape [n_i, d] with d >= 1, got {points.shape}")
         if not np.all(np.isfinite(points)):
             raise ValueError("points contain NaN or infinite values")
-        if points.size and np.max(np.abs(points)) > config.bound:
-            raise ValueError(f"points leave the domain [-{config.bound}, {config.bound}]^d; normalise first")
         if len(entropy) < 32:
             raise ValueError("entropy must be at least 32 bytes")
-        self.config = config
+        self.options = options
         self.server = server
         self.clients = clients
         self.client_idx = clients.index(party)
         self.session = session
-        self._points = jax.numpy.asarray(points)
         self._entropy = bytes(entropy)
         self._private_key, self._public_key = secagg.x25519_keypair(self._entropy)
         self._masks: secagg.MaskGenerator | None = None
-        self._centroids = initial_centroids(config)
-        self._history = [self._centroids]
         self._unassigned: list[int] = []
         self._noisy_counts: list[np.ndarray] = []
+        self.config: FastLloydConfig | None = None
+        self.secagg_plus: SecAggPlusConfig | None = None
+        self.n_points: int | None = None
+        self._raw: np.ndarray | None = None
+        if config is not None:
+            self._configure(config, secagg_plus, points)
+        else:
+            self._raw = points
+
+    def _configure(self, config: FastLloydConfig, secagg_plus: SecAggPlusConfig | None, points: np.ndarray) -> None:
+        """Take the run's public parameters and this client's normalised points."""
+        check_secagg_plus(config, secagg_plus, len(self.clients))
+        if points.shape[1] != config.d:
+            raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
+        if points.size and np.max(np.abs(points)) > config.bound:
+            raise ValueError(f"points leave the domain [-{config.bound}, {config.bound}]^d; normalise first")
+        self.config = config
         self.secagg_plus = secagg_plus
+        self._points = jax.numpy.asarray(points)
+        self._centroids = initial_centroids(config)
+        self._history = [self._centroids]
 
     @property
     def phase(self) -> str:
+        if self._state is ClientState.SETUP_DATA:
+            return "setup.data"
         if self._state is ClientState.SETUP:
             return "setup.keys"
         if self._aggregation is not None:
@@ -308,7 +431,43 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         return () if self.done or self.failed else (self.server,)
 
     def _start(self) -> list[Outgoing]:
-        return [self.send(self.server, PublicKey(public_key=self._public_key), phase="setup.keys")]
+        if self._raw is not None:
+            raw = self._raw
+            if raw.shape[0]:
+                lo, hi = feature_extent(raw)
+            else:  # the extent of no points: the identities of min and max
+                lo, hi = np.full(raw.shape[1], np.inf), np.full(raw.shape[1], -np.inf)
+            summary = DataSummary(n_points=int(raw.shape[0]), extent=np.stack([lo, hi]))
+            return [self.send(self.server, summary, phase="setup.data")]
+        self.move_to(ClientState.SETUP)
+        return [self._send_key()]
+
+    def _send_key(self) -> Outgoing:
+        return self.send(self.server, PublicKey(public_key=self._public_key), phase="setup.keys")
+
+    def _on_federation(self, sender: str, message: FederationSummary) -> list[Outgoing]:
+        """``setup.data``: normalise by the federation's extent, derive the config, send the key."""
+        self._check_from_server(sender)
+        raw, options = self._raw, self.options
+        assert raw is not None and options is not None
+        n_i, d = raw.shape
+        lo, hi = message.extent
+        if message.extent.shape[1] != d:
+            raise RemoteProtocolError(
+                f"the federation's extent has {message.extent.shape[1]} features, this client's data {d}",
+                party=sender, round_idx=0, phase="setup.data",
+            )
+        if message.n_points < n_i or (n_i and (np.any(raw.min(axis=0) < lo) or np.any(raw.max(axis=0) > hi))):
+            raise RemoteProtocolError(
+                f"the federation's summary (N = {message.n_points} and its extent) does not cover this client's "
+                f"{n_i} points", party=sender, round_idx=0, phase="setup.data",
+            )
+        config = options.config(message.n_points, d)
+        plus = _secagg_plus_for(options, config, len(self.clients), self.session)
+        self._configure(config, plus, normalize(raw, options.bound, extent=(lo, hi)))
+        self.n_points = message.n_points
+        self._raw = None
+        return [self._send_key()]
 
     def _install_seed(self, seed: bytes) -> None:
         self._masks = secagg.MaskGenerator(
@@ -437,25 +596,44 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
 
 
 class FastLloydServer(ProtocolMachine):
-    """The FastLloyd server (sans-IO): relays the seed setup, aggregates and adds noise.
+    """The FastLloyd server (sans-IO): agrees the federation's quantities, relays the seed setup,
+    aggregates and adds noise.
+
+    Give exactly one of ``config`` and ``options`` (see the module docstring).
 
     Args:
         party: the server's party name.
-        config: the run's public parameters.
+        config: the run's public parameters, when known in advance (no ``setup.data``).
+        options: the run's public options: the server holds no data, collects each client's
+            count and extent in ``setup.data``, checks that every client has the same number of
+            features, and derives :attr:`config` from the options at the total N.
         clients: every client's party name, in client order.
         noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
-        session: the run's session id (names each SecAgg+ aggregation; unused without it).
-        secagg_plus: aggregate with SecAgg+ under these parameters (the clients' must be the
-            same); ``None`` (default) is the paper's MSA.
+        session: the run's session id (names each SecAgg+ aggregation, and seeds its graph).
+        secagg_plus: with ``config``: aggregate with SecAgg+ under these parameters (the
+            clients' must be the same); ``None`` (default) is the paper's MSA. With ``options``
+            leave it out (``options.secagg`` chooses).
+
+    Attributes:
+        config: the run's public parameters (``None`` until ``setup.data`` is done when built
+            from ``options``).
+        secagg_plus: the SecAgg+ parameters, ``None`` for MSA (and until ``setup.data``).
+        n_points: the federation's N agreed in ``setup.data`` (``None`` with ``config``).
 
     Raises:
-        ValueError: no clients, duplicate names, the server among the clients, or a
-            ``secagg_plus`` that does not fit the run.
+        ValueError: not exactly one of ``config`` and ``options``; no clients, duplicate names,
+            the server among the clients; a ``secagg_plus`` that does not fit the run or is
+            given with ``options``. In ``setup.data`` (the machine fails):
+            :class:`~fedproto.errors.RemoteProtocolError` naming the clients whose number of
+            features differs from the others' (the most common, ties going to the earliest
+            client), ``ValueError`` when the clients hold no point or the options do not fit N
+            (e.g. ``k > N``).
     """
 
     State = ServerState
-    INITIAL_STATE = ServerState.SETUP_KEYS
+    INITIAL_STATE = ServerState.SETUP_DATA
     TRANSITIONS = {
+        (ServerState.SETUP_DATA, DataSummary): ("_on_data_summary", ServerState.SETUP_DATA),
         (ServerState.SETUP_KEYS, PublicKey): ("_on_public_key", ServerState.SETUP_KEYS),
         (ServerState.SETUP_SEAL, SealedSeeds): ("_on_sealed_seeds", ServerState.COLLECT),
         (ServerState.COLLECT, MaskedUpdate): ("_on_update", ServerState.COLLECT),
@@ -469,7 +647,8 @@ class FastLloydServer(ProtocolMachine):
         self,
         party: str,
         *,
-        config: FastLloydConfig,
+        config: FastLloydConfig | None = None,
+        options: FastLloydOptions | None = None,
         clients: Sequence[str],
         noise_seed: int = 0,
         session: int = 0,
@@ -479,11 +658,16 @@ class FastLloydServer(ProtocolMachine):
         clients = tuple(clients)
         if not clients or len(set(clients)) != len(clients) or party in clients:
             raise ValueError("clients must be unique, non-empty and must not include the server")
-        check_secagg_plus(config, secagg_plus, len(clients))
-        self.config = config
+        _one_of(config, options, secagg_plus)
+        if config is not None:
+            check_secagg_plus(config, secagg_plus, len(clients))
+        self.config: FastLloydConfig | None = config
+        self.options = options
         self.clients = clients
         self.session = session
-        self.secagg_plus = secagg_plus
+        self.secagg_plus: SecAggPlusConfig | None = secagg_plus
+        self.n_points: int | None = None
+        self._summaries: dict[str, DataSummary] = {}
         self._key = jax.random.PRNGKey(noise_seed)
         self._keys: dict[str, bytes] = {}
         self._updates: dict[str, np.ndarray] = {}
@@ -498,11 +682,14 @@ class FastLloydServer(ProtocolMachine):
         if self._aggregation is not None and self._state is ServerState.COLLECT:
             return self._aggregation.stage
         return {
+            ServerState.SETUP_DATA: "setup.data",
             ServerState.SETUP_KEYS: "setup.keys",
             ServerState.SETUP_SEAL: "setup.seal",
         }.get(self._state, "aggregate")
 
     def pending(self) -> Sequence[str]:
+        if self._state is ServerState.SETUP_DATA:
+            return [c for c in self.clients if c not in self._summaries]
         if self._state is ServerState.SETUP_KEYS:
             return [c for c in self.clients if c not in self._keys]
         if self._state is ServerState.SETUP_SEAL:
@@ -572,7 +759,8 @@ class FastLloydServer(ProtocolMachine):
     def _summary(self) -> ServerSummary:
         cfg = self.config
         return ServerSummary(
-            cfg.iterations, cfg.noise_sum, cfg.noise_count, tuple(self._survivors), dict(self._dropouts)
+            cfg.iterations, cfg.noise_sum, cfg.noise_count, tuple(self._survivors), dict(self._dropouts),
+            n_points=self.n_points, d=cfg.d,
         )
 
     def _check_client(self, sender: str, seen: dict) -> None:
@@ -585,6 +773,48 @@ class FastLloydServer(ProtocolMachine):
                 round_idx=self.round_idx,
                 phase=self.phase,
             )
+
+    def _start(self) -> list[Outgoing]:
+        if self.config is not None:
+            self.move_to(ServerState.SETUP_KEYS)  # the config is known: no setup.data
+        return []
+
+    def _on_data_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        self._check_client(sender, self._summaries)
+        self._summaries[sender] = message
+        return []
+
+    def _agree_data(self) -> list[Outgoing]:
+        """``setup.data``, every summary in: check d, total N and the extent, derive the config."""
+        options = self.options
+        assert options is not None
+        widths = {c: int(self._summaries[c].extent.shape[1]) for c in self.clients}
+        tally = Counter(widths.values())
+        # the most common width; ties go to the width of the earliest client holding one of them
+        d = max(tally, key=lambda w: (tally[w], -min(i for i, c in enumerate(self.clients) if widths[c] == w)))
+        odd = [c for c in self.clients if widths[c] != d]
+        if odd:
+            named = ", ".join(f"{c} ({widths[c]})" for c in odd[:8]) + (f" and {len(odd) - 8} more" if len(odd) > 8 else "")
+            raise RemoteProtocolError(
+                f"{named} hold data with a different number of features than the other clients ({d}): every "
+                "client's data must have the same features",
+                party=odd[0], round_idx=0, phase="setup.data",
+            )
+        summaries = [self._summaries[c] for c in self.clients]
+        n_points = sum(s.n_points for s in summaries)
+        if n_points == 0:
+            raise ValueError("the clients hold no point at all")
+        extent = np.stack([
+            np.min([s.extent[0] for s in summaries], axis=0),
+            np.max([s.extent[1] for s in summaries], axis=0),
+        ])
+        config = options.config(n_points, d)  # ValueError (k > N, ring) fails the run here
+        plus = _secagg_plus_for(options, config, len(self.clients), self.session)
+        check_secagg_plus(config, plus, len(self.clients))
+        self.config, self.secagg_plus, self.n_points = config, plus, n_points
+        self._summaries = {}
+        self.move_to(ServerState.SETUP_KEYS)
+        return [self.broadcast(self.clients, FederationSummary(n_points=n_points, extent=extent), phase="setup.data")]
 
     def _on_public_key(self, sender: str, message: PublicKey) -> list[Outgoing]:
         self._check_client(sender, self._keys)
@@ -616,6 +846,8 @@ class FastLloydServer(ProtocolMachine):
         return []
 
     def _advance(self) -> list[Outgoing]:
+        if self._state is ServerState.SETUP_DATA and self.options is not None and len(self._summaries) == len(self.clients):
+            return self._agree_data()
         if self._state is ServerState.SETUP_KEYS and len(self._keys) == len(self.clients):
             keys = tuple(self._keys[c] for c in self.clients)
             out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
