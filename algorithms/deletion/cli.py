@@ -53,17 +53,28 @@ import jax
 import numpy as np
 
 from fedproto.algorithms.deletion import streams
-from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
+from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig, Tree, assign_leaves
+from fedproto.algorithms.deletion.local_data import (
+    SETUP_PHASE,
+    StreamTerms,
+    pooled_order,
+    scale_points,
+    setup_payload_bytes,
+)
 from fedproto.algorithms.deletion.protocol import (
+    SERVER,
     DCNodeResult,
     DCRootResult,
-    DCTree,
+    LocalDCTree,
+    LocalQKMeansParties,
     QKMeansClientResult,
-    QKMeansParties,
     QKMeansServerResult,
+    tree_party,
 )
 from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
+    DataAgreement,
+    DataSummary,
     IterationCentroids,
     ModelUpdate,
     NodeCentroids,
@@ -80,11 +91,11 @@ from fedproto.algorithms.deletion.federated import (
     COORDINATOR,
     FederatedPartyResult,
     FederatedQKMeansResult,
-    QKMeansFederation,
+    LocalQKMeansFederation,
     training_payload_bytes,
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
-from fedproto.data import Dataset, normalize, partition, session_id
+from fedproto.data import Dataset, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_task
@@ -112,16 +123,19 @@ _PAPER_COLUMN = {"k-means": 0, "Q-k-means": 1, "DC-k-means": 2}
 
 def prepare(dataset: Dataset, scale: str) -> np.ndarray:
     """The points the algorithms see: min-max scaled to ``[0, 1]^d`` (``"minmax"``) or unchanged
-    (``"none"``).
+    (``"none"``) (`local_data.scale_points` with the data set's own extent).
 
     Raises:
         ValueError: another ``scale``.
     """
-    if scale == "none":
-        return np.asarray(dataset.x, dtype=np.float64)
-    if scale != "minmax":
-        raise ValueError(f"unknown --normalize {scale!r} (minmax or none)")
-    return normalize(dataset.x, 0.5) + 0.5
+    return scale_points(dataset.x, scale)
+
+
+def _setup_frame_limit(d: int) -> int:
+    """The largest frame of the setup phase ``setup.data``: a summary or an agreement, each with
+    two ``float64 [d]`` arrays."""
+    extent = {"lo": (d,), "hi": (d,)}
+    return max(max_frame_bytes(DataSummary, arrays=extent), max_frame_bytes(DataAgreement, arrays=extent))
 
 
 def qkmeans_frame_limit(k: int, d: int, largest_client: int, *, federated: bool) -> int:
@@ -133,7 +147,7 @@ def qkmeans_frame_limit(k: int, d: int, largest_client: int, *, federated: bool)
     centroids and the ``[k, d]`` sums with ``[k]`` counts, a deletion the point ``[d]``.
     """
     model = {"centroids": (k, d)}
-    bounds = [max_frame_bytes(ModelUpdate, arrays=model), max_frame_bytes(RemovalRequest)]
+    bounds = [max_frame_bytes(ModelUpdate, arrays=model), max_frame_bytes(RemovalRequest), _setup_frame_limit(d)]
     if federated:
         bounds += [
             max_frame_bytes(SeedStep, arrays={"centre": (1, d)}),
@@ -157,6 +171,7 @@ def dckmeans_frame_limit(k: int, d: int, *, weighted: bool) -> int:
         max_frame_bytes(NodeCentroids, arrays={"centroids": (k, d)}),
         max_frame_bytes(RemovalRequest),
         max_frame_bytes(ModelUpdate, arrays={"centroids": (k, d)}),
+        _setup_frame_limit(d),
     ]
     if weighted:
         bounds.append(max_frame_bytes(WeightedNodeCentroids, arrays={"centroids": (k, d), "counts": (k,)}))
@@ -290,26 +305,73 @@ def _common_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--baseline-retrains", dest="retrains", type=int, help=argparse.SUPPRESS)
 
 
-def _setup(args: argparse.Namespace, dataset: Dataset) -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]]:
-    k = args.k if args.k is not None else (dataset.paper_k or 3)
-    if k < 1:
-        raise ValueError("--k must be at least 1")
+def _check_common(args: argparse.Namespace) -> None:
     if args.iterations < 1:
         raise ValueError("--iterations must be at least 1")
     if args.retrains < 1:
         raise ValueError("--retrains must be at least 1")
-    x = prepare(dataset, args.normalize)
-    n = x.shape[0]
+    if args.removals is not None and args.removals < 0:
+        raise ValueError("--removals must be non-negative")
+    if args.k is not None and args.k < 1:
+        raise ValueError("--k must be at least 1")
+
+
+def _whole_terms(args: argparse.Namespace, dataset: Dataset) -> tuple[int, int]:
+    """``(k, removals)`` of a run on the whole ``dataset``, checked against its n.
+
+    Raises:
+        ValueError: bad options, k above n, or a stream that would leave fewer than k points.
+    """
+    _check_common(args)
+    k = args.k if args.k is not None else (dataset.paper_k or 3)
+    if k < 1:
+        raise ValueError("--k must be at least 1")
+    n = dataset.n
     if k > n:
         raise ValueError(f"k = {k} is larger than the number of points ({n})")
     m = args.removals if args.removals is not None else min(1000, n // 10)
-    if m < 0:
-        raise ValueError("--removals must be non-negative")
     if n - m < k:
         raise ValueError(f"--removals {m} would leave {n - m} points, fewer than k = {k}")
-    ids = np.arange(n, dtype=np.int64)
-    stream = tuple(int(i) for i in streams.deletion_stream(ids, m, args.seed + 1))
-    return x, ids, k, stream
+    return k, m
+
+
+def _party_terms(args: argparse.Namespace, party: str, data: Dataset | None, holds_data: bool) -> tuple[int, int]:
+    """``(k, removals)`` of a party that holds only ``data`` (``None``: no data).
+
+    ``--k`` defaults to the paper's k its file records; ``--removals`` (whose default depends on
+    the whole federation's n) must be given.
+
+    Raises:
+        ValueError: bad options, a missing ``--k`` or ``--removals``, data for a party that holds
+            none, or none for a party that holds some.
+    """
+    _check_common(args)
+    if holds_data and data is None:
+        raise ValueError(f"{party} holds data: give it its own file with --data")
+    if not holds_data and data is not None:
+        raise ValueError(f"{party} holds no data in this protocol: start it without --data")
+    k = args.k if args.k is not None else (data.paper_k if data is not None else None)
+    if k is None:
+        raise ValueError("--k is required when a party holds only its own data (and its file records no k)")
+    if args.removals is None:
+        raise ValueError("--removals is required when a party holds only its own data (its default depends on "
+                         "the whole federation's n)")
+    return k, args.removals
+
+
+def _part(dataset: Dataset, rows: np.ndarray) -> Dataset:
+    """The raw rows ``rows`` of ``dataset`` (labels too), as one party's data set."""
+    y = dataset.y[rows] if dataset.y is not None else None
+    return Dataset(dataset.name, np.asarray(dataset.x, dtype=np.float64)[rows], y, dataset.paper_k)
+
+
+def _pooled(parts: list[Dataset], scale: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """The simulation's view of the whole federation, for its checks and baselines: the parts'
+    points pooled in the order of the ids the setup phase gives (`local_data.pooled_order`) and
+    scaled as the parties scale them, their labels (``None`` if a part has none) and their ids."""
+    raw, ids = pooled_order([p.x for p in parts])
+    y = None if any(p.y is None for p in parts) else np.concatenate([np.asarray(p.y) for p in parts])
+    return scale_points(raw, scale), y, ids
 
 
 def _quality_rows(
@@ -402,8 +464,45 @@ def plot_cumulative(ax: Any, summary: Mapping[str, Any]) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize="small", frameon=False)
 
 
+def _q_result_to_json(party: str, result: Any) -> dict[str, Any]:
+    if isinstance(result, QKMeansServerResult | FederatedQKMeansResult):
+        out = {"centroids": result.centroids.tolist(), "reasons": list(result.reasons),
+               "certified": result.certified, "retrained": result.retrained}
+        if isinstance(result, FederatedQKMeansResult):
+            out["trainings"] = result.trainings
+            out["iterations_executed"] = result.model.executed
+        return out
+    if isinstance(result, QKMeansClientResult | FederatedPartyResult):
+        return {"centroids": result.centroids.tolist(), "version": result.version}
+    raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+
+
+def _dc_result_to_json(party: str, result: Any) -> dict[str, Any]:
+    if isinstance(result, DCRootResult):
+        return {"centroids": result.centroids.tolist(), "version": result.version,
+                "deletions": list(result.deletions)}
+    if isinstance(result, DCNodeResult):
+        return {"node": result.node, "version": result.version, "points": result.points,
+                "removed": list(result.removed)}
+    raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+
+
+def _no_summary(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    return {}
+
+
+def _setup_analytic(n_parties: int, d: int, scale: str) -> dict[str, int]:
+    return {"analytic setup bytes (P·32d with min-max scaling, 0 with --normalize none; plus framing)":
+            setup_payload_bytes(n_parties, d, scale)}
+
+
 class QKMeansPlugin:
-    """Q-k-means with deletion requests as a ``fedproto`` protocol plugin (curated or federated)."""
+    """Q-k-means with deletion requests as a ``fedproto`` protocol plugin (curated or federated).
+
+    Each client may hold only its own data (:meth:`split`, :meth:`plan_party`): the setup phase
+    ``setup.data`` (`local_data`) agrees n, the ids and the scaling, and each client draws its
+    own deletion requests from ``--removals`` and ``--seed``.
+    """
 
     name = "qkmeans"
     description = "Q-k-means (quantised Lloyd's) with exact deletion: clients request deletions of their points"
@@ -425,42 +524,83 @@ class QKMeansPlugin:
             "iteration on their statistics (spec 2.3); default: the server curates the uploaded points",
         )
 
-    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        x, ids, k, stream = _setup(args, dataset)
-        if args.clients < 1:
-            raise ValueError("--clients must be at least 1")
+    @staticmethod
+    def _config(args: argparse.Namespace, k: int) -> QKMeansConfig:
         if args.lattice_step is not None and not (math.isfinite(args.lattice_step) and args.lattice_step > 0):
             raise ValueError(f"--lattice-step must be positive, got {args.lattice_step}")
         if not 0 <= args.balance < 1:
             raise ValueError(f"--balance must lie in [0, 1), got {args.balance}")
-        config = QKMeansConfig(k=k, iterations=args.iterations, gamma=args.balance, eps=args.lattice_step)
-        key = jax.random.PRNGKey(args.seed)
-        parts = partition(len(x), args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
-        split = [(x[p], ids[p]) for p in parts]
-        federated = bool(getattr(args, "federated", False))
-        parties: QKMeansParties | QKMeansFederation
+        return QKMeansConfig(k=k, iterations=args.iterations, gamma=args.balance, eps=args.lattice_step)
+
+    @staticmethod
+    def _parties(
+        args: argparse.Namespace, n_clients: int, config: QKMeansConfig, m: int
+    ) -> LocalQKMeansParties | LocalQKMeansFederation:
+        cls = LocalQKMeansFederation if getattr(args, "federated", False) else LocalQKMeansParties
+        return cls(n_clients, config, key=jax.random.PRNGKey(args.seed), stream=StreamTerms(m, args.seed + 1),
+                   scale=args.normalize)
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each client's raw points (``client-<i>``, in roster order): the ``--clients`` /
+        ``--partition`` / ``--seed`` split of ``fedproto run``.
+
+        Raises:
+            ValueError: fewer than one client, or a split the data does not allow.
+        """
+        if args.clients < 1:
+            raise ValueError("--clients must be at least 1")
+        parts = partition(dataset.n, args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
+        return {f"client-{i}": _part(dataset, rows) for i, rows in enumerate(parts)}
+
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``--k`` and ``--removals`` as the whole data set resolves them (their defaults depend on
+        it), for parties that hold only their own files."""
+        k, m = _whole_terms(args, dataset)
+        return ["--k", str(k), "--removals", str(m)]
+
+    def _run_plan(
+        self, args: argparse.Namespace, parties: LocalQKMeansParties | LocalQKMeansFederation, *, session: int,
+        make_machine: Any, summarize: Any, d: int | None, largest_client: int, analytic: dict[str, Any],
+    ) -> RunPlan:
+        federated = isinstance(parties, LocalQKMeansFederation)
+        config, m = parties.config, parties.stream.removals
         if federated:
-            parties = QKMeansFederation(split, config, key=key, deletions=stream)
-            head = COORDINATOR
+            phases: tuple[str, ...] = (SETUP_PHASE, "seed", "seed-point", "lloyd", "model", "request")
+            iterations = config.k + config.iterations + 1 + m
         else:
-            parties = QKMeansParties(split, config, key=key, deletions=stream)
-            head = "server"
+            phases = (SETUP_PHASE, "upload", "request", "model")
+            iterations = m + 1
+        method = "Q-k-means (federated)" if federated else "Q-k-means"
+        return RunPlan(
+            roster=parties.roster,
+            session=session,
+            make_machine=make_machine,
+            result_to_json=_q_result_to_json,
+            summarize=summarize,
+            role_of=parties.role_of,
+            iterations=iterations,
+            phases=phases,
+            plot_results=plot_cumulative,
+            labels=summary_labels(method),
+            analytic=analytic,
+            max_frame_bytes=None if d is None else qkmeans_frame_limit(
+                config.k, d, largest_client, federated=federated
+            ),
+        )
+
+    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
+        k, m = _whole_terms(args, dataset)
+        config = self._config(args, k)
+        parts = self.split(args, dataset)
+        parties = self._parties(args, len(parts), config, m)
+        key = jax.random.PRNGKey(args.seed)
+        x, y, ids = _pooled(list(parts.values()), args.normalize)
         n, d = x.shape
-        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, len(stream), args.lattice_step,
+        stream = parties.stream.stream(n)
+        federated = isinstance(parties, LocalQKMeansFederation)
+        head = COORDINATOR if federated else SERVER
+        session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, m, args.lattice_step,
                              *(("federated",) if federated else ()))
-
-        def result_to_json(party: str, result: Any) -> dict[str, Any]:
-            if isinstance(result, QKMeansServerResult | FederatedQKMeansResult):
-                out = {"centroids": result.centroids.tolist(), "reasons": list(result.reasons),
-                       "certified": result.certified, "retrained": result.retrained}
-                if isinstance(result, FederatedQKMeansResult):
-                    out["trainings"] = result.trainings
-                    out["iterations_executed"] = result.model.executed
-                return out
-            if isinstance(result, QKMeansClientResult | FederatedPartyResult):
-                return {"centroids": result.centroids.tolist(), "version": result.version}
-            raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
-
         method = "Q-k-means (federated)" if federated else "Q-k-means"
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -472,7 +612,7 @@ class QKMeansPlugin:
                 fresh = train_qkmeans(x[keep], ids[keep], config, key).centroids
             summary: dict[str, Any] = {
                 "data_set": dataset.name, "method": method,
-                "n_points": n, "d": d, "k": k, "n_clients": args.clients, "n_removals": len(stream),
+                "n_points": n, "d": d, "k": k, "n_clients": args.clients, "n_removals": m,
                 "lattice_step": config.resolve_eps(int(keep.sum()), d), "balance": config.gamma,
                 "iterations": config.iterations, "n_certified_removals": head_result["certified"],
                 "n_retrained_removals": head_result["retrained"],
@@ -484,7 +624,7 @@ class QKMeansPlugin:
                 ),
             }
             if federated:
-                with progress_task("centralised Q-k-means on the stream", total=len(stream)) as advance:
+                with progress_task("centralised Q-k-means on the stream", total=m) as advance:
                     central = QKMeans(config, key=key).fit(x, ids)
                     reasons = []
                     for i in stream:
@@ -494,7 +634,7 @@ class QKMeansPlugin:
                 summary["federated_equals_centralised"] = bool(
                     np.array_equal(centroids, central.centroids) and reasons == list(head_result["reasons"])
                 )
-            summary.update(_quality_rows(x, dataset.y, keep, centroids, key, k))
+            summary.update(_quality_rows(x, y, keep, centroids, key, k))
             if not args.no_timing and stream:
                 summary.update(_timed_rows("q", x, ids, stream, k, key, args.retrains,
                                            iterations=config.iterations, q_config=config))
@@ -504,9 +644,11 @@ class QKMeansPlugin:
             summary["centroids"] = centroids.tolist()
             return _headline_first(summary)
 
-        m, clients = len(stream), args.clients
+        clients = len(parts)
         analytic: dict[str, Any] = {
-            "default lattice step for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d)}
+            "default lattice step for n (2^round(-log10(n/(k d^1.5)) - 3))": default_epsilon(n, k, d),
+            **_setup_analytic(clients, d, args.normalize),
+        }
         if federated:
             payload = training_payload_bytes(clients, k, d, 0)
             analytic.update({
@@ -514,32 +656,52 @@ class QKMeansPlugin:
                 "analytic bytes per Lloyd round (P·8·(2kd + k), plus framing)": payload["lloyd per round"],
                 "analytic bytes per certified deletion (8d + P·8kd, plus framing)": 8 * d + payload["model"],
             })
-            phases: tuple[str, ...] = ("seed", "seed-point", "lloyd", "model", "request")
-            iterations = k + config.iterations + 1 + m
         else:
             analytic["analytic model bytes per deletion (M·k·d·8, plus framing)"] = clients * k * d * 8
-            phases = ("upload", "request", "model")
-            iterations = m + 1
-        return RunPlan(
-            roster=parties.roster,
-            session=session,
-            make_machine=parties.make_machine,
-            result_to_json=result_to_json,
-            summarize=summarize,
-            role_of=parties.role_of,
-            iterations=iterations,
-            phases=phases,
-            plot_results=plot_cumulative,
-            labels=summary_labels(method),
-            analytic=analytic,
-            max_frame_bytes=qkmeans_frame_limit(
-                k, d, max((len(p) for p in parts), default=0), federated=federated
-            ),
+        return self._run_plan(
+            args, parties, session=session,
+            make_machine=lambda party: parties.make_machine(party, parts[party].x if party in parts else None),
+            summarize=summarize, d=d, largest_client=max(p.n for p in parts.values()), analytic=analytic,
+        )
+
+    def plan_party(
+        self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
+    ) -> RunPlan:
+        """The plan of ``party`` holding only ``data`` (``None``: the server or coordinator).
+
+        ``--k`` defaults to the k the file records; ``--removals`` must be given. The roster's
+        first party is the ``server`` (curated) or the ``coordinator`` (``--federated``).
+
+        Raises:
+            ValueError: a roster of another shape or variant, bad options, or data where none is
+                held (or none where some is).
+        """
+        federated = bool(getattr(args, "federated", False))
+        head = COORDINATOR if federated else SERVER
+        clients = tuple(f"client-{i}" for i in range(len(roster) - 1))
+        if tuple(roster) != (head, *clients):
+            other = SERVER if federated else COORDINATOR
+            hint = f" (a roster led by {other!r} is a {'curated' if federated else '--federated'} run)" \
+                if roster and roster[0] == other else ""
+            raise ValueError(f"the roster ({', '.join(roster)}) is not {head} and client-0 ... of a "
+                             f"{'federated ' if federated else ''}Q-k-means run{hint}")
+        k, m = _party_terms(args, party, data, party != head)
+        parties = self._parties(args, len(clients), self._config(args, k), m)
+        return self._run_plan(
+            args, parties, session=session,
+            make_machine=lambda name: parties.make_machine(name, data.x if data is not None else None),
+            summarize=_no_summary, d=data.d if data is not None else None,
+            largest_client=data.n if data is not None else 0, analytic={},
         )
 
 
 class DCKMeansPlugin:
-    """DC-k-means as a tree of parties, with deletion requests, as a ``fedproto`` plugin."""
+    """DC-k-means as a tree of parties, with deletion requests, as a ``fedproto`` plugin.
+
+    Each leaf may hold only its own data (:meth:`split`, :meth:`plan_party`): the setup phase
+    ``setup.data`` (`local_data`) gives the root n, the id table and the deletion stream, and the
+    leaves their ids and scaling.
+    """
 
     name = "dckmeans"
     description = "DC-k-means as a tree of parties: a deletion recomputes only its leaf-to-root path"
@@ -564,46 +726,102 @@ class DCKMeansPlugin:
             "mass-weighted (spec 2.3's optional variant; default: the paper's unweighted merge)",
         )
 
-    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        x, ids, k, stream = _setup(args, dataset)
-        n, d = x.shape
-        width = args.width
-        leaves = None
+    @staticmethod
+    def _leaf_of(args: argparse.Namespace, dataset: Dataset, k: int) -> tuple[np.ndarray, int]:
+        """The leaf of each point of ``dataset`` and the tree's width (``--leaves``)."""
+        n = dataset.n
+        if args.height < 1:
+            raise ValueError("--height must be at least 1")
+        if args.width is not None and args.width < 1:
+            raise ValueError("--width must be at least 1")
         if args.leaves == "partition":
             if args.height != 1:
                 raise ValueError("--leaves partition needs --height 1")
             parts = partition(n, args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
-            leaves = np.empty(n, dtype=np.int64)
-            for j, p in enumerate(parts):
-                leaves[p] = j
-            width = args.clients
-        elif args.leaves == "file":
+            leaf_of = np.empty(n, dtype=np.int64)
+            for j, rows in enumerate(parts):
+                leaf_of[rows] = j
+            return leaf_of, args.clients
+        if args.leaves == "file":
             if args.height != 1:
                 raise ValueError("--leaves file needs --height 1")
             if not Path(args.data).suffix == ".npz":
                 raise ValueError("--leaves file needs an .npz data file with client_X and client_sizes")
-            leaves = file_partition(args.data, dataset.x)  # matched on the raw values
-            width = int(leaves.max()) + 1
-        if width is None and args.height != 1:
+            leaf_of = file_partition(args.data, dataset.x)  # matched on the raw values
+            return leaf_of, int(leaf_of.max()) + 1
+        if args.width is None and args.height != 1:
             raise ValueError("--height above 1 needs --width")
-        weighted = bool(getattr(args, "weighted", False))
-        config = DCKMeansConfig(k=k, iterations=args.iterations, width=width, height=args.height, weighted=weighted)
-        key = jax.random.PRNGKey(args.seed)
-        tree = DCTree(x, ids, config, key=key, deletions=stream, leaves=leaves)
-        w, h = tree.tree.width, tree.tree.height
-        fixed = DCKMeansConfig(k=k, iterations=args.iterations, width=w, height=h, weighted=weighted)
-        session = session_id("dckmeans", dataset.name, n, d, k, w, h, args.leaves, args.seed, len(stream),
+        width = DCKMeansConfig(k=k, width=args.width, height=args.height).resolve_width(n)
+        return assign_leaves(jax.random.PRNGKey(args.seed), np.arange(n, dtype=np.int64), width**args.height), width
+
+    def _split(self, args: argparse.Namespace, dataset: Dataset, k: int) -> tuple[dict[str, Dataset], int]:
+        leaf_of, width = self._leaf_of(args, dataset, k)
+        tree = Tree(width, args.height)
+        first = tree.offset(args.height)
+        return {
+            tree_party(tree, first + j): _part(dataset, np.flatnonzero(leaf_of == j)) for j in range(tree.n_leaves)
+        }, width
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each leaf's raw points (``leaf-<j>``, in roster order): the ``--leaves`` assignment of
+        ``fedproto run`` (keyed by the points' rows in the data set, ``--seed``; or the
+        ``--clients`` / ``--partition`` split; or the file's client split).
+
+        Raises:
+            ValueError: options the data do not allow.
+        """
+        k, _ = _whole_terms(args, dataset)
+        return self._split(args, dataset, k)[0]
+
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``--k``, ``--removals`` and ``--width`` as the whole data set resolves them (their
+        defaults depend on it), for parties that hold only their own files."""
+        k, m = _whole_terms(args, dataset)
+        _, width = self._leaf_of(args, dataset, k)
+        return ["--k", str(k), "--removals", str(m), "--width", str(width)]
+
+    @staticmethod
+    def _tree(args: argparse.Namespace, k: int, m: int, width: int) -> LocalDCTree:
+        config = DCKMeansConfig(k=k, iterations=args.iterations, width=width, height=args.height,
+                                weighted=bool(getattr(args, "weighted", False)))
+        return LocalDCTree(config, key=jax.random.PRNGKey(args.seed), stream=StreamTerms(m, args.seed + 1),
+                           scale=args.normalize)
+
+    def _run_plan(
+        self, tree: LocalDCTree, *, session: int, make_machine: Any, summarize: Any, d: int | None,
+        analytic: dict[str, Any],
+    ) -> RunPlan:
+        cfg = tree.config
+        method = "DC-k-means (weighted)" if cfg.weighted else "DC-k-means"
+        return RunPlan(
+            roster=tree.roster,
+            session=session,
+            make_machine=make_machine,
+            result_to_json=_dc_result_to_json,
+            summarize=summarize,
+            role_of=tree.role_of,
+            iterations=tree.stream.removals + 2,
+            phases=(SETUP_PHASE, "local", "merge", "request", "model"),
+            plot_results=plot_cumulative,
+            labels=summary_labels(method),
+            analytic=analytic,
+            max_frame_bytes=None if d is None else dckmeans_frame_limit(cfg.k, d, weighted=cfg.weighted),
+        )
+
+    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
+        k, m = _whole_terms(args, dataset)
+        parts, width = self._split(args, dataset, k)
+        tree = self._tree(args, k, m, width)
+        key, cfg = tree.key, tree.config
+        x, y, ids = _pooled(list(parts.values()), args.normalize)
+        n, d = x.shape
+        sizes = np.asarray([p.n for p in parts.values()])
+        leaf_of = np.repeat(np.arange(len(sizes)), sizes)
+        stream = tree.stream.stream(n)
+        w, h, weighted = cfg.width, cfg.height, cfg.weighted
+        assert w is not None
+        session = session_id("dckmeans", dataset.name, n, d, k, w, h, args.leaves, args.seed, m,
                              *(("weighted",) if weighted else ()))
-
-        def result_to_json(party: str, result: Any) -> dict[str, Any]:
-            if isinstance(result, DCRootResult):
-                return {"centroids": result.centroids.tolist(), "version": result.version,
-                        "deletions": list(result.deletions)}
-            if isinstance(result, DCNodeResult):
-                return {"node": result.node, "version": result.version, "points": result.points,
-                        "removed": list(result.removed)}
-            raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
-
         method = "DC-k-means (weighted)" if weighted else "DC-k-means"
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -612,46 +830,61 @@ class DCKMeansPlugin:
             keep = np.ones(n, dtype=bool)
             keep[list(stream)] = False
             with progress_task("DC-k-means retrained on the remaining data (exactness check)"):
-                fresh = DCKMeans(fixed, key=key).fit(x[keep], ids[keep], leaves=tree.leaf_of[keep])
-            sizes = np.bincount(tree.leaf_of, minlength=tree.tree.n_leaves)
+                fresh = DCKMeans(cfg, key=key).fit(x[keep], ids[keep], leaves=leaf_of[keep])
             summary: dict[str, Any] = {
                 "data_set": dataset.name, "method": method,
-                "n_points": n, "d": d, "k": k, "n_removals": len(stream), "width": w, "height": h,
+                "n_points": n, "d": d, "k": k, "n_removals": m, "width": w, "height": h,
                 "leaves": args.leaves, "leaf_size_min": int(sizes.min()), "leaf_size_mean": float(sizes.mean()),
-                "leaf_size_max": int(sizes.max()), "iterations": config.iterations,
+                "leaf_size_max": int(sizes.max()), "iterations": cfg.iterations,
                 "node_recomputations_per_removal": h + 1,
                 "root_computations": root["version"],
                 "model_equals_retrain": bool(np.array_equal(centroids, fresh.centroids)),
             }
-            summary.update(_quality_rows(x, dataset.y, keep, centroids, key, k))
+            summary.update(_quality_rows(x, y, keep, centroids, key, k))
             if not args.no_timing and stream:
-                summary.update(_timed_rows("dc", x, ids, stream, k, key, args.retrains, iterations=config.iterations,
-                                           widths=(w,) if h == 1 else (), dc_config=fixed, leaves=tree.leaf_of))
+                summary.update(_timed_rows("dc", x, ids, stream, k, key, args.retrains, iterations=cfg.iterations,
+                                           widths=(w,) if h == 1 else (), dc_config=cfg, leaves=leaf_of))
             paper = paper_figures(dataset.name, method)
             if paper:
                 summary["paper"] = paper
             summary["centroids"] = centroids.tolist()
             return _headline_first(summary)
 
-        m = len(stream)
-        return RunPlan(
-            roster=tree.roster,
-            session=session,
-            make_machine=tree.make_machine,
-            result_to_json=result_to_json,
-            summarize=summarize,
-            role_of=tree.role_of,
-            iterations=m + 2,
-            phases=("local", "merge", "request", "model"),
-            plot_results=plot_cumulative,
-            labels=summary_labels(method),
-            analytic={
-                "analytic training upload bytes (w^h·k·(d + weighted)·8 at the leaves, plus framing)":
-                    w**h * k * (d + weighted) * 8,
-                "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)":
-                    h * k * (d + weighted) * 8,
-            },
-            max_frame_bytes=dckmeans_frame_limit(k, d, weighted=weighted),
+        analytic = {
+            **_setup_analytic(len(parts), d, args.normalize),
+            "analytic training upload bytes (w^h·k·(d + weighted)·8 at the leaves, plus framing)":
+                w**h * k * (d + weighted) * 8,
+            "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)":
+                h * k * (d + weighted) * 8,
+        }
+        return self._run_plan(
+            tree, session=session,
+            make_machine=lambda party: tree.make_machine(party, parts[party].x if party in parts else None),
+            summarize=summarize, d=d, analytic=analytic,
+        )
+
+    def plan_party(
+        self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
+    ) -> RunPlan:
+        """The plan of ``party`` holding only ``data`` (``None``: the root and internal nodes).
+
+        The tree's width comes from the roster's leaves and ``--height`` (``--width``, when
+        given, must agree); ``--k`` defaults to the k the file records; ``--removals`` must be
+        given. ``--leaves`` does not apply: the split is the files'.
+
+        Raises:
+            ValueError: a roster that is no tree of that height, bad options, or data where none
+                is held (or none where some is).
+        """
+        if args.height < 1:
+            raise ValueError("--height must be at least 1")
+        width = LocalDCTree.width_of(roster, args.height, args.width)
+        k, m = _party_terms(args, party, data, party.startswith("leaf-"))
+        tree = self._tree(args, k, m, width)
+        return self._run_plan(
+            tree, session=session,
+            make_machine=lambda name: tree.make_machine(name, data.x if data is not None else None),
+            summarize=_no_summary, d=data.d if data is not None else None, analytic={},
         )
 
 

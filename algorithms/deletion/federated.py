@@ -61,6 +61,13 @@ step s: ``P * 8d * [s > 0]`` down, P scores up, ``8d`` for the chosen point; Llo
 ``P * 8kd`` down and ``P * 8(kd + k)`` up; model: ``P * 8kd``; certified deletion: ``8d`` up plus
 the model. Each message adds a constant envelope (tag, round, phase, field headers).
 
+Each party's own data: built by :class:`LocalQKMeansFederation` (what ``fedproto run`` and
+``fedproto party`` use), the coordinator is given neither d nor the id table, and each party only
+its raw points: the run opens with the setup phase ``setup.data`` (`local_data`), after which the
+coordinator knows d, n and the table, each party its ids and scaled points, and each party draws
+its own removal requests from the stream's public terms. :class:`QKMeansFederation` builds the
+same protocol from pooled data with given ids, without that phase.
+
 Dropout and errors: no quorum, every party is needed; a silent party makes the coordinator fail
 with :class:`~fedproto.errors.InsufficientParticipants` naming it. Messages out of order, for the
 wrong step or iteration, from a party that does not own the point, for a deleted or unknown id,
@@ -80,8 +87,11 @@ import numpy as np
 
 from fedproto.algorithms.deletion import _kernels, _variant_kernels
 from fedproto.algorithms.deletion._store import PointStore, check_points
+from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
+    DataAgreement,
+    DataSummary,
     IterationCentroids,
     ModelUpdate,
     PointRemoval,
@@ -105,6 +115,7 @@ __all__ = [
     "COORDINATOR",
     "FederatedPartyResult",
     "FederatedQKMeansResult",
+    "LocalQKMeansFederation",
     "QKMeansCoordinator",
     "QKMeansFederation",
     "QKMeansParty",
@@ -170,6 +181,7 @@ class FederatedPartyResult:
 class CoordinatorState(enum.Enum):
     """States of the federated Q-k-means coordinator."""
 
+    SETUP = enum.auto()
     SEED = enum.auto()
     PICK = enum.auto()
     LLOYD = enum.auto()
@@ -181,6 +193,7 @@ class CoordinatorState(enum.Enum):
 class PartyState(enum.Enum):
     """States of a federated Q-k-means party."""
 
+    SETUP = enum.auto()
     WAITING = enum.auto()
     SEEDING = enum.auto()
     LLOYD = enum.auto()
@@ -197,6 +210,9 @@ class QKMeansCoordinator(ProtocolMachine):
         d: dimension of the data (public).
         owners: point id -> the party holding it (every id; ids, not values).
         n_deletions: requests in the stream (the run ends after the last).
+        setup: instead of ``d`` and ``owners``: the parties hold only their own data, and the
+            coordinator first runs the setup phase ``setup.data`` with them (state ``SETUP``;
+            `local_data`), which gives d, n and the id table; training then starts.
 
     Raises:
         ValueError: bad roster, an owner outside it, or a stream that would leave fewer than k
@@ -206,6 +222,7 @@ class QKMeansCoordinator(ProtocolMachine):
     State = CoordinatorState
     INITIAL_STATE = CoordinatorState.SEED
     TRANSITIONS = {
+        (CoordinatorState.SETUP, DataSummary): ("_on_summary", CoordinatorState.SETUP),
         (CoordinatorState.SEED, SeedScore): ("_on_score", CoordinatorState.SEED),
         (CoordinatorState.PICK, SeedPoint): ("_on_point", CoordinatorState.PICK),
         (CoordinatorState.LLOYD, ClusterStatistics): ("_on_statistics", CoordinatorState.LLOYD),
@@ -219,28 +236,29 @@ class QKMeansCoordinator(ProtocolMachine):
         parties: Sequence[str],
         config: QKMeansConfig,
         key: jax.Array,
-        d: int,
-        owners: Mapping[int, str],
+        d: int | None = None,
+        owners: Mapping[int, str] | None = None,
         n_deletions: int,
+        setup: DataCollector | None = None,
     ) -> None:
         super().__init__(party)
         parties = tuple(parties)
         if not parties or len(set(parties)) != len(parties) or party in parties:
             raise ValueError("parties must be unique, non-empty and must not include the coordinator")
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            raise ValueError("d must be a positive integer")
-        self.owners = {int(i): str(p) for i, p in owners.items()}
-        strangers = set(self.owners.values()) - set(parties)
-        if strangers:
-            raise ValueError(f"owners name parties outside the roster: {sorted(strangers)}")
-        if n_deletions < 0 or len(self.owners) - n_deletions < config.k:
-            raise ValueError(
-                f"{n_deletions} deletions of {len(self.owners)} points would leave fewer than k = {config.k}"
-            )
-        self.parties, self.config, self.d, self.n_deletions = parties, config, d, n_deletions
+        if setup is not None and (d is not None or owners is not None or setup.parties != parties):
+            raise ValueError("a coordinator with the setup phase learns d and the id table there, with the parties")
+        if setup is None and (d is None or owners is None):
+            raise ValueError("give the coordinator d and owners, or the setup phase")
+        if n_deletions < 0:
+            raise ValueError("n_deletions must be non-negative")
+        self.parties, self.config, self.n_deletions = parties, config, n_deletions
+        self._key = key
         self._seed_key = jax.random.fold_in(key, SEEDING_STREAM)
-        self._thetas = np.asarray(_kernels.random_phases(jax.random.fold_in(key, PHASE_STREAM), config.iterations, d))
-        self._n = len(self.owners)
+        self._setup = setup
+        if setup is not None:
+            self._state = CoordinatorState.SETUP
+        else:
+            self._take_data(d, owners)  # type: ignore[arg-type]
         self._deleted: set[int] = set()
         self._model: QKMeansModel | None = None
         self._history: list[np.ndarray] = []
@@ -250,9 +268,26 @@ class QKMeansCoordinator(ProtocolMachine):
         self._retraining = False
         self._replies: dict[str, object] = {}
 
+    def _take_data(self, d: int, owners: Mapping[int, str]) -> None:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError("d must be a positive integer")
+        self.owners = {int(i): str(p) for i, p in owners.items()}
+        strangers = set(self.owners.values()) - set(self.parties)
+        if strangers:
+            raise ValueError(f"owners name parties outside the roster: {sorted(strangers)}")
+        k = self.config.k
+        if len(self.owners) - self.n_deletions < k:
+            raise ValueError(f"{self.n_deletions} deletions of {len(self.owners)} points would leave fewer than k = {k}")
+        self.d = d
+        self._thetas = np.asarray(
+            _kernels.random_phases(jax.random.fold_in(self._key, PHASE_STREAM), self.config.iterations, d)
+        )
+        self._n = len(self.owners)
+
     @property
     def phase(self) -> str:
         return {
+            CoordinatorState.SETUP: SETUP_PHASE,
             CoordinatorState.SEED: "seed",
             CoordinatorState.PICK: "seed-point",
             CoordinatorState.LLOYD: "lloyd",
@@ -260,6 +295,9 @@ class QKMeansCoordinator(ProtocolMachine):
         }.get(self._state, "model")
 
     def pending(self) -> Sequence[str]:
+        if self._state is CoordinatorState.SETUP:
+            assert self._setup is not None
+            return self._setup.pending()
         if self._state in (CoordinatorState.SEED, CoordinatorState.LLOYD):
             return [p for p in self.parties if p not in self._replies]
         if self._state is CoordinatorState.PICK:
@@ -271,7 +309,14 @@ class QKMeansCoordinator(ProtocolMachine):
     # -- training ---------------------------------------------------------------------------------
 
     def _start(self) -> list[Outgoing]:
+        if self._setup is not None:
+            return []
         return self._begin_training()
+
+    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        assert self._setup is not None
+        self._setup.add(sender, message, self)
+        return []
 
     def _begin_training(self) -> list[Outgoing]:
         k, t_max, d = self.config.k, self.config.iterations, self.d
@@ -330,6 +375,11 @@ class QKMeansCoordinator(ProtocolMachine):
 
     def _advance(self) -> list[Outgoing]:
         state = self._state
+        if state is CoordinatorState.SETUP and self._setup is not None and self._setup.complete:
+            agreed = self._setup.agree(self)
+            self._take_data(agreed.d, agreed.owners())
+            agreements = [self.send(p, m, phase=SETUP_PHASE) for p, m in agreed.agreements().items()]
+            return agreements + self._begin_training()
         if state is CoordinatorState.SEED and len(self._replies) == len(self.parties):
             return self._choose_seed()
         if state is CoordinatorState.PICK and self._replies:
@@ -478,10 +528,14 @@ class QKMeansParty(_FollowsRounds):
         requests: position in the global stream -> id of one of this party's points.
         n_deletions: length of the global stream.
         patience: phase deadlines to wait without input.
+        local: instead of ``points``, ``ids`` and ``requests``, the party's raw points: it first
+            takes part in the setup phase ``setup.data`` (state ``SETUP``; `local_data`), which
+            gives their scaling and ids, and draws its requests from ``stream``.
+        stream: with ``local``: the terms of the deletion stream (``removals == n_deletions``).
 
     Raises:
-        ValueError: bad points or ids, a request for a point the party does not hold, or a
-            position outside the stream.
+        ValueError: bad points or ids, a request for a point the party does not hold, a
+            position outside the stream, or both or neither of ``points`` and ``local``.
     """
 
     State = PartyState
@@ -489,6 +543,7 @@ class QKMeansParty(_FollowsRounds):
     SERVING_STATES = (PartyState.WAITING, PartyState.SEEDING, PartyState.LLOYD)
     DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
+        (PartyState.SETUP, DataAgreement): ("_on_agreement", PartyState.WAITING),
         (PartyState.WAITING, SeedStep): ("_on_seed_step", PartyState.SEEDING),
         (PartyState.WAITING, ModelUpdate): ("_on_model", PartyState.WAITING),
         (PartyState.SEEDING, SeedStep): ("_on_seed_step", PartyState.SEEDING),
@@ -503,35 +558,66 @@ class QKMeansParty(_FollowsRounds):
         party: str,
         *,
         coordinator: str,
-        points: np.ndarray,
-        ids: np.ndarray,
+        points: np.ndarray | None = None,
+        ids: np.ndarray | None = None,
         config: QKMeansConfig,
         key: jax.Array,
-        requests: Mapping[int, int],
+        requests: Mapping[int, int] | None = None,
         n_deletions: int,
         patience: int = 1,
+        local: LocalPoints | None = None,
+        stream: StreamTerms | None = None,
     ) -> None:
         super().__init__(party, patience=patience)
         self.coordinator, self.config = coordinator, config
-        self._store = PointStore(points, ids)
-        self.requests = {int(pos): int(i) for pos, i in requests.items()}
-        held = set(self._store.ids.tolist())
-        if any(i not in held for i in self.requests.values()):
-            raise ValueError(f"{party} can only request deletion of its own points")
-        if any(not 0 <= pos < n_deletions for pos in self.requests):
-            raise ValueError("request positions must lie in the stream")
         self.n_deletions = n_deletions
+        if (points is None) == (local is None):
+            raise ValueError("give a party either its points (and ids) or its raw local points, not both or neither")
+        if local is not None and (stream is None or stream.removals != n_deletions or requests):
+            raise ValueError("a party with raw local points draws its requests from the stream's terms")
+        self._local, self._stream = local, stream
+        if local is not None:
+            self._state = PartyState.SETUP
+        else:
+            self._take(PointStore(points, ids), requests or {})  # type: ignore[arg-type]
         self._seed_key = jax.random.fold_in(key, SEEDING_STREAM)
         self._expected = 0
         self._retrained: list[bool] = []
         self._removed: list[int] = []
 
+    def _take(self, store: PointStore, requests: Mapping[int, int]) -> None:
+        self._store = store
+        self.requests = {int(pos): int(i) for pos, i in requests.items()}
+        held = set(self._store.ids.tolist())
+        if any(i not in held for i in self.requests.values()):
+            raise ValueError(f"{self.party} can only request deletion of its own points")
+        if any(not 0 <= pos < self.n_deletions for pos in self.requests):
+            raise ValueError("request positions must lie in the stream")
+
     @property
     def phase(self) -> str:
-        return {PartyState.SEEDING: "seed", PartyState.LLOYD: "lloyd"}.get(self._state, "request")
+        return {PartyState.SETUP: SETUP_PHASE, PartyState.SEEDING: "seed", PartyState.LLOYD: "lloyd"}.get(
+            self._state, "request"
+        )
 
     def pending(self) -> Sequence[str]:
-        return [self.coordinator] if self._state in self.SERVING_STATES else []
+        return [self.coordinator] if self._state in (PartyState.SETUP, *self.SERVING_STATES) else []
+
+    def _start(self) -> list[Outgoing]:
+        if self._local is not None:
+            return [self.send(self.coordinator, self._local.summary(), phase=SETUP_PHASE)]
+        return []
+
+    def _on_agreement(self, sender: str, message: DataAgreement) -> list[Outgoing]:
+        self._check_sender(sender)
+        assert self._local is not None and self._stream is not None
+        try:
+            points, ids = self._local.agreed(message)
+            requests = self._stream.requests(message.n_points, message.offset, self._local.n)
+        except ValueError as exc:
+            raise _remote(f"{sender}'s data agreement does not fit {self.party}: {exc}", sender, self) from exc
+        self._take(PointStore(points, ids), requests)
+        return []
 
     def _check_sender(self, sender: str) -> None:
         if sender != self.coordinator:
@@ -679,3 +765,55 @@ class QKMeansFederation:
     def machines(self) -> dict[str, ProtocolMachine]:
         """Every party's machine, in roster order."""
         return {p: self.make_machine(p) for p in self.roster}
+
+
+class LocalQKMeansFederation:
+    """The parties of one federated Q-k-means run whose parties each hold only their own data:
+    ``coordinator`` and ``client-<i>``.
+
+    Every machine is built from public terms and, for a party, its own raw points only; the
+    coordinator learns d, n and the id table in the setup phase ``setup.data`` (`local_data`), and
+    each party draws its own requests from the stream's terms. The simulation (``fedproto run``)
+    and a party process (``fedproto party``) build their machines with this class.
+
+    Args:
+        n_clients: data-holding parties. config: hyper-parameters; key: the run's `jax.random`
+            key. stream: the terms of the deletion stream. scale: ``"minmax"`` or ``"none"``.
+
+    Raises:
+        ValueError: fewer than one party.
+    """
+
+    def __init__(
+        self, n_clients: int, config: QKMeansConfig, *, key: jax.Array, stream: StreamTerms, scale: str
+    ) -> None:
+        if n_clients < 1:
+            raise ValueError("a federation needs at least one party")
+        self.clients = tuple(f"client-{i}" for i in range(n_clients))
+        self.config, self.key, self.stream, self.scale = config, key, stream, scale
+        self.roster = (COORDINATOR, *self.clients)
+
+    def role_of(self, party: str) -> str:
+        """``coordinator`` or ``client``."""
+        return "coordinator" if party == COORDINATOR else "client"
+
+    def make_machine(self, party: str, raw: np.ndarray | None) -> ProtocolMachine:
+        """The machine of ``party``, given its own raw points ``[n_i, d]`` (a client) or ``None``
+        (the coordinator).
+
+        Raises:
+            ValueError: not a party of this run, a client without points, or points for the
+                coordinator.
+        """
+        m = self.stream.removals
+        if party == COORDINATOR:
+            if raw is not None:
+                raise ValueError("the coordinator holds no data")
+            return QKMeansCoordinator(COORDINATOR, parties=self.clients, config=self.config, key=self.key,
+                                      n_deletions=m, setup=DataCollector(self.clients, self.scale))
+        if party not in self.clients:
+            raise ValueError(f"{party!r} is not a party of this run")
+        if raw is None:
+            raise ValueError(f"{party} holds data: give it its own points")
+        return QKMeansParty(party, coordinator=COORDINATOR, config=self.config, key=self.key, n_deletions=m,
+                            local=LocalPoints(raw, self.scale), stream=self.stream)

@@ -27,6 +27,15 @@ Federated Q-k-means (a coordinator without data, parties holding their points; s
 * :class:`ClusterStatistics` party -> coordinator: per-cluster sums, counts and the local loss;
 * :class:`PointRemoval` owning party -> coordinator: delete this point (id and coordinates);
 * :class:`ModelUpdate` coordinator -> every party: the model after training and each deletion.
+
+The setup phase ``setup.data`` of a run whose parties each hold only their own data (every
+protocol above; `fedproto.algorithms.deletion.local_data`):
+
+* :class:`DataSummary` data-holding party -> coordinator (the root, the server or the
+  coordinator): how many points and features the party holds and, with min-max scaling, the
+  per-feature minimum and maximum of its raw points;
+* :class:`DataAgreement` coordinator -> each data-holding party: the federation's n, the first id
+  of this party's points, and the federation's per-feature extent.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from fedproto.messages import Message, array_field
 
 __all__ = [
     "ClusterStatistics",
+    "DataAgreement",
+    "DataSummary",
     "IterationCentroids",
     "ModelUpdate",
     "NodeCentroids",
@@ -280,3 +291,57 @@ class PointRemoval(Message):
         if self.point.shape[0] < 1:
             raise ValueError("point must have d >= 1 coordinates")
         _check_finite(self.point, "point")
+
+
+def _check_extent(lo: np.ndarray, hi: np.ndarray, d: int | None) -> None:
+    """``lo`` and ``hi`` are both ``[d]`` (any d when ``d`` is ``None``) or both ``[0]``."""
+    if lo.shape != hi.shape or (d is not None and lo.shape not in ((0,), (d,))):
+        raise ValueError(f"lo and hi must both have shape [d] (or [0]: no extent), got {lo.shape} and {hi.shape}")
+    _check_finite(lo, "lo")
+    _check_finite(hi, "hi")
+    if np.any(lo > hi):
+        raise ValueError("lo must not exceed hi")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSummary(Message):
+    """A data-holding party's part of the setup phase ``setup.data``: it holds ``n_points`` raw
+    points of ``n_features`` features; ``lo`` and ``hi`` (``float64 [d]``) are their per-feature
+    minimum and maximum when the run scales the data (``--normalize minmax``) and the party holds
+    a point, else ``[0]``."""
+
+    TAG = "del.summary"
+    n_points: int
+    n_features: int
+    lo: np.ndarray = array_field("float64", 1)
+    hi: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_count(self.n_points, "n_points")
+        if self.n_points >= _MAX_ID:
+            raise ValueError("n_points must be below 2^32 (point ids are 32-bit)")
+        _check_count(self.n_features, "n_features", 1)
+        _check_extent(self.lo, self.hi, self.n_features)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataAgreement(Message):
+    """The coordinator's answer in the setup phase ``setup.data``, one per data-holding party:
+    the federation holds ``n_points`` points; this party's points get the ids ``offset``,
+    ``offset + 1``, ... in the order of its file; ``lo`` and ``hi`` (``float64 [d]``) are the
+    federation's per-feature extent to scale by (``[0]`` when the run does not scale)."""
+
+    TAG = "del.agreed"
+    n_points: int
+    offset: int
+    lo: np.ndarray = array_field("float64", 1)
+    hi: np.ndarray = array_field("float64", 1)
+
+    def __post_init__(self) -> None:
+        _check_count(self.n_points, "n_points")
+        if self.n_points > _MAX_ID:
+            raise ValueError("n_points must be at most 2^32 (point ids are 32-bit)")
+        _check_count(self.offset, "offset")
+        if self.offset > self.n_points:
+            raise ValueError("offset must not exceed n_points")
+        _check_extent(self.lo, self.hi, None)

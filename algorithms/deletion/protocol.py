@@ -40,6 +40,15 @@ exactly (certified or retrained, `qkmeans.QKMeans.delete`) and sends every clien
 The federated variant of spec 2.3, where the points stay at the clients, is
 `fedproto.algorithms.deletion.federated`.
 
+**Each party's own data.** Built by :class:`LocalDCTree` or :class:`LocalQKMeansParties` (what
+``fedproto run`` and ``fedproto party`` use), a leaf or client is given only its own raw points,
+and the root or server holds no data and no id table: the run opens with the setup phase
+``setup.data`` (round 0, state ``SETUP`` of every role; `local_data`): each data-holding party
+sends its count, dimension and feature extent, the coordinating party agrees n, the ids and the
+extent and answers each; the root (or each client) then draws the deletion stream from n and the
+public terms. :class:`DCTree` and :class:`QKMeansParties` build the same protocols from pooled
+data with given ids, without that phase.
+
 Dropout and errors: no quorum, every party is needed. A silent party makes the party waiting for
 it fail with :class:`~fedproto.errors.InsufficientParticipants` naming it. Parties that serve a
 stream (a leaf waiting for requests that may never come) tolerate ``patience`` deadlines without
@@ -69,7 +78,10 @@ from fedproto.algorithms.deletion.dckmeans import (
     node_output,
     stack_children,
 )
+from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.messages import (
+    DataAgreement,
+    DataSummary,
     ModelUpdate,
     NodeCentroids,
     PointUpload,
@@ -87,6 +99,8 @@ __all__ = [
     "DCNodeResult",
     "DCRootResult",
     "DCTree",
+    "LocalDCTree",
+    "LocalQKMeansParties",
     "QKMeansClient",
     "QKMeansClientResult",
     "QKMeansParties",
@@ -193,6 +207,7 @@ class DCRootResult:
 class LeafState(enum.Enum):
     """States of a DC leaf."""
 
+    SETUP = enum.auto()
     SERVING = enum.auto()
     DONE = enum.auto()
     ERROR = enum.auto()
@@ -201,6 +216,7 @@ class LeafState(enum.Enum):
 class NodeState(enum.Enum):
     """States of a DC internal node or root."""
 
+    SETUP = enum.auto()
     COLLECT = enum.auto()
     SERVING = enum.auto()
     DONE = enum.auto()
@@ -217,9 +233,12 @@ class DCLeaf(_FollowsRounds):
         k, iterations: the node computation; key: the run's `jax.random` key.
         patience: phase deadlines to wait without input while serving.
         weighted: also send the cluster masses (:class:`WeightedNodeCentroids`).
+        local: instead of ``points`` and ``ids``, the leaf's raw points: it first takes part in
+            the setup phase ``setup.data`` (`local_data`; state ``SETUP``), which gives their
+            scaling and ids, then trains.
 
     Raises:
-        ValueError: bad points or ids.
+        ValueError: bad points or ids, or both or neither of ``points`` and ``local``.
     """
 
     State = LeafState
@@ -227,6 +246,7 @@ class DCLeaf(_FollowsRounds):
     SERVING_STATES = (LeafState.SERVING,)
     DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
+        (LeafState.SETUP, DataAgreement): ("_on_agreement", LeafState.SERVING),
         (LeafState.SERVING, RemovalRequest): ("_on_removal", LeafState.SERVING),
         (LeafState.SERVING, ModelUpdate): ("_on_model", LeafState.DONE),
     }
@@ -238,26 +258,37 @@ class DCLeaf(_FollowsRounds):
         node: int,
         parent: str,
         coordinator: str,
-        points: np.ndarray,
-        ids: np.ndarray,
+        points: np.ndarray | None = None,
+        ids: np.ndarray | None = None,
         k: int,
         iterations: int,
         key: jax.Array,
         patience: int = 1,
         weighted: bool = False,
+        local: LocalPoints | None = None,
     ) -> None:
         super().__init__(party, patience=patience)
         self.node, self.parent, self.coordinator = node, parent, coordinator
         self.k, self.iterations, self._key = k, iterations, node_key(key, node)
         self.weighted = weighted
-        self._store = PointStore(points, ids)
+        if (points is None) == (local is None):
+            raise ValueError("give a leaf either its points (and ids) or its raw local points, not both or neither")
+        self._local = local
+        if local is not None:
+            self._state = LeafState.SETUP
+            self._store = PointStore(np.zeros((0, local.d)))
+        else:
+            self._store = PointStore(points, ids)  # type: ignore[arg-type]
         self._centroids = np.zeros((0, self._store.d))
         self._version = 0
         self._removed: list[int] = []
 
     @property
     def phase(self) -> str:
-        return "local"
+        return SETUP_PHASE if self._state is LeafState.SETUP else "local"
+
+    def pending(self) -> Sequence[str]:
+        return [self.coordinator] if self._state is LeafState.SETUP else []
 
     def _upload(self) -> Outgoing:
         store = self._store
@@ -273,6 +304,19 @@ class DCLeaf(_FollowsRounds):
         return self.send(self.parent, message, phase="local")
 
     def _start(self) -> list[Outgoing]:
+        if self._local is not None:
+            return [self.send(self.coordinator, self._local.summary(), phase=SETUP_PHASE)]
+        return [self._upload()]
+
+    def _on_agreement(self, sender: str, message: DataAgreement) -> list[Outgoing]:
+        if sender != self.coordinator:
+            raise _remote(f"{sender} is not the coordinator", sender, self)
+        assert self._local is not None
+        try:
+            points, ids = self._local.agreed(message)
+        except ValueError as exc:
+            raise _remote(f"{sender}'s data agreement does not fit {self.party}: {exc}", sender, self) from exc
+        self._store = PointStore(points, ids)
         return [self._upload()]
 
     def _on_removal(self, sender: str, message: RemovalRequest) -> list[Outgoing]:
@@ -311,6 +355,10 @@ class DCNode(_FollowsRounds):
         patience: phase deadlines to wait without input while serving.
         weighted: children send, and this node sends, :class:`WeightedNodeCentroids`; the node
             clusters its children's centroids weighted by their masses.
+        setup: root only, instead of ``deletions`` and ``owners``: the leaves hold only their own
+            data, and the root first runs the setup phase ``setup.data`` with them (state
+            ``SETUP``; `local_data`), which gives n and the id table; it then draws ``stream``.
+        stream: root with ``setup``: the terms of the deletion stream.
 
     Raises:
         ValueError: bad children, or (root) a deletion stream that does not fit the data.
@@ -320,6 +368,7 @@ class DCNode(_FollowsRounds):
     INITIAL_STATE = NodeState.COLLECT
     SERVING_STATES = (NodeState.SERVING,)
     TRANSITIONS = {
+        (NodeState.SETUP, DataSummary): ("_on_summary", NodeState.SETUP),
         (NodeState.COLLECT, NodeCentroids): ("_on_child", NodeState.COLLECT),
         (NodeState.COLLECT, WeightedNodeCentroids): ("_on_child", NodeState.COLLECT),
         (NodeState.SERVING, NodeCentroids): ("_on_child_update", NodeState.SERVING),
@@ -344,6 +393,8 @@ class DCNode(_FollowsRounds):
         parties: Sequence[str] = (),
         patience: int = 1,
         weighted: bool = False,
+        setup: DataCollector | None = None,
+        stream: StreamTerms | None = None,
     ) -> None:
         super().__init__(party, patience=patience)
         self.weighted = weighted
@@ -359,26 +410,40 @@ class DCNode(_FollowsRounds):
         self._version = 0
         self.is_root = parent is None
         owners = dict(owners or {})
-        if not self.is_root and (deletions or owners):
+        if not self.is_root and (deletions or owners or setup is not None):
             raise ValueError("only the root holds the deletion stream")
-        self.deletions = check_stream(deletions, owners, len(owners), k) if self.is_root and deletions else ()
-        self._owners, self._route = owners, dict(route or {})
-        missing = {owners[i] for i in self.deletions} - set(self._route)
-        if missing:
-            raise ValueError(f"no route to leaves {sorted(missing)}")
+        if setup is not None and (deletions or owners or stream is None):
+            raise ValueError("a root with the setup phase takes the stream's terms, not the stream and the id table")
+        self._setup, self._stream = setup, stream
+        self._route = dict(route or {})
+        self._take_stream(deletions, owners)
+        if setup is not None:
+            self._state = NodeState.SETUP
         self.parties = tuple(parties)
         self._next = 0
         self._awaiting: str | None = None
         self._history: list[np.ndarray] = []
         self.DEADLINE_FACTOR = 1.0 if self.is_root else 2.0
 
+    def _take_stream(self, deletions: Sequence[int], owners: dict[int, str]) -> None:
+        self.deletions = check_stream(deletions, owners, len(owners), self.k) if self.is_root and deletions else ()
+        self._owners = owners
+        missing = {owners[i] for i in self.deletions} - set(self._route)
+        if missing:
+            raise ValueError(f"no route to leaves {sorted(missing)}")
+
     @property
     def phase(self) -> str:
+        if self._state is NodeState.SETUP:
+            return SETUP_PHASE
         if self.is_root:
             return "request" if self._state is NodeState.SERVING else "collect"
         return "merge"
 
     def pending(self) -> Sequence[str]:
+        if self._state is NodeState.SETUP:
+            assert self._setup is not None
+            return self._setup.pending()
         if self._state is NodeState.COLLECT:
             return [p for p, _ in self.children if p not in self._latest]
         if self._state is NodeState.SERVING and self._awaiting is not None:
@@ -417,6 +482,21 @@ class DCNode(_FollowsRounds):
     ) -> tuple[int, np.ndarray, np.ndarray | None]:
         return version, message.centroids, getattr(message, "counts", None)
 
+    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        assert self._setup is not None
+        self._setup.add(sender, message, self)
+        return []
+
+    def _agree(self) -> list[Outgoing]:
+        """The setup phase is complete: agree n, the ids and the extent, draw the stream."""
+        assert self._setup is not None and self._stream is not None
+        agreed = self._setup.agree(self)
+        if agreed.n < self.k:
+            raise ValueError(f"k = {self.k} is larger than the number of points n = {agreed.n}")
+        self._take_stream(self._stream.stream(agreed.n), agreed.owners())
+        self.move_to(NodeState.COLLECT)
+        return [self.send(p, m, phase=SETUP_PHASE) for p, m in agreed.agreements().items()]
+
     def _on_child(self, sender: str, message: NodeCentroids | WeightedNodeCentroids) -> list[Outgoing]:
         if sender in self._latest:
             raise _remote(f"second training upload from {sender}", sender, self)
@@ -425,6 +505,8 @@ class DCNode(_FollowsRounds):
         return []
 
     def _advance(self) -> list[Outgoing]:
+        if self._state is NodeState.SETUP and self._setup is not None and self._setup.complete:
+            return self._agree()
         if self._state is NodeState.COLLECT and len(self._latest) == len(self.children):
             self._recompute()
             self.move_to(NodeState.SERVING)
@@ -470,6 +552,26 @@ class DCNode(_FollowsRounds):
         assert self._centroids is not None
         self._finish(DCNodeResult(self.node, self._version, self._centroids, -1, ()))
         return []
+
+
+def tree_party(tree: Tree, node: int) -> str:
+    """The party name of ``tree``'s node ``node``: ``root``, ``node-<id>`` for an internal node,
+    ``leaf-<j>`` for leaf j."""
+    if node == 0:
+        return ROOT
+    level = tree.level_of(node)
+    if level == tree.height:
+        return f"leaf-{node - tree.offset(level)}"
+    return f"node-{node}"
+
+
+def _root_route(tree: Tree) -> dict[str, str]:
+    """Leaf party -> the root's child whose subtree holds that leaf."""
+    route = {}
+    for leaf in range(tree.n_leaves):
+        path = tree.path(leaf)
+        route[tree_party(tree, path[0])] = tree_party(tree, path[-2])
+    return route
 
 
 class DCTree:
@@ -520,12 +622,7 @@ class DCTree:
 
     def party_of(self, node: int) -> str:
         """The party name of tree node ``node``."""
-        if node == 0:
-            return ROOT
-        level = self.tree.level_of(node)
-        if level == self.tree.height:
-            return f"leaf-{node - self.tree.offset(level)}"
-        return f"node-{node}"
+        return tree_party(self.tree, node)
 
     def role_of(self, party: str) -> str:
         """``root``, ``node`` or ``leaf``."""
@@ -553,18 +650,95 @@ class DCTree:
         children = [(self.party_of(c), c) for c in tree.children(node)]
         if parent is not None:
             return DCNode(party, node=node, children=children, parent=self.party_of(parent), coordinator=ROOT, **common)
-        route = {}
-        for leaf in range(tree.n_leaves):
-            path = tree.path(leaf)
-            route[self.party_of(path[0])] = self.party_of(path[-2])
         return DCNode(
             party, node=0, children=children, parent=None, coordinator=ROOT, deletions=self.deletions,
-            owners=self.owners, route=route, parties=self.roster[1:], **common,
+            owners=self.owners, route=_root_route(tree), parties=self.roster[1:], **common,
         )
 
     def machines(self) -> dict[str, ProtocolMachine]:
         """Every party's machine, in roster order."""
         return {p: self.make_machine(p) for p in self.roster}
+
+
+class LocalDCTree:
+    """The parties of one DC-k-means run whose leaves each hold only their own data.
+
+    Every party's machine is built from public terms and, for a leaf, its own raw points only;
+    the root learns n, the id table and the deletion stream in the setup phase ``setup.data``
+    (`local_data`). The simulation (``fedproto run``) and a party process (``fedproto party``)
+    build their machines with this same class, so their results and payload bytes are equal.
+
+    Args:
+        config: hyper-parameters with a fixed ``width`` (the tree is the roster).
+        key: the run's `jax.random` key.
+        stream: the terms of the deletion stream the root draws.
+        scale: ``"minmax"`` or ``"none"`` (``--normalize``).
+
+    Raises:
+        ValueError: ``config.width`` is ``None``.
+    """
+
+    def __init__(self, config: DCKMeansConfig, *, key: jax.Array, stream: StreamTerms, scale: str) -> None:
+        if config.width is None:
+            raise ValueError("the tree's width must be fixed: it decides the roster")
+        self.config, self.key, self.stream, self.scale = config, key, stream, scale
+        self.tree = Tree(config.width, config.height)
+        self.roster = tuple(tree_party(self.tree, node) for node in range(self.tree.n_nodes))
+        self.leaves = self.roster[self.tree.offset(self.tree.height):]
+        self.patience = stream.removals + 2
+
+    @staticmethod
+    def width_of(roster: Sequence[str], height: int, width: int | None = None) -> int:
+        """The width of the tree of height ``height`` whose parties are ``roster`` (from its
+        number of leaves); ``width``, when given, must agree.
+
+        Raises:
+            ValueError: ``roster`` is not the roster of a perfect tree of that height and width.
+        """
+        n_leaves = sum(1 for p in roster if p.startswith("leaf-"))
+        found = round(n_leaves ** (1 / height)) if n_leaves and height >= 1 else 0
+        if found < 1 or found**height != n_leaves or (width is not None and width != found):
+            raise ValueError(f"the roster's {n_leaves} leaves are not the {width or 'w'}^{height} leaves of a "
+                             f"DC-k-means tree of height {height} (--width, --height)")
+        tree = Tree(found, height)
+        if tuple(roster) != tuple(tree_party(tree, node) for node in range(tree.n_nodes)):
+            raise ValueError(f"the roster ({', '.join(roster)}) is not a DC-k-means tree of width {found} and "
+                             f"height {height}")
+        return found
+
+    def role_of(self, party: str) -> str:
+        """``root``, ``node`` or ``leaf``."""
+        return party.split("-")[0]
+
+    def make_machine(self, party: str, raw: np.ndarray | None) -> ProtocolMachine:
+        """The machine of ``party``, given its own raw points ``[n_j, d]`` (a leaf) or ``None``
+        (the root and internal nodes hold no data).
+
+        Raises:
+            ValueError: ``party`` is not in the roster, a leaf without points, or points for a
+                party that holds none.
+        """
+        if party not in self.roster:
+            raise ValueError(f"{party!r} is not a party of this tree")
+        tree, cfg = self.tree, self.config
+        node = self.roster.index(party)
+        parent = tree.parent(node)
+        common = dict(k=cfg.k, iterations=cfg.iterations, key=self.key, patience=self.patience, weighted=cfg.weighted)
+        if party in self.leaves:
+            if raw is None:
+                raise ValueError(f"{party} holds data: give it its own points")
+            return DCLeaf(party, node=node, parent=tree_party(tree, parent), coordinator=ROOT,  # type: ignore[arg-type]
+                          local=LocalPoints(raw, self.scale), **common)
+        if raw is not None:
+            raise ValueError(f"{party} holds no data in a DC-k-means tree (only the leaves do)")
+        children = [(tree_party(tree, c), c) for c in tree.children(node)]
+        if parent is not None:
+            return DCNode(party, node=node, children=children, parent=tree_party(tree, parent), coordinator=ROOT,
+                          **common)
+        return DCNode(
+            party, node=0, children=children, parent=None, coordinator=ROOT, route=_root_route(tree),
+            parties=self.roster[1:], setup=DataCollector(self.leaves, self.scale), stream=self.stream, **common,
+        )
 
 
 # ------------------------------------------------------------------------------------------- Q
@@ -600,6 +774,7 @@ class QKMeansClientResult:
 class QServerState(enum.Enum):
     """States of the Q-k-means server."""
 
+    SETUP = enum.auto()
     COLLECT = enum.auto()
     SERVING = enum.auto()
     DONE = enum.auto()
@@ -609,6 +784,7 @@ class QServerState(enum.Enum):
 class QClientState(enum.Enum):
     """States of a Q-k-means client."""
 
+    SETUP = enum.auto()
     WAITING = enum.auto()
     DONE = enum.auto()
     ERROR = enum.auto()
@@ -621,17 +797,31 @@ class QKMeansServer(ProtocolMachine):
         party: the server's name; clients: every client, in order.
         config: hyper-parameters; key: the run's `jax.random` key.
         n_deletions: how many requests the stream holds (the run ends after the last).
+        setup: the clients hold only their own data: the server first runs the setup phase
+            ``setup.data`` with them (state ``SETUP``; `local_data`), and each upload must then
+            hold the ids agreed there.
+
+    Raises:
+        ValueError: bad clients, a negative ``n_deletions``, or a ``setup`` for other parties.
     """
 
     State = QServerState
     INITIAL_STATE = QServerState.COLLECT
     TRANSITIONS = {
+        (QServerState.SETUP, DataSummary): ("_on_summary", QServerState.SETUP),
         (QServerState.COLLECT, PointUpload): ("_on_upload", QServerState.COLLECT),
         (QServerState.SERVING, RemovalRequest): ("_on_removal", QServerState.SERVING),
     }
 
     def __init__(
-        self, party: str, *, clients: Sequence[str], config: QKMeansConfig, key: jax.Array, n_deletions: int
+        self,
+        party: str,
+        *,
+        clients: Sequence[str],
+        config: QKMeansConfig,
+        key: jax.Array,
+        n_deletions: int,
+        setup: DataCollector | None = None,
     ) -> None:
         super().__init__(party)
         clients = tuple(clients)
@@ -639,7 +829,13 @@ class QKMeansServer(ProtocolMachine):
             raise ValueError("clients must be unique, non-empty and must not include the server")
         if n_deletions < 0:
             raise ValueError("n_deletions must be non-negative")
+        if setup is not None and setup.parties != clients:
+            raise ValueError("the setup phase must be run with the clients")
         self.clients, self.config, self.n_deletions = clients, config, n_deletions
+        self._setup = setup
+        self._expected_ids: dict[str, tuple[int, int]] = {}
+        if setup is not None:
+            self._state = QServerState.SETUP
         self._qkm = QKMeans(config, key=key)
         self._uploads: dict[str, PointUpload] = {}
         self._owner: dict[int, str] = {}
@@ -647,13 +843,23 @@ class QKMeansServer(ProtocolMachine):
 
     @property
     def phase(self) -> str:
+        if self._state is QServerState.SETUP:
+            return SETUP_PHASE
         return "upload" if self._state is QServerState.COLLECT else "model"
 
     def pending(self) -> Sequence[str]:
+        if self._state is QServerState.SETUP:
+            assert self._setup is not None
+            return self._setup.pending()
         if self._state is QServerState.COLLECT:
             return [c for c in self.clients if c not in self._uploads]
         if self._state is QServerState.SERVING:
             return list(self.clients)
+        return []
+
+    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        assert self._setup is not None
+        self._setup.add(sender, message, self)
         return []
 
     def _on_upload(self, sender: str, message: PointUpload) -> list[Outgoing]:
@@ -661,6 +867,11 @@ class QKMeansServer(ProtocolMachine):
             raise _remote(f"{sender} is not a client of this run", sender, self)
         if sender in self._uploads:
             raise _remote(f"second upload from {sender}", sender, self)
+        if self._expected_ids:
+            first, count = self._expected_ids[sender]
+            if not np.array_equal(message.ids, np.arange(first, first + count)):
+                raise _remote(f"{sender} uploaded {message.ids.shape[0]} points that are not the {count} with ids "
+                              f"{first} .. {first + count - 1} agreed in the setup phase", sender, self)
         if self._uploads and message.points.shape[1] != next(iter(self._uploads.values())).points.shape[1]:
             raise _remote(f"{sender} uploaded points of another dimension", sender, self)
         clash = [int(i) for i in message.ids if int(i) in self._owner]
@@ -687,6 +898,15 @@ class QKMeansServer(ProtocolMachine):
         return out
 
     def _advance(self) -> list[Outgoing]:
+        if self._state is QServerState.SETUP and self._setup is not None and self._setup.complete:
+            agreed = self._setup.agree(self)
+            if agreed.n - self.n_deletions < self.config.k:
+                raise ValueError(
+                    f"{self.n_deletions} deletions of {agreed.n} points would leave fewer than k = {self.config.k}"
+                )
+            self._expected_ids = {p: (o, c) for p, o, c in zip(agreed.parties, agreed.offsets, agreed.counts)}
+            self.move_to(QServerState.COLLECT)
+            return [self.send(p, m, phase=SETUP_PHASE) for p, m in agreed.agreements().items()]
         if self._state is QServerState.COLLECT and len(self._uploads) == len(self.clients):
             ups = [self._uploads[c] for c in self.clients]
             x = np.concatenate([u.points for u in ups])
@@ -719,49 +939,88 @@ class QKMeansClient(ProtocolMachine):
         points: ``[n_i, d]`` float64; ids: their stable ids.
         requests: position in the global stream -> id of one of this client's points.
         n_deletions: length of the global stream.
+        local: instead of ``points``, ``ids`` and ``requests``, the client's raw points: it first
+            takes part in the setup phase ``setup.data`` (state ``SETUP``; `local_data`), which
+            gives their scaling and ids, and draws its requests from ``stream``.
+        stream: with ``local``: the terms of the deletion stream (``removals == n_deletions``).
 
     Raises:
-        ValueError: a request for a point the client does not hold, or a position outside the
-            stream.
+        ValueError: a request for a point the client does not hold, a position outside the
+            stream, or both or neither of ``points`` and ``local``.
     """
 
     State = QClientState
     INITIAL_STATE = QClientState.WAITING
     DEADLINE_FACTOR = 2.0
-    TRANSITIONS = {(QClientState.WAITING, ModelUpdate): ("_on_model", QClientState.WAITING)}
+    TRANSITIONS = {
+        (QClientState.SETUP, DataAgreement): ("_on_agreement", QClientState.WAITING),
+        (QClientState.WAITING, ModelUpdate): ("_on_model", QClientState.WAITING),
+    }
 
     def __init__(
         self,
         party: str,
         *,
         server: str,
-        points: np.ndarray,
-        ids: np.ndarray,
-        requests: Mapping[int, int],
+        points: np.ndarray | None = None,
+        ids: np.ndarray | None = None,
+        requests: Mapping[int, int] | None = None,
         n_deletions: int,
+        local: LocalPoints | None = None,
+        stream: StreamTerms | None = None,
     ) -> None:
         super().__init__(party)
         self.server = server
-        self._points, self._ids = check_points(points, ids)
-        held = set(self._ids.tolist())
-        self.requests = {int(pos): int(i) for pos, i in requests.items()}
-        if any(i not in held for i in self.requests.values()):
-            raise ValueError(f"{party} can only request deletion of its own points")
-        if any(not 0 <= pos < n_deletions for pos in self.requests):
-            raise ValueError("request positions must lie in the stream")
         self.n_deletions = n_deletions
+        if (points is None) == (local is None):
+            raise ValueError("give a client either its points (and ids) or its raw local points, not both or neither")
+        if local is not None and (stream is None or stream.removals != n_deletions or requests):
+            raise ValueError("a client with raw local points draws its requests from the stream's terms")
+        self._local, self._stream = local, stream
+        if local is not None:
+            self._state = QClientState.SETUP
+        else:
+            self._take(*check_points(points, ids), requests or {})  # type: ignore[arg-type]
         self._retrained: list[bool] = []
         self._expected = 0
 
+    def _take(self, points: np.ndarray, ids: np.ndarray, requests: Mapping[int, int]) -> None:
+        self._points, self._ids = points, ids
+        held = set(self._ids.tolist())
+        self.requests = {int(pos): int(i) for pos, i in requests.items()}
+        if any(i not in held for i in self.requests.values()):
+            raise ValueError(f"{self.party} can only request deletion of its own points")
+        if any(not 0 <= pos < self.n_deletions for pos in self.requests):
+            raise ValueError("request positions must lie in the stream")
+
     @property
     def phase(self) -> str:
+        if self._state is QClientState.SETUP:
+            return SETUP_PHASE
         return "request" if self.round_idx else "upload"
 
     def pending(self) -> Sequence[str]:
-        return [self.server] if self._state is QClientState.WAITING else []
+        return [self.server] if self._state in (QClientState.SETUP, QClientState.WAITING) else []
+
+    def _upload(self) -> Outgoing:
+        return self.send(self.server, PointUpload(ids=self._ids, points=self._points), phase="upload")
 
     def _start(self) -> list[Outgoing]:
-        return [self.send(self.server, PointUpload(ids=self._ids, points=self._points), phase="upload")]
+        if self._local is not None:
+            return [self.send(self.server, self._local.summary(), phase=SETUP_PHASE)]
+        return [self._upload()]
+
+    def _on_agreement(self, sender: str, message: DataAgreement) -> list[Outgoing]:
+        if sender != self.server:
+            raise _remote(f"{sender} is not the server", sender, self)
+        assert self._local is not None and self._stream is not None
+        try:
+            points, ids = self._local.agreed(message)
+            requests = self._stream.requests(message.n_points, message.offset, self._local.n)
+        except ValueError as exc:
+            raise _remote(f"{sender}'s data agreement does not fit {self.party}: {exc}", sender, self) from exc
+        self._take(points, ids, requests)
+        return [self._upload()]
 
     def _on_model(self, sender: str, message: ModelUpdate) -> list[Outgoing]:
         if sender != self.server:
@@ -838,3 +1097,55 @@ class QKMeansParties:
     def machines(self) -> dict[str, ProtocolMachine]:
         """Every party's machine, in roster order."""
         return {p: self.make_machine(p) for p in self.roster}
+
+
+class LocalQKMeansParties:
+    """The parties of one curated Q-k-means run whose clients each hold only their own data:
+    ``server`` and ``client-<i>``.
+
+    Every machine is built from public terms and, for a client, its own raw points only; the
+    setup phase ``setup.data`` (`local_data`) gives the clients their ids and scaling, and each
+    client draws its own requests from the stream's terms. The simulation (``fedproto run``) and
+    a party process (``fedproto party``) build their machines with this class.
+
+    Args:
+        n_clients: clients. config: hyper-parameters; key: the run's `jax.random` key.
+        stream: the terms of the deletion stream. scale: ``"minmax"`` or ``"none"``.
+
+    Raises:
+        ValueError: fewer than one client.
+    """
+
+    def __init__(
+        self, n_clients: int, config: QKMeansConfig, *, key: jax.Array, stream: StreamTerms, scale: str
+    ) -> None:
+        if n_clients < 1:
+            raise ValueError("a run needs at least one client")
+        self.clients = tuple(f"client-{i}" for i in range(n_clients))
+        self.config, self.key, self.stream, self.scale = config, key, stream, scale
+        self.roster = (SERVER, *self.clients)
+
+    def role_of(self, party: str) -> str:
+        """``server`` or ``client``."""
+        return "server" if party == SERVER else "client"
+
+    def make_machine(self, party: str, raw: np.ndarray | None) -> ProtocolMachine:
+        """The machine of ``party``, given its own raw points ``[n_i, d]`` (a client) or ``None``
+        (the server).
+
+        Raises:
+            ValueError: not a party of this run, a client without points, or points for the
+                server.
+        """
+        m = self.stream.removals
+        if party == SERVER:
+            if raw is not None:
+                raise ValueError("the server holds no data until the clients upload theirs")
+            return QKMeansServer(SERVER, clients=self.clients, config=self.config, key=self.key, n_deletions=m,
+                                 setup=DataCollector(self.clients, self.scale))
+        if party not in self.clients:
+            raise ValueError(f"{party!r} is not a party of this run")
+        if raw is None:
+            raise ValueError(f"{party} holds data: give it its own points")
+        return QKMeansClient(party, server=SERVER, n_deletions=m, local=LocalPoints(raw, self.scale),
+                             stream=self.stream)

@@ -209,7 +209,7 @@ def test_qkmeans_plugin_federated_equals_the_centralised_run(mixture):
                            "--no-timing", "--federated"])
     plan = QKMEANS.plan(args, dataset)
     assert plan.roster == ("coordinator", "client-0", "client-1", "client-2")
-    assert plan.phases == ("seed", "seed-point", "lloyd", "model", "request")
+    assert plan.phases == ("setup.data", "seed", "seed-point", "lloyd", "model", "request")
     results, report = run_plan(plan)
     summary = plan.summarize(results)
     assert summary["federated_equals_centralised"] is True
@@ -233,7 +233,7 @@ def test_dckmeans_plugin_weighted_variant(mixture):
     summary = plan.summarize(results)
     assert summary["method"] == "DC-k-means (weighted)"
     assert summary["model_equals_retrain"] is True
-    assert {link.tag for link in report.links} == {"del.wnode", "del.remove", "del.model"}
+    assert {link.tag for link in report.links} == {"del.summary", "del.agreed", "del.wnode", "del.remove", "del.model"}
     key = "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)"
     assert plan.analytic[key] == 1 * 3 * (3 + 1) * 8
 
