@@ -14,6 +14,17 @@ budget.
 
 ``kzmedian`` / ``kzmeans`` run the Appendix C protocol (:mod:`fedproto.algorithms.kzclustering.means`).
 
+Each party holds only its own data (issue 10). ``split`` cuts the data set (with the synthetic
+mixture and the injected outliers, never scaled) into the machines' raw parts, and every party is
+built from its own part and the public options only (``make_party``), in the simulation
+(``plan`` = ``split`` + that builder + the pooled summaries and baselines) as in a process per
+party (``plan_party``, ``fedproto party --data FILE``): equal results and payload bytes by
+construction. The coordinator holds no data and learns n, the n_i and d inside the protocol;
+``--normalize minmax`` adds the setup phase ``setup.data`` that agrees the federation's
+per-feature extent (:mod:`fedproto.algorithms.kzclustering.setup`). ``--sub-machines auto``
+depends on the largest machine: ``plan`` resolves it from the split, ``resolved_options`` passes
+the value to the TCP launcher's parties, and a party on its own needs ``--sub-machines T``.
+
 Result keys of the report (``results``; the plans' ``labels`` give the table labels). Words are
 scalars sent in either direction (a point of R^d is d words, a weight or count 1).
 
@@ -71,6 +82,8 @@ from fedproto.algorithms.kzclustering.messages import (
     AggregatedCounts,
     Coresets,
     CostTotals,
+    DataSummary,
+    FederationSummary,
     FinalCentres,
     LocalCosts,
     LocalExtent,
@@ -99,6 +112,7 @@ from fedproto.algorithms.kzclustering.protocol import (
     MachineResult,
     machine_name,
 )
+from fedproto.algorithms.kzclustering.setup import SETUP_PHASE, DataSetupCoordinator, DataSetupMachine
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
@@ -113,10 +127,14 @@ __all__ = [
     "KzMeansPlugin",
     "center_frame_limit",
     "center_rounds_bound",
+    "cut_data",
+    "generate_data",
     "grid_size_bound",
+    "make_party",
     "means_frame_limit",
     "prepare_data",
     "run_baseline",
+    "setup_frame_limit",
 ]
 
 CENTRALISED = ("greedy", "charikar", "kzc")
@@ -188,8 +206,38 @@ def add_slack_argument(group: argparse._ArgumentGroup, default: float, help: str
     _add_alias(group, "--eps", "slack", type=float)
 
 
+def _check_run_options(args: argparse.Namespace) -> None:
+    """Refuse a slack outside (0, 1] or a negative outlier count (every mode)."""
+    if not 0 < args.slack <= 1:
+        raise ValueError(f"--slack must be in (0, 1], got {args.slack}")
+    if args.inject_outliers < 0:
+        raise ValueError("--inject-outliers must be >= 0")
+
+
+def generate_data(args: argparse.Namespace, dataset: Dataset) -> Dataset:
+    """The data set of the run before any scaling: ``dataset`` or the synthetic mixture
+    (``--synthetic``), with the ``--inject-outliers`` outliers appended by the spec's recipe. This
+    is what :meth:`KzCenterPlugin.split` cuts into the machines' raw parts.
+
+    Raises:
+        ValueError: a negative outlier count, a bad synthetic shape, or a slack outside (0, 1].
+    """
+    _check_run_options(args)
+    if args.synthetic is not None:
+        dataset = synthetic_dataset(
+            args.synthetic, args.synthetic_d, args.synthetic_components, 0, seed=args.seed
+        )
+    return with_outliers(dataset, args.inject_outliers, dist_factor=args.dist_factor, seed=args.seed + 7)
+
+
 def prepare_data(args: argparse.Namespace, dataset: Dataset) -> tuple[Dataset, int]:
-    """The data set the run uses and the number of machines.
+    """The data set as the run sees it, pooled, and the number of machines.
+
+    :func:`generate_data`, then with ``--normalize minmax`` every feature scaled to ``[-1, 1]``
+    by the whole set's per-feature extent: row for row what the machines compute, each scaling
+    its own raw part by the extent the federation agrees in the setup phase
+    (`fedproto.algorithms.kzclustering.setup`). Outliers are injected before the scaling (they
+    are part of the data the machines hold), so the extent includes them.
 
     Raises:
         ValueError: bad sizes (no machines, negative outlier count, a bad synthetic shape) or a
@@ -198,18 +246,113 @@ def prepare_data(args: argparse.Namespace, dataset: Dataset) -> tuple[Dataset, i
     machines = args.clients
     if machines < 1:
         raise ValueError(f"--clients/--machines must be at least 1, got {machines}")
-    if not 0 < args.slack <= 1:
-        raise ValueError(f"--slack must be in (0, 1], got {args.slack}")
-    if args.inject_outliers < 0:
-        raise ValueError("--inject-outliers must be >= 0")
-    if args.synthetic is not None:
-        dataset = synthetic_dataset(
-            args.synthetic, args.synthetic_d, args.synthetic_components, 0, seed=args.seed
-        )
+    dataset = generate_data(args, dataset)
     if args.normalize == "minmax":
         dataset = Dataset(dataset.name, normalize(dataset.x), dataset.y, dataset.paper_k)
-    dataset = with_outliers(dataset, args.inject_outliers, dist_factor=args.dist_factor, seed=args.seed + 7)
     return dataset, machines
+
+
+def cut_data(args: argparse.Namespace, dataset: Dataset) -> tuple[Dataset, list[np.ndarray]]:
+    """:func:`generate_data` and the machines' parts (indices into it, ``--partition`` and
+    ``--seed`` as the run cuts them).
+
+    Raises:
+        ValueError: as :func:`prepare_data`, or a partition that cannot be made.
+    """
+    machines = args.clients
+    if machines < 1:
+        raise ValueError(f"--clients/--machines must be at least 1, got {machines}")
+    raw = generate_data(args, dataset)
+    return raw, partition(raw.n, machines, scheme=args.partition, seed=args.seed, labels=raw.y)
+
+
+def split_parts(raw: Dataset, parts: list[np.ndarray]) -> dict[str, Dataset]:
+    """``{machine-i: its raw points}`` (with their labels, the data set's name and paper k)."""
+    return {
+        machine_name(i): Dataset(raw.name, raw.x[p], None if raw.y is None else raw.y[p], raw.paper_k)
+        for i, p in enumerate(parts)
+    }
+
+
+def machines_of(roster: tuple[str, ...], args: argparse.Namespace) -> tuple[str, ...]:
+    """The data-holding parties of a roster (every party but the coordinator, in roster order).
+
+    Raises:
+        ValueError: the roster has no coordinator or no machine, or ``--machines`` disagrees with it.
+    """
+    if COORDINATOR not in roster:
+        raise ValueError(f"the roster has no {COORDINATOR}")
+    names = tuple(p for p in roster if p != COORDINATOR)
+    if not names:
+        raise ValueError("the roster has no machine")
+    given = getattr(args, "clients", None)
+    if given is not None and given != len(names):
+        raise ValueError(f"--machines {given} but the roster names {len(names)} machines")
+    return names
+
+
+def party_points(party: str, data: Dataset | None) -> np.ndarray | None:
+    """A party's own raw points as a machine uses them (``None`` for the coordinator).
+
+    Raises:
+        ValueError: the coordinator was given data, a machine none, or points that are not a
+            finite ``[n_i, d]`` array.
+    """
+    if party == COORDINATOR:
+        if data is not None:
+            raise ValueError(f"the {COORDINATOR} holds no data: start it without --data")
+        return None
+    if data is None:
+        raise ValueError(f"{party} holds data: give its own file with --data FILE (fedproto split writes them)")
+    x = np.asarray(data.x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] < 1:
+        raise ValueError(f"{party}'s data must be a [n, d] array with d >= 1, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{party}'s data holds NaN or infinite values")
+    return x
+
+
+def make_party(
+    party: str,
+    points: np.ndarray | None,
+    *,
+    machines: tuple[str, ...],
+    scale: bool,
+    coordinator_of: Any,
+    machine_of: Any,
+) -> Any:
+    """The machine of ``party`` built from its own points only (the builder shared by the
+    simulation and a run of one process per party).
+
+    Args:
+        party: the coordinator or a machine.
+        points: the machine's raw points ``[n_i, d]`` (``None`` for the coordinator).
+        machines: every machine's name, in machine order.
+        scale: ``--normalize minmax``: the parties first agree the federation's per-feature
+            extent in ``setup.data`` and each machine scales its points by it.
+        coordinator_of: ``(d or None) -> coordinator`` (``None``: it learns d from the machines).
+        machine_of: ``(party, points) -> machine``.
+    """
+    if party == COORDINATOR:
+        if scale:
+            return DataSetupCoordinator(COORDINATOR, machines=machines, build=coordinator_of)
+        return coordinator_of(None)
+    if party not in machines:
+        raise ValueError(f"{party} is not a party of this run ({COORDINATOR}, {', '.join(machines)})")
+    if scale:
+        return DataSetupMachine(party, points=points, build=lambda x: machine_of(party, x), coordinator=COORDINATOR)
+    return machine_of(party, points)
+
+
+def _own_party_only(party: str, make: Any) -> Any:
+    """``make_machine`` of a party's own plan: only that party's machine can be built."""
+
+    def make_machine(name: str) -> Any:
+        if name != party:
+            raise ValueError(f"this process holds only {party}'s data; it cannot build {name}")
+        return make(name)
+
+    return make_machine
 
 
 #: Most values :func:`~fedproto.algorithms.kzclustering.solvers.radius_grid` builds (it refuses more).
@@ -267,7 +410,13 @@ def grid_size_bound(x: np.ndarray, eps: float, *, objective: str, radius_bounds:
     return _geometric_count_bound(eps * dmin / (2.0 * (1.0 + eps) * n), 2.0 * reach, eps)
 
 
-def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: int) -> int:
+def setup_frame_limit(d: int) -> int:
+    """The largest frame of ``setup.data`` (``--normalize minmax``): one extent ``[2, d]``."""
+    arrays = {"extent": (2, d)}
+    return max(max_frame_bytes(DataSummary, arrays=arrays), max_frame_bytes(FederationSummary, arrays=arrays))
+
+
+def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: int, *, scale: bool = False) -> int:
     """The largest frame any party of a (k,z)-center run sends (bytes, envelope included).
 
     The grid, the counts (two per guess) and a fetch or probe round of every guess at once
@@ -275,9 +424,10 @@ def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: i
     fetched guess, at most ``min(n_i, count bound)`` representatives ``[d]`` with their weights (a
     machine's count above the bound fails the count test, so that guess is never fetched), ``n_i``
     at most ``largest_machine``. How many a machine sends depends on its data, so this bound can
-    exceed the observed frames several times; it is what an honest machine may send.
+    exceed the observed frames several times; it is what an honest machine may send. ``scale``:
+    the run has the ``setup.data`` phase of ``--normalize minmax`` (:func:`setup_frame_limit`).
     """
-    d, k = config.d, config.k
+    d, k = x.shape[1], config.k
     t = grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
     asked = min(config.batch, t) if config.batch else t
     reps = min(largest_machine, config.max_reps)
@@ -296,6 +446,7 @@ def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: i
         max_frame_bytes(Representatives, arrays={"points": (reps, d), "weights": (reps,)}),
         max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
         max_frame_bytes(OutlierCount),
+        setup_frame_limit(d) if scale else 0,
     )
 
 
@@ -312,7 +463,7 @@ def center_rounds_bound(config: KzCenterConfig, grid_size: int) -> int:
     return extent + probes + 2
 
 
-def means_frame_limit(config: KzMeansConfig, x: np.ndarray) -> int:
+def means_frame_limit(config: KzMeansConfig, x: np.ndarray, *, scale: bool = False) -> int:
     """The largest frame any party of a (k,z)-median/means run sends (bytes, envelope included).
 
     The grid, costs and totals are ``T`` long (:func:`grid_size_bound`; 1 in ``bel`` mode); a
@@ -321,9 +472,9 @@ def means_frame_limit(config: KzMeansConfig, x: np.ndarray) -> int:
     ``--samples`` or the coordinator's ``max(10 k, n / (10 T))``. A machine's share of the
     samples depends on its data, and the bound on ``T`` on the smallest gap between coordinates,
     so this bound can exceed the observed frames several times; it is what an honest machine
-    may send.
+    may send. ``scale``: the run has the ``setup.data`` phase (:func:`setup_frame_limit`).
     """
-    d, k, n = config.d, config.k, x.shape[0]
+    (n, d), k = x.shape, config.k
     if config.mode == "bel":
         t = 1
     else:
@@ -340,6 +491,7 @@ def means_frame_limit(config: KzMeansConfig, x: np.ndarray) -> int:
         max_frame_bytes(Coresets, arrays={"sizes": (t,), "points": (rows, d), "weights": (rows,)}),
         max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
         max_frame_bytes(OutlierCount),
+        setup_frame_limit(d) if scale else 0,
     )
 
 
@@ -440,66 +592,141 @@ class KzCenterPlugin:
                                 f"{', '.join(CENTRALISED + METHODS)} (default greedy)")
         add_data_arguments(group)
 
+    def _config(self, args: argparse.Namespace, m: int, sub_machines: int) -> KzCenterConfig:
+        """The public parameters every party shares (``d = None``: each party fills in its own)."""
+        if args.probe_batch < 0:
+            raise ValueError(f"--probe-batch must be >= 0 (0 = all at once), got {args.probe_batch}")
+        _check_run_options(args)
+        return KzCenterConfig(
+            k=args.k, z=args.z if args.z is not None else args.inject_outliers, eps=args.slack, n_machines=m, d=None,
+            radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
+            search=args.search, batch=args.probe_batch, candidates=args.candidates, refine=not args.no_refine,
+            count_test=args.count_test, polish=not args.no_polish, sub_machines=sub_machines,
+        )
+
+    def _builder(self, args: argparse.Namespace, config: KzCenterConfig, names: tuple[str, ...]) -> Any:
+        """``(party, its raw points or None) -> machine``: every party built from its own data only."""
+        workers = min(2, os.cpu_count() or 1)
+
+        def coordinator_of(d: int | None) -> KzCoordinator:
+            return KzCoordinator(COORDINATOR, config=dataclasses.replace(config, d=d), machines=names)
+
+        def machine_of(party: str, points: np.ndarray) -> KzMachine:
+            own = dataclasses.replace(config, d=int(points.shape[1]))
+            return KzMachine(party, config=own, points=points, workers=workers)
+
+        def build(party: str, points: np.ndarray | None) -> Any:
+            return make_party(party, points, machines=names, scale=args.normalize == "minmax",
+                              coordinator_of=coordinator_of, machine_of=machine_of)
+
+        return build
+
+    def _phases(self, args: argparse.Namespace) -> tuple[str, ...]:
+        return (SETUP_PHASE, *CENTER_PHASES) if args.normalize == "minmax" else CENTER_PHASES
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each machine's raw part (``machine-0`` ...), as :meth:`plan` cuts the data: the data
+        set or the synthetic mixture with the injected outliers, never scaled (``--normalize``
+        happens inside the run, from the extent the machines agree in ``setup.data``)."""
+        return split_parts(*cut_data(args, dataset))
+
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``["--sub-machines", T]`` when ``--sub-machines auto`` (T follows from the largest
+        machine, which a party holding only its own data cannot know); else ``[]``."""
+        if args.sub_machines != "auto":
+            return []
+        _, parts = cut_data(args, dataset)
+        return ["--sub-machines", str(solvers.sub_machine_count(max((len(p) for p in parts), default=0)))]
+
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        dataset, m = prepare_data(args, dataset)
-        x = dataset.x
+        raw, parts = cut_data(args, dataset)
+        m = len(parts)
+        x = normalize(raw.x) if args.normalize == "minmax" else raw.x  # the pooled view, for summaries
         n, d = x.shape
         z = args.z if args.z is not None else args.inject_outliers
         check_instance(n, args.k, z)
         compare = _parse_compare(args.compare)
-        if args.probe_batch < 0:
-            raise ValueError(f"--probe-batch must be >= 0 (0 = all at once), got {args.probe_batch}")
-        config = KzCenterConfig(
-            k=args.k, z=z, eps=args.slack, n_machines=m, d=d,
-            radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
-            search=args.search, batch=args.probe_batch, candidates=args.candidates, refine=not args.no_refine,
-            count_test=args.count_test, polish=not args.no_polish,
-        )
-        parts = partition(n, m, scheme=args.partition, seed=args.seed, labels=dataset.y)
-        if args.sub_machines == "auto":
-            largest = max((len(p) for p in parts), default=0)
-            config = dataclasses.replace(config, sub_machines=solvers.sub_machine_count(largest))
-        else:
-            config = dataclasses.replace(config, sub_machines=args.sub_machines)
+        largest = max((len(p) for p in parts), default=0)
+        t = solvers.sub_machine_count(largest) if args.sub_machines == "auto" else args.sub_machines
+        base = self._config(args, m, t)
+        config = dataclasses.replace(base, d=d)  # as every machine states it
         names = tuple(machine_name(i) for i in range(m))
-        session = session_id("kzcenter", dataset.name, n, d, config, args.seed, args.partition)
-        workers = min(2, os.cpu_count() or 1)
-
-        def make_machine(party: str):
-            if party == COORDINATOR:
-                return KzCoordinator(COORDINATOR, config=config, machines=names)
-            return KzMachine(party, config=config, points=x[parts[names.index(party)]], workers=workers)
+        session = session_id("kzcenter", raw.name, n, d, config, args.seed, args.partition)
+        build = self._builder(args, base, names)
+        own = {name: part.x for name, part in split_parts(raw, parts).items()}
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_center(results[COORDINATOR], config, x, dataset.name, parts, compare, args.seed)
+            return summarize_center(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
 
         return RunPlan(
             roster=(COORDINATOR, *names),
             session=session,
-            make_machine=make_machine,
+            make_machine=lambda party: build(party, own.get(party)),
             result_to_json=center_result_to_json,
             summarize=summarize,
-            role_of=lambda p: "coordinator" if p == COORDINATOR else "machine",
+            role_of=_role_of,
             iterations=center_rounds_bound(
                 config, grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
             ),
-            phases=CENTER_PHASES,
+            phases=self._phases(args),
             plot_results=lambda ax, summary: plot_centres(ax, x, summary),
             analytic={
                 "max_representatives_per_guess": config.count_bound,
                 "round3_words_bound_per_guess": config.count_bound * (d + 1),
                 "count_threshold": config.threshold,
             },
-            labels={
-                **LABELS,
-                "words_points": "words (paper: Round-3 points x d)",
-                **{f"words_phase_{phase}": f"words: {phase}" for phase in CENTER_PHASES},
-                **_baseline_labels(compare, {"radius_z_removed": "radius (z removed)",
-                                             "words_total": "words (all messages)",
-                                             "words_points": "words (paper: points x d)"}),
-            },
-            max_frame_bytes=center_frame_limit(config, x, max((len(p) for p in parts), default=0)),
+            labels=self._labels(compare),
+            max_frame_bytes=center_frame_limit(config, x, largest, scale=args.normalize == "minmax"),
         )
+
+    def plan_party(
+        self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
+    ) -> RunPlan:
+        """The plan of one party holding only ``data`` (``None`` for the coordinator).
+
+        m is the roster's number of machines; d, n and the n_i are learnt inside the protocol,
+        the feature extent of ``--normalize minmax`` in ``setup.data``. The frame limit is the
+        command line's ``--max-frame-bytes`` (the plan's own bound needs the whole data set).
+
+        Raises:
+            ValueError: ``--sub-machines auto`` (the largest machine decides it: give every party
+                the same T), the coordinator given data or a machine none, bad options.
+        """
+        names = machines_of(roster, args)
+        if args.sub_machines == "auto":
+            raise ValueError(
+                "--sub-machines auto needs the largest machine's size, which a party holding only its own data does "
+                "not know: give every party the same --sub-machines T (1 when no machine holds more than 10,000 "
+                "points; fedproto run --transport tcp passes the value it resolved)"
+            )
+        config = self._config(args, len(names), args.sub_machines)
+        build = self._builder(args, config, names)
+        points = party_points(party, data)
+        return RunPlan(
+            roster=tuple(roster),
+            session=session,
+            make_machine=_own_party_only(party, lambda name: build(name, points)),
+            result_to_json=center_result_to_json,
+            summarize=lambda results: {},
+            role_of=_role_of,
+            iterations=center_rounds_bound(config, _GRID_CAP + 1),
+            phases=self._phases(args),
+            labels=self._labels([]),
+        )
+
+    def _labels(self, compare: list[str]) -> dict[str, str]:
+        return {
+            **LABELS,
+            "words_points": "words (paper: Round-3 points x d)",
+            **{f"words_phase_{phase}": f"words: {phase}" for phase in CENTER_PHASES},
+            **_baseline_labels(compare, {"radius_z_removed": "radius (z removed)",
+                                         "words_total": "words (all messages)",
+                                         "words_points": "words (paper: points x d)"}),
+        }
+
+
+def _role_of(party: str) -> str:
+    return "coordinator" if party == COORDINATOR else "machine"
 
 
 def center_result_to_json(party: str, result: Any) -> dict[str, Any]:
@@ -662,9 +889,52 @@ class KzMeansPlugin:
                            f"{', '.join(MEANS_BASELINES)}")
         add_data_arguments(group)
 
+    def _config(self, args: argparse.Namespace, m: int) -> KzMeansConfig:
+        """The public parameters every party shares (``d = None``: each party fills in its own)."""
+        _check_run_options(args)
+        return KzMeansConfig(
+            k=args.k, z=args.z if args.z is not None else args.inject_outliers, eps=args.slack, n_machines=m, d=None,
+            power=self.power, mode=args.mode, samples=args.samples, facilities=args.facilities,
+            radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
+            polish=not args.no_polish, seed=args.seed,
+        )
+
+    def _builder(self, args: argparse.Namespace, config: KzMeansConfig, names: tuple[str, ...]) -> Any:
+        """``(party, its raw points or None) -> machine``: every party built from its own data only."""
+
+        def coordinator_of(d: int | None) -> KzMeansCoordinator:
+            return KzMeansCoordinator(COORDINATOR, config=dataclasses.replace(config, d=d), machines=names)
+
+        def machine_of(party: str, points: np.ndarray) -> KzMeansMachine:
+            own = dataclasses.replace(config, d=int(points.shape[1]))
+            return KzMeansMachine(party, config=own, points=points, index=names.index(party))
+
+        def build(party: str, points: np.ndarray | None) -> Any:
+            return make_party(party, points, machines=names, scale=args.normalize == "minmax",
+                              coordinator_of=coordinator_of, machine_of=machine_of)
+
+        return build
+
+    def _phases(self, args: argparse.Namespace) -> tuple[str, ...]:
+        return (SETUP_PHASE, *MEANS_PHASES) if args.normalize == "minmax" else MEANS_PHASES
+
+    def _iterations(self, config: KzMeansConfig) -> int:
+        return 3 if config.mode == "bel" or config.radius_bounds is not None else 4
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each machine's raw part (``machine-0`` ...), as :meth:`plan` cuts the data (see
+        :meth:`KzCenterPlugin.split`)."""
+        return split_parts(*cut_data(args, dataset))
+
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``[]``: no option's default depends on the whole data set (n, d and the coreset size
+        are learnt inside the protocol, the extent of ``--normalize minmax`` in ``setup.data``)."""
+        return []
+
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        dataset, m = prepare_data(args, dataset)
-        x = dataset.x
+        raw, parts = cut_data(args, dataset)
+        m = len(parts)
+        x = normalize(raw.x) if args.normalize == "minmax" else raw.x  # the pooled view, for summaries
         n, d = x.shape
         z = args.z if args.z is not None else args.inject_outliers
         check_instance(n, args.k, z)
@@ -677,47 +947,65 @@ class KzMeansPlugin:
             unknown = [t for t in compare if t not in MEANS_BASELINES]
             if unknown:
                 raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(MEANS_BASELINES)}")
-        config = KzMeansConfig(
-            k=args.k, z=z, eps=args.slack, n_machines=m, d=d, power=self.power, mode=args.mode,
-            samples=args.samples, facilities=args.facilities,
-            radius_bounds=tuple(args.radius_bounds) if args.radius_bounds else None,
-            polish=not args.no_polish, seed=args.seed,
-        )
-        parts = partition(n, m, scheme=args.partition, seed=args.seed, labels=dataset.y)
+        base = self._config(args, m)
+        config = dataclasses.replace(base, d=d)  # as every machine states it
         names = tuple(machine_name(i) for i in range(m))
-        session = session_id(self.name, dataset.name, n, d, config, args.partition)
-
-        def make_machine(party: str):
-            if party == COORDINATOR:
-                return KzMeansCoordinator(COORDINATOR, config=config, machines=names)
-            i = names.index(party)
-            return KzMeansMachine(party, config=config, points=x[parts[i]], index=i)
+        session = session_id(self.name, raw.name, n, d, config, args.partition)
+        build = self._builder(args, base, names)
+        own = {name: part.x for name, part in split_parts(raw, parts).items()}
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_means(results[COORDINATOR], config, x, dataset.name, parts, compare, args.seed)
+            return summarize_means(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
 
-        skipped = config.mode == "bel" or config.radius_bounds is not None
         return RunPlan(
             roster=(COORDINATOR, *names),
             session=session,
-            make_machine=make_machine,
+            make_machine=lambda party: build(party, own.get(party)),
             result_to_json=means_result_to_json,
             summarize=summarize,
-            role_of=lambda p: "coordinator" if p == COORDINATOR else "machine",
-            iterations=3 if skipped else 4,
-            phases=MEANS_PHASES,
+            role_of=_role_of,
+            iterations=self._iterations(config),
+            phases=self._phases(args),
             plot_results=lambda ax, summary: plot_centres(
                 ax, x, summary, title="(k,z)-median" if self.power == 1 else "(k,z)-means"
             ),
             analytic={"objective_power": self.power, "score_outlier_budget": config.outlier_budget},
-            labels={
-                **LABELS,
-                "words_points": "words (paper: coreset points x (d+1))",
-                **{f"words_phase_{phase}": f"words: {phase}" for phase in MEANS_PHASES},
-                **_baseline_labels(compare, {"cost_z_removed": "cost (z removed)", "words_total": "words"}),
-            },
-            max_frame_bytes=means_frame_limit(config, x),
+            labels=self._labels(compare),
+            max_frame_bytes=means_frame_limit(config, x, scale=args.normalize == "minmax"),
         )
+
+    def plan_party(
+        self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
+    ) -> RunPlan:
+        """The plan of one party holding only ``data`` (``None`` for the coordinator); see
+        :meth:`KzCenterPlugin.plan_party`.
+
+        Raises:
+            ValueError: the coordinator given data or a machine none, or bad options.
+        """
+        names = machines_of(roster, args)
+        config = self._config(args, len(names))
+        build = self._builder(args, config, names)
+        points = party_points(party, data)
+        return RunPlan(
+            roster=tuple(roster),
+            session=session,
+            make_machine=_own_party_only(party, lambda name: build(name, points)),
+            result_to_json=means_result_to_json,
+            summarize=lambda results: {},
+            role_of=_role_of,
+            iterations=self._iterations(config),
+            phases=self._phases(args),
+            labels=self._labels([]),
+        )
+
+    def _labels(self, compare: list[str]) -> dict[str, str]:
+        return {
+            **LABELS,
+            "words_points": "words (paper: coreset points x (d+1))",
+            **{f"words_phase_{phase}": f"words: {phase}" for phase in MEANS_PHASES},
+            **_baseline_labels(compare, {"cost_z_removed": "cost (z removed)", "words_total": "words"}),
+        }
 
 
 def means_result_to_json(party: str, result: Any) -> dict[str, Any]:

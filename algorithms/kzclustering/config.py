@@ -52,7 +52,9 @@ class KzCenterConfig:
         eps: the bicriteria slack, ``0 < eps <= 1``: up to ``(1+eps) z`` outliers, threshold
             ``y = eps z / (k m)``, count test ``sum |P'_i| <= k m (1 + 1/eps)``.
         n_machines: m, ``>= 1``.
-        d: number of features.
+        d: number of features; ``None`` for a coordinator that learns it from the machines'
+            first points (a run whose parties each hold only their own data: the coordinator
+            holds none). A machine's configuration always states it.
         radius_bounds: a known interval ``[A, B]`` holding the optimal radius L* (Appendix B,
             "domain knowledge"); the grid is then ``A (1+eps)^t`` up to ``>= B`` and the extent
             round is skipped. ``None`` (default): machines first send their extent and the
@@ -94,7 +96,7 @@ class KzCenterConfig:
     z: int
     eps: float
     n_machines: int
-    d: int
+    d: int | None
     radius_bounds: tuple[float, float] | None = None
     search: str = "probe"
     batch: int = 1
@@ -107,6 +109,8 @@ class KzCenterConfig:
     def __post_init__(self) -> None:
         for name in ("k", "z", "n_machines", "d", "batch", "sub_machines"):
             value = getattr(self, name)
+            if name == "d" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if self.k < 1:
@@ -117,7 +121,7 @@ class KzCenterConfig:
             raise ValueError(f"eps must be in (0, 1], got {self.eps}")
         if self.n_machines < 1:
             raise ValueError(f"the number of machines must be at least 1, got {self.n_machines}")
-        if self.d < 1:
+        if self.d is not None and self.d < 1:
             raise ValueError(f"d must be at least 1, got {self.d}")
         if self.sub_machines < 1:
             raise ValueError(f"sub_machines must be at least 1, got {self.sub_machines}")

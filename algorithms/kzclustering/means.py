@@ -11,7 +11,9 @@ minimising ``max_L [ cost_L(C) - z L^l ]`` (Lemma C.2 bounds the discretisation:
 with ``z`` is at least the true cost with ``(1+eps)^l z``).
 
 Roles and messages: one :class:`KzMeansCoordinator` and m :class:`KzMeansMachine` s, star
-topology, party names as in (k,z)-center. Everyone knows the :class:`KzMeansConfig`.
+topology, party names as in (k,z)-center. Everyone knows the :class:`KzMeansConfig`; a
+coordinator configured with ``d = None`` learns d from the first round of points (the extents'
+anchors, or the coresets), as in (k,z)-center.
 
 * round 0 (unless ``radius_bounds`` are given): machines send :class:`LocalExtent` (phase
   ``extent``); the coordinator sends the grid :class:`RadiusGrid` (phase ``grid``): ``(1+eps)^t``
@@ -73,6 +75,7 @@ from fedproto.algorithms.kzclustering.messages import (
     message_words,
 )
 from fedproto.algorithms.kzclustering.protocol import COORDINATOR, label_outliers
+from fedproto.algorithms.kzclustering.setup import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
@@ -100,7 +103,8 @@ class KzMeansConfig:
         z: outliers.
         eps: slack in (0, 1]: grid ratio ``1+eps`` and the ``(1+eps) z`` budget of the score.
         n_machines: m.
-        d: features.
+        d: features; ``None`` for a coordinator that learns it from the machines' first points (a
+            run whose parties each hold only their own data). A machine's configuration states it.
         power: l = 1 (median) or 2 (means).
         mode: ``"truncated"`` (Guo & Li) or ``"bel"`` (the BEL baseline: one untruncated coreset,
             weighted k-means at the coordinator, z outliers only at evaluation).
@@ -122,7 +126,7 @@ class KzMeansConfig:
     z: int
     eps: float
     n_machines: int
-    d: int
+    d: int | None
     power: int = 2
     mode: str = "truncated"
     samples: int | None = None
@@ -133,7 +137,7 @@ class KzMeansConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.k < 1 or self.z < 0 or self.n_machines < 1 or self.d < 1:
+        if self.k < 1 or self.z < 0 or self.n_machines < 1 or (self.d is not None and self.d < 1):
             raise ValueError("need k >= 1, z >= 0, n_machines >= 1 and d >= 1")
         if not (isinstance(self.eps, float | int) and 0 < self.eps <= 1):
             raise ValueError(f"eps must be in (0, 1], got {self.eps}")
@@ -313,6 +317,8 @@ class KzMeansMachine(ProtocolMachine):
         self, party: str, *, config: KzMeansConfig, points: np.ndarray, index: int, coordinator: str = COORDINATOR
     ) -> None:
         super().__init__(party)
+        if config.d is None:
+            raise ValueError("a machine's configuration must state d, its points' number of features")
         points = np.asarray(points, dtype=np.float64)
         if points.ndim != 2 or points.shape[1] != config.d:
             raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
@@ -455,6 +461,8 @@ class KzMeansCoordinator(ProtocolMachine):
         self.machines = machines
         self._inbox: dict[str, Message] = {}
         self._words: dict[tuple[int, str], int] = defaultdict(int)
+        self._d = config.d  # None: learnt from the machines' first points (agree_feature_count)
+        self._widths: dict[str, int] = {}
         self._grid = np.zeros(0)
         self._n = 0
         self._local_n: dict[str, int] = {}
@@ -489,8 +497,17 @@ class KzMeansCoordinator(ProtocolMachine):
                 f"{sender} sent {message.costs.shape[0]} costs for a grid of {self._grid.shape[0]}",
                 party=sender, round_idx=self.round_idx,
             )
+        if isinstance(message, LocalExtent | Coresets):
+            width = int((message.anchor if isinstance(message, LocalExtent) else message.points).shape[1])
+            if self._d is None:
+                self._widths[sender] = width  # compared when the round is complete (_advance)
+            elif width != self._d:
+                raise RemoteProtocolError(
+                    f"{sender} sent points with {width} features, expected {self._d}", party=sender,
+                    round_idx=self.round_idx,
+                )
         if isinstance(message, Coresets):
-            if message.sizes.shape != self._grid.shape or message.points.shape[1] != self.config.d:
+            if message.sizes.shape != self._grid.shape:
                 raise RemoteProtocolError(f"{sender} sent coresets of the wrong shape", party=sender,
                                           round_idx=self.round_idx)
             n_i = self._local_n[sender]
@@ -518,6 +535,11 @@ class KzMeansCoordinator(ProtocolMachine):
         if len(self._inbox) < len(self.machines):
             return []
         cfg = self.config
+        if self._d is None and self._widths:  # the first round with every machine's points
+            self._d = agree_feature_count(
+                {m: self._widths[m] for m in self.machines}, round_idx=self.round_idx, phase=self.phase
+            )
+            self._widths = {}
         inbox = [self._inbox[m] for m in self.machines]
         if self._state is MeansCoordinatorState.EXTENT:
             self._grid = self._build_grid(inbox)  # type: ignore[arg-type]
@@ -577,7 +599,7 @@ class KzMeansCoordinator(ProtocolMachine):
         self._coreset_points = int(pts.shape[0])
         key = cfg.key(cfg.n_machines)
         if pts.shape[0] == 0:
-            return np.zeros((0, cfg.d)), 0.0, 0.0, 0.0
+            return np.zeros((0, self._d)), 0.0, 0.0, 0.0
         if cfg.mode == "bel":
             draws = _kernels.uniform_draws(key, cfg.k)
             seeds = pts[solvers.kmeanspp_seeding(draws, pts, cfg.k, weights=w, power=cfg.power)]

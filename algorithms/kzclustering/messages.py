@@ -1,5 +1,9 @@
 """Wire messages of distributed (k,z)-clustering (spec kz-clustering.md, sections 2.5, 3.3 and 4).
 
+Setup (phase ``setup.data``, only with ``--normalize minmax``; see
+`fedproto.algorithms.kzclustering.setup`): :class:`DataSummary` machine -> coordinator, then
+:class:`FederationSummary` coordinator -> machines.
+
 Distributed (k,z)-center (`fedproto.algorithms.kzclustering.protocol`), in message order:
 
 * :class:`LocalExtent` machine -> coordinator: ``n_i``, the machine's smallest nonzero distance,
@@ -47,6 +51,8 @@ __all__ = [
     "Coresets",
     "CostCurve",
     "CostTotals",
+    "DataSummary",
+    "FederationSummary",
     "FinalCentres",
     "LocalCosts",
     "LocalExtent",
@@ -95,6 +101,47 @@ def _check_points(points: np.ndarray, what: str) -> None:
 def _check_nonnegative(values: np.ndarray, what: str) -> None:
     if values.size and int(values.min()) < 0:
         raise ValueError(f"{what} must be >= 0")
+
+
+def _check_feature_extent(extent: np.ndarray) -> None:
+    if extent.shape[0] != 2 or extent.shape[1] < 1:
+        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+    if np.any(np.isnan(extent)):
+        raise ValueError("extent holds NaN values")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSummary(Message):
+    """Setup (``setup.data``, machine -> coordinator): the per-feature extent of the machine's raw
+    points, float64 ``[2, d]``: row 0 the minimum, row 1 the maximum
+    (`fedproto.data.feature_extent`); ``+inf`` and ``-inf`` for a machine without points (the
+    identities of the minimum and the maximum)."""
+
+    TAG = "kz.data"
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_feature_extent(self.extent)
+        lo, hi = self.extent
+        empty = bool(np.all(lo == np.inf) and np.all(hi == -np.inf))
+        if not empty and not (np.all(np.isfinite(self.extent)) and np.all(lo <= hi)):
+            raise ValueError("extent must be finite with minimum <= maximum (or +inf and -inf for no points)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FederationSummary(Message):
+    """Setup (``setup.data``, coordinator -> every machine): the federation's per-feature extent,
+    float64 ``[2, d]`` (the element-wise minimum of the machines' minima and maximum of their
+    maxima: the pooled data's extent), finite, by which every machine scales its raw points into
+    ``[-1, 1]`` (`fedproto.data.normalize`)."""
+
+    TAG = "kz.federation"
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_feature_extent(self.extent)
+        if not (np.all(np.isfinite(self.extent)) and np.all(self.extent[0] <= self.extent[1])):
+            raise ValueError("extent must be finite with minimum <= maximum")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,11 @@ of GAPs 1 and 2; the ``probe`` search, the tight count test and the polishing an
 Roles: one :class:`KzCoordinator` (party ``coordinator``) and m :class:`KzMachine` s (parties
 ``machine-0 .. machine-{m-1}``), in a star: machines talk only to the coordinator. Machine i holds
 P_i (any partition, possibly empty parts). Everyone knows the :class:`KzCenterConfig` (k, z, eps,
-m, d and the search options).
+m, d and the search options); a coordinator whose configuration has ``d = None`` (it holds no
+data, and the machines hold only their own) learns d from the first round in which every machine
+sends points (the extents' anchors, or with ``radius_bounds`` the first fetched points) and
+refuses by name a machine whose points have another number of features
+(`fedproto.algorithms.kzclustering.setup.agree_feature_count`).
 
 Idea: for a guess L, machine i absorbs every ball ``ball(p, 4L)`` around a point whose ``2L``
 ball holds more than ``y = eps z / (k m)`` of its remaining points into one weighted
@@ -147,6 +151,7 @@ from fedproto.algorithms.kzclustering.messages import (
     message_words,
 )
 from fedproto.algorithms.kzclustering.polish import polish_centres
+from fedproto.algorithms.kzclustering.setup import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
@@ -168,7 +173,9 @@ def machine_name(i: int) -> str:
     return f"machine-{i}"
 
 
-def _check_points(points: np.ndarray, d: int) -> np.ndarray:
+def _check_points(points: np.ndarray, d: int | None) -> np.ndarray:
+    if d is None:
+        raise ValueError("a machine's configuration must state d, its points' number of features")
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != d:
         raise ValueError(f"points must have shape [n_i, {d}], got {points.shape}")
@@ -588,7 +595,9 @@ class KzCoordinator(ProtocolMachine):
         self._grid = np.zeros(0)
         self._bottom_upper: float | None = None  # 5 g for the bottom guess (None: no bound)
         self._has_bottom = False
-        self._anchors = np.zeros((0, config.d))
+        self._d = config.d  # None: learnt from the machines' first points (agree_feature_count)
+        self._widths: dict[str, int] = {}  # feature counts of this round's points while d is unknown
+        self._anchors = np.zeros((0, config.d or 0))
         self._n = 0
         # per machine and guess: (count, discarded), -1 where not reported; and n_i once known
         self._table: dict[str, np.ndarray] = {}
@@ -687,13 +696,34 @@ class KzCoordinator(ProtocolMachine):
             self.move_to(CoordinatorState.COUNTS)
         return []
 
-    def _on_extent(self, sender: str, message: LocalExtent) -> list[Outgoing]:
-        if message.anchor.shape[1] != self.config.d:
+    def _check_width(self, sender: str, width: int, kind: str) -> None:
+        """A machine's points have ``self._d`` features; while d is unknown, note the width (the
+        round's widths are compared when the round is complete, :meth:`_settle_features`)."""
+        if self._d is None:
+            if sender in self.machines and sender not in self._inbox:
+                self._widths[sender] = int(width)
+        elif width != self._d:
             raise RemoteProtocolError(
-                f"anchor of {sender} has {message.anchor.shape[1]} features, expected {self.config.d}",
+                f"anchor of {sender} has {width} features, expected {self._d}"
+                if kind == "anchor"
+                else f"{sender} sent points with {width} features, expected {self._d}",
                 party=sender,
                 round_idx=self.round_idx,
             )
+
+    def _settle_features(self) -> None:
+        """d from the first round in which every machine sent points: the count they agree on
+        (a machine with another count is refused by name)."""
+        if self._d is None and self._widths:
+            self._d = agree_feature_count(
+                {m: self._widths[m] for m in self.machines}, round_idx=self.round_idx, phase=self.phase
+            )
+            self._widths = {}
+            if self._anchors.shape[0] == 0:
+                self._anchors = np.zeros((0, self._d))
+
+    def _on_extent(self, sender: str, message: LocalExtent) -> list[Outgoing]:
+        self._check_width(sender, message.anchor.shape[1], "anchor")
         self._accept(sender, message)
         return []
 
@@ -748,12 +778,7 @@ class KzCoordinator(ProtocolMachine):
                 party=sender,
                 round_idx=self.round_idx,
             )
-        if message.points.shape[1] != self.config.d:
-            raise RemoteProtocolError(
-                f"{sender} sent points with {message.points.shape[1]} features, expected {self.config.d}",
-                party=sender,
-                round_idx=self.round_idx,
-            )
+        self._check_width(sender, message.points.shape[1], "points")
         counts = self._counts[sender]
         offsets = np.concatenate([[0], np.cumsum(message.sizes)])
         for j, t in enumerate(self._requested):
@@ -771,12 +796,7 @@ class KzCoordinator(ProtocolMachine):
         return []
 
     def _on_representatives(self, sender: str, message: Representatives) -> list[Outgoing]:
-        if message.points.shape[1] != self.config.d:
-            raise RemoteProtocolError(
-                f"{sender} sent points with {message.points.shape[1]} features, expected {self.config.d}",
-                party=sender,
-                round_idx=self.round_idx,
-            )
+        self._check_width(sender, message.points.shape[1], "points")
         (t,) = self._requested
         count, discarded = (int(v) for v in self._table[sender][t])
         weight = int(message.weights.sum())
@@ -801,6 +821,7 @@ class KzCoordinator(ProtocolMachine):
     def _advance(self) -> list[Outgoing]:
         if self._state in (CoordinatorState.DONE, CoordinatorState.ERROR) or len(self._inbox) < len(self.machines):
             return []
+        self._settle_features()
         if self._state is CoordinatorState.EXTENT:
             self._extents = dict(self._inbox)  # type: ignore[arg-type]
             self._n_of = {m: self._extents[m].n_points for m in self.machines}
@@ -839,7 +860,7 @@ class KzCoordinator(ProtocolMachine):
         """The grid of guesses from the machines' extents (spec 2.4, practical alternative)."""
         extents = [self._extents[m] for m in self.machines]
         anchors = [(e.anchor[0], e.radius) for e in extents if e.anchor.shape[0]]
-        self._anchors = np.asarray([a for a, _ in anchors]).reshape(-1, self.config.d)
+        self._anchors = np.asarray([a for a, _ in anchors]).reshape(-1, self._d)
         diameter = 0.0
         if anchors:
             between = _kernels.pairwise_distances(self._anchors)
