@@ -280,7 +280,8 @@ def _split_command_exists() -> bool:
 @pytest.mark.slow
 def test_dckmeans_parties_in_their_own_processes_over_tls_equal_the_memory_run(tmp_path):
     """fedproto split, fedproto provision, one fedproto party process per party with its own
-    --data file: the results the parties report and the payload bytes equal the memory run."""
+    --data file: the model and the deletions the parties report, and the payload bytes of every
+    link, equal the memory run's."""
     if not _split_command_exists():
         pytest.skip("fedproto split is not available")
     options = ["--data", "iris", "--removals", "6", "--no-timing", "--seed", "3"]
@@ -292,21 +293,21 @@ def test_dckmeans_parties_in_their_own_processes_over_tls_equal_the_memory_run(t
     roster = manifest["parties"]
     files = {entry["party"]: entry["file"] for entry in manifest["files"]}
     assert roster[0] == "root" and set(files) == set(roster[1:])
-    port = _free_port()
-    _fedproto("provision", "--parties", ",".join(roster), "--hub", f"127.0.0.1:{port}", "--out", "kits",
-              cwd=tmp_path)
-    # the parties hold only their files: the resolved options spell out what the whole set decided
-    width = str(len(roster) - 1)
-    party_options = ["--removals", "6", "--no-timing", "--seed", "3", "--k", "3", "--width", width]
+    # the memory run's session, so that every envelope is the same size
+    _fedproto("provision", "--parties", ",".join(roster), "--hub", f"127.0.0.1:{_free_port()}", "--session",
+              str(memory["session"]), "--out", "kits", cwd=tmp_path)
+    # the parties hold only their files: what the whole set decided is spelled out
+    # (DCKMEANS.resolved_options: --k, --removals, --width)
+    party_options = ["--removals", "6", "--no-timing", "--seed", "3", "--k", "3", "--width", str(len(files))]
     procs = {}
     try:
-        for party in roster:  # the hub (root) first: the others dial it
+        for party in roster:  # the hub (the root) first: the others dial it
             data = ["--data", str(tmp_path / "parts" / files[party])] if party in files else []
             kit = tmp_path / "kits" / party / "roster.json"
             procs[party] = subprocess.Popen(
                 [str(FEDPROTO), "party", "dckmeans", *party_options, *data, "--party", party, "--roster", str(kit),
                  "--party-report", str(tmp_path / f"{party}.json")],
-                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
             )
             if party == roster[0]:
                 time.sleep(1.0)
@@ -320,14 +321,18 @@ def test_dckmeans_parties_in_their_own_processes_over_tls_equal_the_memory_run(t
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
     reports = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in roster}
-    root = reports["root"]
-    assert root["results"]["root"]["centroids"] == memory["results"]["centroids"]
+    root = reports["root"]["result"]
+    assert root["centroids"] == memory["results"]["centroids"]
+    assert len(root["deletions"]) == memory["results"]["n_removals"] == 6
+    removed = [i for p in files for i in reports[p]["result"]["removed"]]
+    assert sorted(removed) == sorted(root["deletions"])
     sent = {}
     for party, doc in reports.items():
-        for link in doc["links"]:
+        for link in doc["report"]["links"]:
             if link["sender"] == party:
                 key = (link["round_idx"], link["phase"], link["sender"], link["receiver"], link["tag"])
                 sent[key] = (link["messages"], link["payload_bytes"])
     expected = {(link["round_idx"], link["phase"], link["sender"], link["receiver"], link["tag"]):
                 (link["messages"], link["payload_bytes"]) for link in memory["links"]}
     assert sent == expected
+    assert any(key[1] == SETUP_PHASE for key in sent)
