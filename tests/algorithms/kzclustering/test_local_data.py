@@ -31,9 +31,10 @@ from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator
 from fedproto.algorithms.kzclustering.setup import SETUP_PHASE
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, normalize, save_dataset
-from fedproto.errors import RemoteProtocolError
+from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.testing.faults import Faults
 from fedproto.transports.memory import MemoryNetwork
 
 PLUGINS = {"kzcenter": KZCENTER, "kzmedian": KZMEDIAN, "kzmeans": KZMEANS}
@@ -223,6 +224,18 @@ async def test_with_radius_bounds_the_feature_count_is_checked_on_the_first_poin
     with pytest.raises(RemoteProtocolError, match="machine-2 has 5 features") as err:
         await run_machines(machines, plan.session)
     assert err.value.party == "machine-2" and err.value.phase == "points"
+
+
+async def test_a_machine_silent_in_the_setup_fails_the_coordinator_naming_it():
+    """The setup uses the runtime's phase deadline: a machine that crashes before its data summary
+    leaves the coordinator waiting, and the deadline names it."""
+    args = parse_run(KZMEANS, [*RUN, "--normalize"])
+    plan = KZMEANS.plan(args, load_dataset("iris"))
+    network = MemoryNetwork(list(plan.roster), faults=Faults(crash_at={"machine-2": (SETUP_PHASE, 0)}))
+    machines = {p: plan.make_machine(p) for p in plan.roster}
+    with pytest.raises(InsufficientParticipants, match="machine-2") as err:
+        await run_parties(machines, network, config=RuntimeConfig(session=plan.session, deadline_s=0.5))
+    assert err.value.missing == ("machine-2",) and err.value.phase == SETUP_PHASE
 
 
 def test_two_machines_that_disagree_are_both_named():
