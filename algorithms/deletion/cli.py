@@ -19,14 +19,23 @@ centralised Q-k-means on the same stream.
 ``fedproto run dckmeans --weighted ...`` runs the weighted variant: nodes also send their cluster
 masses, internal nodes cluster mass-weighted.
 
+Each data-holding party (a client, a leaf) may hold only its own file: ``split`` gives each its
+raw rows (``fedproto split``), ``plan_party`` builds one party from its own file and the public
+options (``fedproto party --data FILE``; ``--removals`` required, ``--k`` from the file), and
+``resolved_options`` spells out ``--k``, ``--removals`` (and ``--width``) for the TCP launcher's
+parties. Every run opens with the setup phase ``setup.data``
+(`fedproto.algorithms.deletion.local_data`: counts, dimension and feature extents up, n, each
+party's first id and the federation's extent down); ``plan`` is ``split`` plus the same builders
+plus the baselines on the pooled data, so the two give equal results and payload bytes.
+
 Both plugins generate the paper's synthetic Gaussian set by name: ``--data gaussian`` (5 x 20,000
 points in 25 dimensions) or ``--data gaussian-small`` (5 x 2,000), drawn with ``--seed``.
 
 Data are min-max scaled to ``[0, 1]^d`` (``--normalize minmax``, the default and the paper's
 preprocessing; a bare ``--normalize`` means the same; Celltype is already scaled, so it is
-unchanged); ``--normalize none`` keeps the values. The deletion stream is ``--removals`` ids drawn
-uniformly without replacement with ``--seed + 1`` (default: min(1000, n/10)); the model key is
-``PRNGKey(--seed)``. Q-k-means takes ``--lattice-step`` (the paper's epsilon, the granularity of
+unchanged); ``--normalize none`` keeps the values. The points' ids are ``0 .. n-1`` party by
+party in roster order; the deletion stream is ``--removals`` of them drawn uniformly without
+replacement with ``--seed + 1`` (default: min(1000, n/10)); the model key is ``PRNGKey(--seed)``. Q-k-means takes ``--lattice-step`` (the paper's epsilon, the granularity of
 its lattice) and ``--balance`` (the paper's gamma); ``--retrains`` k-means retrainings are timed
 for the baseline.
 
