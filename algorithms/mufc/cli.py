@@ -53,9 +53,11 @@ import numpy as np
 
 from fedproto.algorithms.mufc import baselines
 from fedproto.algorithms.mufc.clustering import federated_loss, kmeans_cost, reference_loss
-from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
+from fedproto.algorithms.mufc.data import Federation, client_split, file_clients, gaussian_mixture, unit_box
 from fedproto.algorithms.mufc.messages import (
     AggregationRequest,
+    DataSummary,
+    FederationSummary,
     MaskedSyndromes,
     ModelUpdate,
     PeerKeys,
@@ -68,12 +70,10 @@ from fedproto.algorithms.mufc.protocol import (
     SERVER,
     MUFCClientResult,
     MUFCConfig,
-    MUFCParties,
     MUFCServerResult,
-    make_config,
-    secagg_plus_config,
 )
 from fedproto.algorithms.mufc.replay import replay, warm_up_requests
+from fedproto.algorithms.mufc.setup import DataSetup, LocalDataParties, removal_stream, setup_data_bytes
 from fedproto.algorithms.secagg_plus import engine as secagg_plus
 from fedproto.data import Dataset, find_data_file, session_id
 from fedproto.framesize import max_frame_bytes
@@ -191,12 +191,16 @@ HEADLINE = ("data_set", "n_points", "d", "k", "n_clients", "n_removals", "loss_r
 def frame_limit(config: MUFCConfig, d: int) -> int:
     """The largest frame any party of a MUFC run sends (bytes, envelope included).
 
-    Setup sends 32-byte keys (all ``L`` of them to every client); an aggregation opens with the
-    list of active clients (at most ``L``) and each share holds ``T = 2KL`` field elements of
-    ``ceil(bitlength(p) / 8)`` bytes; the model is ``[K, d]`` float64.
+    ``setup.data`` sends a ``[2, d]`` float64 extent up and every client's count (``[L]`` int64)
+    with the federation's extent down; setup sends 32-byte keys (all ``L`` of them to every
+    client); an aggregation opens with the list of active clients (at most ``L``) and each share
+    holds ``T = 2KL`` field elements of ``ceil(bitlength(p) / 8)`` bytes; the model is ``[K, d]``
+    float64.
     """
     key = bytes(32)
     return max(
+        max_frame_bytes(DataSummary, arrays={"extent": (2, d)}),
+        max_frame_bytes(FederationSummary, arrays={"client_points": (config.n_clients,), "extent": (2, d)}),
         max_frame_bytes(PublicKey, plain={"public_key": key}),
         max_frame_bytes(PeerKeys, plain={"keys": (key,) * config.n_clients}),
         max_frame_bytes(AggregationRequest, plain={"active": (0,) * config.n_clients}),
@@ -220,49 +224,6 @@ def _number(value: float) -> float | None:
 def _ratio(loss: float, reference: float) -> float | None:
     """``loss / reference``, or ``None`` where the reference is not positive."""
     return _number(loss / reference) if reference > 0 else None
-
-
-def unit_box(x: np.ndarray) -> np.ndarray:
-    """Scale every column into ``[0, 1]`` (min-max; constant columns map to 0); data already in
-    the unit box are returned unchanged, so Celltype keeps its values."""
-    x = np.asarray(x, dtype=np.float64)
-    if x.size and x.min() >= 0.0 and x.max() <= 1.0:
-        return x
-    lo, hi = x.min(axis=0), x.max(axis=0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    return np.clip((x - lo) / span, 0.0, 1.0)
-
-
-def removal_stream(
-    sizes: list[int], ids: list[np.ndarray], n_requests: int, batch: int, leave: int, k: int, seed: int
-) -> list[tuple[int, tuple[int, ...] | None]]:
-    """Random removals: ``n_requests`` batches of ``batch`` points drawn uniformly from the
-    remaining points of clients that keep more than ``k`` points, then ``leave`` random clients
-    leave.
-
-    Raises:
-        ValueError: the data cannot serve the stream.
-    """
-    if n_requests < 0 or batch < 1 or leave < 0:
-        raise ValueError("--removals and --leave must be non-negative, --points-per-removal at least 1")
-    rng = np.random.default_rng(seed)
-    remaining = [list(map(int, i)) for i in ids]
-    stream: list[tuple[int, tuple[int, ...] | None]] = []
-    for _ in range(n_requests):
-        eligible = [c for c, r in enumerate(remaining) if len(r) - batch >= max(k, 1)]
-        if not eligible:
-            raise ValueError(f"no client can serve another removal of {batch} points and keep {k}")
-        weights = np.array([len(remaining[c]) for c in eligible], dtype=np.float64)
-        c = int(rng.choice(eligible, p=weights / weights.sum()))
-        picks = rng.choice(len(remaining[c]), size=batch, replace=False)
-        chosen = tuple(remaining[c][p] for p in sorted(picks.tolist()))
-        remaining[c] = [i for j, i in enumerate(remaining[c]) if j not in set(picks.tolist())]
-        stream.append((c, chosen))
-    if leave >= len(sizes):
-        raise ValueError(f"--leave {leave} would remove every one of the {len(sizes)} clients")
-    for c in rng.choice(len(sizes), size=leave, replace=False).tolist():
-        stream.append((int(c), None))
-    return stream
 
 
 def _file_split(data: str, raw: np.ndarray) -> list[np.ndarray] | None:
@@ -306,6 +267,50 @@ def plot_stream(ax: Any, summary: Mapping[str, Any]) -> None:
         twin.set_ylabel("loss ratio phi_f / phi_c*")
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small",
               frameon=False)
+
+
+def _phases(secagg: str) -> tuple[str, ...]:
+    """The run's phases in message order (``setup.data`` first)."""
+    if secagg == "scma":
+        return ("setup.data", "setup", "aggregate", "removal", "model")
+    return ("setup.data", "removal", *secagg_plus.STAGES, "model")
+
+
+def _client_parts(dataset: Dataset, rows: list[np.ndarray]) -> dict[str, Dataset]:
+    """``{"client-<c>": the raw rows rows[c] of dataset}`` (the split's files)."""
+    return {
+        f"client-{c}": Dataset(dataset.name, dataset.x[r], None if dataset.y is None else dataset.y[r],
+                               dataset.paper_k)
+        for c, r in enumerate(rows)
+    }
+
+
+def result_to_json(party: str, result: Any) -> dict[str, Any]:
+    """A party's result as JSON-ready data (the server's model history, a client's local state)."""
+    if isinstance(result, MUFCServerResult):
+        return {
+            "centroids": result.centroids.tolist(),
+            "history": [h.tolist() for h in result.history],
+            "reclustered": list(result.reclustered),
+            "totals": list(result.totals),
+            "support_sizes": list(result.support_sizes),
+            "active": list(result.active),
+            "dropped": list(result.dropped),
+            # the --dropout spelling, PARTY@STAGE:ROUND (short names: the report schema's string_array)
+            "dropouts": [f"{party}@{stage}:{r}" for party, (r, stage) in sorted(result.dropouts.items())],
+        }
+    if isinstance(result, MUFCClientResult):
+        return {
+            "centroids": None if result.centroids is None else result.centroids.tolist(),
+            "version": result.version,
+            "ids": result.ids.tolist(),
+            "positions": result.positions.tolist(),
+            "local_centroids": result.local_centroids.tolist(),
+            "seeds": list(result.seeds),
+            "reseeded": list(result.reseeded),
+            "left": result.left,
+        }
+    raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
 
 
 class MUFCPlugin:
@@ -364,79 +369,153 @@ class MUFCPlugin:
         group.add_argument("--no-baselines", action="store_true", help="skip K-FED and DC-KM")
         group.add_argument("--retrains", type=int, default=3, help="complete retrainings timed (default 3)")
 
-    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        k = args.k if args.k is not None else (dataset.paper_k or 3)
-        if k < 1:
-            raise ValueError("--k must be at least 1")
-        x = unit_box(dataset.x)
-        n, d = x.shape
-        if k > n:
-            raise ValueError(f"K = {k} is larger than the number of points ({n})")
+    def _cut(self, args: argparse.Namespace, dataset: Dataset, k: int) -> tuple[list[np.ndarray], str]:
+        """The clients' rows of ``dataset`` (one int64 index array per client, client order) and the
+        partition's name: the file's split, or the authors' ``iid``/``noniid`` split of the data
+        scaled into the unit box.
+
+        Raises:
+            ValueError: a partition the data cannot serve, or options out of range.
+        """
+        n = dataset.n
         split = args.partition
         rows = _file_split(args.data, dataset.x) if split in ("auto", "file") else None
         if split == "file" and rows is None:
             raise ValueError("--partition file needs an .npz data file with client_X and client_sizes")
-        if rows is None:
-            if args.clients < 1:
-                raise ValueError("--clients must be at least 1")
-            if args.clients > n:
-                raise ValueError(f"--clients {args.clients} is more than the {n} points")
-            split = "iid" if split == "iid" else "noniid"
-            k_prime = args.k_prime if args.k_prime is not None else math.ceil(math.sqrt(k))
-            if k_prime < 1:
-                raise ValueError("--k-prime must be at least 1")
-            rows = client_split(x, args.clients, k=k, k_prime=None if split == "iid" else k_prime, seed=args.seed)
-        else:
-            split = "file"
-        n_clients = len(rows)
-        ids = np.arange(n, dtype=np.int64)
-        parts = [(x[r], ids[r]) for r in rows]
+        if rows is not None:
+            return rows, "file"
+        if args.clients < 1:
+            raise ValueError("--clients must be at least 1")
+        if args.clients > n:
+            raise ValueError(f"--clients {args.clients} is more than the {n} points")
+        split = "iid" if split == "iid" else "noniid"
+        k_prime = args.k_prime if args.k_prime is not None else math.ceil(math.sqrt(k))
+        if k_prime < 1:
+            raise ValueError("--k-prime must be at least 1")
+        x = unit_box(dataset.x)
+        return client_split(x, args.clients, k=k, k_prime=None if split == "iid" else k_prime, seed=args.seed), split
+
+    @staticmethod
+    def _k(args: argparse.Namespace, paper_k: int | None) -> int:
+        k = args.k if args.k is not None else (paper_k or 3)
+        if k < 1:
+            raise ValueError("--k must be at least 1")
+        return k
+
+    @staticmethod
+    def _setup(args: argparse.Namespace, k: int, n_clients: int) -> DataSetup:
+        """The run's public options (:class:`~fedproto.algorithms.mufc.setup.DataSetup`)."""
         step = args.quantization_step
         if step is not None and not (math.isfinite(step) and step > 0):
             raise ValueError(f"--quantization-step must be positive and finite, got {step}")
         if args.max_iterations < 1:
             raise ValueError("--max-iterations must be at least 1")
-        options = dict(server_mode=args.server_mode, unlearning=args.unlearning, n_init=args.n_init,
-                       max_iter=args.max_iterations, lloyd_iterations=args.client_lloyd,
-                       fresh_randomness=args.fresh_randomness, min_clients=args.min_clients)
-        config = make_config(n, d, k, n_clients, k_client=args.k_client, gamma=step, **options)
+        return DataSetup(
+            n_clients=n_clients, k=k, k_client=args.k_client, gamma=step, secagg=getattr(args, "secagg", "scma"),
+            removals=args.removals, points_per_removal=args.points_per_removal, leave=args.leave,
+            stream_seed=args.seed + 1, server_mode=args.server_mode, unlearning=args.unlearning,
+            n_init=args.n_init, max_iter=args.max_iterations, lloyd_iterations=args.client_lloyd,
+            fresh_randomness=args.fresh_randomness, min_clients=args.min_clients,
+        )
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each client's raw rows, as the run that :meth:`plan` describes cuts them.
+
+        Returns:
+            ``{"client-<c>": Dataset(name, x [n_c, d] raw float64, y or None, paper_k)}`` in
+            client order (the server holds no data).
+
+        Raises:
+            ValueError: as :meth:`plan` for the data, K and the partition.
+        """
+        k = self._k(args, dataset.paper_k)
+        if k > dataset.n:
+            raise ValueError(f"K = {k} is larger than the number of points ({dataset.n})")
+        rows, _ = self._cut(args, dataset, k)
+        return _client_parts(dataset, rows)
+
+    def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
+        """``["--k", K]``: K's default is the data set's paper K, which the server has no file to read."""
+        return ["--k", str(self._k(args, dataset.paper_k))]
+
+    def plan_party(
+        self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
+    ) -> RunPlan:
+        """The plan of one party holding only ``data`` (a client's raw rows; ``None`` for the server).
+
+        The clients are the roster's parties other than ``server``, in roster order. The run's
+        n, grid, prime, the point ids and the removal stream are agreed in ``setup.data``
+        (:mod:`fedproto.algorithms.mufc.setup`). ``--k`` defaults to the file's paper K (else 3)
+        at a client and is required at the server. The frame limit is left to
+        ``--max-frame-bytes`` (the shapes depend on n and d, which no party knows before the run).
+
+        Raises:
+            ValueError: no ``server`` in the roster, a server given data or a client given none,
+                ``--k`` missing at the server, or an option out of range.
+        """
+        if SERVER not in roster:
+            raise ValueError(f"a MUFC roster needs a party named {SERVER!r}; this one has {', '.join(roster)}")
+        clients = tuple(p for p in roster if p != SERVER)
+        if party == SERVER:
+            if data is not None:
+                raise ValueError("the MUFC server holds no data: start it without --data")
+            if args.k is None:
+                raise ValueError("--k is required when a party holds only its own data (the server has no file)")
+            k = self._k(args, None)
+        else:
+            if data is None:
+                raise ValueError(f"{party} is a MUFC client: give it its own data with --data FILE")
+            k = self._k(args, data.paper_k)
+        setup = self._setup(args, k, len(clients))
+        parties = LocalDataParties(setup, key=jax.random.PRNGKey(args.seed), seed=args.seed, session=session,
+                                   clients=clients)
+
+        def make_machine(name: str) -> Any:
+            if name != party:
+                raise ValueError(f"this process holds only {party}'s data, not {name}'s")
+            return parties.make_machine(name, None if data is None else data.x)
+
+        return RunPlan(
+            roster=parties.roster,
+            session=session,
+            make_machine=make_machine,
+            result_to_json=result_to_json,
+            summarize=lambda results: {},
+            role_of=parties.role_of,
+            iterations=setup.n_requests + 1,
+            phases=_phases(setup.secagg),
+            labels=LABELS,
+            dropout_stages=secagg_plus.STAGES if setup.secagg != "scma" else (),
+            dropout_unsupported="" if setup.secagg != "scma" else (
+                "mufc survives dropouts at a stage only with --secagg plus or complete"),
+        )
+
+    def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
+        """The simulation: :meth:`split`'s parts, every machine built from its own part as in
+        :meth:`plan_party` (``setup.data`` included), and the summaries on the pooled data."""
+        k = self._k(args, dataset.paper_k)
+        n, d = dataset.x.shape
+        if k > n:
+            raise ValueError(f"K = {k} is larger than the number of points ({n})")
+        rows, split = self._cut(args, dataset, k)
+        own = _client_parts(dataset, rows)  # the split: each client's raw rows
+        raw = list(own.values())
+        n_clients = len(raw)
+        setup = self._setup(args, k, n_clients)
         if args.retrains < 1:
             raise ValueError("--retrains must be at least 1")
-        stream = removal_stream([len(r) for r in rows], [ids[r] for r in rows], args.removals,
-                                args.points_per_removal, args.leave, config.k_client, args.seed + 1)
+        step = setup.gamma
+        k_client = setup.k_client if setup.k_client is not None else k
+        session = session_id("mufc", dataset.name, n, d, k, n_clients, split, args.seed, setup.n_requests,
+                             args.points_per_removal, args.unlearning, args.server_mode, k_client, step)
         key = jax.random.PRNGKey(args.seed)
-        session = session_id("mufc", dataset.name, n, d, k, n_clients, split, args.seed, len(stream),
-                             args.points_per_removal, args.unlearning, args.server_mode, config.k_client, step)
-        choice = getattr(args, "secagg", "scma")
-        plus = secagg_plus_config(config, choice, session=session)
-        parties = MUFCParties(parts, config, key=key, requests=stream, seed=args.seed, secagg_plus=plus,
-                              session=session)
-
-        def result_to_json(party: str, result: Any) -> dict[str, Any]:
-            if isinstance(result, MUFCServerResult):
-                return {
-                    "centroids": result.centroids.tolist(),
-                    "history": [h.tolist() for h in result.history],
-                    "reclustered": list(result.reclustered),
-                    "totals": list(result.totals),
-                    "support_sizes": list(result.support_sizes),
-                    "active": list(result.active),
-                    "dropped": list(result.dropped),
-                    # the --dropout spelling, PARTY@STAGE:ROUND (short names: the report schema's string_array)
-                    "dropouts": [f"{party}@{stage}:{r}" for party, (r, stage) in sorted(result.dropouts.items())],
-                }
-            if isinstance(result, MUFCClientResult):
-                return {
-                    "centroids": None if result.centroids is None else result.centroids.tolist(),
-                    "version": result.version,
-                    "ids": result.ids.tolist(),
-                    "positions": result.positions.tolist(),
-                    "local_centroids": result.local_centroids.tolist(),
-                    "seeds": list(result.seeds),
-                    "reseeded": list(result.reseeded),
-                    "left": result.left,
-                }
-            raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
+        # What setup.data agrees, computed here for the summaries (the machines agree it themselves).
+        agreement = setup.configure(Federation.of([part.x for part in raw]), session)
+        federation, config, plus, stream = agreement.federation, agreement.config, agreement.secagg_plus, agreement.stream
+        parts = [(federation.scale(part.x), federation.ids(c)) for c, part in enumerate(raw)]
+        x = np.concatenate([xc for xc, _ in parts])  # the pooled scaled points, row = point id
+        parties = LocalDataParties(setup, key=key, seed=args.seed, session=session, clients=tuple(own))
+        choice = setup.secagg
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             server = results[SERVER]
@@ -457,8 +536,8 @@ class MUFCPlugin:
             left = [c for c, name in enumerate(parties.clients) if name in results and results[name]["left"]]
             # removed by requests: the present clients' removed points and the leaving clients' data
             # (a client that dropped out is not counted: its data left the model with it)
-            removed = sum(len(parties.parts[c][1]) - len(i) for c, i in zip(present, xs_ids))
-            removed += sum(len(parties.parts[c][1]) for c in left)
+            removed = sum(len(parts[c][1]) - len(i) for c, i in zip(present, xs_ids, strict=True))
+            removed += sum(len(parts[c][1]) for c in left)
             summary: dict[str, Any] = {
                 "data_set": dataset.name, "n_points": n, "d": d, "k": k, "k_client": config.k_client,
                 "n_clients": n_clients, "partition": split, "quantization_step": config.grid.gamma,
@@ -486,8 +565,8 @@ class MUFCPlugin:
                 # Same public parameters (gamma and p stay fixed over a run), same keys, the
                 # remaining points only: the protocol's model must be the same array.
                 if len(present) == n_clients:
-                    kept = [(x[parties.parts[c][1][np.isin(parties.parts[c][1], xs_ids[i])]],
-                             parties.parts[c][1][np.isin(parties.parts[c][1], xs_ids[i])])
+                    kept = [(x[parts[c][1][np.isin(parts[c][1], xs_ids[i])]],
+                             parts[c][1][np.isin(parts[c][1], xs_ids[i])])
                             for i, c in enumerate(present)]
                     with progress_task("MUFC retrained on the remaining data (exactness check)"):
                         fresh = replay(kept, config, key, (), evaluate=False, retrains=1)
@@ -513,7 +592,7 @@ class MUFCPlugin:
                 with progress_task("timed replay of the removal stream", total=len(stream)) as advance:
                     run = replay(parts, config, key, stream, retrains=args.retrains, progress=lambda _: advance())
                 with progress_task("phi_c*: scikit-learn KMeans on all the data"):
-                    base = reference_loss(x, k, args.seed)
+                    base = reference_loss(unit_box(dataset.x), k, args.seed)
                 times_ms = 1e3 * np.array([s.total_s for s in run.steps])
                 summary.update({
                     "train_ms": 1e3 * (run.train_client_s + run.train_server_s),
@@ -540,25 +619,28 @@ class MUFCPlugin:
             "analytic_syndrome_bytes_per_client": config.syndrome_bytes(),
             # B^d can exceed a float's range only beyond 10^308 bins; the count stays exact
             "dense_aggregation_bytes_per_client": config.grid.n_bins * config.width,
+            # setup.data: the extent up, every count and the federation's extent down (no envelopes)
+            "analytic_setup_data_bytes_per_client": sum(setup_data_bytes(n_clients, d).values()),
         }
-        if plus is None:
-            phases: tuple[str, ...] = ("setup", "aggregate", "removal", "model")
-            limit = frame_limit(config, d)
-        else:
-            phases = ("removal", *secagg_plus.STAGES, "model")
-            limit = max(frame_limit(config, d), secagg_plus.frame_limit(plus))
+        limit = frame_limit(config, d)
+        if plus is not None:
+            limit = max(limit, secagg_plus.frame_limit(plus))
             analytic["analytic_secagg_bytes_per_client_per_aggregation"] = sum(
                 v["sent"] + v["received"] for v in secagg_plus.stage_bytes(plus).values())
+
+        def make_machine(party: str) -> Any:
+            # every client from its own raw rows only, the server from the public options only
+            return parties.make_machine(party, own[party].x if party in own else None)
 
         return RunPlan(
             roster=parties.roster,
             session=session,
-            make_machine=parties.make_machine,
+            make_machine=make_machine,
             result_to_json=result_to_json,
             summarize=summarize,
             role_of=parties.role_of,
             iterations=len(stream) + 1,
-            phases=phases,
+            phases=_phases(choice),
             plot_results=plot_stream,
             labels={
                 **LABELS,
@@ -568,6 +650,8 @@ class MUFCPlugin:
                 "would send (bytes per client)",
                 "analytic_secagg_bytes_per_client_per_aggregation": "analytic SecAgg+ data bytes per client per "
                 "aggregation (sent and received, no dropout)",
+                "analytic_setup_data_bytes_per_client": "analytic setup.data bytes per client (16 d up, "
+                "8 L + 16 d down; envelopes apart)",
             },
             analytic=analytic,
             max_frame_bytes=limit,

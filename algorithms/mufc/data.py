@@ -6,6 +6,9 @@
   the data with scikit-learn ``KMeans(K)``; i.i.d. cuts every cluster evenly over the clients;
   non-i.i.d. gives every client chunks of at most ``K'`` clusters.
 * `file_clients`: the split shipped with the Celltype file (``client_X`` / ``client_sizes``).
+* `unit_box`: every column scaled into [0, 1] by the (pooled data's) per-feature extent.
+* `Federation`: the public quantities of the clients' data (counts, extent) that a run whose
+  parties each hold only their own data agrees in its ``setup.data`` phase.
 
 All functions are deterministic given their seed (local ``numpy.random.Generator`` and
 ``random_state``; no global randomness).
@@ -17,14 +20,16 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from fedproto.data import Dataset
+from fedproto.data import Dataset, feature_extent
 
-__all__ = ["client_split", "cluster_labels", "file_clients", "gaussian_mixture"]
+__all__ = ["Federation", "client_split", "cluster_labels", "file_clients", "gaussian_mixture", "unit_box"]
 
 
 def gaussian_mixture(seed: int, *, n_per: int = 3000, k: int = 10, d: int = 10, variance: float = 0.5) -> Dataset:
@@ -249,3 +254,113 @@ def file_clients(path: str | os.PathLike, x: np.ndarray) -> list[np.ndarray]:
             raise ValueError(f"row {i} of client_X does not match a (remaining) row of x")
         matched[i] = rows.pop()
     return np.split(matched, np.cumsum(sizes)[:-1])
+
+
+def unit_box(x: np.ndarray, extent: tuple[np.ndarray, np.ndarray] | np.ndarray | None = None) -> np.ndarray:
+    """Scale every column into ``[0, 1]`` by a per-feature extent (min-max; constant columns map
+    to 0); data whose extent already lies in the unit box are returned unchanged, so Celltype
+    keeps its values.
+
+    Scaling each client's rows by the federation's extent (the element-wise minimum of the
+    clients' minima and maximum of their maxima, agreed in MUFC's ``setup.data`` phase) gives
+    exactly the rows of the pooled data scaled at once: the same element-wise arithmetic.
+
+    Args:
+        x: ``[m, d]`` float64 (raw points).
+        extent: ``(lo, hi)`` or ``float64 [2, d]``: the per-feature minimum and maximum to scale
+            by; default ``x``'s own (:func:`fedproto.data.feature_extent`).
+
+    Returns:
+        ``[m, d]`` float64 in ``[0, 1]`` (values outside ``extent`` are clipped); ``x`` itself
+        when the extent lies inside ``[0, 1]``.
+
+    Raises:
+        ValueError: ``extent`` does not hold ``d`` minima and ``d`` maxima.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if extent is None:
+        if not x.size:
+            return x
+        lo, hi = feature_extent(x)
+    else:
+        lo, hi = (np.asarray(e, dtype=np.float64) for e in extent)
+        if x.ndim != 2 or lo.shape != (x.shape[1],) or hi.shape != (x.shape[1],):
+            raise ValueError(f"the extent must hold {x.shape[-1]} minima and maxima for points of shape {x.shape}")
+    if lo.min() >= 0.0 and hi.max() <= 1.0:
+        return x
+    span = np.where(hi > lo, hi - lo, 1.0)
+    return np.clip((x - lo) / span, 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Federation:
+    """The public quantities of the federation's data, agreed in ``setup.data``.
+
+    Attributes:
+        client_points: every client's number of points n_l, in client order (each >= 1).
+        extent: ``float64 [2, d]``: the per-feature minimum (row 0) and maximum (row 1) over all
+            the clients' raw points.
+
+    Raises:
+        ValueError: no client, a client without points, or an extent not of shape ``[2, d]``
+            with finite ``lo <= hi``.
+    """
+
+    client_points: tuple[int, ...]
+    extent: np.ndarray
+
+    def __post_init__(self) -> None:
+        points = tuple(int(n) for n in self.client_points)
+        if not points or min(points) < 1:
+            raise ValueError("every client must hold at least one point")
+        extent = np.array(self.extent, dtype=np.float64)
+        if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+            raise ValueError(f"the extent must have shape [2, d], got {extent.shape}")
+        if not np.all(np.isfinite(extent)) or np.any(extent[0] > extent[1]):
+            raise ValueError("the extent must be finite with each minimum at most its maximum")
+        extent.setflags(write=False)
+        object.__setattr__(self, "client_points", points)
+        object.__setattr__(self, "extent", extent)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Federation):
+            return NotImplemented
+        return self.client_points == other.client_points and np.array_equal(self.extent, other.extent)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def combine(cls, client_points: Sequence[int], extents: Sequence[np.ndarray]) -> Federation:
+        """The federation of clients with these counts and ``[2, d]`` extents (the server's step:
+        element-wise minimum of the minima and maximum of the maxima, the pooled data's extent)."""
+        stack = np.stack([np.asarray(e, dtype=np.float64) for e in extents])
+        return cls(tuple(client_points), np.stack([stack[:, 0].min(axis=0), stack[:, 1].max(axis=0)]))
+
+    @classmethod
+    def of(cls, parts: Sequence[np.ndarray]) -> Federation:
+        """The federation of clients holding these raw ``[n_l, d]`` points (what ``setup.data``
+        agrees; a simulation computes it for its pooled summaries)."""
+        return cls.combine([len(x) for x in parts], [np.stack(feature_extent(x)) for x in parts])
+
+    @property
+    def n(self) -> int:
+        """The total number of points."""
+        return sum(self.client_points)
+
+    @property
+    def d(self) -> int:
+        """The number of features."""
+        return int(self.extent.shape[1])
+
+    def offset(self, c: int) -> int:
+        """The id of client ``c``'s first point: the earlier clients' points."""
+        return sum(self.client_points[:c])
+
+    def ids(self, c: int) -> np.ndarray:
+        """Client ``c``'s point ids, ``int64 [n_c]``: its rows' numbers in the pooled data."""
+        start = self.offset(c)
+        return np.arange(start, start + self.client_points[c], dtype=np.int64)
+
+    def scale(self, x: np.ndarray) -> np.ndarray:
+        """A client's raw ``[n_l, d]`` points scaled into ``[0, 1]`` by the federation's extent."""
+        return unit_box(x, self.extent)

@@ -1,5 +1,13 @@
 """Wire messages of MUFC (spec mufc.md, sections 1.10, 2.3 and 3.5).
 
+The federation's public quantities (phase ``setup.data``, round 0, metered as setup; the first
+phase of a run whose parties each hold only their own raw data, :mod:`fedproto.algorithms.mufc.setup`):
+
+* :class:`DataSummary` client -> server: the client's number of points n_l and the per-feature
+  minimum and maximum of its raw points, ``float64 [2, d]``;
+* :class:`FederationSummary` server -> every client: every client's n_l (client order) and the
+  federation's per-feature minimum and maximum, ``float64 [2, d]``.
+
 Setup (phase ``setup``, round 0):
 
 * :class:`PublicKey` client -> server: the client's X25519 public key for pairwise mask seeds;
@@ -35,7 +43,16 @@ import numpy as np
 
 from fedproto.messages import Message, array_field, bigints_field
 
-__all__ = ["AggregationRequest", "MaskedSyndromes", "ModelUpdate", "PeerKeys", "PublicKey", "RemovalRequest"]
+__all__ = [
+    "AggregationRequest",
+    "DataSummary",
+    "FederationSummary",
+    "MaskedSyndromes",
+    "ModelUpdate",
+    "PeerKeys",
+    "PublicKey",
+    "RemovalRequest",
+]
 
 _X25519_BYTES = 32
 
@@ -43,6 +60,57 @@ _X25519_BYTES = 32
 def _check_count(value: object, what: str, *, minimum: int = 0) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}")
+
+
+def _check_extent(extent: np.ndarray) -> None:
+    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+    if not np.all(np.isfinite(extent)):
+        raise ValueError("extent holds NaN or infinite values")
+    if np.any(extent[0] > extent[1]):
+        raise ValueError("extent has a minimum above its maximum")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSummary(Message):
+    """A client's share of the federation's public quantities (client -> server, ``setup.data``).
+
+    Attributes:
+        n_points: the client's number of points n_l (>= 1).
+        extent: ``float64 [2, d]``: row 0 the per-feature minimum of the client's raw points,
+            row 1 the maximum (:func:`fedproto.data.feature_extent`).
+    """
+
+    TAG = "mufc.data"
+    n_points: int
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        _check_count(self.n_points, "n_points", minimum=1)
+        _check_extent(self.extent)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FederationSummary(Message):
+    """The federation's public quantities (server -> every client, ``setup.data``).
+
+    Attributes:
+        client_points: ``int64 [L]``: every client's n_l, in client order (each >= 1); their sum
+            is n, which sets the grid's default step and the prime; each client derives the
+            removal stream and its points' ids from them.
+        extent: ``float64 [2, d]``: the element-wise minimum of the clients' minima and maximum
+            of their maxima (the pooled data's per-feature extent, by which every client scales
+            its raw points into ``[0, 1]``).
+    """
+
+    TAG = "mufc.federation"
+    client_points: np.ndarray = array_field("int64", 1)
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        if self.client_points.shape[0] < 1 or np.any(self.client_points < 1):
+            raise ValueError("client_points must list at least one client, each with at least one point")
+        _check_extent(self.extent)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,15 @@ Roles: one :class:`MUFCServer` and ``L`` :class:`MUFCClient` machines (``client-
 public parameters (K, the grid, the prime p, T = 2KL, the modes) are in :class:`MUFCConfig`,
 which every party is built with.
 
+Round 0, phase ``setup.data`` (only for machines built with ``setup=``, a
+:class:`~fedproto.algorithms.mufc.setup.DataSetup`: each client holds only its raw rows, the
+server no data; :mod:`fedproto.algorithms.mufc.setup`): each client sends its count and per-feature
+extent (:class:`DataSummary`); the server checks that the clients agree on d, combines them and
+sends every client every count and the federation's extent (:class:`FederationSummary`). Every
+party then computes the same :class:`MUFCConfig` (n, the grid, p, T), each client scales its rows
+into the unit box by the federation's extent, numbers them and takes its removal requests from the
+public stream. Machines built with ``config=`` (data already scaled, ids and requests given) skip it.
+
 Round 0, phase ``setup``: each client sends its X25519 :class:`PublicKey`; the server sends every
 client :class:`PeerKeys` (all keys). Each pair of clients now shares a mask seed the server does
 not know (Diffie-Hellman + HKDF, :func:`fedproto.algorithms.scma.pairwise_seed`).
@@ -87,15 +96,18 @@ import dataclasses
 import enum
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from fedproto.algorithms import scma
 from fedproto.algorithms.mufc.clustering import server_points, weighted_kmeans
+from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.messages import (
     AggregationRequest,
+    DataSummary,
+    FederationSummary,
     MaskedSyndromes,
     ModelUpdate,
     PeerKeys,
@@ -105,6 +117,7 @@ from fedproto.algorithms.mufc.messages import (
 from fedproto.algorithms.mufc.quantize import Grid, make_grid
 from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
+from fedproto.data import feature_extent
 from fedproto.algorithms.secagg_plus.engine import (
     STAGES,
     Modulus,
@@ -128,6 +141,9 @@ from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
 
+if TYPE_CHECKING:
+    from fedproto.algorithms.mufc.setup import DataSetup
+
 __all__ = [
     "MODES",
     "SERVER",
@@ -140,6 +156,7 @@ __all__ = [
     "ServerModel",
     "SECAGG_CHOICES",
     "check_secagg_plus",
+    "client_key_entropy",
     "make_config",
     "refresh_syndromes",
     "secagg_plus_config",
@@ -261,6 +278,13 @@ def make_config(
 
 def _remote(message: str, sender: str, machine: ProtocolMachine) -> RemoteProtocolError:
     return RemoteProtocolError(message, party=sender, round_idx=machine.round_idx, state=machine.state.name)
+
+
+def client_key_entropy(seed: int, c: int) -> bytes:
+    """Client ``c``'s X25519 key-pair entropy, 32 bytes derived from the run seed (a simulation's
+    and a test's, so that runs repeat; a deployment would draw ``os.urandom(32)``)."""
+    material = hashlib.sha256(b"fedproto/mufc/run-seed" + seed.to_bytes(8, "big", signed=True)).digest()
+    return derive_bytes(material, b"fedproto/mufc/x25519/client %d" % c)
 
 
 def _mask_stream(round_idx: int, attempt: int) -> int:
@@ -470,6 +494,7 @@ class MUFCServerResult:
 class ServerState(enum.Enum):
     """States of the MUFC server."""
 
+    DATA = enum.auto()
     KEYS = enum.auto()
     AGGREGATE = enum.auto()
     SERVING = enum.auto()
@@ -488,15 +513,25 @@ class MUFCServer(ProtocolMachine):
         session: the run's session id (names each SecAgg+ instance; unused with SCMA).
         secagg_plus: aggregate with SecAgg+ under these parameters (the clients' must be the
             same; see the module docstring); ``None`` (default) is the paper's SCMA.
+        setup: instead of ``config``, ``n_points`` and ``secagg_plus``: the public options of a
+            run whose clients each hold only their own data
+            (:class:`~fedproto.algorithms.mufc.setup.DataSetup`); the server agrees the rest with
+            them in ``setup.data`` (``n_requests`` must be ``setup.n_requests``).
+
+    Attributes:
+        federation: the :class:`~fedproto.algorithms.mufc.data.Federation` agreed in
+            ``setup.data`` (``None`` for a server built with ``config``, or before the phase ends).
 
     Raises:
-        ValueError: clients do not match ``config.n_clients`` or repeat, negative counts, or a
+        ValueError: neither or both of ``config`` and ``setup``, clients do not match
+            ``config.n_clients`` (``setup.n_clients``) or repeat, negative counts, or a
             ``secagg_plus`` that does not fit the run.
     """
 
     State = ServerState
     INITIAL_STATE = ServerState.KEYS
     TRANSITIONS = {
+        (ServerState.DATA, DataSummary): ("_on_data_summary", ServerState.DATA),
         (ServerState.KEYS, PublicKey): ("_on_key", ServerState.KEYS),
         (ServerState.AGGREGATE, MaskedSyndromes): ("_on_share", ServerState.AGGREGATE),
         (ServerState.AGGREGATE, RemovalRequest): ("_on_early_request", ServerState.AGGREGATE),
@@ -512,23 +547,32 @@ class MUFCServer(ProtocolMachine):
         party: str,
         *,
         clients: Sequence[str],
-        config: MUFCConfig,
+        config: MUFCConfig | None = None,
         key: jax.Array,
         n_requests: int,
-        n_points: int,
+        n_points: int | None = None,
         session: int = 0,
         secagg_plus: SecAggPlusConfig | None = None,
+        setup: DataSetup | None = None,
     ) -> None:
         super().__init__(party)
         clients = tuple(clients)
-        if len(clients) != config.n_clients or len(set(clients)) != len(clients) or party in clients:
+        if (config is None) == (setup is None):
+            raise ValueError("give the server either config (and n_points) or setup")
+        n_clients = config.n_clients if config is not None else setup.n_clients  # type: ignore[union-attr]
+        if len(clients) != n_clients or len(set(clients)) != len(clients) or party in clients:
             raise ValueError("clients must be config.n_clients unique names, not including the server")
-        if n_requests < 0 or n_points < 1:
+        if n_requests < 0 or (config is not None and (n_points is None or n_points < 1)):
             raise ValueError("n_requests must be non-negative and n_points positive")
-        check_secagg_plus(config, secagg_plus)
-        self.clients, self.config, self.key = clients, config, key
-        self.n_requests, self.n_points = n_requests, n_points
-        self.session, self.secagg_plus = session, secagg_plus
+        if setup is not None and (n_points is not None or secagg_plus is not None or n_requests != setup.n_requests):
+            raise ValueError("with setup, n_points and secagg_plus are agreed in setup.data and n_requests is "
+                             "setup.n_requests")
+        self.clients, self.key = clients, key
+        self.n_requests = n_requests
+        self.session, self.secagg_plus = session, None
+        self._setup = setup
+        self._summaries: dict[str, DataSummary] = {}
+        self.federation: Federation | None = None
         self._index = {name: i for i, name in enumerate(clients)}
         self._keys: dict[str, bytes] = {}
         self._active: tuple[int, ...] = tuple(range(len(clients)))
@@ -537,7 +581,6 @@ class MUFCServer(ProtocolMachine):
         self._attempt = 0
         self._shares: dict[int, tuple[int, ...]] = {}
         self._queued: list[tuple[str, RemovalRequest]] = []
-        self._model = ServerModel(config, key)
         self._history: list[np.ndarray] = []
         self._totals: list[int] = []
         self._supports: list[int] = []
@@ -550,6 +593,16 @@ class MUFCServer(ProtocolMachine):
         self._leaving: set[str] = set()
         self._round_requests = 0
         self._advertised: list[tuple[str, AdvertiseKeys]] = []
+        if config is not None:
+            self._configure(config, n_points, secagg_plus)  # type: ignore[arg-type]
+        else:
+            self.move_to(ServerState.DATA)  # agree n, the grid and p with the clients first
+
+    def _configure(self, config: MUFCConfig, n_points: int, secagg_plus: SecAggPlusConfig | None) -> None:
+        """Take the run's public parameters (at construction, or at the end of ``setup.data``)."""
+        check_secagg_plus(config, secagg_plus)
+        self.config, self.n_points, self.secagg_plus = config, n_points, secagg_plus
+        self._model = ServerModel(config, self.key)
         if secagg_plus is not None:
             self.move_to(ServerState.AGGREGATE)  # no key setup: SecAgg+ keys are fresh per instance
             self._aggregation = self._new_aggregation()
@@ -558,7 +611,8 @@ class MUFCServer(ProtocolMachine):
     def phase(self) -> str:
         if self._aggregation is not None and self._state is ServerState.AGGREGATE:
             return self._aggregation.stage
-        return {ServerState.KEYS: "setup", ServerState.AGGREGATE: "aggregate"}.get(self._state, "removal")
+        return {ServerState.DATA: "setup.data", ServerState.KEYS: "setup", ServerState.AGGREGATE: "aggregate"}.get(
+            self._state, "removal")
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -566,6 +620,8 @@ class MUFCServer(ProtocolMachine):
         return self._active
 
     def pending(self) -> Sequence[str]:
+        if self._state is ServerState.DATA:
+            return [c for c in self.clients if c not in self._summaries]
         if self._state is ServerState.KEYS:
             return [c for c in self.clients if c not in self._keys]
         if self._state is ServerState.AGGREGATE:
@@ -584,6 +640,37 @@ class MUFCServer(ProtocolMachine):
         if c is None:
             raise _remote(f"{sender} is not a client of this run", sender, self)
         return c
+
+    def _on_data_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        """``setup.data``: collect every client's count and extent; once all are in, check that
+        the clients agree on d, agree the run's parameters and send every client every count and
+        the federation's extent (then the run goes on as if built with them)."""
+        self._client_index(sender)
+        if sender in self._summaries:
+            raise _remote(f"second data summary from {sender}", sender, self)
+        self._summaries[sender] = message
+        if len(self._summaries) < len(self.clients):
+            return []
+        summaries = [self._summaries[c] for c in self.clients]
+        dims = [int(summary.extent.shape[1]) for summary in summaries]
+        d = max(dims, key=lambda v: (dims.count(v), -dims.index(v)))  # the most clients' d (ties: the first's)
+        odd = [c for c, v in zip(self.clients, dims, strict=True) if v != d]
+        if odd:
+            described = ", ".join(f"{c} has {dims[self._index[c]]}" for c in odd)
+            raise RemoteProtocolError(
+                f"the clients' points do not have the same number of features: {described}, the other clients "
+                f"{d}", party=odd[0] if len(odd) == 1 else None, round_idx=self.round_idx, state=self._state.name,
+                phase=self.phase)
+        federation = Federation.combine([s.n_points for s in summaries], [s.extent for s in summaries])
+        assert self._setup is not None
+        agreement = self._setup.configure(federation, self.session)
+        self.federation, self._summaries = federation, {}
+        summary = FederationSummary(client_points=np.asarray(federation.client_points, dtype=np.int64),
+                                    extent=federation.extent)
+        out = [self.broadcast(self.clients, summary, phase="setup.data")]
+        self.move_to(ServerState.KEYS)
+        self._configure(agreement.config, federation.n, agreement.secagg_plus)
+        return out
 
     def _on_key(self, sender: str, message: PublicKey) -> list[Outgoing]:
         self._client_index(sender)
@@ -876,6 +963,7 @@ class MUFCClientResult:
 class ClientState(enum.Enum):
     """States of a MUFC client."""
 
+    DATA = enum.auto()
     KEYS = enum.auto()
     SERVING = enum.auto()
     DONE = enum.auto()
@@ -900,17 +988,28 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         session: the run's session id (names each SecAgg+ instance; unused with SCMA).
         secagg_plus: aggregate with SecAgg+ under these parameters (the server's; see the
             module docstring); ``None`` (default) is the paper's SCMA.
+        setup: instead of ``config``, ``ids``, ``requests`` and ``secagg_plus``: the public
+            options of a run whose clients each hold only their own data
+            (:class:`~fedproto.algorithms.mufc.setup.DataSetup`); ``x`` is then the client's raw
+            points, which it scales by the extent agreed in ``setup.data``, where it also learns
+            its ids and its requests (``n_requests`` must be ``setup.n_requests``).
+
+    Attributes:
+        federation: the :class:`~fedproto.algorithms.mufc.data.Federation` agreed in
+            ``setup.data`` (``None`` for a client built with ``config``, or before the phase ends).
 
     Raises:
-        ValueError: a request for a point the client does not hold, a repeated id, a position
-            outside the stream, a request after leaving, a stream that empties the client, or a
-            ``secagg_plus`` that does not fit the run.
+        ValueError: neither or both of ``config`` and ``setup``, a request for a point the client
+            does not hold, a repeated id, a position outside the stream, a request after leaving,
+            a stream that empties the client, non-finite points, or a ``secagg_plus`` that does
+            not fit the run.
     """
 
     State = ClientState
     INITIAL_STATE = ClientState.KEYS
     DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
+        (ClientState.DATA, FederationSummary): ("_on_federation", ClientState.KEYS),
         (ClientState.KEYS, PeerKeys): ("_on_peer_keys", ClientState.SERVING),
         (ClientState.SERVING, ModelUpdate): ("_on_model", ClientState.SERVING),
         (ClientState.SERVING, AggregationRequest): ("_on_open", ClientState.SERVING),
@@ -925,43 +1024,72 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         *,
         server: str,
         index: int,
-        config: MUFCConfig,
+        config: MUFCConfig | None = None,
         x: np.ndarray,
-        ids: np.ndarray,
+        ids: np.ndarray | None = None,
         key: jax.Array,
         requests: Mapping[int, Sequence[int] | None] | None = None,
         n_requests: int = 0,
         key_entropy: bytes,
         session: int = 0,
         secagg_plus: SecAggPlusConfig | None = None,
+        setup: DataSetup | None = None,
     ) -> None:
         super().__init__(party)
-        if not 0 <= index < config.n_clients:
+        if (config is None) == (setup is None):
+            raise ValueError("give the client either config (with ids) or setup (raw points only)")
+        n_clients = config.n_clients if config is not None else setup.n_clients  # type: ignore[union-attr]
+        if not 0 <= index < n_clients:
             raise ValueError("index must lie in [0, n_clients)")
-        check_secagg_plus(config, secagg_plus)
         x = np.asarray(x, dtype=np.float64)
-        ids = np.asarray(ids, dtype=np.int64)
-        if x.ndim != 2 or x.shape[1] != config.grid.d or ids.shape != (x.shape[0],) or x.shape[0] < 1:
-            raise ValueError("x must be [n_l, d] with d the grid's dimension, ids one per row, n_l >= 1")
-        self.server, self.index, self.config, self.key = server, index, config, key
+        self.server, self.index, self.key = server, index, key
         self.n_requests = n_requests
-        self.requests = self._check_requests(requests or {}, set(ids.tolist()), n_requests)
-        self._local = LocalSeeding(x, ids, config.k_client, key, lloyd_iterations=config.lloyd_iterations)
         self._private, self._public = x25519_keypair(key_entropy)
+        self._secagg_entropy = derive_bytes(key_entropy, _SECAGG_ENTROPY)
         self._pair_seeds: dict[int, bytes] = {}
-        self._counts = self._local.counts(config.grid)
-        self._syndromes = scma.rs_syndromes(self._counts, config.prime, config.n_syndromes)
         self._reseeded: list[bool] = []
         self._centroids: np.ndarray | None = None
         self._version = -1
         self._left = False
-        self._active: tuple[int, ...] = tuple(range(config.n_clients))
         self._next_mask: tuple[tuple[tuple[int, ...], int], list[int]] | None = None
-        self.session, self.secagg_plus = session, secagg_plus
+        self.session, self.secagg_plus = session, None
         self._aggregation: SecAggPlusClient | None = None
-        if secagg_plus is not None:
-            self._secagg_entropy = derive_bytes(key_entropy, _SECAGG_ENTROPY)
-            self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
+        self._setup, self._raw = setup, None
+        self.federation: Federation | None = None
+        if config is not None:
+            self._configure(config, x, ids, requests or {}, secagg_plus)
+            if secagg_plus is not None:
+                self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
+            return
+        assert setup is not None
+        if ids is not None or requests is not None or secagg_plus is not None or n_requests != setup.n_requests:
+            raise ValueError("with setup, ids, requests and secagg_plus are agreed in setup.data and n_requests is "
+                             "setup.n_requests")
+        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1 or not np.all(np.isfinite(x)):
+            raise ValueError(f"{party}'s points must be a finite [n_l, d] array with n_l, d >= 1, got shape {x.shape}")
+        self._raw = x
+        self.move_to(ClientState.DATA)  # agree n, the extent and the grid with the others first
+
+    def _configure(
+        self,
+        config: MUFCConfig,
+        x: np.ndarray,
+        ids: np.ndarray | None,
+        requests: Mapping[int, Sequence[int] | None],
+        secagg_plus: SecAggPlusConfig | None,
+    ) -> None:
+        """Take the run's public parameters and this client's scaled points, ids and requests
+        (at construction, or at the end of ``setup.data``); seed locally and compute q^(l)."""
+        check_secagg_plus(config, secagg_plus)
+        ids = np.asarray(ids, dtype=np.int64)
+        if x.ndim != 2 or x.shape[1] != config.grid.d or ids.shape != (x.shape[0],) or x.shape[0] < 1:
+            raise ValueError("x must be [n_l, d] with d the grid's dimension, ids one per row, n_l >= 1")
+        self.config, self.secagg_plus = config, secagg_plus
+        self.requests = self._check_requests(requests, set(ids.tolist()), self.n_requests)
+        self._local = LocalSeeding(x, ids, config.k_client, self.key, lloyd_iterations=config.lloyd_iterations)
+        self._counts = self._local.counts(config.grid)
+        self._syndromes = scma.rs_syndromes(self._counts, config.prime, config.n_syndromes)
+        self._active: tuple[int, ...] = tuple(range(config.n_clients))
 
     @staticmethod
     def _check_requests(
@@ -996,6 +1124,8 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
 
     @property
     def phase(self) -> str:
+        if self._state is ClientState.DATA:
+            return "setup.data"
         if self._state is ClientState.KEYS:
             return "setup"
         if self.secagg_plus is None:
@@ -1004,7 +1134,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         return aggregation.stage if aggregation is not None and aggregation.stage in STAGES else "model"
 
     def pending(self) -> Sequence[str]:
-        return [self.server] if self._state in (ClientState.KEYS, ClientState.SERVING) else []
+        return [self.server] if self._state in (ClientState.DATA, ClientState.KEYS, ClientState.SERVING) else []
 
     @property
     def public_key(self) -> bytes:
@@ -1012,9 +1142,39 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         return self._public
 
     def _start(self) -> list[Outgoing]:
+        if self._state is ClientState.DATA:
+            assert self._raw is not None
+            summary = DataSummary(n_points=int(self._raw.shape[0]), extent=np.stack(feature_extent(self._raw)))
+            return [self.send(self.server, summary, phase="setup.data")]
+        return self._open_training()
+
+    def _open_training(self) -> list[Outgoing]:
+        """The first messages once the parameters are known: SCMA's key, or SecAgg+'s first stage."""
         if self.secagg_plus is not None:
             return [self._advertise()]
         return [self.send(self.server, PublicKey(public_key=self._public), phase="setup")]
+
+    def _on_federation(self, sender: str, message: FederationSummary) -> list[Outgoing]:
+        """``setup.data``: take the federation's counts and extent, derive the run's parameters,
+        this client's scaled points, ids and requests, and open training."""
+        self._check_server(sender)
+        raw, setup = self._raw, self._setup
+        assert raw is not None and setup is not None
+        points, extent = message.client_points, message.extent
+        if len(points) != setup.n_clients or int(points[self.index]) != raw.shape[0] or extent.shape[1] != raw.shape[1]:
+            raise _remote(f"the federation's summary does not hold this client's {raw.shape[0]} points of "
+                          f"{raw.shape[1]} features at index {self.index} of {setup.n_clients}", sender, self)
+        lo, hi = feature_extent(raw)
+        if np.any(extent[0] > lo) or np.any(extent[1] < hi):
+            raise _remote("the federation's extent does not contain this client's points", sender, self)
+        federation = Federation(tuple(int(n) for n in points), extent)
+        agreement = setup.configure(federation, self.session)
+        self.federation, self._raw = federation, None
+        self._configure(agreement.config, federation.scale(raw), federation.ids(self.index),
+                        agreement.requests_of(self.index), agreement.secagg_plus)
+        if agreement.secagg_plus is not None:
+            self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
+        return self._open_training()
 
     def _check_server(self, sender: str) -> None:
         if sender != self.server:
@@ -1204,9 +1364,8 @@ class MUFCParties:
         return "server" if party == SERVER else "client"
 
     def key_entropy(self, c: int) -> bytes:
-        """Client c's key-pair entropy, derived from the run seed (simulation)."""
-        material = hashlib.sha256(b"fedproto/mufc/run-seed" + self.seed.to_bytes(8, "big", signed=True)).digest()
-        return derive_bytes(material, b"fedproto/mufc/x25519/client %d" % c)
+        """Client c's key-pair entropy, derived from the run seed (simulation; :func:`client_key_entropy`)."""
+        return client_key_entropy(self.seed, c)
 
     def make_machine(self, party: str) -> ProtocolMachine:
         """The machine of ``party``.
