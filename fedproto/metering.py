@@ -65,6 +65,7 @@ class Meter:
         self.handshake_bytes = 0
         self.tls_overhead_bytes = 0
         self.relay_overhead_bytes = 0
+        self.resumption_overhead_bytes = 0
         self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
         self.rejected_frames = 0
         self.rejected_by_cause: Counter[tuple[str, str]] = Counter()
@@ -108,7 +109,12 @@ class Meter:
             self.round_started_s[round_idx] = self._now()
 
     def record_connection_bytes(
-        self, *, handshake_bytes: int = 0, tls_overhead_bytes: int = 0, relay_overhead_bytes: int = 0
+        self,
+        *,
+        handshake_bytes: int = 0,
+        tls_overhead_bytes: int = 0,
+        relay_overhead_bytes: int = 0,
+        resumption_overhead_bytes: int = 0,
     ) -> None:
         """Add what a transport wrote on the wire besides frames (its endpoints' own counts).
 
@@ -120,10 +126,14 @@ class Meter:
             relay_overhead_bytes: bytes that relaying frames between two parties through a third
                 cost (route headers, and the relay's second hop), e.g.
                 :attr:`fedproto.transports.tcp.TcpTransport.relay_overhead_bytes`.
+            resumption_overhead_bytes: bytes that making links resumable cost (acknowledgements,
+                goodbyes, frames written again after a broken connection was re-dialled), e.g.
+                :attr:`fedproto.transports.tcp.TcpTransport.resumption_overhead_bytes`.
         """
         self.handshake_bytes += handshake_bytes
         self.tls_overhead_bytes += tls_overhead_bytes
         self.relay_overhead_bytes += relay_overhead_bytes
+        self.resumption_overhead_bytes += resumption_overhead_bytes
 
     def record_received(self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int) -> None:
         """Count one frame received (kept apart from the sent counters)."""
@@ -187,6 +197,7 @@ class Meter:
             handshake_bytes=self.handshake_bytes,
             tls_overhead_bytes=self.tls_overhead_bytes,
             relay_overhead_bytes=self.relay_overhead_bytes,
+            resumption_overhead_bytes=self.resumption_overhead_bytes,
             wall_time_s=max(finished - started, 0.0),
             round_wall_s=tuple(round_wall),
             rejected_frames=self.rejected_frames,
@@ -278,6 +289,11 @@ class RunReport:
             through a third (the TCP star's hub): each relayed frame's route header on its first
             hop and its whole second hop as written to the socket (bytes; 0 when nothing was
             relayed). The frame itself is counted once, in ``payload_bytes``, on its logical link.
+        resumption_overhead_bytes: bytes that making links resumable cost (the TCP star): the
+            acknowledgements and goodbyes of its links, and frames written again after a broken
+            connection was re-dialled and resumed, each as written to the socket (bytes; 0 in
+            memory, MPI and the TCP mesh). The re-dials' handshakes are in ``handshake_bytes``;
+            a frame written again is counted once in ``payload_bytes``.
     """
 
     protocol: str
@@ -308,6 +324,7 @@ class RunReport:
     handshake_bytes: int = 0
     tls_overhead_bytes: int = 0
     relay_overhead_bytes: int = 0
+    resumption_overhead_bytes: int = 0
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -468,6 +485,7 @@ class RunReport:
             handshake_bytes=sum(r.handshake_bytes for r in reports),
             tls_overhead_bytes=sum(r.tls_overhead_bytes for r in reports),
             relay_overhead_bytes=sum(r.relay_overhead_bytes for r in reports),
+            resumption_overhead_bytes=sum(r.resumption_overhead_bytes for r in reports),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

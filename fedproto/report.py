@@ -140,6 +140,11 @@ def render_report(
             **({"connection handshake bytes": report.handshake_bytes} if report.handshake_bytes else {}),
             **({"TLS record overhead bytes": report.tls_overhead_bytes} if report.tls_overhead_bytes else {}),
             **({"relay overhead bytes (star)": report.relay_overhead_bytes} if report.relay_overhead_bytes else {}),
+            **(
+                {"resumption overhead bytes (star)": report.resumption_overhead_bytes}
+                if report.resumption_overhead_bytes
+                else {}
+            ),
             "rejected frames": report.rejected_frames,
             "wall time s": report.wall_time_s,
             "  of which JAX compile s": report.compile_s,

@@ -32,6 +32,21 @@ origin on the way from it). A frame without the header is the peer's own, exactl
 stream that carries only the peer's frames costs nothing extra; the price is that a plain frame
 cannot be 2**32 - 1 bytes long (:data:`MAX_ROUTED_STREAM_FRAME_BYTES`).
 :func:`send_routed_frame` writes one; :meth:`FrameReader.receive_routed_frame` reads either kind.
+
+Link control
+------------
+The last two party indices, which no roster reaches, mark *control frames* of the link itself
+rather than frames of a party (the TCP star uses them to make its links resumable, see
+:mod:`fedproto.transports.tcp`): a route header naming :data:`ACK_INDEX` (``0xFFFFFFFF``) or
+:data:`BYE_INDEX` (``0xFFFFFFFE``) followed by an 8-byte body, a count as uint64 big-endian::
+
+    +-------------------------+------------------------+-----------------+-------------------+
+    | 0xFFFFFFFF: route marker| ACK_INDEX or BYE_INDEX | length: 8       | count: uint64 BE  |
+    +-------------------------+------------------------+-----------------+-------------------+
+
+20 bytes in all (:data:`CONTROL_FRAME_BYTES`). :func:`send_control` writes one;
+:meth:`FrameReader.receive_routed_frame` returns it as ``(index, body)`` like any routed frame and
+:func:`control_count` reads the count back. What the counts mean is the link's business.
 """
 
 from __future__ import annotations
@@ -43,6 +58,10 @@ import trio
 from fedproto.errors import DecodeError, TransportBroken, TransportClosed
 
 __all__ = [
+    "ACK_INDEX",
+    "BYE_INDEX",
+    "CONTROL_BYTES",
+    "CONTROL_FRAME_BYTES",
     "FRAMING_OVERHEAD_BYTES",
     "MAX_WIRE_FRAME_BYTES",
     "MAX_ROUTED_STREAM_FRAME_BYTES",
@@ -50,6 +69,8 @@ __all__ = [
     "ROUTE_MARKER",
     "FrameTooLarge",
     "FrameReader",
+    "control_count",
+    "send_control",
     "send_frame",
     "send_routed_frame",
     "receive_frame",
@@ -66,8 +87,18 @@ ROUTE_HEADER_BYTES = 8
 #: Largest frame on a stream that carries routed frames (the marker's value is taken).
 MAX_ROUTED_STREAM_FRAME_BYTES = ROUTE_MARKER - 1
 
+#: Route-header index of an acknowledgement (a control frame, see "Link control").
+ACK_INDEX = 2**32 - 1
+#: Route-header index of a goodbye (a control frame, see "Link control").
+BYE_INDEX = 2**32 - 2
+#: Body of a control frame: one count, uint64 big-endian.
+CONTROL_BYTES = 8
+#: Bytes of one control frame on the wire: route header, length prefix and count.
+CONTROL_FRAME_BYTES = ROUTE_HEADER_BYTES + FRAMING_OVERHEAD_BYTES + CONTROL_BYTES
+
 _PREFIX = struct.Struct(">I")
 _ROUTE = struct.Struct(">III")  # marker, party index, frame length
+_COUNT = struct.Struct(">Q")
 # Below this size the prefix and the frame go out in one send_all (one syscall, one TCP segment
 # with TCP_NODELAY); above it the copy to concatenate them costs more than the extra call.
 _COALESCE_BYTES = 64 * 1024
@@ -158,6 +189,38 @@ async def send_routed_frame(
         raise TransportBroken(f"stream broke while sending a routed frame of {length} bytes") from exc
     except trio.ClosedResourceError as exc:
         raise TransportClosed("stream was closed while sending a frame") from exc
+
+
+async def send_control(stream: trio.abc.SendStream, index: int, count: int) -> None:
+    """Write one control frame (see "Link control"): :data:`ACK_INDEX` or :data:`BYE_INDEX` and a count.
+
+    Args:
+        stream: the stream to write to (writers serialised by the caller, as for
+            :func:`send_frame`).
+        index: :data:`ACK_INDEX` or :data:`BYE_INDEX`.
+        count: the count it carries, 0 to 2**64 - 1.
+
+    Raises:
+        ValueError: another index, or a count out of range.
+        TransportBroken: the stream failed (the frame may be partly written: close the stream).
+        TransportClosed: the stream was closed by us.
+    """
+    if index not in (ACK_INDEX, BYE_INDEX):
+        raise ValueError(f"{index} is not a control index (ACK_INDEX or BYE_INDEX)")
+    if not 0 <= count < 2**64:
+        raise ValueError(f"count {count} does not fit a control frame")
+    await send_routed_frame(stream, index, _COUNT.pack(count))
+
+
+def control_count(body: bytes) -> int:
+    """The count a control frame's body carries.
+
+    Raises:
+        DecodeError: the body is not 8 bytes.
+    """
+    if len(body) != CONTROL_BYTES:
+        raise DecodeError(f"a control frame carries {CONTROL_BYTES} bytes, this one {len(body)}")
+    return int(_COUNT.unpack(body)[0])
 
 
 def _check_length(length: int, max_frame_bytes: int) -> None:

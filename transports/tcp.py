@@ -21,13 +21,14 @@ star, the roster says which):
   them from the coordinator encrypts them end to end, as SecAgg does its shares). Per link order
   holds (one TCP stream per hop, one queue per destination). The hub waits up to
   ``connect_timeout_s`` for a client it sends to that has not dialled in yet; a frame relayed to a
-  client that is not connected waits at the hub until it is. A client whose connection to the hub
-  cannot be made within ``connect_timeout_s``, or ends, raises
+  client that is not connected waits at the hub until it is. A client whose first connection to
+  the hub cannot be made within ``connect_timeout_s`` raises
   :class:`~fedproto.errors.PeerUnreachable` naming the hub from ``send``, and from ``receive``
-  once the frames already received are returned: the run ends at once with that error. When its
-  own run is over the hub keeps relaying (:meth:`TcpTransport.linger`, up to ``linger_s``) until
-  its clients have closed their connections, so it never cuts off clients still exchanging frames
-  through it.
+  once the frames already received are returned. A connection that breaks is re-dialled and the
+  link resumes (below). When its own run is over the hub keeps relaying
+  (:meth:`TcpTransport.linger`, up to ``linger_s``) until its clients have said goodbye
+  (:meth:`TcpTransport.leave`), so it never cuts off clients still exchanging frames through it,
+  or coming back for its last frames.
 * **Mesh** (``"mesh"``, the default of :class:`TcpTransport` itself; for a LAN): every party
   listens on its own address (:meth:`TcpTransport.serve`). Frames from party A to party B travel
   on a connection that A dials to B's listener the first time A sends to B; B only reads from it
@@ -36,7 +37,40 @@ star, the roster says which):
 
 Dialling is retried with exponential backoff (20 ms doubling to 1 s) until ``connect_timeout_s``
 has passed, so parties may start in any order; then :class:`~fedproto.errors.PeerUnreachable`.
-A mesh connection that breaks is dropped; the next ``send`` dials again.
+A mesh connection that breaks is dropped; the next ``send`` dials again (frames written into it
+that the peer had not read are lost: the mesh does not resume).
+
+Resumption (the star)
+---------------------
+A star link (a client and the hub) outlives its connections. Each side numbers the frames it
+sends on the link from 0 and keeps each one (``_StarPeer.outbox``) until the other side
+acknowledges it. Numbers are not written on the wire: TCP keeps order within a connection, and a
+new connection starts at a number both sides agree on. Acknowledgements are cumulative ("I have
+received your first n frames") and ride in 20-byte control frames of the routed-frame layout
+(:mod:`fedproto.transports._framing`, "link control"): an ACK once :data:`ACK_EVERY_FRAMES`
+frames or :data:`ACK_EVERY_BYTES` bytes have arrived unacknowledged, which bounds what a sender
+keeps, and a BYE when a client leaves for good (:meth:`TcpTransport.leave`, called when its
+``endpoints()`` block ends normally).
+
+When a client's connection breaks (reset, closed, or dead in silence: star connections use TCP
+keepalive, so that is noticed within about 25 s), the client re-dials with the same backoff for
+up to ``resume_timeout_s``, and the handshake carries the resumption: the client's hello (its
+proof, with the shared secret) adds the link's id, 16 random bytes it drew when its endpoint was
+made, and how many of the hub's frames it has received; the hub's acknowledgement becomes
+``["ok", resumed, received]``, how many of the client's frames the hub has. Each side then drops
+what the other has and writes the rest again, then goes on with new frames: no frame is lost or
+delivered twice. The hub takes the client's name from its certificate, as always, and finds the
+link by that name, so a connection can only resume its own party's link; when a client comes back
+the hub closes its older connection (which it may not have seen die) and ignores anything still
+arriving on it, so the count it states is final. A new link id from the same party (a new process
+of it) starts a new link and drops the old one. While a client is away its frames and the hub's
+wait; the runtime's phase deadline still applies to the silence, so a client that does not come
+back ends the run with the usual error naming it. A client gives up, with
+:class:`~fedproto.errors.PeerUnreachable` naming the hub, after ``resume_timeout_s``, at once
+when the hub's address refuses connections (nothing listens there: the hub is gone), when the
+hub refuses the handshake, or when the hub no longer knows the link (a new hub process). A
+client's ``send`` returns once its frame is written, or at once while the link is between two
+connections (the frame waits for the next one).
 
 Mutual TLS 1.3 (the default)
 ----------------------------
@@ -99,19 +133,23 @@ Bytes: ``framing_overhead_bytes == 4`` per frame (the length prefix, inside TLS)
 not frames are counted per endpoint, as bytes this endpoint wrote, so summing over the parties
 counts every byte once: :attr:`TcpTransport.handshake_bytes` (the whole TLS handshake and the
 hello or acknowledgement as written to the socket, or the shared-secret handshake's messages
-with their prefixes), :attr:`TcpTransport.tls_overhead_bytes` (after the handshake, socket
-bytes minus the plaintext prefixes and frames: TLS record headers, content types and AEAD tags,
-22 bytes per record of up to 16 KiB; 0 in shared-secret mode) and
+with their prefixes; every re-dial's too), :attr:`TcpTransport.tls_overhead_bytes` (after the
+handshake, socket bytes minus the plaintext prefixes and frames: TLS record headers, content
+types and AEAD tags, 22 bytes per record of up to 16 KiB; 0 in shared-secret mode),
 :attr:`TcpTransport.relay_overhead_bytes` (the star's relaying: the 8-byte route header of each
 frame a client sends for another client, and the hub's whole second hop of it as written to the
-socket, route header, prefix, frame and TLS records included). A relayed frame's own bytes stay
+socket, route header, prefix, frame and TLS records included) and
+:attr:`TcpTransport.resumption_overhead_bytes` (the star's resumption: ACK and BYE control
+frames, and frames written again after a re-dial, or the part of one written before its
+connection broke, each with its TLS records). A relayed or re-sent frame's own bytes stay
 counted once, by the runtime, on its logical link (sender to receiver), exactly as in a mesh or
-in memory; what a run sends on the wire is the sum of its payload, framing, handshake, TLS and
-relay bytes.
+in memory; what a run sends on the wire is the sum of its payload, framing, handshake, TLS,
+relay and resumption bytes.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import hmac
@@ -131,22 +169,31 @@ import trio
 
 from fedproto._logging import RateLimitedLog
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
-from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed, TransportError
+from fedproto.errors import DecodeError, PeerUnreachable, TransportBroken, TransportClosed, TransportError
 from fedproto.roster import TlsFiles
 from fedproto.transport import Network, Transport
 from fedproto.transports._framing import (
+    ACK_INDEX,
+    BYE_INDEX,
+    CONTROL_BYTES,
+    CONTROL_FRAME_BYTES,
     FRAMING_OVERHEAD_BYTES,
     MAX_ROUTED_STREAM_FRAME_BYTES,
     MAX_WIRE_FRAME_BYTES,
     ROUTE_HEADER_BYTES,
     FrameReader,
     FrameTooLarge,
+    control_count,
+    send_control,
     send_frame,
     send_routed_frame,
 )
 
 __all__ = [
+    "ACK_EVERY_BYTES",
+    "ACK_EVERY_FRAMES",
     "DEFAULT_LINGER_S",
+    "DEFAULT_RESUME_TIMEOUT_S",
     "HANDSHAKE_VERSION",
     "STAR_HANDSHAKE_VERSION",
     "STAR_TLS_HELLO_VERSION",
@@ -169,15 +216,24 @@ HANDSHAKE_VERSION = "fedproto-tcp/1"
 #: Version string of the hello sent inside TLS.
 TLS_HELLO_VERSION = "fedproto-tls/1"
 #: Version string of a star client's shared-secret handshake (the hub refuses a mesh dialer).
-STAR_HANDSHAKE_VERSION = "fedproto-tcp-star/1"
-#: Version string of the hello a star client sends inside TLS.
-STAR_TLS_HELLO_VERSION = "fedproto-tls-star/1"
+#: Version 2: the client's proof carries the link's resumption fields.
+STAR_HANDSHAKE_VERSION = "fedproto-tcp-star/2"
+#: Version string of the hello a star client sends inside TLS (version 2: with the link's
+#: resumption fields).
+STAR_TLS_HELLO_VERSION = "fedproto-tls-star/2"
 #: How parties connect: ``"star"`` (only the hub, the roster's first party, listens; the others
 #: dial out to it and it relays their frames to each other) or ``"mesh"`` (every party listens
 #: and dials every peer it sends to).
 TOPOLOGIES = ("star", "mesh")
 #: Longest a star's hub keeps relaying after its own run, waiting for its clients to leave (s).
 DEFAULT_LINGER_S = 60.0
+#: Longest a star client keeps re-dialling the hub after its connection broke (s): the runtime's
+#: default phase deadline, so a client is back before its peers give up on it.
+DEFAULT_RESUME_TIMEOUT_S = 60.0
+#: A star endpoint acknowledges the frames of a link once this many are unacknowledged ...
+ACK_EVERY_FRAMES = 64
+#: ... or once they hold this many bytes, so a sender keeps a bounded tail of its frames.
+ACK_EVERY_BYTES = 1 << 20
 #: Shortest accepted per-run secret (bytes).
 MIN_SECRET_BYTES = 16
 
@@ -186,6 +242,13 @@ _MAC_BYTES = 32
 _HANDSHAKE_MAX_FRAME_BYTES = 16 * 1024
 _FIRST_RETRY_S = 0.02
 _MAX_RETRY_S = 1.0
+_LINK_ID_BYTES = 16
+# TCP keepalive on star connections: a connection idle this long is probed, every interval, and
+# declared dead after this many unanswered probes (about 25 s), so a link that died silently (a
+# NAT that forgot it, a path that went down) is noticed and re-dialled.
+_KEEPALIVE_IDLE_S = 10
+_KEEPALIVE_INTERVAL_S = 5
+_KEEPALIVE_PROBES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,16 +331,101 @@ class _Link:
         wire: counts the bytes TLS writes to ``raw`` (``None`` without TLS).
         reader: the frame reader of ``channel`` that the handshake used (it may hold the first
             bytes that followed it).
-        lock: serialises writers of a star link (a mesh link uses the endpoint's per-peer lock).
-        counted: bytes of ``wire`` already attributed to a count (handshake, TLS, relay).
+        counted: bytes of ``wire`` already attributed to a count (handshake, TLS, relay, resumption).
+        resume_from: a star client's connection: how many of the client's frames the hub had
+            received when it accepted it (the hub's resumption point).
     """
 
     raw: trio.SocketStream
     channel: trio.abc.Stream
     wire: Any = None
     reader: FrameReader | None = None
-    lock: trio.Lock = dataclasses.field(default_factory=trio.Lock)
     counted: int = 0
+    resume_from: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _StarPeer:
+    """A star link (a client and the hub) as one side sees it, across the connections that carry it.
+
+    Frames are numbered on the link from 0, in the order this side queues them; the number is not
+    written on the wire: TCP keeps order within a connection, and a resumption starts at a number
+    both sides agree on. A frame stays in ``outbox`` until the peer acknowledges it
+    (cumulatively: "I have received your first n frames"), by an ACK control frame, a BYE, or the
+    count it states when the link resumes; frames the peer had not received are then written
+    again on the new connection.
+
+    Attributes:
+        name: the party at the other end.
+        link_id: the client's random identifier of the link (16 bytes), ``None`` at the hub until
+            the client first dials in.
+        outbox: ``(route index or None, frame)`` of this side's frames ``acked .. sent - 1``.
+        sent: frames queued on the link so far (the next frame's number).
+        acked: frames the peer has acknowledged (the first number in ``outbox``).
+        written: the next frame to write on the current connection.
+        started: frames whose writing began at least once (the most the peer can have received).
+        high_written: frames written whole at least once (one below it written again is a re-send).
+        received: frames received from the peer.
+        ack_sent: the count this side last acknowledged.
+        ack_owed_bytes: bytes of frames received since that acknowledgement.
+        conn: the current connection, ``None`` between connections.
+        generation: counts the connections the hub admitted for this link (a newer one wins).
+        connected: a connection was made at least once.
+        leaving: a client's graceful end: write what is queued, then a BYE.
+        bye_written: the BYE is written.
+        ended: why the link is over for good (``None`` while it may resume).
+        changed: set and replaced whenever something above changes.
+    """
+
+    name: str
+    link_id: bytes | None = None
+    outbox: collections.deque[tuple[int | None, bytes]] = dataclasses.field(default_factory=collections.deque)
+    sent: int = 0
+    acked: int = 0
+    written: int = 0
+    started: int = 0
+    high_written: int = 0
+    received: int = 0
+    ack_sent: int = 0
+    ack_owed_bytes: int = 0
+    conn: _Link | None = None
+    generation: int = 0
+    connected: bool = False
+    leaving: bool = False
+    bye_written: bool = False
+    ended: str | None = None
+    changed: trio.Event = dataclasses.field(default_factory=trio.Event)
+
+    def poke(self) -> None:
+        """Wake every task waiting on this link."""
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def queue(self, index: int | None, frame: bytes) -> int:
+        """Append one frame (route index or ``None``) to the outbox; returns its number."""
+        self.outbox.append((index, frame))
+        self.sent += 1
+        self.poke()
+        return self.sent - 1
+
+    def take_ack(self, count: int) -> bool:
+        """The peer has received this side's first ``count`` frames; False if it cannot have."""
+        if not self.acked <= count <= self.started:
+            return count <= self.acked  # an old acknowledgement (a stale connection's) is harmless
+        for _ in range(count - self.acked):
+            self.outbox.popleft()
+        self.acked = count
+        self.written = max(self.written, count)
+        self.poke()
+        return True
+
+    def frame(self, number: int) -> tuple[int | None, bytes]:
+        """The queued frame with this number (``acked <= number < sent``)."""
+        return self.outbox[number - self.acked]
+
+    def ack_due(self) -> bool:
+        owed = self.received - self.ack_sent
+        return owed >= ACK_EVERY_FRAMES or (owed > 0 and self.ack_owed_bytes >= ACK_EVERY_BYTES)
 
 
 def _tls_module() -> Any:
@@ -291,14 +439,62 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def _unpack_list(data: bytes, length: int, what: str) -> list[Any]:
+def _unpack_list(data: bytes, length: int | tuple[int, ...], what: str) -> list[Any]:
+    lengths = (length,) if isinstance(length, int) else length
     try:
         obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise _HandshakeFailed(f"malformed {what} ({type(exc).__name__})") from exc
-    if not isinstance(obj, list) or len(obj) != length:
-        raise _HandshakeFailed(f"malformed {what} (expected an array of {length})")
+    if not isinstance(obj, list) or len(obj) not in lengths:
+        raise _HandshakeFailed(f"malformed {what} (expected an array of {' or '.join(map(str, lengths))})")
     return obj
+
+
+def _resume_fields(link_id: Any, received: Any, who: str) -> tuple[bytes, int]:
+    """A star client's resumption fields, checked: its link's id and the frames it received."""
+    link_id = _expect_bytes(link_id, _LINK_ID_BYTES, f"link id from {who}")
+    if isinstance(received, bool) or not isinstance(received, int) or not 0 <= received < 2**64:
+        raise _HandshakeFailed(f"malformed resumption count from {who}")
+    return link_id, received
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, its causes and contexts, and the members of exception groups among them."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        todo.extend(getattr(current, "exceptions", ()))
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failed connect was refused (nobody listens there any more)."""
+    return any(isinstance(e, ConnectionRefusedError) for e in _causes(exc))
+
+
+def _network_failure(exc: BaseException) -> bool:
+    """Whether a failed handshake broke on the network (reset, timeout) rather than being refused."""
+    return any(isinstance(e, (trio.TooSlowError, ConnectionError, TimeoutError)) for e in _causes(exc))
+
+
+def _keep_alive(stream: trio.SocketStream) -> None:
+    """TCP keepalive on a star connection, so one that died silently is noticed (about 25 s)."""
+    try:
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+            ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+            ("TCP_KEEPCNT", _KEEPALIVE_PROBES),
+        ):
+            if hasattr(socket, name):
+                stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError as exc:  # not fatal: the link still works, it is just noticed later when it dies
+        log.debug("cannot set TCP keepalive: %s", exc)
 
 
 def _expect_bytes(value: Any, n: int, what: str) -> bytes:
@@ -391,6 +587,8 @@ class TcpTransport(Transport):
             ``"star"`` (only the hub listens; see the module docstring).
         linger_s: how long a star's hub keeps relaying in :meth:`linger`, waiting for its clients
             to leave (seconds).
+        resume_timeout_s: how long a star client keeps re-dialling the hub after its connection
+            broke before it gives up (seconds; keep it at least the runtime's phase deadline).
 
     Attributes:
         addresses: ``{party: TcpAddress}`` of the parties whose address is known; this party's
@@ -408,6 +606,13 @@ class TcpTransport(Transport):
             second hop of every relayed frame as written to the socket (route header, length
             prefix, frame, and TLS records around them). 0 in a mesh.
         relayed_frames: frames this hub forwarded from one client to another (0 elsewhere).
+        resumption_overhead_bytes: what making the star's links resumable made this endpoint write
+            to sockets: acknowledgements and goodbyes (20-byte control frames) and frames written
+            again after a re-dial, each with its TLS records. The re-dials' handshakes are in
+            ``handshake_bytes``. 0 in a mesh.
+        resumptions: star connections that resumed a link after a break (at a client: its
+            re-dials that the hub accepted; at the hub: the clients' re-dials it accepted).
+        resent_frames: frames this endpoint wrote again after a resumption.
 
     Raises:
         ValueError: bad roster, party, addresses (a star without its hub's), secret length,
@@ -434,6 +639,7 @@ class TcpTransport(Transport):
         listen_socket: socket.socket | None = None,
         topology: str = "mesh",
         linger_s: float = DEFAULT_LINGER_S,
+        resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -473,6 +679,7 @@ class TcpTransport(Transport):
             "connect_timeout_s": connect_timeout_s,
             "handshake_timeout_s": handshake_timeout_s,
             "linger_s": linger_s,
+            "resume_timeout_s": resume_timeout_s,
         }
         for name, value in timeouts.items():
             if not (value > 0 and math.isfinite(value)):
@@ -511,6 +718,7 @@ class TcpTransport(Transport):
         self.topology = topology
         self.hub = hub
         self.linger_s = float(linger_s)
+        self.resume_timeout_s = float(resume_timeout_s)
         self.session = session
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout_s = float(connect_timeout_s)
@@ -520,6 +728,9 @@ class TcpTransport(Transport):
         self.tls_overhead_bytes = 0
         self.relay_overhead_bytes = 0
         self.relayed_frames = 0
+        self.resumption_overhead_bytes = 0
+        self.resumptions = 0
+        self.resent_frames = 0
         self._listen_socket = listen_socket
         self._secret = bytes(secret) if secret is not None else b""
         self._roster_set = frozenset(roster)
@@ -533,12 +744,13 @@ class TcpTransport(Transport):
         self._serve_scope: trio.CancelScope | None = None
         self._serving = False
         self._closed = False
-        # The star: the hub's connection to each client, the frames waiting to be relayed to each
-        # client (origin's roster index, frame), a client's connection to the hub and why it ended.
+        # The star: each link's state (at the hub one per client, at a client the one to the hub),
+        # the hub's current connection to each client, and why a client lost the hub for good.
         self._index = {p: i for i, p in enumerate(roster)}
+        self._peers: dict[str, _StarPeer] = {}
+        if hub is not None and party != hub:
+            self._peers[hub] = _StarPeer(hub, link_id=secrets.token_bytes(_LINK_ID_BYTES))
         self._clients: dict[str, _Link] = {}
-        self._relay_queues: dict[str, tuple[Any, Any]] = {}
-        self._hub_link: _Link | None = None
         self._hub_failure: PeerUnreachable | None = None
         self._links_changed = trio.Event()  # set and replaced whenever a star link comes or goes
         # Refused connections are logged once per peer host, then as counts (no log flood).
@@ -596,8 +808,9 @@ class TcpTransport(Transport):
         Use ``port = await nursery.start(endpoint.serve)``: ``task_status.started`` reports the
         bound port (also stored in ``self.addresses[self.party]``) once the listener accepts. A
         star client reports ``None`` at once and dials the hub (retrying with backoff until
-        ``connect_timeout_s``), then reads the frames the hub sends until the connection ends;
-        if it cannot reach the hub or loses it, ``send`` and ``receive`` raise
+        ``connect_timeout_s``), then carries the link: reads and writes its connection, and
+        re-dials and resumes it when it breaks (see "Resumption" in the module docstring); if it
+        cannot reach the hub at first, or cannot resume the link, ``send`` and ``receive`` raise
         :class:`~fedproto.errors.PeerUnreachable` naming the hub (``receive`` after the frames
         already received), and ``serve`` returns.
 
@@ -659,6 +872,8 @@ class TcpTransport(Transport):
         try:
             if self._closed:
                 return
+            if self._is_hub:
+                _keep_alive(stream)
             channel: trio.abc.Stream = stream
             if self._tls is not None:
                 wire = _tls_module().MeteredStream(stream)
@@ -667,9 +882,9 @@ class TcpTransport(Transport):
             try:
                 with trio.fail_after(self.handshake_timeout_s):
                     if wire is None:
-                        peer = await self._listener_handshake(stream, reader)
+                        peer, admitted = await self._listener_handshake(stream, reader)
                     else:
-                        peer = await self._listener_tls_handshake(channel, reader)
+                        peer, admitted = await self._listener_tls_handshake(channel, reader)
             except trio.TooSlowError:
                 self._refuse(peer_address, f"no handshake within {self.handshake_timeout_s} s")
                 return
@@ -692,8 +907,9 @@ class TcpTransport(Transport):
                 if wire is not None:
                     self.handshake_bytes += wire.sent_bytes
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
-            if self._is_hub:
-                await self._serve_star_client(peer, stream, channel, reader, wire, peer_address)
+            if admitted is not None:
+                link = _Link(stream, channel, wire, reader, counted=wire.sent_bytes if wire is not None else 0)
+                await self._serve_star_client(*admitted, link, peer_address)
                 return
             ready_bytes = wire.sent_bytes if wire is not None else 0
             try:
@@ -745,7 +961,9 @@ class TcpTransport(Transport):
         await send_frame(stream, data)
         self.handshake_bytes += FRAMING_OVERHEAD_BYTES + len(data)
 
-    async def _listener_handshake(self, stream: trio.SocketStream, reader: FrameReader) -> str:
+    async def _listener_handshake(
+        self, stream: trio.SocketStream, reader: FrameReader
+    ) -> tuple[str, tuple[_StarPeer, int] | None]:
         hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 6, "hello")
         version, session, roster_hash, dialer, listener, dialer_nonce = hello
         self._check_hello_version(version, f"claimed party {dialer!r}", tls=False)
@@ -773,15 +991,27 @@ class TcpTransport(Transport):
         await self._send_handshake(
             stream, [listener_nonce, handshake_mac(self._secret, "listener", **context)]
         )
-        (proof,) = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 1, "proof")
+        # A star client's proof carries its link's resumption fields (see _admit_client).
+        proof, *resume = _unpack_list(
+            await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 3 if self._is_hub else 1, "proof"
+        )
         proof = _expect_bytes(proof, _MAC_BYTES, "proof")
         if not hmac.compare_digest(proof, handshake_mac(self._secret, "dialer", **context)):
             raise _HandshakeFailed(f"bad MAC from claimed party {dialer!r} (wrong secret?)")
-        await self._send_handshake(stream, ["ok"])
-        return dialer
+        ack, admitted = ["ok"], None
+        if self._is_hub:
+            ack, admitted = self._admit_client(dialer, *_resume_fields(*resume, repr(dialer)))
+        await self._send_handshake(stream, ack)
+        return dialer, admitted
 
-    async def _listener_tls_handshake(self, channel: trio.SSLStream[Any], reader: FrameReader) -> str:
-        """TLS 1.3 with the dialer's certificate required, then the hello; returns the dialer's name."""
+    async def _listener_tls_handshake(
+        self, channel: trio.SSLStream[Any], reader: FrameReader
+    ) -> tuple[str, tuple[_StarPeer, int] | None]:
+        """TLS 1.3 with the dialer's certificate required, then the hello.
+
+        Returns the dialer's name and, at a star's hub, the link it was admitted to (see
+        :meth:`_admit_client`) with the admission's generation.
+        """
         tls = _tls_module()
         try:
             await channel.do_handshake()
@@ -795,8 +1025,9 @@ class TcpTransport(Transport):
             raise _HandshakeFailed(str(exc)) from None
         if named not in self._roster_set:
             raise _HandshakeFailed(f"certificate for {named!r}, who is not in the roster")
-        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 5, "hello")
-        version, session, roster_hash, dialer, listener = hello
+        # A star client's hello has two more fields, its link's resumption fields (_admit_client).
+        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), (5, 7), "hello")
+        version, session, roster_hash, dialer, listener = hello[:5]
         self._check_hello_version(version, repr(named), tls=True)
         if dialer != named:
             raise _HandshakeFailed(f"the certificate names {named!r} but the hello claims {dialer!r}")
@@ -806,8 +1037,15 @@ class TcpTransport(Transport):
             raise _HandshakeFailed(f"{named!r} has a different roster")
         if listener != self.party:
             raise _HandshakeFailed(f"{named!r} wanted party {listener!r}, this is {self.party!r}")
-        await send_frame(channel, _pack(["ok"]))
-        return named
+        ack, admitted = ["ok"], None
+        if self._is_hub:
+            if len(hello) != 7:
+                raise _HandshakeFailed(f"malformed hello from {named!r} (no resumption fields)")
+            ack, admitted = self._admit_client(named, *_resume_fields(*hello[5:], repr(named)))
+        elif len(hello) != 5:
+            raise _HandshakeFailed(f"malformed hello from {named!r} (expected an array of 5)")
+        await send_frame(channel, _pack(ack))
+        return named, admitted
 
     # ------------------------------------------------------------------------------------ send
 
@@ -815,16 +1053,20 @@ class TcpTransport(Transport):
         """Send ``frame`` to ``dest``, dialling it first if needed (see :meth:`Transport.send`).
 
         Returns once the frame is handed to the operating system, not when ``dest`` has read it.
-        A cancelled send either wrote the whole frame or closes the connection, so the receiver
-        drops the partial frame. In a star, a client's frame for another client goes to the hub
-        behind a route header (the hub forwards it); the hub waits up to ``connect_timeout_s``
-        for a client that has not dialled in yet.
+        In a mesh, a cancelled send either wrote the whole frame or closes the connection, so the
+        receiver drops the partial frame. In a star, a client's frame for another client goes to
+        the hub behind a route header (the hub forwards it); the hub waits up to
+        ``connect_timeout_s`` for a client that has not dialled in yet; the frame belongs to the
+        link as soon as ``send`` is called, is delivered once even if the connection breaks (it
+        is written again after the resumption), and ``send`` returns at once while the link is
+        between two connections.
 
         Raises:
             PeerUnreachable: ``dest`` is not in the roster, cannot be dialled within
                 ``connect_timeout_s``, failed the handshake, or the connection broke
                 (``__cause__`` is the underlying error); in a star, the hub cannot be reached
-                or was lost (at a client), or ``dest`` did not dial in (at the hub).
+                or the link could not be resumed (at a client), ``dest`` did not dial in, or
+                its link has ended (at the hub).
             TransportClosed: this endpoint was closed.
             ValueError: the frame exceeds ``max_frame_bytes``.
         """
@@ -875,33 +1117,71 @@ class TcpTransport(Transport):
         self._outgoing[dest] = link
         return link
 
-    async def _dial(self, dest: str) -> _Link:
-        """Dial ``dest`` (retrying until ``connect_timeout_s``) and run the dialer's handshake."""
+    async def _dial(self, dest: str, *, redial: bool = False) -> _Link:
+        """Dial ``dest`` and run the dialer's handshake, retrying with backoff.
+
+        A first dial retries a failed connect until ``connect_timeout_s`` (the peer may not be up
+        yet) and gives up when the handshake fails. A star client's re-dial after a break
+        (``redial``) retries failures of the network, in connecting or in the handshake (reset,
+        unreachable, timed out), until ``resume_timeout_s``, and gives up at once when the hub's
+        address refuses the connection (nothing listens there: the hub is gone) or the hub
+        refuses the handshake.
+
+        Raises:
+            PeerUnreachable: it gave up (``__cause__`` is the last failure).
+            TransportClosed: this endpoint was closed.
+        """
         address = self.addresses[dest]
         if address.port == 0:
             raise PeerUnreachable(f"the address of {dest} is unknown (port 0)", party=dest)
-        deadline = trio.current_time() + self.connect_timeout_s
+        timeout = self.resume_timeout_s if redial else self.connect_timeout_s
+        deadline = trio.current_time() + timeout
         retry_s = _FIRST_RETRY_S
-        last_error: OSError | None = None
+        last_error: BaseException | None = None
         while True:
             self._check_open()
             remaining = deadline - trio.current_time()
             if remaining <= 0:
                 raise PeerUnreachable(
-                    f"cannot connect to {dest} at {address} within {self.connect_timeout_s} s",
-                    party=dest,
+                    f"cannot connect to {dest} at {address} within {timeout} s", party=dest
                 ) from last_error
             stream: trio.SocketStream | None = None
             with trio.move_on_after(remaining):
                 try:
                     stream = await trio.open_tcp_stream(address.host, address.port)
                 except OSError as exc:
+                    if redial and _refused(exc):
+                        raise PeerUnreachable(
+                            f"{dest} at {address} refused the connection (nothing listens there any more)", party=dest
+                        ) from exc
                     last_error = exc
             if stream is not None:
-                break
+                try:
+                    return await self._handshake_dialled(stream, dest)
+                except _DIAL_FAILURES as exc:
+                    self._check_open()
+                    if not (redial and _network_failure(exc)):
+                        credentials = "secret" if self._tls is None else "certificates"
+                        refused = f"refused by the peer (check {credentials}, session, roster and topology)"
+                        reason = {
+                            trio.TooSlowError: f"no answer within {self.handshake_timeout_s} s",
+                            trio.EndOfChannel: refused,
+                        }.get(type(exc), str(exc))
+                        raise PeerUnreachable(
+                            f"handshake with {dest} at {address} failed: {reason}", party=dest
+                        ) from exc
+                    log.debug("%s: handshake with %s broke (%s); trying again", self.party, dest, exc)
+                    last_error = exc
             await trio.sleep(max(0.0, min(retry_s, deadline - trio.current_time())))
             retry_s = min(2 * retry_s, _MAX_RETRY_S)
 
+    async def _handshake_dialled(self, stream: trio.SocketStream, dest: str) -> _Link:
+        """The dialer's handshake on a fresh connection to ``dest``; closes it if that fails.
+
+        Raises:
+            One of ``_DIAL_FAILURES``: the handshake failed.
+            TransportClosed: this endpoint was closed.
+        """
         self._dialling.add(stream)
         link = _Link(stream, stream)
         try:
@@ -909,7 +1189,7 @@ class TcpTransport(Transport):
                 with trio.fail_after(self.handshake_timeout_s):
                     if self._tls is None:
                         link.reader = FrameReader(stream)
-                        await self._dialer_handshake(stream, dest, link.reader)
+                        resume_from = await self._dialer_handshake(stream, dest, link.reader)
                     else:
                         link.wire = _tls_module().MeteredStream(stream)
                         link.channel = trio.SSLStream(
@@ -917,20 +1197,10 @@ class TcpTransport(Transport):
                         )
                         link.reader = FrameReader(link.channel)
                         try:
-                            await self._dialer_tls_handshake(link.channel, dest, link.reader)
+                            resume_from = await self._dialer_tls_handshake(link.channel, dest, link.reader)
                         finally:
                             self.handshake_bytes += link.wire.sent_bytes
                             link.counted = link.wire.sent_bytes
-            except _DIAL_FAILURES as exc:
-                self._check_open()
-                credentials = "secret" if self._tls is None else "certificates"
-                reason = {
-                    trio.TooSlowError: f"no answer within {self.handshake_timeout_s} s",
-                    trio.EndOfChannel: f"refused by the peer (check {credentials}, session, roster and topology)",
-                }.get(type(exc), str(exc))
-                raise PeerUnreachable(
-                    f"handshake with {dest} at {address} failed: {reason}", party=dest
-                ) from exc
             except TransportClosed:
                 self._check_open()
                 raise
@@ -940,10 +1210,44 @@ class TcpTransport(Transport):
             raise
         finally:
             self._dialling.discard(stream)
-        log.debug("%s: connected to %s at %s", self.party, dest, address)
+        link.resume_from = resume_from or 0
+        log.debug("%s: connected to %s at %s", self.party, dest, self.addresses[dest])
         return link
 
-    async def _dialer_handshake(self, stream: trio.SocketStream, dest: str, reader: FrameReader) -> None:
+    def _resume_request(self) -> list[Any]:
+        """What a star client tells the hub when it dials: its link's id and the frames it received."""
+        if not self._is_star_client:
+            return []
+        peer = self._peers[self.hub]  # type: ignore[index]
+        return [peer.link_id, peer.received]
+
+    def _check_acknowledgement(self, frame: bytes) -> int | None:
+        """The listener's acknowledgement; at a star client, how many of its frames the hub has.
+
+        The hub answers ``["ok", resumed, received]``: whether it knew the client's link, and how
+        many of the client's frames it has received (the client writes again those after them).
+        """
+        if not self._is_star_client:
+            if _unpack_list(frame, 1, "acknowledgement") != ["ok"]:
+                raise _HandshakeFailed("malformed acknowledgement")
+            return None
+        ok, resumed, received = _unpack_list(frame, 3, "acknowledgement")
+        if ok != "ok" or not isinstance(resumed, bool) or isinstance(received, bool) or not isinstance(received, int):
+            raise _HandshakeFailed("malformed acknowledgement")
+        peer = self._peers[self.hub]  # type: ignore[index]
+        if peer.connected and not resumed:
+            raise _HandshakeFailed(
+                f"the hub no longer knows the link of {self.party} (was it restarted?): "
+                f"the frames exchanged so far cannot be resumed"
+            )
+        if not peer.acked <= received <= peer.started:
+            raise _HandshakeFailed(
+                f"the hub says it received {received} frames of {self.party}, "
+                f"who wrote {peer.started} and had {peer.acked} acknowledged"
+            )
+        return received
+
+    async def _dialer_handshake(self, stream: trio.SocketStream, dest: str, reader: FrameReader) -> int | None:
         version = self._hello_version(tls=False)
         dialer_nonce = secrets.token_bytes(_NONCE_BYTES)
         await self._send_handshake(
@@ -965,13 +1269,16 @@ class TcpTransport(Transport):
         )
         if not hmac.compare_digest(proof, handshake_mac(self._secret, "listener", **context)):
             raise _HandshakeFailed(f"the listener failed to prove it is {dest!r} (wrong secret?)")
-        await self._send_handshake(stream, [handshake_mac(self._secret, "dialer", **context)])
-        ack = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 1, "acknowledgement")
-        if ack != ["ok"]:
-            raise _HandshakeFailed("malformed acknowledgement")
+        await self._send_handshake(stream, [handshake_mac(self._secret, "dialer", **context), *self._resume_request()])
+        return self._check_acknowledgement(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES))
 
-    async def _dialer_tls_handshake(self, channel: trio.SSLStream[Any], dest: str, reader: FrameReader) -> None:
-        """TLS 1.3 checking ``dest``'s certificate and name, then the hello and its acknowledgement."""
+    async def _dialer_tls_handshake(
+        self, channel: trio.SSLStream[Any], dest: str, reader: FrameReader
+    ) -> int | None:
+        """TLS 1.3 checking ``dest``'s certificate and name, then the hello and its acknowledgement.
+
+        Returns what :meth:`_check_acknowledgement` returns.
+        """
         tls = _tls_module()
         try:
             await channel.do_handshake()
@@ -981,65 +1288,374 @@ class TcpTransport(Transport):
             raise TransportClosed("the connection was closed during the TLS handshake") from exc
         # Only now, with the listener's certificate checked against dest's name, may we speak.
         hello = [self._hello_version(tls=True), self.session, self._roster_hash, self.party, dest]
-        await send_frame(channel, _pack(hello))
+        await send_frame(channel, _pack([*hello, *self._resume_request()]))
         try:
             frame = await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES)
         except TransportBroken as exc:  # a TLS alert: the listener refused our certificate
+            if _network_failure(exc):
+                raise
             raise _HandshakeFailed(f"refused by the peer ({tls.failure_reason(exc)})") from exc
-        if _unpack_list(frame, 1, "acknowledgement") != ["ok"]:
-            raise _HandshakeFailed("malformed acknowledgement")
+        return self._check_acknowledgement(frame)
 
     # ------------------------------------------------------------------------------------ star
 
     async def _send_star(self, dest: str, frame: bytes) -> None:
-        """``send`` in a star: on the hub's connection to ``dest``, or on a client's to the hub."""
+        """``send`` in a star: queue the frame on its link, then wait until it is written.
+
+        From the moment it is queued the frame belongs to the link: it is written on the link's
+        connection, and written again on the next one if the peer had not received it when the
+        connection broke, until the peer acknowledges it or the link ends for good. So ``send``
+        returns once the frame is written, or at once while the link is between two connections.
+        The hub waits up to ``connect_timeout_s`` for a client that has never dialled in, and a
+        client as long for its first connection to the hub.
+        """
         if dest == self.party:
             self._deliver(self.party, frame)
             return
         if self._is_hub:
-            link, index, peer = await self._client_link(dest), None, dest
+            peer, index = await self._client_peer(dest), None
         else:
-            link, peer = await self._hub_link_ready(), self.hub
+            peer = await self._hub_peer_ready()
             index = None if dest == self.hub else self._index[dest]
-        async with link.lock:
+        number = peer.queue(index, frame)
+        while True:
             self._check_open()
-            try:
-                await self._write_star(link, index, frame, relayed=False)
-            except (TransportBroken, TransportClosed) as exc:
-                link.raw.socket.close()  # its reader ends and unregisters it
-                self._check_open()
-                raise PeerUnreachable(f"the connection to {peer} broke", party=peer) from (exc.__cause__ or exc)
-            except BaseException:
-                # Cancelled (or failed) mid-frame: the stream's state is unknown, so drop it.
-                link.raw.socket.close()
-                raise
+            if peer.high_written > number:
+                return
+            if peer.ended is not None:
+                raise self._link_ended(peer)
+            if peer.conn is None:
+                return  # kept for the resumption
+            await peer.changed.wait()
 
-    async def _write_star(self, link: _Link, index: int | None, frame: bytes, *, relayed: bool) -> None:
-        """Write one frame on a star link (its lock held) and count the bytes it cost.
+    def _link_ended(self, peer: _StarPeer) -> PeerUnreachable:
+        """The error of a send on a star link that has ended for good."""
+        if self._is_hub:
+            return PeerUnreachable(
+                f"the link of {peer.name} to the hub {self.party} has ended: {peer.ended}", party=peer.name
+            )
+        failure = self._hub_failure
+        detail = failure.detail if failure is not None else f"the link to the hub {self.hub} has ended: {peer.ended}"
+        return PeerUnreachable(detail, party=self.hub)
+
+    async def _client_peer(self, dest: str) -> _StarPeer:
+        """At the hub: ``dest``'s link, waiting up to ``connect_timeout_s`` for it to first dial in."""
+        deadline = trio.current_time() + self.connect_timeout_s
+        while True:
+            self._check_open()
+            peer = self._peers.get(dest)
+            if peer is not None and peer.ended is not None:
+                raise self._link_ended(peer)
+            if peer is not None and peer.connected:
+                return peer
+            changed = self._links_changed
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                raise PeerUnreachable(
+                    f"{dest} is not connected to the hub {self.party} "
+                    f"(waited {self.connect_timeout_s} s for it to dial in)",
+                    party=dest,
+                )
+            with trio.move_on_after(remaining):
+                await changed.wait()
+
+    async def _hub_peer_ready(self) -> _StarPeer:
+        """At a star client: the link to the hub, once :meth:`serve` has first connected it."""
+        peer = self._peers[self.hub]  # type: ignore[index]
+        deadline = trio.current_time() + self.connect_timeout_s + self.handshake_timeout_s
+        while True:
+            self._check_open()
+            if self._hub_failure is not None:
+                raise PeerUnreachable(self._hub_failure.detail, party=self.hub) from self._hub_failure
+            if peer.connected:
+                return peer
+            changed = self._links_changed
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                hint = "" if self._serving else " (in a star, serve() dials the hub: it is not running)"
+                raise PeerUnreachable(f"{self.party} has no connection to the hub {self.hub}{hint}", party=self.hub)
+            with trio.move_on_after(remaining):
+                await changed.wait()
+
+    def _relay(self, origin: str, dest: str, frame: bytes) -> None:
+        """At the hub: queue a frame from client ``origin`` on the link of client ``dest``."""
+        peer = self._peers.get(dest)
+        if peer is None:  # it has not dialled in yet: the frame waits for it on its link
+            peer = self._peers[dest] = _StarPeer(dest)
+        if peer.ended is not None:
+            log.debug(
+                "%s: dropped a frame from %s for %s, whose link has ended (%s)", self.party, origin, dest, peer.ended
+            )
+            return
+        peer.queue(self._index[origin], frame)
+
+    def _admit_client(
+        self, name: str, link_id: bytes, received: int
+    ) -> tuple[list[Any], tuple[_StarPeer, int, int]]:
+        """At the hub, in the handshake: admit a client's connection to its link (new or resumed).
+
+        ``name`` is the authenticated name (from the certificate), so a connection can only ever
+        take over its own party's link. The link resumes when the client brings the same link id;
+        any older connection of the link is closed at once and what it still brings is ignored,
+        so the count of the client's frames received, sent back in the acknowledgement, is final.
+        A new link id from the same party is a new process of it: its previous link is dropped.
+
+        Returns:
+            The acknowledgement ``["ok", resumed, received]`` and ``(link, generation, resume
+            point)``: the connection carries the link if no newer one was admitted meanwhile,
+            and the hub writes its own frames again from the resume point (the number of the
+            hub's frames the client says it received).
+
+        Raises:
+            _HandshakeFailed: the link has ended, or the count does not fit it.
+        """
+        peer = self._peers.get(name)
+        if peer is not None and peer.link_id is not None and peer.link_id != link_id:
+            log.warning(
+                "%s: %s dialled in with a new link (a new process of it?); its previous link is dropped "
+                "with %d frames for it unacknowledged",
+                self.party, name, peer.sent - peer.acked,
+            )
+            self._end_link(peer, f"{name} dialled in with a new link")
+            peer = None
+        if peer is None:
+            peer = self._peers[name] = _StarPeer(name)
+        resumed = peer.link_id is not None
+        if resumed:
+            if peer.ended is not None:
+                raise _HandshakeFailed(f"{name!r} tried to resume its link, which has ended: {peer.ended}")
+            if not peer.acked <= received <= peer.started:
+                raise _HandshakeFailed(
+                    f"{name!r} resumes having received {received} frames, but the hub wrote {peer.started} "
+                    f"and {peer.acked} were acknowledged"
+                )
+            old = peer.conn
+            if old is not None:
+                old.raw.socket.close()  # its reader and writer end; what it still brings is ignored
+                self._uninstall(peer, old)
+            self.resumptions += 1
+            log.info(
+                "%s: %s resumes its link: it has %d of the hub's %d frames, the hub %d of its",
+                self.party, name, received, peer.sent, peer.received,
+            )
+        else:
+            peer.link_id = link_id  # frames relayed to it before it dialled in stay queued
+        peer.generation += 1
+        return ["ok", resumed, peer.received], (peer, peer.generation, received if resumed else 0)
+
+    def _end_link(self, peer: _StarPeer, reason: str) -> None:
+        """A star link is over for good: close its connection and drop its frames."""
+        if peer.ended is None:
+            peer.ended = reason
+        if peer.conn is not None:
+            peer.conn.raw.socket.close()
+            self._uninstall(peer, peer.conn)
+        peer.outbox.clear()
+        peer.acked = peer.written = peer.started = peer.high_written = peer.sent
+        peer.poke()
+        self._notify_links()
+
+    def _install(self, peer: _StarPeer, link: _Link) -> None:
+        """Make ``link`` the connection of ``peer``'s link, resuming at ``link.resume_from``."""
+        peer.take_ack(link.resume_from)
+        peer.written = link.resume_from
+        peer.conn = link
+        peer.connected = True
+        if self._is_hub:
+            self._clients[peer.name] = link
+        peer.poke()
+        self._notify_links()
+
+    def _uninstall(self, peer: _StarPeer, link: _Link) -> None:
+        if peer.conn is link:
+            peer.conn = None
+            peer.poke()
+        if self._clients.get(peer.name) is link:
+            del self._clients[peer.name]
+            self._notify_links()
+
+    async def _serve_star_client(
+        self, peer: _StarPeer, generation: int, resume_from: int, link: _Link, peer_address: str
+    ) -> None:
+        """At the hub: carry one connection of a client's link until it ends."""
+        if peer.generation != generation or peer.ended is not None or self._peers.get(peer.name) is not peer:
+            return  # a newer connection of the same link was admitted meanwhile
+        link.resume_from = resume_from
+        self._install(peer, link)
+        try:
+            reason, final = await self._carry(peer, link, peer_address)
+        finally:
+            self._uninstall(peer, link)
+            link.raw.socket.close()
+            self._settle_link(link)
+        if final:
+            self._end_link(peer, reason)
+        elif not self._closed and peer.conn is None and peer.ended is None:
+            log.warning(
+                "%s: lost the connection of %s (%s): %s; its link waits for it to dial in again",
+                self.party, peer.name, peer_address, reason,
+            )
+
+    async def _run_hub_link(self) -> None:
+        """A star client's :meth:`serve`: dial the hub, carry the link, re-dial it when it breaks."""
+        hub = self.hub
+        assert hub is not None
+        peer = self._peers[hub]
+        address = self.addresses[hub]
+        redial = False
+        while True:
+            try:
+                link = await self._dial(hub, redial=redial)
+            except PeerUnreachable as exc:
+                if redial:
+                    detail = f"{self.party} lost its connection to the hub {hub} at {address} and could not resume it"
+                else:
+                    detail = f"{self.party} cannot reach the hub"
+                self._lose_hub(PeerUnreachable(f"{detail}: {exc.detail}", party=hub))
+                return
+            except TransportClosed:
+                return
+            _keep_alive(link.raw)
+            if redial:
+                self.resumptions += 1
+                log.info(
+                    "%s: resumed its link to the hub %s: the hub has %d of its %d frames, it %d of the hub's",
+                    self.party, hub, link.resume_from, peer.sent, peer.received,
+                )
+            self._install(peer, link)
+            try:
+                reason, final = await self._carry(peer, link, str(address))
+            finally:
+                self._uninstall(peer, link)
+                link.raw.socket.close()
+                self._settle_link(link)
+            if self._closed or peer.bye_written:
+                return
+            lost = f"{self.party} lost its connection to the hub {hub} at {address}: {reason}"
+            if final:
+                self._lose_hub(PeerUnreachable(lost, party=hub))
+                return
+            log.warning("%s; re-dialling to resume the link", lost)
+            redial = True
+
+    def _lose_hub(self, failure: PeerUnreachable) -> None:
+        """Record why a star client has no hub for good; ``receive`` raises it once the inbox is empty."""
+        if self._closed:
+            return
+        log.warning("%s", failure)
+        self._hub_failure = failure
+        peer = self._peers[self.hub]  # type: ignore[index]
+        if peer.ended is None:
+            peer.ended = failure.detail
+        peer.poke()
+        self._inbox_send.close()
+        self._notify_links()
+
+    async def _carry(self, peer: _StarPeer, link: _Link, peer_address: str) -> tuple[str, bool]:
+        """Read and write one connection of a star link until it ends.
+
+        Returns why it ended, and whether the link is over for good (the peer left, or broke the
+        link's rules) rather than waiting to resume.
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_star_link, peer, link)
+            ended = await self._read_star_link(peer, link, peer_address)
+            nursery.cancel_scope.cancel()
+        return ended
+
+    async def _write_star_link(self, peer: _StarPeer, link: _Link) -> None:
+        """The one writer of a star connection: acknowledgements, then queued frames, then a BYE.
+
+        Frames go out in their numbers' order from ``peer.written`` (the resume point, on a new
+        connection). A failed write closes the connection (its reader then ends); the frame stays
+        queued for the next connection.
+        """
+        try:
+            while peer.conn is link:
+                if peer.ack_due():
+                    count, owed_bytes = peer.received, peer.ack_owed_bytes
+                    await self._write_control(link, ACK_INDEX, count)
+                    peer.ack_sent = max(peer.ack_sent, count)
+                    peer.ack_owed_bytes = max(0, peer.ack_owed_bytes - owed_bytes)
+                    continue
+                if peer.written < peer.sent:
+                    number = peer.written
+                    index, frame = peer.frame(number)
+                    first = number >= peer.high_written
+                    relayed = self._is_hub and index is not None
+                    peer.started = max(peer.started, number + 1)
+                    await self._write_star(link, index, frame, relayed=relayed, resend=not first)
+                    peer.high_written = max(peer.high_written, number + 1)
+                    if peer.conn is link and peer.written == number:
+                        peer.written = number + 1
+                    if first and relayed:
+                        self.relayed_frames += 1
+                    peer.poke()
+                    continue
+                if peer.leaving and not peer.bye_written:
+                    await self._write_control(link, BYE_INDEX, peer.received)
+                    peer.ack_sent = peer.received
+                    peer.bye_written = True
+                    peer.poke()
+                    return
+                await peer.changed.wait()
+        except (TransportBroken, TransportClosed) as exc:
+            if peer.conn is link and not self._closed:
+                log.debug("%s: writing to %s failed: %s", self.party, peer.name, exc)
+            link.raw.socket.close()  # its reader ends too
+            self._uninstall(peer, link)
+
+    async def _write_star(self, link: _Link, index: int | None, frame: bytes, *, relayed: bool, resend: bool) -> None:
+        """Write one frame on a star connection (its only writer) and count the bytes it cost.
 
         ``index`` is the roster position of a route header (``None``: the peer's own frame). This
         party's own frames add their route header to ``relay_overhead_bytes`` and the TLS records
-        to ``tls_overhead_bytes``; a frame the hub relays (``relayed``) adds everything written.
+        to ``tls_overhead_bytes``; a frame the hub relays (``relayed``) adds everything written to
+        ``relay_overhead_bytes``, and a frame written again after a resumption (``resend``), or the
+        part of one written before its connection broke, to ``resumption_overhead_bytes``.
         """
         before = link.wire.sent_bytes if link.wire is not None else 0
-        if index is None:
-            await send_frame(link.channel, frame)
-            plaintext = FRAMING_OVERHEAD_BYTES + len(frame)
-        else:
-            await send_routed_frame(link.channel, index, frame)
-            plaintext = ROUTE_HEADER_BYTES + FRAMING_OVERHEAD_BYTES + len(frame)
+        try:
+            if index is None:
+                await send_frame(link.channel, frame)
+                plaintext = FRAMING_OVERHEAD_BYTES + len(frame)
+            else:
+                await send_routed_frame(link.channel, index, frame)
+                plaintext = ROUTE_HEADER_BYTES + FRAMING_OVERHEAD_BYTES + len(frame)
+        except BaseException:
+            if link.wire is not None:  # a part written in vain: the frame is written again
+                wasted = link.wire.sent_bytes - before
+                link.counted += wasted
+                self.resumption_overhead_bytes += wasted
+            raise
         written = plaintext
         if link.wire is not None:
             written = link.wire.sent_bytes - before
             link.counted += written
-        if relayed:
+        if resend:
+            self.resumption_overhead_bytes += written
+            self.resent_frames += 1
+        elif relayed:
             self.relay_overhead_bytes += written
         else:
             self.relay_overhead_bytes += plaintext - FRAMING_OVERHEAD_BYTES - len(frame)
             self.tls_overhead_bytes += written - plaintext
 
+    async def _write_control(self, link: _Link, index: int, count: int) -> None:
+        """Write an ACK or BYE on a star connection; all it costs is resumption overhead."""
+        before = link.wire.sent_bytes if link.wire is not None else 0
+        try:
+            await send_control(link.channel, index, count)
+        finally:
+            if link.wire is not None:
+                written = link.wire.sent_bytes - before
+                link.counted += written
+                self.resumption_overhead_bytes += written
+        if link.wire is None:
+            self.resumption_overhead_bytes += CONTROL_FRAME_BYTES
+
     def _settle_link(self, link: _Link) -> None:
-        """Count what TLS wrote on an ended star link beyond the frames' accounts (e.g. alerts)."""
+        """Count what TLS wrote on an ended star connection beyond the frames' accounts (e.g. alerts)."""
         if link.wire is not None:
             self.tls_overhead_bytes += link.wire.sent_bytes - link.counted
             link.counted = link.wire.sent_bytes
@@ -1057,195 +1673,113 @@ class TcpTransport(Transport):
             return TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
         return PeerUnreachable(failure.detail, party=self.hub)
 
-    def _relay_queue(self, dest: str) -> tuple[Any, Any]:
-        """The (send, receive) channel of frames waiting at the hub to be relayed to ``dest``."""
-        queue = self._relay_queues.get(dest)
-        if queue is None:
-            queue = self._relay_queues[dest] = trio.open_memory_channel[tuple[int, bytes]](math.inf)
-        return queue
+    def _violation(self, peer: _StarPeer, peer_address: str, reason: str) -> tuple[str, bool]:
+        log.warning("%s: closing the link of %s (%s): %s", self.party, peer.name, peer_address, reason)
+        return reason, True
 
-    async def _client_link(self, dest: str) -> _Link:
-        """At the hub: ``dest``'s connection, waiting up to ``connect_timeout_s`` for it to dial in."""
-        deadline = trio.current_time() + self.connect_timeout_s
-        while True:
-            self._check_open()
-            link = self._clients.get(dest)
-            if link is not None:
-                return link
-            changed = self._links_changed
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                raise PeerUnreachable(
-                    f"{dest} is not connected to the hub {self.party} "
-                    f"(waited {self.connect_timeout_s} s for it to dial in)",
-                    party=dest,
-                )
-            with trio.move_on_after(remaining):
-                await changed.wait()
-
-    async def _hub_link_ready(self) -> _Link:
-        """At a star client: the connection to the hub, once :meth:`serve` has made it."""
-        deadline = trio.current_time() + self.connect_timeout_s + self.handshake_timeout_s
-        while True:
-            self._check_open()
-            if self._hub_link is not None:
-                return self._hub_link
-            if self._hub_failure is not None:
-                raise PeerUnreachable(self._hub_failure.detail, party=self.hub) from self._hub_failure
-            changed = self._links_changed
-            remaining = deadline - trio.current_time()
-            if remaining <= 0:
-                hint = "" if self._serving else " (in a star, serve() dials the hub: it is not running)"
-                raise PeerUnreachable(f"{self.party} has no connection to the hub {self.hub}{hint}", party=self.hub)
-            with trio.move_on_after(remaining):
-                await changed.wait()
-
-    async def _run_hub_link(self) -> None:
-        """A star client's :meth:`serve`: dial the hub, then read what it sends until the end."""
-        hub = self.hub
-        assert hub is not None
-        address = self.addresses[hub]
-        try:
-            link = await self._dial(hub)
-        except PeerUnreachable as exc:
-            self._lose_hub(PeerUnreachable(f"{self.party} cannot reach the hub: {exc.detail}", party=hub))
-            return
-        except TransportClosed:
-            return
-        self._hub_link = link
-        self._notify_links()
-        try:
-            reason = await self._read_star_frames(link, hub, str(address))
-        finally:
-            self._hub_link = None
-            link.raw.socket.close()
-            self._settle_link(link)
-        lost = f"{self.party} lost its connection to the hub {hub} at {address}: {reason}"
-        self._lose_hub(PeerUnreachable(lost, party=hub))
-
-    def _lose_hub(self, failure: PeerUnreachable) -> None:
-        """Record why a star client has no hub; ``receive`` raises it once the inbox is empty."""
-        if self._closed:
-            return
-        log.warning("%s", failure)
-        self._hub_failure = failure
-        self._inbox_send.close()
-        self._notify_links()
-
-    async def _serve_star_client(
-        self,
-        peer: str,
-        stream: trio.SocketStream,
-        channel: trio.abc.Stream,
-        reader: FrameReader,
-        wire: Any,
-        peer_address: str,
-    ) -> None:
-        """At the hub: carry one client's connection, its frames in and every frame for it out."""
-        link = _Link(stream, channel, wire, reader, counted=wire.sent_bytes if wire is not None else 0)
-        previous = self._clients.get(peer)
-        if previous is not None:
-            log.info("%s: %s connected again from %s; closing its previous connection", self.party, peer, peer_address)
-            previous.raw.socket.close()
-        self._clients[peer] = link
-        self._notify_links()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._forward_relayed, peer, link)
-                await self._read_star_frames(link, peer, peer_address)
-                nursery.cancel_scope.cancel()
-        finally:
-            link.raw.socket.close()
-            if self._clients.get(peer) is link:
-                del self._clients[peer]
-                self._notify_links()
-            self._settle_link(link)
-
-    async def _forward_relayed(self, dest: str, link: _Link) -> None:
-        """At the hub: write the frames other clients sent for ``dest`` on ``dest``'s connection.
-
-        The frames are not decoded: each goes out as it came in, behind a route header naming
-        the client that sent it.
-        """
-        _, queue = self._relay_queue(dest)
-        while True:
-            try:
-                origin, frame = await queue.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                return
-            async with link.lock:
-                try:
-                    await self._write_star(link, origin, frame, relayed=True)
-                except (TransportBroken, TransportClosed) as exc:
-                    if not self._closed:
-                        log.warning(
-                            "%s: a frame from %s for %s was lost: %s", self.party, self.roster[origin], dest, exc
-                        )
-                    link.raw.socket.close()
-                    return
-                except BaseException:
-                    link.raw.socket.close()
-                    raise
-            self.relayed_frames += 1
-
-    async def _read_star_frames(self, link: _Link, peer: str, peer_address: str) -> str:
-        """Read a star link until it ends; returns why it ended.
+    async def _read_star_link(self, peer: _StarPeer, link: _Link, peer_address: str) -> tuple[str, bool]:
+        """Read a star connection until it ends; returns what :meth:`_carry` returns.
 
         At the hub, the client's own frames go to this endpoint's inbox and routed ones to the
-        relay queue of the party their header names. At a client, plain frames are the hub's and a
+        link of the party their header names. At a client, plain frames are the hub's and a
         routed frame is from the party its header names: the hub, which authenticated that
-        party's connection, is trusted to name it.
+        party's connection, is trusted to name it. Control frames acknowledge this side's frames;
+        a BYE ends the link. Once a newer connection of the link took over, nothing more is taken
+        from this one, so every frame of the link counts (and is delivered) once.
         """
         assert link.reader is not None
+        limit = max(self.max_frame_bytes, CONTROL_BYTES)
         while True:
             try:
-                index, frame = await link.reader.receive_routed_frame(self.max_frame_bytes)
+                index, frame = await link.reader.receive_routed_frame(limit)
             except trio.EndOfChannel:
-                log.debug("%s: %s (%s) closed its connection", self.party, peer, peer_address)
-                return f"{peer} closed the connection"
+                log.debug("%s: %s (%s) closed its connection", self.party, peer.name, peer_address)
+                return f"{peer.name} closed the connection", False
             except FrameTooLarge as exc:
-                log.warning("%s: closing the connection of %s (%s): %s", self.party, peer, peer_address, exc)
-                return str(exc)
+                return self._violation(peer, peer_address, str(exc))
             except TransportBroken as exc:
-                if not self._closed:
-                    log.warning("%s: the connection of %s (%s) broke: %s", self.party, peer, peer_address, exc)
-                return f"the connection broke ({exc.detail})"
+                return f"the connection broke ({exc.detail})", False
             except TransportClosed:
-                return "the connection was closed"
-            if index is not None and index >= len(self.roster):
-                log.warning(
-                    "%s: closing the connection of %s (%s): a route header names party #%d of a roster of %d",
-                    self.party, peer, peer_address, index, len(self.roster),
-                )
-                return f"a route header named party #{index}, outside the roster"
-            if self._is_hub and index is not None and self.roster[index] != self.party:
+                return "the connection was closed", False
+            if peer.conn is not link:
+                return "a newer connection of the link took its place", False
+            if index in (ACK_INDEX, BYE_INDEX):
                 try:
-                    self._relay_queue(self.roster[index])[0].send_nowait((self._index[peer], frame))
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    return "the endpoint was closed"
+                    count = control_count(frame)
+                except DecodeError as exc:
+                    return self._violation(peer, peer_address, str(exc))
+                if not peer.take_ack(count):
+                    return self._violation(
+                        peer, peer_address, f"it acknowledged {count} frames, {peer.started} were written"
+                    )
+                if index == BYE_INDEX:
+                    log.debug("%s: %s left, having received %d frames", self.party, peer.name, count)
+                    return f"{peer.name} left", True
                 continue
-            sender = peer if self._is_hub or index is None else self.roster[index]
+            if len(frame) > self.max_frame_bytes:
+                return self._violation(peer, peer_address, str(FrameTooLarge(len(frame), self.max_frame_bytes)))
+            if index is not None and index >= len(self.roster):
+                return self._violation(
+                    peer, peer_address, f"a route header named party #{index} of a roster of {len(self.roster)}"
+                )
+            peer.received += 1
+            peer.ack_owed_bytes += len(frame)
+            if peer.ack_due():
+                peer.poke()
+            if self._is_hub and index is not None and self.roster[index] != self.party:
+                self._relay(peer.name, self.roster[index], frame)
+                continue
+            sender = peer.name if self._is_hub or index is None else self.roster[index]
             try:
                 self._inbox_send.send_nowait((sender, frame))
             except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return "the endpoint was closed"
+                return "the endpoint was closed", False
+
+    async def leave(self) -> None:
+        """A star client's graceful end: write what it still has for the hub, then say goodbye.
+
+        Its frames not yet written (on a link that is being resumed, say) are written first,
+        then a BYE, which tells the hub that the link is over and that the client received the
+        hub's frames up to then; the hub stops waiting for it (:meth:`linger`). Waits at most
+        ``resume_timeout_s``. Returns at once for any other endpoint, a closed one, or one that
+        lost the hub. The endpoint stays open (:meth:`aclose` it after).
+        """
+        if not self._is_star_client or self._closed or self._hub_failure is not None:
+            return
+        peer = self._peers[self.hub]  # type: ignore[index]
+        if not peer.connected:
+            return
+        peer.leaving = True
+        peer.poke()
+        with trio.move_on_after(self.resume_timeout_s):
+            while not peer.bye_written and self._hub_failure is None and not self._closed:
+                await peer.changed.wait()
+        if not peer.bye_written and not self._closed:
+            log.warning("%s: could not say goodbye to the hub %s", self.party, self.hub)
 
     async def linger(self) -> None:
-        """At a star's hub, keep relaying until every client has closed its connection.
+        """At a star's hub, keep relaying until every client has left.
 
-        The hub's own run may end while clients still exchange frames through it; closing then
-        would cut them off. Waits at most ``linger_s``, then returns (clients still connected are
-        logged). Returns at once for any other endpoint, or a closed one.
+        The hub's own run may end while clients still exchange frames through it, or while a
+        client whose connection broke has yet to come back for the hub's last frames; closing
+        then would cut them off. Waits until every client that dialled in has said goodbye (see
+        :meth:`leave`), at most ``linger_s``; clients still expected are logged. A client that
+        ended without a goodbye (killed, or failed) is waited for the whole ``linger_s``. Returns
+        at once for any other endpoint, or a closed one.
         """
         if not self._is_hub or self._closed:
             return
+
+        def expected() -> list[str]:
+            return sorted(p.name for p in self._peers.values() if p.connected and p.ended is None)
+
         with trio.move_on_after(self.linger_s):
-            while self._clients:
+            while expected():
                 await self._links_changed.wait()
-        if self._clients:
+        if expected():
             log.warning(
-                "%s: closing the hub with %s still connected after %s s",
-                self.party, ", ".join(sorted(self._clients)), self.linger_s,
+                "%s: closing the hub with %s still connected or expected back after %s s",
+                self.party, ", ".join(expected()), self.linger_s,
             )
 
     # --------------------------------------------------------------------------------- receive
@@ -1257,8 +1791,8 @@ class TcpTransport(Transport):
 
         Raises:
             TransportClosed: this endpoint was closed (also while waiting).
-            PeerUnreachable: a star client cannot reach the hub or lost it (once every frame
-                received before is returned).
+            PeerUnreachable: a star client cannot reach the hub or could not resume its link
+                (once every frame received before is returned).
         """
         self._check_open()
         try:
@@ -1296,7 +1830,7 @@ class TcpTransport(Transport):
                 listener.socket.close()
             if self._listen_socket is not None:
                 self._listen_socket.close()  # ours even if serve never ran
-            star_links = [*self._clients.values(), *([self._hub_link] if self._hub_link is not None else [])]
+            star_links = [*self._clients.values(), *(p.conn for p in self._peers.values() if p.conn is not None)]
             for stream in [
                 *self._incoming,
                 *self._dialling,
@@ -1305,9 +1839,9 @@ class TcpTransport(Transport):
                 stream.socket.close()
             self._outgoing.clear()
             self._clients.clear()
-            for send_channel, receive_channel in self._relay_queues.values():
-                send_channel.close()
-                receive_channel.close()
+            for peer in self._peers.values():
+                peer.conn = None
+                peer.poke()
             self._links_changed.set()
             self._inbox_receive.close()
             self._inbox_send.close()
@@ -1321,8 +1855,8 @@ async def _serving_all(endpoints: Mapping[str, TcpTransport], *, share_addresses
 
     Listening endpoints start first; with ``share_addresses`` their bound addresses are then
     given to every endpoint, before star clients start dialling. On a normal exit the star
-    clients here are closed first, then a hub here lingers (:meth:`TcpTransport.linger`) for
-    clients elsewhere. An error of the body comes out as itself, not wrapped in the nursery's
+    clients here say goodbye (:meth:`TcpTransport.leave`) and are closed first, then a hub here
+    lingers (:meth:`TcpTransport.linger`) for clients elsewhere. An error of the body comes out as itself, not wrapped in the nursery's
     exception group.
     """
     try:
@@ -1339,6 +1873,9 @@ async def _serving_all(endpoints: Mapping[str, TcpTransport], *, share_addresses
                 for endpoint in clients:
                     await nursery.start(endpoint.serve)
                 yield
+                async with trio.open_nursery() as leaving:
+                    for endpoint in clients:
+                        leaving.start_soon(endpoint.leave)
                 for endpoint in clients:
                     await endpoint.aclose()
                 for endpoint in endpoints.values():
