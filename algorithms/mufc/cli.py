@@ -33,6 +33,14 @@ at any stage (``--dropout client-3@masked-input``, memory transport) leaves the 
 round completes with the survivors; the summary adds ``secagg``, ``secagg_degree``,
 ``secagg_threshold`` and ``dropouts``. The default ``scma`` reproduces the paper.
 
+Each party can hold only its own data: :meth:`MUFCPlugin.split` gives each client its raw rows
+(``fedproto split mufc``), :meth:`MUFCPlugin.plan_party` builds one party from its own file
+(``fedproto party mufc --data FILE``), and the parties agree n, the extent, the grid and the
+removal stream in the ``setup.data`` phase (:mod:`fedproto.algorithms.mufc.setup`).
+:meth:`MUFCPlugin.plan`, the simulation, builds every machine the same way from the same parts
+and adds what needs the pooled data: the summary, the baselines, the exactness check and the
+timed replay.
+
 Old option spellings stay accepted, hidden from ``--help``: ``--split`` (``--partition``),
 ``--remove`` (``--removals``),
 ``--batch`` (``--points-per-removal``), ``--gamma`` (``--quantization-step``) and ``--max-iter``
