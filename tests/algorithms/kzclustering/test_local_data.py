@@ -311,7 +311,7 @@ def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.slow  # about 40 s of process start-ups and JAX compilation on 2 cores
+@pytest.mark.slow  # 110 to 140 s here (5 processes, each starting JAX, on 2 shared cores)
 def test_split_files_and_one_party_process_each_over_tcp_match_the_memory_run(tmp_path):
     """``fedproto split``, ``fedproto provision`` (TLS, star) and one ``fedproto party`` process per
     party, each machine given only its own file: the parties' results and payload bytes per link
