@@ -796,8 +796,8 @@ class FastLloydServer(ProtocolMachine):
         if odd:
             named = ", ".join(f"{c} ({widths[c]})" for c in odd[:8]) + (f" and {len(odd) - 8} more" if len(odd) > 8 else "")
             raise RemoteProtocolError(
-                f"{named} hold data with a different number of features than the other clients ({d}): every "
-                "client's data must have the same features",
+                f"{named} {'holds' if len(odd) == 1 else 'hold'} data with a different number of features than "
+                f"the other clients ({d}): every client's data must have the same features",
                 party=odd[0], round_idx=0, phase="setup.data",
             )
         summaries = [self._summaries[c] for c in self.clients]
