@@ -687,7 +687,7 @@ def _run_tcp_launcher(
         own_data: dict[str, list[str]] = {}
         if local:
             # Each party process gets only its own part, as on separate machines.
-            base += [str(token) for token in (getattr(plugin, "resolved_options", None) or (lambda a, d: []))(args, dataset)]
+            base += _resolved_options(plugin, args, dataset)
             for party, part in _split_parts(plugin, args, dataset, plan.roster).items():
                 own_data[party] = ["--data", str(save_dataset(Path(tmp) / f"{party}.data.npz", part))]
 
@@ -1106,6 +1106,13 @@ def local_session(args: argparse.Namespace, parties: Sequence[str]) -> int:
     return session_id(args.protocol_name, tuple(parties), args.seed)
 
 
+def _resolved_options(plugin: Any, args: argparse.Namespace, dataset: Any) -> list[str]:
+    """The plugin's ``resolved_options`` tokens (options whose default depends on the whole data
+    set, spelt out for parties that hold only their own), as strings; ``[]`` without the method."""
+    resolve = getattr(plugin, "resolved_options", None)
+    return [] if resolve is None else [str(token) for token in resolve(args, dataset)]
+
+
 def _split_parts(plugin: Any, args: argparse.Namespace, dataset: Any, roster: Sequence[str]) -> dict[str, Any]:
     """``plugin.split(args, dataset)``, checked: parties of ``roster``, each a non-empty 2-D set."""
     parts = dict(plugin.split(args, dataset))
@@ -1154,6 +1161,7 @@ def _command_split(args: argparse.Namespace) -> int:
         "parties": list(plan.roster),
         "files": entries,
         "options": _options(args),
+        "resolved_options": _resolved_options(plugin, args, dataset),
         "command": ["fedproto", *args.argv],
     }
     (out / "split.json").write_text(json.dumps(_json_ready(manifest), indent=2) + "\n")

@@ -108,6 +108,7 @@ def test_split_writes_the_runs_split_one_file_per_party(tmp_path, toy):
                 tmp_path)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((out / "split.json").read_text())
+    assert manifest["resolved_options"] == ["--dim", "4"]
     assert manifest["data_set"] == "iris" and manifest["parties"] == ["coordinator", "worker-0", "worker-1", "worker-2"]
     assert [f["party"] for f in manifest["files"]] == ["worker-0", "worker-1", "worker-2"]
     assert sorted(p.name for p in out.iterdir()) == ["split.json", "worker-0.npz", "worker-1.npz", "worker-2.npz"]
