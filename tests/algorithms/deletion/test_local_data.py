@@ -28,7 +28,8 @@ from fedproto.algorithms.deletion.local_data import SETUP_PHASE, setup_payload_b
 from fedproto.algorithms.deletion.messages import DataAgreement, DataSummary
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, save_dataset
-from fedproto.errors import RemoteProtocolError
+from fedproto.errors import InsufficientParticipants, RemoteProtocolError
+from fedproto.messages import PhaseTimedOut
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.testing.harness import Harness
@@ -224,6 +225,27 @@ def test_a_party_with_another_number_of_features_is_refused_by_name(mixture, cas
     with pytest.raises(RemoteProtocolError, match=f"{odd}'s data has 4 features, .* 3") as caught:
         Harness(machines, session=plan.session).run()
     assert caught.value.party == odd and caught.value.phase == SETUP_PHASE
+
+
+@pytest.mark.parametrize("case", ["dckmeans", "qkmeans", "qkmeans-federated"])
+def test_a_party_silent_in_the_setup_phase_is_named_at_the_deadline(mixture, case):
+    plugin, argv = CASES[case]
+    plan = plugin.plan(whole_args(plugin, argv), blobs(mixture))
+    head, silent = plan.roster[0], plan.roster[2]
+    machines = {p: plan.make_machine(p) for p in plan.roster}
+    harness = Harness(machines, session=plan.session, tamper=lambda f: None if f.sender == silent else f.data)
+    harness.start()
+    while harness.deliver_one() is not None:
+        pass
+    assert machines[head].phase == SETUP_PHASE and list(machines[head].pending()) == [silent]
+    with pytest.raises(InsufficientParticipants, match=silent) as caught:
+        harness.inject(head, PhaseTimedOut(0, SETUP_PHASE, 60.0))
+    assert caught.value.missing == (silent,)
+    # a data-holding party waiting for the agreement names the coordinating party
+    waiting = machines[plan.roster[1]]
+    assert waiting.phase == SETUP_PHASE
+    with pytest.raises(InsufficientParticipants, match=head):
+        waiting.handle(PhaseTimedOut(0, SETUP_PHASE, 120.0))
 
 
 def test_party_plans_refuse_what_they_cannot_run(mixture):
