@@ -1,0 +1,254 @@
+"""Several hosts in the test suite (issue 10, part 5): a TLS star federation across network namespaces.
+
+Three Linux network namespaces stand for three hosts: the hub's, and one per client, each client
+joined to the hub's namespace by its own veth pair (its own /24; the client's default route goes
+through it). The hub listens on its first link's address; nothing else connects the namespaces,
+so every frame crosses a veth, and only the hub accepts connections.
+
+* a provisioned TLS FastLloyd federation (``fedproto split``, ``fedproto provision``, then
+  ``ip netns exec NS python -m fedproto party fastlloyd ...``, each client on its own data file)
+  gives the memory run's centroids and, link by link, its payload bytes (slow: three processes
+  start JAX);
+* taking one client's link down mid-run (``ip link set DEV down`` in its namespace, never brought
+  back) ends the server within its deadline with an error naming that client, and the other
+  client names it too (slow);
+* quick, in the default run: the tutorial's secure sum (no JAX) across the same namespaces.
+
+Needs root and iproute2 (``ip netns``); where the test cannot make namespaces (not root, no
+``ip``, permission denied) it is skipped with that reason. Every namespace (and with it its veth
+ends) and every process the test starts is removed in the fixture's teardown, on failure too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedproto.metering import RunReport
+
+FEDPROTO = [sys.executable, "-m", "fedproto"]
+SECURE_SUM = Path(__file__).resolve().parents[2] / "docs" / "tutorial" / "secure_sum.py"
+PARTIES = ("server", "client-0", "client-1")
+HUB_PORT = 7000
+#: The subnet of client i's link is 10.213.i.0/24: the hub's end is .1, the client's .2.
+SUBNET = "10.213.{}"
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@dataclasses.dataclass
+class Hosts:
+    """Namespaces standing for hosts: ``namespace[party]``, the client links' device names, the hub's address."""
+
+    namespace: dict[str, str]
+    device: dict[str, str]  # the client's end of its link, in its namespace
+    hub_address: str
+    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+    def start(self, party: str, argv: list[str], cwd: Path) -> subprocess.Popen:
+        """Run ``argv`` in ``party``'s namespace (its own process group; killed at teardown)."""
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace[party], *argv], cwd=cwd, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
+        self.processes.append(proc)
+        return proc
+
+    def ip(self, party: str, *args: str) -> None:
+        done = _run(["ip", "-n", self.namespace[party], *args])
+        assert done.returncode == 0, f"ip -n {self.namespace[party]} {' '.join(args)}: {done.stderr.strip()}"
+
+    def hub_connections(self) -> int:
+        """Established connections to the hub's port, as its namespace sees them."""
+        done = _run(["ip", "netns", "exec", self.namespace["server"], "ss", "-Htn", "state", "established",
+                     f"( sport = :{HUB_PORT} )"])
+        return len([line for line in done.stdout.splitlines() if line.strip()])
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    if os.geteuid() != 0:
+        pytest.skip(f"network namespaces need root; this test runs as uid {os.geteuid()}")
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2) to make network namespaces")
+    tag = f"fp{os.getpid() % 10000}{secrets.token_hex(2)}"  # device names stay under 16 characters
+    namespace = {party: f"{tag}-{party}" for party in PARTIES}
+    made: list[str] = []
+    hosts = Hosts(namespace, {}, f"{SUBNET.format(0)}.1:{HUB_PORT}")
+    try:
+        for party, name in namespace.items():
+            done = _run(["ip", "netns", "add", name])
+            if done.returncode != 0:
+                pytest.skip(f"cannot make network namespaces here: ip netns add: {done.stderr.strip()}")
+            made.append(name)
+            hosts.ip(party, "link", "set", "lo", "up")
+        for i, client in enumerate(PARTIES[1:]):
+            hub_end, client_end = f"{tag}h{i}", f"{tag}c{i}"
+            done = _run(["ip", "link", "add", hub_end, "netns", namespace["server"], "type", "veth",
+                         "peer", "name", client_end, "netns", namespace[client]])
+            if done.returncode != 0:
+                pytest.skip(f"cannot make veth pairs here: ip link add: {done.stderr.strip()}")
+            subnet = SUBNET.format(i)
+            hosts.ip("server", "addr", "add", f"{subnet}.1/24", "dev", hub_end)
+            hosts.ip("server", "link", "set", hub_end, "up")
+            hosts.ip(client, "addr", "add", f"{subnet}.2/24", "dev", client_end)
+            hosts.ip(client, "link", "set", client_end, "up")
+            hosts.ip(client, "route", "add", "default", "via", f"{subnet}.1")  # to the hub's address on link 0
+            hosts.device[client] = client_end
+        yield hosts
+    finally:
+        for proc in hosts.processes:
+            _kill(proc)
+        for name in reversed(made):  # its veth ends go with it
+            _run(["ip", "netns", "del", name])
+        left = _run(["ip", "netns", "list"]).stdout
+        assert not any(name in left for name in made), f"namespaces left behind: {left}"
+
+
+def _cli(argv: list[str], capsys) -> None:
+    """``fedproto ARGV`` in this process (the same ``main`` as the command)."""
+    from fedproto.cli import main
+
+    code = main(argv)
+    assert code == 0, capsys.readouterr().err[-3000:]
+
+
+def _provision(tmp_path: Path, hosts: Hosts, capsys, *extra: str) -> Path:
+    kits = tmp_path / "kits"
+    _cli(["provision", "--parties", ",".join(PARTIES), "--hub", hosts.hub_address, "--out", str(kits), *extra], capsys)
+    return kits
+
+
+def _links(report: RunReport) -> dict[tuple, tuple[int, int]]:
+    return {
+        (link.round_idx, link.phase, link.sender, link.receiver, link.tag): (link.messages, link.payload_bytes)
+        for link in report.links
+    }
+
+
+def _wait(procs: dict[str, subprocess.Popen], timeout: float) -> dict[str, tuple[int, str]]:
+    outputs = {party: proc.communicate(timeout=timeout) for party, proc in procs.items()}
+    return {party: (procs[party].returncode, outputs[party][1]) for party in procs}
+
+
+def _last_line(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def test_the_tutorial_secure_sum_runs_across_three_namespaces(hosts: Hosts, tmp_path: Path, capsys) -> None:
+    kits = _provision(tmp_path, hosts, capsys)
+    procs = {
+        party: hosts.start(party, [*FEDPROTO, "party", str(SECURE_SUM), "--party", party, "--roster",
+                                   str(kits / party / "roster.json"), "--party-report", str(tmp_path / f"{party}.json"),
+                                   "--deadline", "30"], tmp_path)
+        for party in PARTIES
+    }
+    ended = _wait(procs, timeout=120)
+    for party, (code, err) in ended.items():
+        assert code == 0, f"{party}: {err[-2000:]}"
+    docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in PARTIES}
+    spec = importlib.util.spec_from_file_location("secure_sum_for_netns_test", SECURE_SUM)
+    tutorial = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tutorial)
+    expected = sum(tutorial.client_values(0, i, 8) for i in range(2))  # --seed 0, --d 8, --clients 2
+    assert docs["server"]["result"]["sum"] == expected.tolist()
+    reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
+    merged = RunReport.merge(reports)
+    assert merged.handshake_bytes > 0 and merged.tls_overhead_bytes == 22 * merged.messages  # TLS, one record each
+    assert merged.relay_overhead_bytes == 0
+
+
+FASTLLOYD = ["--data", "iris", "--clients", "2", "--seed", "5"]
+
+
+def _fastlloyd_parties(hosts: Hosts, tmp_path: Path, kits: Path, options: list[str]) -> dict[str, subprocess.Popen]:
+    """One ``fedproto party fastlloyd`` process per party, each in its namespace on its own data file."""
+    procs = {}
+    for party in PARTIES:
+        # a client's --k comes from its file (iris's paper k); the server holds no data and is told
+        own = ["--k", "3"] if party == "server" else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
+        procs[party] = hosts.start(party, [
+            *FEDPROTO, "party", "fastlloyd", *options, *own, "--party", party,
+            "--roster", str(kits / party / "roster.json"), "--party-report", str(tmp_path / f"{party}.json"),
+        ], tmp_path)
+    return procs
+
+
+@pytest.mark.slow  # three processes start JAX: about a minute
+def test_a_fastlloyd_federation_across_namespaces_equals_the_memory_run(hosts: Hosts, tmp_path: Path, capsys) -> None:
+    options = [*FASTLLOYD, "--iterations", "4"]
+    _cli(["run", "fastlloyd", *options, "--quiet", "--report", str(tmp_path / "memory.json")], capsys)
+    memory = RunReport.from_json((tmp_path / "memory.json").read_text())
+    _cli(["split", "fastlloyd", *options, "--out", str(tmp_path / "parts")], capsys)
+    # the memory run's session in the kits' rosters: the frames' envelopes carry it
+    kits = _provision(tmp_path, hosts, capsys, "--session", str(memory.session))
+    procs = _fastlloyd_parties(hosts, tmp_path, kits, ["--iterations", "4", "--seed", "5", "--deadline", "60"])
+    ended = _wait(procs, timeout=300)
+    for party, (code, err) in ended.items():
+        assert code == 0, f"{party}: {err[-3000:]}"
+    docs = {party: json.loads((tmp_path / f"{party}.json").read_text()) for party in PARTIES}
+    for party in PARTIES[1:]:
+        assert docs[party]["result"]["centroids"] == memory.results["centroids"], party
+    tcp = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
+    assert _links(tcp) == _links(memory)
+    assert (tcp.payload_bytes, tcp.messages) == (memory.payload_bytes, memory.messages)
+    # an uncut run: nothing re-sent, each client's goodbye the only resumption bytes (20 + a TLS record)
+    assert tcp.resumption_overhead_bytes == 2 * (20 + 22)
+
+
+@pytest.mark.slow  # three processes start JAX, then the server waits out its deadline
+def test_a_client_whose_link_goes_down_mid_run_is_named_within_the_deadline(
+    hosts: Hosts, tmp_path: Path, capsys
+) -> None:
+    deadline_s = 5.0
+    options = [*FASTLLOYD, "--iterations", "200"]  # long enough to be cut in the middle
+    _cli(["split", "fastlloyd", *options, "--out", str(tmp_path / "parts")], capsys)
+    kits = _provision(tmp_path, hosts, capsys)
+    procs = _fastlloyd_parties(hosts, tmp_path, kits, ["--iterations", "200", "--seed", "5",
+                                                        "--deadline", str(deadline_s)])
+    started = time.monotonic()
+    while hosts.hub_connections() < 2:  # both clients have dialled in: the run is under way
+        assert time.monotonic() - started < 120, "the clients did not connect to the hub"
+        assert all(proc.poll() is None for proc in procs.values()), "a party ended before the run started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the run (setup.data, then JAX compiles the first iteration's kernels)
+    assert procs["server"].poll() is None, "the run ended before the link could be taken down"
+    hosts.ip("client-1", "link", "set", hosts.device["client-1"], "down")
+    down = time.monotonic()
+    _, server_err = procs["server"].communicate(timeout=120)
+    server_ended = time.monotonic()
+    assert procs["server"].returncode != 0, f"the server finished despite client-1's link: {server_err[-2000:]}"
+    line = _last_line(server_err)
+    assert "client-1" in line and "client-0" not in line.replace("client-1", ""), line
+    # the server's deadline for a silent client (FastLloyd's server waits 1 x --deadline), plus
+    # the time the processes take to notice, abort and exit on a loaded machine
+    assert server_ended - down < deadline_s + 20, f"the server took {server_ended - down:.1f} s"
+    _, client_err = procs["client-0"].communicate(timeout=60)
+    assert procs["client-0"].returncode != 0 and "client-1" in _last_line(client_err), client_err[-2000:]
