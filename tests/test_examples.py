@@ -42,7 +42,7 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.wait()
+        proc.communicate()  # reaps it and closes its pipes (left open, a later test's gc would warn)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
