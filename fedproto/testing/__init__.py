@@ -7,6 +7,9 @@
   (``MemoryNetwork(roster, faults=Faults(...))``).
 * :func:`run_conformance`, :data:`CHECKS` and :func:`check_close_semantics`: the transport
   conformance suite, for a new transport's tests.
+* :func:`run_per_party` and :class:`PerPartyRun`: run a plugin's simulation and the same run
+  with every party built from only its own file (``split`` + ``plan_party``), to check they
+  agree in results and payload bytes.
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
   :class:`Query`, :class:`Contribution`, :class:`Finished`, a small complete protocol to test
   runtimes and transports with.
@@ -15,6 +18,7 @@
 from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
 from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
 from fedproto.testing.harness import Frame, Harness
+from fedproto.testing.local_data import PerPartyRun, run_per_party
 from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
 
 __all__ = [
@@ -26,6 +30,8 @@ __all__ = [
     "run_conformance",
     "CHECKS",
     "check_close_semantics",
+    "PerPartyRun",
+    "run_per_party",
     "SumCoordinator",
     "SumWorker",
     "Query",

@@ -219,3 +219,30 @@ def test_the_tcp_launcher_gives_each_party_only_its_own_part(tmp_path, toy):
     np.testing.assert_allclose(tcp.results["final_sum"], _expected_sum(2), rtol=1e-12)
     assert tcp.results == memory.results
     assert tcp.payload_bytes == memory.payload_bytes
+
+
+def test_run_per_party_checks_a_plugin_in_process(tmp_path, toy, monkeypatch):
+    from fedproto.testing import run_per_party
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading a file puts its folder on the path
+    run = run_per_party(str(toy), ["--data", "iris", "--clients", "3", "--rounds", "2"], tmp_path)
+    assert run.roster == ("coordinator", "worker-0", "worker-1", "worker-2")
+    assert sorted(run.files) == ["worker-0", "worker-1", "worker-2"]
+    assert run.per_party_results == run.simulation_results
+    np.testing.assert_allclose(run.simulation_results["coordinator"]["sums"][-1], _expected_sum(2), rtol=1e-12)
+    assert run.per_party_links == run.simulation_links and run.simulation_links
+    assert run.per_party_report.payload_bytes == run.simulation_report.payload_bytes
+
+
+def test_run_per_party_finds_a_party_that_does_not_hold_to_the_contract(tmp_path, toy, monkeypatch):
+    """A plugin whose parties compute from something else than their own part is caught."""
+    from fedproto.testing import run_per_party
+
+    broken = tmp_path / "broken_local.py"
+    broken.write_text(
+        toy.read_text().replace("values=x.sum(axis=0)", "values=x.sum(axis=0) + (0 if data_of is not None and "
+                                "getattr(data_of, '__self__', None) is not None else 1)")
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = run_per_party(str(broken), ["--data", "iris", "--clients", "2"], tmp_path)
+    assert run.per_party_results != run.simulation_results
