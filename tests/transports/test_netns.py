@@ -25,6 +25,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -72,11 +73,20 @@ class Hosts:
         done = _run(["ip", "-n", self.namespace[party], *args])
         assert done.returncode == 0, f"ip -n {self.namespace[party]} {' '.join(args)}: {done.stderr.strip()}"
 
-    def hub_connections(self) -> int:
-        """Established connections to the hub's port, as its namespace sees them."""
-        done = _run(["ip", "netns", "exec", self.namespace["server"], "ss", "-Htn", "state", "established",
+    def received_by_hub(self) -> dict[str, int]:
+        """Bytes the hub has received on each established connection to its port, by peer host."""
+        done = _run(["ip", "netns", "exec", self.namespace["server"], "ss", "-Htni", "state", "established",
                      f"( sport = :{HUB_PORT} )"])
-        return len([line for line in done.stdout.splitlines() if line.strip()])
+        received: dict[str, int] = {}
+        peer = None
+        for line in done.stdout.splitlines():
+            if line and not line[0].isspace():  # "Recv-Q Send-Q local:port peer:port"
+                peer = line.split()[-1].rpartition(":")[0]
+                received[peer] = 0
+            elif peer is not None:  # the socket's details: "... bytes_received:N ..."
+                found = re.search(r"bytes_received:(\d+)", line)
+                received[peer] = int(found.group(1)) if found else 0
+        return received
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -228,17 +238,21 @@ def test_a_client_whose_link_goes_down_mid_run_is_named_within_the_deadline(
     hosts: Hosts, tmp_path: Path, capsys
 ) -> None:
     deadline_s = 5.0
-    options = [*FASTLLOYD, "--iterations", "200"]  # long enough to be cut in the middle
+    iterations = "500"  # client-1 sends the server one frame of about 130 wire bytes per iteration
+    options = [*FASTLLOYD, "--iterations", iterations]
     _cli(["split", "fastlloyd", *options, "--out", str(tmp_path / "parts")], capsys)
     kits = _provision(tmp_path, hosts, capsys)
-    procs = _fastlloyd_parties(hosts, tmp_path, kits, ["--iterations", "200", "--seed", "5",
+    procs = _fastlloyd_parties(hosts, tmp_path, kits, ["--iterations", iterations, "--seed", "5",
                                                         "--deadline", str(deadline_s)])
+    client_1 = f"{SUBNET.format(1)}.2"
+    # into the Lloyd iterations: past client-1's TLS handshake (about 1.5 kB) and its setup
+    # frames (about 0.3 kB), about 15 iterations in, far from the run's end (about 67 kB)
+    into_the_iterations = 4000
     started = time.monotonic()
-    while hosts.hub_connections() < 2:  # both clients have dialled in: the run is under way
-        assert time.monotonic() - started < 120, "the clients did not connect to the hub"
-        assert all(proc.poll() is None for proc in procs.values()), "a party ended before the run started"
-        time.sleep(0.05)
-    time.sleep(0.5)  # into the run (setup.data, then JAX compiles the first iteration's kernels)
+    while hosts.received_by_hub().get(client_1, 0) < into_the_iterations:
+        assert time.monotonic() - started < 180, f"client-1 did not get going: {hosts.received_by_hub()}"
+        assert all(proc.poll() is None for proc in procs.values()), "a party ended before the cut"
+        time.sleep(0.02)
     assert procs["server"].poll() is None, "the run ended before the link could be taken down"
     hosts.ip("client-1", "link", "set", hosts.device["client-1"], "down")
     down = time.monotonic()
@@ -246,6 +260,7 @@ def test_a_client_whose_link_goes_down_mid_run_is_named_within_the_deadline(
     server_ended = time.monotonic()
     assert procs["server"].returncode != 0, f"the server finished despite client-1's link: {server_err[-2000:]}"
     line = _last_line(server_err)
+    print(f"server, {server_ended - down:.1f} s after the link went down: {line}")
     assert "client-1" in line and "client-0" not in line.replace("client-1", ""), line
     # the server's deadline for a silent client (FastLloyd's server waits 1 x --deadline), plus
     # the time the processes take to notice, abort and exit on a loaded machine
