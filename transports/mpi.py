@@ -1,4 +1,4 @@
-"""MPI transport: one party per rank, frames as MPI messages, polled from trio.
+"""MPI transport: one party per rank, frames as MPI messages; a waiting receive is woken by a doorbell.
 
 Theory of operation
 -------------------
@@ -13,22 +13,40 @@ constructs its endpoint), so other MPI traffic in the program cannot match our m
   MPI's rendezvous protocol; this matches the memory and TCP transports, whose ``send`` never
   waits for the peer to read. Outstanding sends are advanced on every later call into the
   endpoint and flushed by ``aclose``.
-* Receiving, when MPI runs with ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default and
-  MPICH provides it): a reader thread, started by the first ``receive``, polls ``Improbe`` (a
-  *matched* probe: the message cannot be taken by anyone else), reads the frame length with
-  ``Get_count``, ``Recv``s it and hands it to trio through an unbounded channel
-  (``run_sync_soon`` on the run's token), so trio sleeps until a frame is there. Between idle
-  polls the thread sleeps with ``time.sleep``, from 10 us doubling to 100 us after 64 bare
-  polls. A blocking ``Mprobe`` in the thread was measured slower: MPICH spins inside blocking
-  calls, holding its lock and a core. ``aclose`` stops the thread (it finishes the message in
-  hand). A cancelled ``receive`` loses nothing (the frame stays in the channel).
-* Otherwise (``threaded=False``, or an MPI without ``MPI_THREAD_MULTIPLE``) ``receive`` polls
-  ``Improbe`` from trio, then ``Imrecv``s the message and polls that request. Polls are spaced
-  by ``trio.sleep``: a few bare checkpoints, then backing off from 50 us to 1 ms (trio's
-  ``epoll`` waits round up to whole milliseconds, so every sleep lasts about 1 ms), so the trio
-  loop is never blocked and an idle endpoint costs about a thousand probes a second. A matched
-  receive in progress belongs to the endpoint, not to the ``receive`` call, so a cancelled
-  ``receive`` loses nothing: the next call finishes it.
+* MPI has no way to sleep until a message arrives: its blocking calls busy-poll. (A reader
+  thread blocked in MPICH's ``Mprobe``, even with MPICH told to sleep between idle polls, was
+  measured slower than the modes below: the trio thread's own ``Isend`` calls waited behind it
+  for MPICH's lock; ``docs/transports.md``.) So how a waiting ``receive`` learns that a frame is
+  there is chosen at construction (``receive_mode``):
+
+  - ``"doorbell"`` (the default when every rank runs on this host): each endpoint also binds a
+    Unix datagram socket, its *doorbell*, in a private temporary directory, and the ranks
+    exchange their paths (``allgather``). After posting the ``Isend`` of a frame, ``send`` rings
+    the receiver's doorbell with an empty datagram; the rings of one trio scheduling pass are
+    sent together (``run_sync_soon``), or at once when this party starts waiting, so a party
+    that sends to several peers is not preempted by the first peer it wakes. A ``receive``
+    with nothing to take sleeps in ``trio.lowlevel.wait_readable`` on its own doorbell: no
+    thread, no polling, and every MPI call is made by the trio thread (any MPI thread level
+    does). Woken, it empties the doorbell and then matched-probes (``Improbe``, up to
+    :data:`_PROBES_PER_WAKE` times: MPICH may need one progress poll before the message shows).
+    A ring can go unnoticed only if MPI had not delivered the message when the doorbell was
+    read; so a waiting receive also looks again every :data:`_DOORBELL_RECHECK_S`, and while
+    its own sends are outstanding it keeps advancing them every millisecond and rings again
+    when one completes.
+  - ``"thread"`` (the default when a peer is on another host and MPI provides
+    ``MPI_THREAD_MULTIPLE``, which mpi4py asks for and MPICH provides): a reader thread,
+    started by the first ``receive``, polls a matched probe (``Improbe``), reads the frame
+    length with ``Get_count``, ``Recv``s it and hands it to trio through an unbounded channel
+    (``run_sync_soon`` on the run's token). Between idle polls the thread sleeps with
+    ``time.sleep``, from 10 us doubling to 100 us after 64 bare polls. ``aclose`` stops the
+    thread (it finishes the message in hand).
+  - ``"poll"`` (otherwise): ``receive`` polls ``Improbe`` from trio, spaced by ``trio.sleep``:
+    a few bare checkpoints, then backing off from 50 us to 1 ms (trio's ``epoll`` waits round
+    up to whole milliseconds, so every sleep lasts about 1 ms).
+
+  In every mode a cancelled ``receive`` loses nothing: a frame taken by the reader thread stays
+  in the channel, and a matched receive in progress belongs to the endpoint, not to the
+  ``receive`` call, so the next call finishes it.
 * MPI's non-overtaking rule (same source, communicator and tag) gives per-pair order; each frame
   is one message, so frames from concurrent senders never interleave. Empty frames are empty
   messages.
@@ -36,7 +54,8 @@ constructs its endpoint), so other MPI traffic in the program cannot match our m
   scratch buffer: MPI truncates it (``MPI_ERR_TRUNCATE``, nothing is stored), and it is dropped
   with a WARNING on ``logging.getLogger("fedproto.transports.mpi")``.
 
-Bytes: MPI messages carry their own envelope, so ``framing_overhead_bytes == 0``.
+Bytes: MPI messages carry their own envelope and doorbells carry nothing of the run, so
+``framing_overhead_bytes == 0``. Measured with ``benchmarks/transport_rounds.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +63,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import shutil
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -56,11 +79,15 @@ from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
 from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.transport import Network, Transport
 
-__all__ = ["MpiTransport", "MpiNetwork"]
+__all__ = ["MpiTransport", "MpiNetwork", "RECEIVE_MODES"]
 
 log = logging.getLogger("fedproto.transports.mpi")
 
+#: How a waiting receive learns that a frame arrived (see the module docstring).
+RECEIVE_MODES = ("doorbell", "thread", "poll")
 _TAG = 0  # the communicator is our own duplicate, so one tag suffices
+_PROBES_PER_WAKE = 4  # matched probes after a doorbell rang before waiting again
+_DOORBELL_RECHECK_S = 0.02  # a waiting doorbell receive probes again after this long
 _READER_SPIN_POLLS = 64  # reader-thread polls before it starts sleeping
 _READER_FIRST_SLEEP_S = 10e-6  # then time.sleep (microsecond resolution), doubling ...
 _READER_MAX_SLEEP_S = 100e-6  # ... up to this: a frame waits at most about this long
@@ -109,11 +136,90 @@ class _PendingReceive:
     oversized: bool
 
 
+@dataclasses.dataclass
+class _PendingSend:
+    request: Any
+    data: bytes
+    dest: int  # rank
+
+
+class _Doorbells:
+    """This rank's doorbell (a bound Unix datagram socket) and every rank's address.
+
+    Built collectively by :meth:`open`; see the module docstring.
+    """
+
+    def __init__(self, sock: socket.socket, directory: str, paths: list[str]) -> None:
+        self.sock = sock
+        self.directory = directory
+        self.paths = paths
+
+    @classmethod
+    def open(cls, comm: Any, wanted: bool) -> _Doorbells | None:
+        """Collective over ``comm``: every rank that ``wanted`` doorbells binds one, all exchange
+        addresses and check they reach each other. Returns this rank's doorbells when every rank
+        wanted them and every ring arrived (then all ranks get theirs), else ``None`` everywhere."""
+        sock: socket.socket | None = None
+        directory: str | None = None
+        path: str | None = None
+        if wanted:
+            try:
+                directory = tempfile.mkdtemp(prefix="fedproto-mpi-")
+                path = os.path.join(directory, "bell")
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.bind(path)
+                sock.setblocking(False)
+            except (OSError, AttributeError) as exc:  # no AF_UNIX datagrams here (Windows)
+                log.debug("no MPI doorbell: %s", exc)
+                path = None
+        paths = comm.allgather(path)
+        reached = all(p is not None for p in paths) and all(_ring(sock, p) for p in paths)
+        everywhere = comm.allreduce(int(reached), op=_import_mpi().MIN) == 1
+        if everywhere and sock is not None and directory is not None:
+            bells = cls(sock, directory, paths)
+            bells.drain()  # the test rings
+            return bells
+        if sock is not None:
+            sock.close()
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        return None
+
+    def drain(self) -> None:
+        """Take every ring waiting on this doorbell."""
+        try:
+            while True:
+                self.sock.recv(1)
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def ring(self, rank: int) -> None:
+        """Ring ``rank``'s doorbell (a full queue already holds rings; a closed one is ignored)."""
+        _ring(self.sock, self.paths[rank])
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _ring(sock: socket.socket | None, path: str | None) -> bool:
+    """Send one empty datagram to ``path``; whether it was delivered or the queue was full."""
+    if sock is None or path is None:
+        return False
+    try:
+        sock.sendto(b"", path)
+    except BlockingIOError:
+        return True  # the peer's queue is full of rings it has not read yet
+    except OSError:
+        return False  # gone (closed endpoint) or unreachable (another host's path)
+    return True
+
+
 class MpiTransport(Transport):
     """The endpoint of this rank's party (see the module docstring).
 
-    Close it with :meth:`aclose` (`MpiNetwork.endpoints` does) before MPI is finalized: its reader
-    thread keeps polling MPI until then.
+    Close it with :meth:`aclose` (`MpiNetwork.endpoints` does) before MPI is finalized: a reader
+    thread keeps polling MPI until then, and the doorbell's temporary directory is removed then.
 
     Args:
         roster: every party of the run, rank order (``roster[i]`` runs on rank ``i``).
@@ -121,17 +227,21 @@ class MpiTransport(Transport):
             ``len(roster)``. Construction is collective over it.
         max_frame_bytes: longest frame sent or accepted (bytes).
         close_timeout_s: how long ``aclose`` waits for outstanding sends to complete (seconds).
-        threaded: receive in a reader thread (``None``: when MPI provides
-            ``MPI_THREAD_MULTIPLE``); ``False`` polls from trio (see the module docstring).
+        receive_mode: how a waiting receive learns of a frame, one of :data:`RECEIVE_MODES`;
+            ``None``: ``"doorbell"`` when every rank gets a doorbell that every other rank
+            reaches (all on one host), else ``"thread"`` when MPI provides
+            ``MPI_THREAD_MULTIPLE``, else ``"poll"``. Every rank must pass the same value.
 
     Attributes:
         rank: this process's rank in ``comm``.
-        threaded: whether a reader thread receives.
+        receive_mode: the mode in use.
 
     Raises:
         ImportError: mpi4py (or its MPI library) is not installed.
         ValueError: the roster is empty or has duplicates, its length differs from the
-            communicator's size, or ``threaded=True`` without ``MPI_THREAD_MULTIPLE``.
+            communicator's size, ``receive_mode`` is not one of :data:`RECEIVE_MODES`, or the
+            mode asked for is not available (``"thread"`` without ``MPI_THREAD_MULTIPLE``,
+            ``"doorbell"`` with a rank on another host or without Unix datagram sockets).
     """
 
     framing_overhead_bytes = 0
@@ -143,7 +253,7 @@ class MpiTransport(Transport):
         comm: Any = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         close_timeout_s: float = 10.0,
-        threaded: bool | None = None,
+        receive_mode: str | None = None,
     ) -> None:
         MPI = _import_mpi()
         roster = tuple(roster)
@@ -156,6 +266,8 @@ class MpiTransport(Transport):
             raise ValueError(
                 f"close_timeout_s must be a non-negative number of seconds, got {close_timeout_s}"
             )
+        if receive_mode is not None and receive_mode not in RECEIVE_MODES:
+            raise ValueError(f"receive_mode must be one of {', '.join(RECEIVE_MODES)} or None, got {receive_mode!r}")
         base = MPI.COMM_WORLD if comm is None else comm
         size = base.Get_size()
         if size != len(roster):
@@ -172,14 +284,24 @@ class MpiTransport(Transport):
         self.max_frame_bytes = max_frame_bytes
         self.close_timeout_s = float(close_timeout_s)
         self._rank_of = {p: i for i, p in enumerate(roster)}
-        self._pending_sends: list[tuple[Any, bytes]] = []
+        self._pending_sends: list[_PendingSend] = []
         self._pending_receive: _PendingReceive | None = None
         self._receive_lock = trio.Lock()
         self._closed = False
         multiple = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        if threaded and not multiple:
-            raise ValueError("threaded receiving needs MPI_THREAD_MULTIPLE, which this MPI does not provide")
-        self.threaded: bool = multiple if threaded is None else bool(threaded)
+        if receive_mode == "thread" and not multiple:
+            raise ValueError("receive_mode='thread' needs MPI_THREAD_MULTIPLE, which this MPI does not provide")
+        # Collective: every rank takes part, whatever its mode.
+        self._doorbells = _Doorbells.open(self._comm, wanted=receive_mode in (None, "doorbell"))
+        if receive_mode == "doorbell" and self._doorbells is None:
+            raise ValueError(
+                "receive_mode='doorbell' needs every rank on this host, with Unix datagram sockets"
+            )
+        self.receive_mode: str = (
+            "doorbell" if self._doorbells is not None else receive_mode or ("thread" if multiple else "poll")
+        )
+        self._unrung: set[int] = set()  # ranks sent a frame whose doorbell has not rung yet
+        self._rings_scheduled = False
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._inbox_in, self._inbox = trio.open_memory_channel[Any](math.inf)
@@ -197,16 +319,56 @@ class MpiTransport(Transport):
     def _progress_sends(self) -> None:
         if not self._pending_sends:
             return
+        still: list[_PendingSend] = []
         try:
-            self._pending_sends = [(req, data) for req, data in self._pending_sends if not req.Test()]
+            for pending in self._pending_sends:
+                if not pending.request.Test():
+                    still.append(pending)
+                elif self._doorbells is not None:
+                    self._unrung.add(pending.dest)  # in case the frame reached MPI's queue only now
         except self._MPI.Exception as exc:
             raise self._broken("complete a send", exc) from exc
+        self._pending_sends = still
+
+    # -- doorbells --------------------------------------------------------------------------------
+
+    def _ring_all(self) -> None:
+        """Ring the doorbell of every rank sent a frame since the last rings."""
+        self._rings_scheduled = False
+        if self._doorbells is None or self._doorbells.sock.fileno() < 0:
+            return
+        while self._unrung:
+            self._doorbells.ring(self._unrung.pop())
+
+    def _schedule_rings(self) -> None:
+        """Ring at the end of this trio scheduling pass (once for every frame sent in it)."""
+        if not self._rings_scheduled:
+            self._rings_scheduled = True
+            trio.lowlevel.current_trio_token().run_sync_soon(self._ring_all)
+
+    async def _wait_for_doorbell(self) -> None:
+        """Sleep until this endpoint's doorbell rings, or the recheck (a millisecond while sends
+        are outstanding) passes.
+
+        Raises:
+            TransportClosed: the endpoint was closed meanwhile.
+        """
+        assert self._doorbells is not None
+        self._ring_all()
+        with trio.move_on_after(_MAX_SLEEP_S if self._pending_sends else _DOORBELL_RECHECK_S):
+            try:
+                await trio.lowlevel.wait_readable(self._doorbells.sock)
+            except trio.ClosedResourceError:
+                raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+
+    # -- sending -----------------------------------------------------------------------------------
 
     async def send(self, dest: str, frame: bytes) -> None:
         """Post ``frame`` to ``dest`` (see :meth:`Transport.send`).
 
         Returns once MPI owns the message (it completes in the background and ``aclose``
-        flushes it). A cancelled send posts nothing.
+        flushes it); in doorbell mode the receiver's doorbell rings at the end of this
+        scheduling pass. A cancelled send posts nothing.
 
         Raises:
             PeerUnreachable: ``dest`` is not in the roster.
@@ -226,9 +388,14 @@ class MpiTransport(Transport):
             request = self._comm.Isend([data, self._MPI.BYTE], dest=rank, tag=_TAG)
         except self._MPI.Exception as exc:
             raise self._broken(f"send to {dest}", exc) from exc
-        self._pending_sends.append((request, data))
+        self._pending_sends.append(_PendingSend(request, data, rank))
+        if self._doorbells is not None:
+            self._unrung.add(rank)
+            self._schedule_rings()
         self._progress_sends()
         await trio.lowlevel.cancel_shielded_checkpoint()
+
+    # -- receiving from trio (doorbell and poll modes) ----------------------------------------------
 
     def _start_receive(self) -> bool:
         """Match the next message, if any, and start receiving it."""
@@ -262,7 +429,36 @@ class MpiTransport(Transport):
             self._pending_receive = None
         return done
 
-    # -- the reader thread ---------------------------------------------------------------------------
+    async def _receive_here(self) -> tuple[str, bytes]:
+        """Receive in the trio thread: sleep on the doorbell, or poll with back-off."""
+        backoff = _Backoff()
+        doorbells = self._doorbells
+        while True:
+            self._check_open()
+            if doorbells is not None:
+                doorbells.drain()  # before probing: a ring after this wakes the next wait
+            self._progress_sends()
+            probes = _PROBES_PER_WAKE if doorbells is not None else 1
+            if self._pending_receive is not None or any(self._start_receive() for _ in range(probes)):
+                pending = self._pending_receive
+                assert pending is not None
+                if self._finish_receive():
+                    sender = self.roster[pending.source]
+                    if not pending.oversized:
+                        return sender, bytes(pending.buffer)
+                    log.warning(
+                        "%s: dropped a frame of %d bytes from %s (maximum %d)",
+                        self.party, pending.length_bytes, sender, self.max_frame_bytes,
+                    )
+                    backoff.reset()
+                    continue
+                await backoff.wait()  # a transfer in progress: MPI needs polls to advance it
+            elif doorbells is not None:
+                await self._wait_for_doorbell()
+            else:
+                await backoff.wait()
+
+    # -- receiving in a reader thread (thread mode) ----------------------------------------------
 
     def _start_reader(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -342,7 +538,7 @@ class MpiTransport(Transport):
         if reader.is_alive():
             log.warning("%s: the MPI reader thread did not stop within %g s", self.party, self.close_timeout_s)
 
-    # -- receiving --------------------------------------------------------------------------------------
+    # -- the Transport interface ------------------------------------------------------------------
 
     async def receive(self) -> tuple[str, bytes]:
         """Wait for the next ``(sender, frame)`` (see :meth:`Transport.receive`).
@@ -354,28 +550,10 @@ class MpiTransport(Transport):
             TransportBroken: MPI reported an error.
         """
         self._check_open()
-        if self.threaded:
-            async with self._receive_lock:
-                return await self._receive_threaded()
         async with self._receive_lock:
-            backoff = _Backoff()
-            while True:
-                self._check_open()
-                self._progress_sends()
-                if self._pending_receive is not None or self._start_receive():
-                    pending = self._pending_receive
-                    assert pending is not None
-                    if self._finish_receive():
-                        sender = self.roster[pending.source]
-                        if not pending.oversized:
-                            return sender, bytes(pending.buffer)
-                        log.warning(
-                            "%s: dropped a frame of %d bytes from %s (maximum %d)",
-                            self.party, pending.length_bytes, sender, self.max_frame_bytes,
-                        )
-                        backoff.reset()
-                        continue
-                await backoff.wait()
+            if self.receive_mode == "thread":
+                return await self._receive_threaded()
+            return await self._receive_here()
 
     async def aclose(self) -> None:
         """Flush outstanding sends (up to ``close_timeout_s``), then close; idempotent.
@@ -389,6 +567,9 @@ class MpiTransport(Transport):
             return
         self._closed = True
         self._inbox_in.close()  # a receive waiting now ends with TransportClosed
+        if self._doorbells is not None:
+            self._ring_all()  # the frames of this pass
+            trio.lowlevel.notify_closing(self._doorbells.sock)  # ... and so does one sleeping here
         try:
             with trio.move_on_after(self.close_timeout_s):
                 backoff = _Backoff()
@@ -400,12 +581,15 @@ class MpiTransport(Transport):
             await trio.lowlevel.checkpoint()
             await self._stop_reader()
         finally:
+            if self._doorbells is not None:
+                self._ring_all()  # sends completed while flushing
+                self._doorbells.close()
             if self._pending_sends:
                 log.warning(
                     "%s: closing with %d sends MPI has not completed (their peers are not "
                     "receiving)", self.party, len(self._pending_sends),
                 )
-                _ABANDONED.extend(self._pending_sends)
+                _ABANDONED.extend((p.request, p.data) for p in self._pending_sends)
                 self._pending_sends = []
             if self._pending_receive is not None:
                 _ABANDONED.append((self._pending_receive.request, self._pending_receive.buffer))

@@ -2,15 +2,19 @@
 
 Usage: ``mpiexec -n 3 python tests/transports/mpi_conformance_main.py``. Every rank awaits each
 check of :data:`fedproto.testing.conformance.CHECKS` on its own endpoint inside ``trio.run``, then
-the close semantics, then the MPI-only checks (oversized frames are dropped and logged, cancelled
-receives lose nothing in the polled and the reader-thread modes, a roster that does not match the
-communicator is refused). Each rank prints ``rank <r>: conformance ok``;
-any failure prints the traceback and aborts the whole job with exit code 1.
+the close semantics, once per receive mode (doorbell, the default on one host; reader thread;
+polling from trio), then the MPI-only checks (oversized frames are dropped and logged, cancelled
+receives lose nothing in every mode, doorbells wake a waiting receive without its recheck timer,
+the ranks agree to fall back when one of them has no doorbell, the modes' requirements, the
+doorbell's directory is gone after close, a roster that does not match the communicator is
+refused). Each rank prints ``rank <r>: conformance ok``; any failure prints the traceback and
+aborts the whole job with exit code 1.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import traceback
@@ -18,8 +22,9 @@ from typing import Any
 
 import trio
 
+import fedproto.transports.mpi as mpi_module
 from fedproto.testing.conformance import CHECKS, check_close_semantics
-from fedproto.transports.mpi import MpiTransport
+from fedproto.transports.mpi import RECEIVE_MODES, MpiTransport
 
 ROSTER = ("alice", "bob", "carol")
 TIMEOUT_S = 120.0
@@ -127,17 +132,17 @@ async def _large_frames_under_cancels(ep: MpiTransport, rank: int) -> tuple[int,
     return cancelled, mid_transfer
 
 
-async def _receive_cancelled_mid_transfer(rank: int) -> None:
-    """The polled receive (``threaded=False``): cancelled between its matched probe and the end of
-    the transfer, it loses nothing."""
+async def _receive_cancelled_mid_transfer(rank: int, mode: str) -> None:
+    """A receive in the trio thread (``mode`` doorbell or poll): cancelled between its matched
+    probe and the end of the transfer, it loses nothing."""
     from mpi4py import MPI
 
-    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD), threaded=False)
+    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD), receive_mode=mode)
     try:
         _, mid_transfer = await _large_frames_under_cancels(ep, rank)
         if rank == 1:
-            assert mid_transfer > 0, "no receive was cancelled mid-transfer"
-            _say(f"rank {rank}: {mid_transfer} receives cancelled mid-transfer, no frame lost")
+            assert mid_transfer > 0, f"no {mode} receive was cancelled mid-transfer"
+            _say(f"rank {rank}: {mid_transfer} {mode} receives cancelled mid-transfer, no frame lost")
     finally:
         await ep.aclose()
 
@@ -145,8 +150,7 @@ async def _receive_cancelled_mid_transfer(rank: int) -> None:
 async def _threaded_receive_cancelled_often(rank: int) -> None:
     """The reader-thread receive, cancelled by short timeouts while large frames arrive: every
     frame arrives once, in order, and the reader thread ends at close."""
-    ep = MpiTransport(ROSTER)
-    assert ep.threaded, "mpi4py's default thread level should offer MPI_THREAD_MULTIPLE"
+    ep = MpiTransport(ROSTER, receive_mode="thread")
     try:
         cancelled, _ = await _large_frames_under_cancels(ep, rank)
         if rank == 1:
@@ -157,23 +161,77 @@ async def _threaded_receive_cancelled_often(rank: int) -> None:
     assert ep._reader is None or not ep._reader.is_alive(), "the reader thread outlived aclose"
 
 
-def _threaded_needs_thread_multiple() -> None:
-    """As if MPI offered only MPI_THREAD_SERIALIZED: the default falls back to polling and
-    ``threaded=True`` is refused."""
+async def _doorbells_wake_receives(rank: int) -> None:
+    """With the doorbell receive's recheck timer set to a minute, a ping-pong of 20 round trips
+    (alice with bob, and alice with carol) still ends in seconds: each waiting receive was woken by
+    its doorbell. Alice sends to both peers in one pass, so their rings go out together."""
+    recheck = mpi_module._DOORBELL_RECHECK_S
+    mpi_module._DOORBELL_RECHECK_S = 60.0
+    ep = MpiTransport(ROSTER)
+    try:
+        assert ep.receive_mode == "doorbell", ep.receive_mode
+        with trio.fail_after(30):
+            for i in range(20):
+                if rank == 0:
+                    await ep.send("bob", b"ping %d" % i)
+                    await ep.send("carol", b"ping %d" % i)
+                    answers = sorted([await ep.receive(), await ep.receive()])
+                    assert answers == [("bob", b"pong %d" % i), ("carol", b"pong %d" % i)], answers
+                else:
+                    assert await ep.receive() == ("alice", b"ping %d" % i)
+                    await ep.send("alice", b"pong %d" % i)
+    finally:
+        mpi_module._DOORBELL_RECHECK_S = recheck
+        await ep.aclose()
+    assert not os.path.exists(ep._doorbells.directory), "the doorbell's directory outlived aclose"  # type: ignore[union-attr]
+
+
+def _modes_fall_back_together(rank: int) -> None:
+    """When one rank (carol) cannot bind a doorbell, no rank uses doorbells: the default is the
+    reader thread everywhere, and asking for doorbells is refused on every rank."""
+    real_socket = mpi_module.socket.socket
+
+    def no_unix_datagrams(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no Unix datagram sockets here (test)")
+
+    if rank == 2:
+        mpi_module.socket.socket = no_unix_datagrams  # type: ignore[misc]
+    try:
+        ep = MpiTransport(ROSTER)
+        assert ep.receive_mode == "thread", (rank, ep.receive_mode)
+        try:
+            MpiTransport(ROSTER, receive_mode="doorbell")
+        except ValueError as exc:
+            assert "every rank on this host" in str(exc), exc
+        else:
+            raise AssertionError("receive_mode='doorbell' was accepted while a rank had no doorbell")
+    finally:
+        mpi_module.socket.socket = real_socket  # type: ignore[misc]
+
+
+def _thread_mode_needs_thread_multiple() -> None:
+    """As if MPI offered only MPI_THREAD_SERIALIZED: doorbells stay the default (they make every
+    MPI call from the trio thread) and ``receive_mode="thread"`` is refused."""
     from mpi4py import MPI
 
     query = MPI.Query_thread
     MPI.Query_thread = lambda: MPI.THREAD_SERIALIZED
     try:
-        assert not MpiTransport(ROSTER).threaded
+        assert MpiTransport(ROSTER).receive_mode == "doorbell"
         try:
-            MpiTransport(ROSTER, threaded=True)
+            MpiTransport(ROSTER, receive_mode="thread")
         except ValueError as exc:
             assert "MPI_THREAD_MULTIPLE" in str(exc), exc
         else:
-            raise AssertionError("threaded=True was accepted without MPI_THREAD_MULTIPLE")
+            raise AssertionError("receive_mode='thread' was accepted without MPI_THREAD_MULTIPLE")
     finally:
         MPI.Query_thread = query
+    try:
+        MpiTransport(ROSTER, receive_mode="spin")
+    except ValueError as exc:
+        assert "receive_mode must be one of doorbell, thread, poll" in str(exc), exc
+    else:
+        raise AssertionError("an unknown receive_mode was accepted")
 
 
 def _roster_size_is_checked() -> None:
@@ -193,17 +251,22 @@ def _say(line: str) -> None:
 
 async def _main(rank: int) -> None:
     with trio.fail_after(TIMEOUT_S):
-        ep = MpiTransport(ROSTER)
-        assert ep.party == ROSTER[rank], (ep.party, rank)
-        for check in CHECKS:
-            started = time.perf_counter()
-            await check(ep)
-            _say(f"rank {rank}: {check.__name__} ok ({time.perf_counter() - started:.2f} s)")
-        await check_close_semantics(ep)
+        assert MpiTransport(ROSTER).receive_mode == "doorbell", "every rank is on this host"
+        for mode in RECEIVE_MODES:
+            ep = MpiTransport(ROSTER, receive_mode=mode)
+            assert ep.party == ROSTER[rank] and ep.receive_mode == mode, (ep.party, rank, ep.receive_mode)
+            for check in CHECKS:
+                started = time.perf_counter()
+                await check(ep)
+                _say(f"rank {rank}: {mode}: {check.__name__} ok ({time.perf_counter() - started:.2f} s)")
+            await check_close_semantics(ep)
         await _oversized_frames_are_dropped(rank)
-        await _receive_cancelled_mid_transfer(rank)
+        await _receive_cancelled_mid_transfer(rank, "poll")
+        await _receive_cancelled_mid_transfer(rank, "doorbell")
         await _threaded_receive_cancelled_often(rank)
-        _threaded_needs_thread_multiple()
+        await _doorbells_wake_receives(rank)
+        _modes_fall_back_together(rank)
+        _thread_mode_needs_thread_multiple()
         _roster_size_is_checked()
 
 
