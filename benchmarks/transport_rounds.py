@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-sets", nargs="+", default=list(DATA_SETS), choices=list(DATA_SETS),
                         help="data sets to run")
-    parser.add_argument("--repeats", type=int, default=10, help="timed runs per transport (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs per transport (after one warm-up)")
     parser.add_argument("--iterations", type=int, default=12, help="FastLloyd iterations T per run (>= 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, split, entropy and noise")
     parser.add_argument("--mpi-worker", metavar="PATH", default=None, help=argparse.SUPPRESS)
