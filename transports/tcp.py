@@ -556,9 +556,11 @@ class TcpTransport(Transport):
     ``send`` dials peers on demand and ``receive`` returns frames from every authenticated
     incoming connection. In a star the hub (the roster's first party) listens there and a client
     endpoint's ``serve`` dials the hub and carries the one connection that both directions, and
-    the frames relayed for every other party, share. Frames received but not yet returned by
-    ``receive`` are buffered without bound (so two parties that both send before they receive
-    cannot deadlock); ``max_frame_bytes`` bounds each frame.
+    the frames relayed for every other party, share, re-dialling and resuming it if it breaks; a
+    star client ends gracefully with :meth:`leave` (its goodbye to the hub), then :meth:`aclose`
+    (:func:`open_tcp_network` and :meth:`TcpNetwork.endpoints` do both). Frames received but
+    not yet returned by ``receive`` are buffered without bound (so two parties that both send
+    before they receive cannot deadlock); ``max_frame_bytes`` bounds each frame.
 
     Exactly one of ``tls`` (mutual TLS 1.3, the secure mode) and ``secret`` (the shared-secret
     handshake, insecure: see the module docstring) is given.
