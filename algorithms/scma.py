@@ -512,7 +512,9 @@ def rs_syndromes(counts: Mapping[int, int], p: int, n_syndromes: int) -> list[in
     return _coefficients(_syndrome_series(ctx, items, n_syndromes), n_syndromes)
 
 
-def update_syndromes(syndromes: Sequence[int], change: Mapping[int, int], p: int) -> list[int]:
+def update_syndromes(
+    syndromes: Sequence[int], change: Mapping[int, int], p: int, *, validated: bool = False
+) -> list[int]:
     """The syndromes of ``q + change`` from those of ``q``: ``S_i + sum_j c_j j^(i-1) mod p``.
 
     Syndromes are linear in ``q``, so after a removal (one count down, or a few seeds moved:
@@ -524,6 +526,8 @@ def update_syndromes(syndromes: Sequence[int], change: Mapping[int, int], p: int
         syndromes: ``[T]`` field elements, the syndromes of ``q``.
         change: ``{j: c_j}`` signed count changes (indices in ``[1, p - 1]``; zeros ignored).
         p: the field size (a prime).
+        validated: the caller vouches that ``syndromes`` is a list of field elements (a client's
+            own syndromes), so they are not checked again.
 
     Returns:
         ``[T]`` ints in ``[0, p)``.
@@ -536,7 +540,7 @@ def update_syndromes(syndromes: Sequence[int], change: Mapping[int, int], p: int
         Pan et al. Algorithm 2, client lines, and Sec. 5.3 (linearity); spec mufc.md 2.2, 3.5.
     """
     p = _check_modulus(p)
-    values = np.asarray(_check_elements("syndromes", syndromes, p), dtype=object)
+    values = syndromes if validated else _check_elements("syndromes", syndromes, p)
     if not isinstance(change, Mapping):
         raise TypeError(f"change must be a mapping {{bin index: count change}}, got {type(change).__name__}")
     items = []
@@ -546,13 +550,24 @@ def update_syndromes(syndromes: Sequence[int], change: Mapping[int, int], p: int
             raise ValueError(f"bin index {j} is outside [1, p - 1]")
         if c % p:
             items.append((j, c % p))
+    if not items:
+        return list(values)
+    if len(items) == 1:  # one bin (a removal that moved no seed): a running power, one pass
+        (j, c), = items
+        out = []
+        append = out.append
+        for s in values:
+            append((s + c) % p)
+            c = c * j % p
+        return out
     if len(items) <= _POWERS_MAX_BINS:  # one vector of powers per bin
+        arr = np.asarray(values, dtype=object)
         for j, c in items:
-            values = (values + c * _powers(j, values.shape[0], p)) % p
-    else:  # many bins (a re-seed): the power series of the change, as `rs_syndromes`
-        delta = _coefficients(_syndrome_series(_prime_ctx(p), sorted(items), values.shape[0]), values.shape[0])
-        values = (values + np.asarray(delta, dtype=object)) % p
-    return values.tolist()
+            arr = (arr + c * _powers(j, arr.shape[0], p)) % p
+        return arr.tolist()
+    # many bins (a re-seed): the power series of the change, as `rs_syndromes`
+    delta = _coefficients(_syndrome_series(_prime_ctx(p), sorted(items), len(values)), len(values))
+    return ((np.asarray(values, dtype=object) + np.asarray(delta, dtype=object)) % p).tolist()
 
 
 #: Changed bins up to which `update_syndromes` adds one vector of powers per bin; above, one
@@ -1088,6 +1103,28 @@ def _reproduces(ctx: flint.fmpz_mod_poly_ctx, sums: list[int], g: flint.fmpz_mod
     return not (acc % p).any()
 
 
+def _single_change(difference: np.ndarray, p: int, max_index: int) -> dict[int, int] | None:
+    """The change ``{j: c}`` (signed) if the syndromes ``difference`` (an object array of ``T >= 2``
+    field elements, not all zero) are those of a single bin, else ``None``.
+
+    A removal that moves no seed changes one bin of one client: ``d_i = c j^i``. Then
+    ``j = d_1 / d_0`` and every ``d_{i+1} = j d_i`` is checked, all ``T`` terms, so the result is
+    the one `decode_syndromes` returns on ``difference`` (with ``T >= 2`` the decoding of at most
+    ``T / 2`` bins is unique, App. J), without Berlekamp-Massey, root finding and Forney.
+    """
+    if difference.shape[0] < 2:
+        return None
+    d0 = int(difference[0])
+    if not d0:
+        return None
+    j = int(difference[1]) * pow(d0, -1, p) % p
+    if not 1 <= j <= max_index:
+        return None
+    if not (difference[:-1] * j % p == difference[1:]).all():
+        return None
+    return {j: d0 - p if d0 > p // 2 else d0}
+
+
 def decode_update(
     sums: Sequence[int],
     previous_sums: Sequence[int],
@@ -1098,6 +1135,7 @@ def decode_update(
     max_index: int,
     max_total: int | None = None,
     change_hint: int | None = None,
+    validated: bool = False,
 ) -> dict[int, int]:
     """Decode a round's count vector q' from its sums, knowing the previous round's sums and q.
 
@@ -1120,6 +1158,9 @@ def decode_update(
         previous_counts: the previous round's decoded ``{j: q_j}``.
         p, max_support, max_index, max_total: as for `decode_syndromes`.
         change_hint: expected non-zeros of the difference (e.g. ``2K``); speeds up BM.
+        validated: the caller vouches that ``sums`` and ``previous_sums`` are lists of ``T``
+            field elements (a server's own `aggregate_packed` results, or sums checked the
+            previous round), so they are not checked again.
 
     Returns:
         ``{j: q'_j}``, non-zero counts only, keys ascending.
@@ -1131,16 +1172,41 @@ def decode_update(
         Pan et al. Algorithm 2 (server) and Sec. 5.3 (the server learns q' - q); spec 2.4, 3.5.
     """
     p = _check_modulus(p)
-    sums = _check_elements("sums", sums, p)
-    previous_sums = _check_elements("previous_sums", previous_sums, p, len(sums))
+    if not validated:
+        sums = _check_elements("sums", sums, p)
+        previous_sums = _check_elements("previous_sums", previous_sums, p, len(sums))
+    elif len(previous_sums) != len(sums):
+        raise ValueError(f"previous_sums must have {len(sums)} elements, got {len(previous_sums)}")
+    return _decode_update(sums, previous_sums, previous_counts, p, max_support=max_support, max_index=max_index,
+                          max_total=max_total, change_hint=change_hint)
+
+
+def _decode_update(
+    sums: list[int],
+    previous_sums: list[int],
+    previous_counts: Mapping[int, int],
+    p: int,
+    *,
+    max_support: int,
+    max_index: int,
+    max_total: int | None,
+    change_hint: int | None,
+) -> dict[int, int]:
+    """`decode_update` on sums already known to be ``[T]`` field elements (a server's own
+    `aggregate_packed` results): the same result, without checking them again."""
     full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
-    difference = ((np.asarray(sums, dtype=object) - np.asarray(previous_sums, dtype=object)) % p).tolist()
-    try:
-        change = decode_syndromes(
-            difference, p, max_support=len(sums) // 2, max_index=max_index, signed=True, support_hint=change_hint
-        ) if any(difference) else {}
-    except SyndromeDecodingError:
-        return decode_syndromes(sums, p, **full)
+    difference = (np.asarray(sums, dtype=object) - np.asarray(previous_sums, dtype=object)) % p
+    if not difference.any():
+        change: dict[int, int] = {}
+    else:
+        single = _single_change(difference, p, max_index)
+        try:
+            change = single if single is not None else decode_syndromes(
+                difference.tolist(), p, max_support=len(sums) // 2, max_index=max_index, signed=True,
+                support_hint=change_hint,
+            )
+        except SyndromeDecodingError:
+            return decode_syndromes(sums, p, **full)
     # q' = q + change; q was valid, so only the changed bins need checking (and the key order,
     # ascending, only changes when a bin appears)
     counts = dict(previous_counts)

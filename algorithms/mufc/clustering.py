@@ -111,8 +111,12 @@ def server_points(
 def _tolerance(points: np.ndarray, weights: np.ndarray, tol: float) -> float:
     # scikit-learn's rule: tol times the mean per-feature variance, here of the weighted data
     # (= the variance of the replicated multiset, so weighted and replicated runs stop alike).
-    mean = np.average(points, axis=0, weights=weights)
-    var = np.average((points - mean) ** 2, axis=0, weights=weights)
+    # np.average's arithmetic (weighted column sums over the sum of the weights), without its
+    # argument handling (a tenth of a millisecond per re-clustering).
+    w = weights[:, None]
+    total = w.sum(axis=0)
+    mean = (points * w).sum(axis=0) / total
+    var = ((points - mean) ** 2 * w).sum(axis=0) / total
     return float(tol * np.mean(var))
 
 

@@ -301,7 +301,8 @@ def refresh_syndromes(
 
     Only the bins whose count changed (one after a removal that moved no seed, at most ``2K``
     otherwise) enter `fedproto.algorithms.scma.update_syndromes`; the result equals
-    ``rs_syndromes(local.counts(grid))``.
+    ``rs_syndromes(local.counts(grid))``. ``syndromes`` must be the client's own (from
+    `~fedproto.algorithms.scma.rs_syndromes` or an earlier call): they are not checked again.
 
     Returns:
         ``(q', S')``: the new ``{bin index: count}`` and ``[T]`` syndromes.
@@ -309,7 +310,7 @@ def refresh_syndromes(
     new = local.counts(config.grid)
     change = {j: new.get(j, 0) - counts.get(j, 0) for j in new.keys() | counts.keys()}
     change = {j: c for j, c in change.items() if c}
-    return new, scma.update_syndromes(syndromes, change, config.prime)
+    return new, scma.update_syndromes(syndromes, change, config.prime, validated=True)
 
 
 def secagg_plus_config(config: MUFCConfig, kind: str = "plus", *, session: int = 0) -> SecAggPlusConfig | None:
@@ -381,7 +382,10 @@ class ServerModel:
         self.counts: dict[int, int] | None = None
         self.centroids: np.ndarray | None = None
         self._sums: list[int] = []
+        self._summed: list[int] | None = None
         self._centres: dict[int, np.ndarray] = {}
+        self._support: list[int] | None = None  # the bins of the cached weighted server points
+        self._points = np.zeros((0, config.grid.d))
         self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
     def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> list[int]:
@@ -397,27 +401,33 @@ class ServerModel:
         Raises:
             ValueError, TypeError: a share of the wrong shape or type, or outside F_p.
         """
-        return scma.aggregate_packed(shares, self.config.prime, self.config.n_syndromes)
+        self._summed = scma.aggregate_packed(shares, self.config.prime, self.config.n_syndromes)
+        return self._summed
 
     def decode(self, sums: Sequence[int], *, n_clients: int, max_total: int, fresh: bool = False) -> dict[int, int]:
         """Decode the count vector from this round's sums (``fresh``: from scratch, otherwise the
         change since the last round, at most 2K non-zeros; same result).
 
         Args:
-            sums: `sum_shares` of this round. n_clients: clients whose shares it holds (the
-                support bound is ``K * n_clients``). max_total: the most points it may count.
+            sums: `sum_shares` of this round (or a SecAgg+ sum). n_clients: clients whose shares
+                it holds (the support bound is ``K * n_clients``). max_total: the most points it
+                may count.
 
         Raises:
             SyndromeDecodingError: the sum fails a validity check.
+            ValueError: ``sums`` are not ``T`` field elements.
         """
         cfg = self.config
         bounds = dict(max_support=cfg.k_client * n_clients, max_index=cfg.grid.n_bins, max_total=max_total)
+        # this model's own sum_shares result is known to be T field elements, and the previous
+        # sums passed decoding
+        own = sums is self._summed
         if self.counts is None or fresh:
             counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
         else:
             counts = scma.decode_update(sums, self._sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
-                                        **bounds)
-        self._sums = list(sums)
+                                        validated=own, **bounds)
+        self._sums = list(sums)  # a copy: the caller's list may change later
         return counts
 
     def _keys(self, round_idx: int) -> tuple[jax.Array, jax.Array]:
@@ -443,6 +453,21 @@ class ServerModel:
             return counts.keys() != self.counts.keys()
         return counts != self.counts
 
+    def _server_data(self, counts: Mapping[int, int], points_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+        """`server_points` of ``counts``; in weighted mode the points of an unchanged support (the
+        same bins, in the same ascending order: a removal that emptied no bin and filled none)
+        are reused, only the weights are read."""
+        cfg = self.config
+        if cfg.server_mode == "weighted" and self._support is not None and len(counts) == len(self._support):
+            if list(counts) == self._support and set(map(type, counts.values())) == {int}:
+                weights = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+                if weights.min() >= 1:
+                    return self._points, weights.astype(np.float64)
+        points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
+        if cfg.server_mode == "weighted":
+            self._support, self._points = sorted(counts), points
+        return points, weights
+
     def adopt(self, counts: dict[int, int], round_idx: int, *, force: bool = False) -> bool:
         """Take ``counts`` as the current aggregate; re-cluster if the mode asks (or ``force``).
 
@@ -453,7 +478,7 @@ class ServerModel:
         recluster = self.needs_clustering(counts, force=force)
         if recluster:
             key, points_key = self._keys(round_idx)
-            points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
+            points, weights = self._server_data(counts, points_key)
             bound = cfg.k_client * cfg.n_clients if cfg.server_mode == "weighted" else 0  # at most K L bins
             centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter,
                                            min_rows=bound)

@@ -110,10 +110,10 @@ class Replay:
         return self.retrain_s / self.mean_removal_s if self.steps else float("nan")
 
 
-def _timed(fn: Callable[[], object]) -> tuple[object, float]:
-    t0 = time.perf_counter()
+def _timed(fn: Callable[[], object], clock: Callable[[], float]) -> tuple[object, float]:
+    t0 = clock()
     out = fn()
-    return out, time.perf_counter() - t0
+    return out, clock() - t0
 
 
 @contextlib.contextmanager
@@ -134,8 +134,8 @@ class _Server:
     """The parties' server computation (:class:`ServerModel`) with the run's point bound, timed
     part by part, over the decoded frames of the active clients' shares."""
 
-    def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int) -> None:
-        self.model, self.total = ServerModel(config, key), n_points
+    def __init__(self, config: MUFCConfig, key: jax.Array, n_points: int, clock: Callable[[], float]) -> None:
+        self.model, self.total, self.clock = ServerModel(config, key), n_points, clock
         self.share_sum_s = self.decode_s = self.cluster_s = 0.0
 
     @property
@@ -143,14 +143,15 @@ class _Server:
         return self.model.centroids
 
     def step(self, shares: Sequence[np.ndarray], round_idx: int, *, force: bool = False) -> bool:
-        t0 = time.perf_counter()
+        clock = self.clock
+        t0 = clock()
         sums = self.model.sum_shares(shares)
-        t1 = time.perf_counter()
+        t1 = clock()
         counts = self.model.decode(sums, n_clients=len(shares), max_total=self.total, fresh=force)
-        t2 = time.perf_counter()
+        t2 = clock()
         self.total = sum(counts.values())
         recluster = self.model.adopt(counts, round_idx, force=force)
-        t3 = time.perf_counter()
+        t3 = clock()
         self.share_sum_s, self.decode_s, self.cluster_s = t1 - t0, t2 - t1, t3 - t2
         return recluster
 
@@ -201,6 +202,7 @@ def replay(
     retrains: int = 3,
     evaluate: bool = True,
     progress: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Replay:
     """Replay training and a removal stream with the parties' keys, timing every step.
 
@@ -211,6 +213,9 @@ def replay(
         retrains: complete retrainings timed along the stream (at evenly spaced steps).
         evaluate: compute phi_f after every step.
         progress: called with the number of requests served so far.
+        clock: seconds: ``time.perf_counter`` (wall time, the default) or ``time.process_time``
+            (this process's CPU time, every thread's: what other programs on a busy machine
+            disturb least; JAX's worker threads count in full).
 
     Returns:
         The :class:`Replay`; its centroids equal the protocol's (same keys, same order).
@@ -221,7 +226,7 @@ def replay(
     if retrains < 1:
         raise ValueError("retrains must be at least 1")
     with _collector_paused():
-        return _replay(parts, config, key, requests, retrains, evaluate, progress)
+        return _replay(parts, config, key, requests, retrains, evaluate, progress, clock)
 
 
 def _replay(
@@ -232,6 +237,7 @@ def _replay(
     retrains: int,
     evaluate: bool,
     progress: Callable[[int], None] | None,
+    clock: Callable[[], float],
 ) -> Replay:
     active = list(range(len(parts)))
     locals_: list[LocalSeeding] = []
@@ -245,14 +251,14 @@ def _replay(
             q = local.counts(cfg.grid)
             return local, q, scma.rs_syndromes(q, cfg.prime, cfg.n_syndromes)
 
-        (local, q, syn), seconds = _timed(train)
+        (local, q, syn), seconds = _timed(train, clock)
         locals_.append(local)
         counts.append(q)
         syndromes.append(syn)
         client_times.append(seconds)
     frames = [_share_frame(syn, cfg, 0) for syn in syndromes]
-    server = _Server(cfg, jax.random.fold_in(key, 0), sum(x.shape[0] for x, _ in parts))
-    _, train_server_s = _timed(lambda: server.step([decode_frame(f)[1].values for f in frames], 0))
+    server = _Server(cfg, jax.random.fold_in(key, 0), sum(x.shape[0] for x, _ in parts), clock)
+    _, train_server_s = _timed(lambda: server.step([decode_frame(f)[1].values for f in frames], 0), clock)
 
     def loss() -> float:
         xs, cents, poss = [], [], []
@@ -286,44 +292,45 @@ def _replay(
                     counts[c], syndromes[c] = refresh_syndromes(locals_[c], counts[c], syndromes[c], cfg)
                 return outcome.reseeded
 
-            reseeded, client_s = _timed(unlearn)
+            reseeded, client_s = _timed(unlearn, clock)
             removed[c].update(batch)
-            frames[c], codec_s = _timed(lambda c=c: _share_frame(syndromes[c], cfg, s))
+            frames[c], codec_s = _timed(lambda c=c: _share_frame(syndromes[c], cfg, s), clock)
         # the server receives every active client's share frame (the others' were encoded
         # between rounds: their masks do not depend on the request)
-        t0 = time.perf_counter()
+        t0 = clock()
         shares = [decode_frame(frames[a])[1].values for a in active]
-        codec_s += time.perf_counter() - t0
+        codec_s += clock() - t0
         recluster = server.step(shares, s)
         server_s = server.share_sum_s + server.decode_s + server.cluster_s
         assert server.centroids is not None
-        t0 = time.perf_counter()
+        t0 = clock()
         update = ModelUpdate(version=s, reclustered=bool(recluster), centroids=server.centroids)
         decode_frame(encode_frame(update, session=0, round_idx=s, phase="model"))
-        codec_s += time.perf_counter() - t0
+        codec_s += clock() - t0
         steps.append(RemovalStep(
             c, batch is None, bool(reseeded), client_s, server_s, bool(recluster), loss() if evaluate else None,
             share_sum_s=server.share_sum_s, decode_s=server.decode_s, cluster_s=server.cluster_s, codec_s=codec_s,
         ))
         if s - 1 in retrain_at:
             gc.collect()
-            retrain_times.append(_complete_retraining(parts, active, removed, cfg, key))
+            retrain_times.append(_complete_retraining(parts, active, removed, cfg, key, clock))
         if progress is not None:
             progress(s)
     if not requests:
-        retrain_times.append(_complete_retraining(parts, active, removed, cfg, key))
+        retrain_times.append(_complete_retraining(parts, active, removed, cfg, key, clock))
     assert server.centroids is not None
     return Replay(max(client_times), train_server_s, float(np.median(retrain_times)), tuple(steps),
-                  server.centroids, initial, _mask_time(cfg, len(parts)))
+                  server.centroids, initial, _mask_time(cfg, len(parts), clock))
 
 
-def _mask_time(cfg: MUFCConfig, n_clients: int) -> float:
+def _mask_time(cfg: MUFCConfig, n_clients: int, clock: Callable[[], float]) -> float:
     """Median time of one client's pairwise-mask expansion for one round (seed values do not
     change the work)."""
     if n_clients < 2:
         return 0.0
     seeds = {m: bytes([m % 256]) * 32 for m in range(1, n_clients)}
-    times = [_timed(lambda r=r: scma.pairwise_masks(0, seeds, cfg.prime, cfg.n_syndromes, r))[1] for r in range(3)]
+    times = [_timed(lambda r=r: scma.pairwise_masks(0, seeds, cfg.prime, cfg.n_syndromes, r), clock)[1]
+             for r in range(3)]
     return float(np.median(times))
 
 
@@ -333,6 +340,7 @@ def _complete_retraining(
     removed: Sequence[set[int]],
     cfg: MUFCConfig,
     key: jax.Array,
+    clock: Callable[[], float],
 ) -> float:
     """Time of retraining from scratch on the remaining data: slowest client + server."""
     slowest, syndromes = 0.0, []
@@ -345,10 +353,10 @@ def _complete_retraining(
                                  lloyd_iterations=cfg.lloyd_iterations)
             return scma.rs_syndromes(local.counts(cfg.grid), cfg.prime, cfg.n_syndromes)
 
-        syn, seconds = _timed(train)
+        syn, seconds = _timed(train, clock)
         slowest = max(slowest, seconds)
         syndromes.append(scma.pack_elements(syn, cfg.prime))
     n_left = sum(int(np.sum(~np.isin(ids, list(removed[c])))) for c, (_, ids) in enumerate(parts) if c in active)
-    server = _Server(cfg, jax.random.fold_in(key, 0), n_left)
-    _, server_s = _timed(lambda: server.step(syndromes, 0, force=True))
+    server = _Server(cfg, jax.random.fold_in(key, 0), n_left, clock)
+    _, server_s = _timed(lambda: server.step(syndromes, 0, force=True), clock)
     return slowest + server_s

@@ -893,3 +893,79 @@ def test_reencoding_check_agrees_on_both_paths(support):
         bad[position] = (bad[position] + 1) % P69
         with pytest.raises(SyndromeDecodingError):
             scma.decode_syndromes(bad, P69, support_hint=support, **kwargs)
+
+
+# ------------------------------------------------------------------ removal fast paths
+
+
+def _difference(after, before, p, t):
+    new, old = scma.rs_syndromes(after, p, t), scma.rs_syndromes(before, p, t)
+    return [(a - b) % p for a, b in zip(new, old, strict=True)]
+
+
+def test_a_single_bin_change_decodes_like_the_general_decoder():
+    """The shortcut for one changed bin (`_single_change`: j = d_1 / d_0, then every term checked)
+    returns exactly what Berlekamp-Massey, roots and Forney return, for a count down, a bin
+    emptied, a count up and a new bin; two changed bins, or one syndrome off, are not taken for
+    one bin."""
+    rng = random.Random(5)
+    t, bins = 120, 111**10
+    before = _random_counts(rng, 40, bins)
+    j0, j1 = sorted(before)[:2]
+    new_bin = next(j for j in range(1, bins + 1) if j not in before)
+    cases = [{**before, j0: before[j0] - 1} if before[j0] > 1 else {**before, j0: before[j0] + 1},
+             {k: v for k, v in before.items() if k != j0},
+             {**before, j1: before[j1] + 7},
+             {**before, new_bin: 3}]
+    for after in cases:
+        diff = _difference(after, before, P69, t)
+        general = scma.decode_syndromes(diff, P69, max_support=t // 2, max_index=bins, signed=True)
+        assert len(general) == 1
+        assert scma._single_change(np.asarray(diff, dtype=object), P69, bins) == general
+        kwargs = dict(max_support=t // 2, max_index=bins, max_total=10**6)
+        sums, previous = scma.rs_syndromes(after, P69, t), scma.rs_syndromes(before, P69, t)
+        assert scma.decode_update(sums, previous, before, P69, **kwargs) == dict(sorted(after.items()))
+        assert scma.decode_update(sums, previous, before, P69, validated=True, **kwargs) == dict(sorted(after.items()))
+    two = {**before, j0: before[j0] + 1, j1: before[j1] + 1}
+    assert scma._single_change(np.asarray(_difference(two, before, P69, t), dtype=object), P69, bins) is None
+    off = _difference(cases[2], before, P69, t)
+    off[-1] = (off[-1] + 1) % P69
+    assert scma._single_change(np.asarray(off, dtype=object), P69, bins) is None
+    # an index beyond the grid is not a bin: the shortcut declines
+    assert scma._single_change(np.asarray(_difference({5: 1}, {}, P69, t), dtype=object), P69, 4) is None
+    # a difference of T = 1 term cannot name its bin
+    assert scma._single_change(np.asarray([3], dtype=object), P69, bins) is None
+
+
+def test_decode_update_with_one_syndrome_off_still_raises_and_checks_lengths():
+    rng = random.Random(9)
+    t, bins = 64, 111**10
+    before = _random_counts(rng, 20, bins)
+    j0 = min(before)
+    after = {**before, j0: before[j0] + 1}
+    sums, previous = scma.rs_syndromes(after, P69, t), scma.rs_syndromes(before, P69, t)
+    sums[-1] = (sums[-1] + 1) % P69
+    kwargs = dict(max_support=t // 2, max_index=bins, max_total=10**6)
+    for validated in (False, True):
+        with pytest.raises(SyndromeDecodingError):
+            scma.decode_update(sums, previous, before, P69, validated=validated, **kwargs)
+    with pytest.raises(ValueError, match="previous_sums"):
+        scma.decode_update(sums, previous[:-1], before, P69, validated=True, **kwargs)
+
+
+def test_a_single_bin_update_equals_recomputing_the_syndromes():
+    """The one-bin update (a removal that moved no seed: a running power, one pass) gives
+    `rs_syndromes` of the new counts, checked or not, and leaves its input alone."""
+    rng = random.Random(13)
+    for p, t in ((13, 7), (P69, 50), (scma.field_prime(100, 10**6), 33)):
+        bins = min(p - 1, 10**6)
+        before = _random_counts(rng, 6, bins, top=min(p - 1, 50))
+        old = scma.rs_syndromes(before, p, t)
+        kept = list(old)
+        for j, c in ((min(before), -1), (max(before), 2), (next(j for j in range(1, bins + 1) if j not in before), 1)):
+            after = {**before, j: (before.get(j, 0) + c) % p}
+            expected = scma.rs_syndromes({k: v for k, v in after.items() if v}, p, t)
+            assert scma.update_syndromes(old, {j: c}, p) == expected
+            assert scma.update_syndromes(old, {j: c}, p, validated=True) == expected
+        assert old == kept
+        assert scma.update_syndromes(old, {min(before): p}, p) == old  # a change of p is no change
