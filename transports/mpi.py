@@ -20,8 +20,10 @@ constructs its endpoint), so other MPI traffic in the program cannot match our m
   there is chosen at construction (``receive_mode``):
 
   - ``"doorbell"`` (the default when every rank runs on this host): each endpoint also binds a
-    Unix datagram socket, its *doorbell*, in a private temporary directory, and the ranks
-    exchange their paths (``allgather``). After posting the ``Isend`` of a frame, ``send`` rings
+    Unix datagram socket, its *doorbell* (in Linux's abstract namespace, elsewhere in a private
+    temporary directory), and the ranks exchange the addresses (``allgather``) and check that
+    every ring arrives. A ring carries nothing: a stray datagram only makes a receiver look at
+    MPI once more. After posting the ``Isend`` of a frame, ``send`` rings
     the receiver's doorbell with an empty datagram; the rings of one trio scheduling pass are
     sent together (``run_sync_soon``), or at once when this party starts waiting, so a party
     that sends to several peers is not preempted by the first peer it wakes. A ``receive``
@@ -64,11 +66,14 @@ import dataclasses
 import logging
 import math
 import os
+import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -146,13 +151,15 @@ class _PendingSend:
 class _Doorbells:
     """This rank's doorbell (a bound Unix datagram socket) and every rank's address.
 
-    Built collectively by :meth:`open`; see the module docstring.
+    Built collectively by :meth:`open`; see the module docstring. On Linux the address is in the
+    abstract namespace (nothing on disk); elsewhere it is a path in a private temporary directory,
+    removed by :meth:`close`, or when the object is collected or the interpreter exits.
     """
 
-    def __init__(self, sock: socket.socket, directory: str, paths: list[str]) -> None:
+    def __init__(self, sock: socket.socket, directory: str | None, addresses: list[str]) -> None:
         self.sock = sock
-        self.directory = directory
-        self.paths = paths
+        self.addresses = addresses
+        self._cleanup = weakref.finalize(self, _close_doorbell, sock, directory)
 
     @classmethod
     def open(cls, comm: Any, wanted: bool) -> _Doorbells | None:
@@ -161,28 +168,28 @@ class _Doorbells:
         wanted them and every ring arrived (then all ranks get theirs), else ``None`` everywhere."""
         sock: socket.socket | None = None
         directory: str | None = None
-        path: str | None = None
+        address: str | None = None
         if wanted:
             try:
-                directory = tempfile.mkdtemp(prefix="fedproto-mpi-")
-                path = os.path.join(directory, "bell")
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.bind(path)
+                if sys.platform == "linux":
+                    address = "\0fedproto-mpi-" + secrets.token_hex(8)
+                else:
+                    directory = tempfile.mkdtemp(prefix="fedproto-mpi-")
+                    address = os.path.join(directory, "bell")
+                sock.bind(address)
                 sock.setblocking(False)
             except (OSError, AttributeError) as exc:  # no AF_UNIX datagrams here (Windows)
                 log.debug("no MPI doorbell: %s", exc)
-                path = None
-        paths = comm.allgather(path)
-        reached = all(p is not None for p in paths) and all(_ring(sock, p) for p in paths)
+                address = None
+        addresses = comm.allgather(address)
+        reached = all(a is not None for a in addresses) and all(_ring(sock, a) for a in addresses)
         everywhere = comm.allreduce(int(reached), op=_import_mpi().MIN) == 1
-        if everywhere and sock is not None and directory is not None:
-            bells = cls(sock, directory, paths)
+        if everywhere and sock is not None:
+            bells = cls(sock, directory, addresses)
             bells.drain()  # the test rings
             return bells
-        if sock is not None:
-            sock.close()
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+        _close_doorbell(sock, directory)
         return None
 
     def drain(self) -> None:
@@ -195,19 +202,26 @@ class _Doorbells:
 
     def ring(self, rank: int) -> None:
         """Ring ``rank``'s doorbell (a full queue already holds rings; a closed one is ignored)."""
-        _ring(self.sock, self.paths[rank])
+        _ring(self.sock, self.addresses[rank])
 
     def close(self) -> None:
-        self.sock.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        """Close the socket and remove its directory (idempotent)."""
+        self._cleanup()
 
 
-def _ring(sock: socket.socket | None, path: str | None) -> bool:
-    """Send one empty datagram to ``path``; whether it was delivered or the queue was full."""
-    if sock is None or path is None:
+def _close_doorbell(sock: socket.socket | None, directory: str | None) -> None:
+    if sock is not None:
+        sock.close()
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _ring(sock: socket.socket | None, address: str | None) -> bool:
+    """Send one empty datagram to ``address``; whether it was delivered or the queue was full."""
+    if sock is None or address is None:
         return False
     try:
-        sock.sendto(b"", path)
+        sock.sendto(b"", address)
     except BlockingIOError:
         return True  # the peer's queue is full of rings it has not read yet
     except OSError:
@@ -219,7 +233,7 @@ class MpiTransport(Transport):
     """The endpoint of this rank's party (see the module docstring).
 
     Close it with :meth:`aclose` (`MpiNetwork.endpoints` does) before MPI is finalized: a reader
-    thread keeps polling MPI until then, and the doorbell's temporary directory is removed then.
+    thread keeps polling MPI until then, and the doorbell is closed then.
 
     Args:
         roster: every party of the run, rank order (``roster[i]`` runs on rank ``i``).

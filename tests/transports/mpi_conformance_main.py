@@ -5,9 +5,9 @@ check of :data:`fedproto.testing.conformance.CHECKS` on its own endpoint inside 
 the close semantics, once per receive mode (doorbell, the default on one host; reader thread;
 polling from trio), then the MPI-only checks (oversized frames are dropped and logged, cancelled
 receives lose nothing in every mode, doorbells wake a waiting receive without its recheck timer,
-the ranks agree to fall back when one of them has no doorbell, the modes' requirements, the
-doorbell's directory is gone after close, a roster that does not match the communicator is
-refused). Each rank prints ``rank <r>: conformance ok``; any failure prints the traceback and
+the ranks agree to fall back when one of them has no doorbell, the modes' requirements, a
+closed doorbell no longer rings, path doorbells (where there is no abstract namespace) work and
+leave no file, a roster that does not match the communicator is refused). Each rank prints ``rank <r>: conformance ok``; any failure prints the traceback and
 aborts the whole job with exit code 1.
 """
 
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 import traceback
+import types
 from typing import Any
 
 import trio
@@ -183,7 +185,37 @@ async def _doorbells_wake_receives(rank: int) -> None:
     finally:
         mpi_module._DOORBELL_RECHECK_S = recheck
         await ep.aclose()
-    assert not os.path.exists(ep._doorbells.directory), "the doorbell's directory outlived aclose"  # type: ignore[union-attr]
+    bells = ep._doorbells
+    assert bells is not None and bells.sock.fileno() == -1, "the doorbell outlived aclose"
+    # Ranks ring each other's closed doorbells in vain (and no file is left behind).
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        assert not mpi_module._ring(probe, bells.addresses[rank]), "a closed doorbell still rings"
+    finally:
+        probe.close()
+    if not bells.addresses[rank].startswith("\0"):
+        assert not os.path.exists(bells.addresses[rank]), "the doorbell's file outlived aclose"
+
+
+async def _path_doorbells_work(rank: int) -> None:
+    """Where Linux's abstract namespace is missing (as if on macOS), the doorbell is a socket file
+    in a private temporary directory: frames are delivered and the directory is gone after close."""
+    real_sys = mpi_module.sys
+    mpi_module.sys = types.SimpleNamespace(platform="darwin")  # type: ignore[assignment]
+    try:
+        ep = MpiTransport(ROSTER)
+    finally:
+        mpi_module.sys = real_sys
+    try:
+        assert ep.receive_mode == "doorbell" and ep._doorbells is not None, ep.receive_mode
+        path = ep._doorbells.addresses[rank]
+        assert os.path.exists(path) and not path.startswith("\0"), path
+        with trio.fail_after(30):
+            await ep.send(ROSTER[(rank + 1) % 3], b"from %d" % rank)
+            assert await ep.receive() == (ROSTER[(rank - 1) % 3], b"from %d" % ((rank - 1) % 3))
+    finally:
+        await ep.aclose()
+    assert not os.path.exists(os.path.dirname(path)), "the doorbell's directory outlived aclose"
 
 
 def _modes_fall_back_together(rank: int) -> None:
@@ -265,6 +297,7 @@ async def _main(rank: int) -> None:
         await _receive_cancelled_mid_transfer(rank, "doorbell")
         await _threaded_receive_cancelled_often(rank)
         await _doorbells_wake_receives(rank)
+        await _path_doorbells_work(rank)
         _modes_fall_back_together(rank)
         _thread_mode_needs_thread_multiple()
         _roster_size_is_checked()
