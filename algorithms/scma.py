@@ -57,6 +57,7 @@ __all__ = [
     "SyndromeDecodingError",
     "aggregate_packed",
     "aggregate_syndromes",
+    "bin_powers",
     "check_packed",
     "dealer_masks",
     "decode_syndromes",
@@ -512,8 +513,36 @@ def rs_syndromes(counts: Mapping[int, int], p: int, n_syndromes: int) -> list[in
     return _coefficients(_syndrome_series(ctx, items, n_syndromes), n_syndromes)
 
 
+def bin_powers(j: int, p: int, n_syndromes: int) -> list[int]:
+    """``[j^0, j^1, ..., j^(T-1)] mod p``: the syndromes of one point in bin ``j``.
+
+    A client computes them for its seeds' bins between rounds, so that a removal that moves no
+    seed updates its syndromes with one addition per term (`update_syndromes`'s ``powers``).
+
+    Raises:
+        ValueError: ``j`` outside ``[1, p - 1]`` or ``T < 1``.
+    """
+    p = _check_modulus(p)
+    j = _check_int("bin index", j)
+    n_syndromes = _check_count("n_syndromes", n_syndromes, 1)
+    if not 1 <= j < p:
+        raise ValueError(f"bin index {j} is outside [1, p - 1]")
+    out = []
+    append = out.append
+    x = 1 % p
+    for _ in range(n_syndromes):
+        append(x)
+        x = x * j % p
+    return out
+
+
 def update_syndromes(
-    syndromes: Sequence[int], change: Mapping[int, int], p: int, *, validated: bool = False
+    syndromes: Sequence[int],
+    change: Mapping[int, int],
+    p: int,
+    *,
+    validated: bool = False,
+    powers: Mapping[int, Sequence[int]] | None = None,
 ) -> list[int]:
     """The syndromes of ``q + change`` from those of ``q``: ``S_i + sum_j c_j j^(i-1) mod p``.
 
@@ -528,6 +557,9 @@ def update_syndromes(
         p: the field size (a prime).
         validated: the caller vouches that ``syndromes`` is a list of field elements (a client's
             own syndromes), so they are not checked again.
+        powers: optional ``{j: bin_powers(j, p, T)}`` computed ahead (a client's seeds' bins):
+            a change of one listed bin adds ``c`` times its powers (one pass, no products of
+            powers); the result is the same.
 
     Returns:
         ``[T]`` ints in ``[0, p)``.
@@ -552,6 +584,14 @@ def update_syndromes(
             items.append((j, c % p))
     if not items:
         return list(values)
+    if len(items) == 1 and powers is not None and items[0][0] in powers:  # powers computed ahead
+        (j, c), = items
+        vector = powers[j]
+        if len(vector) != len(values):
+            raise ValueError(f"the powers of bin {j} have {len(vector)} terms, the syndromes {len(values)}")
+        if c == p - 1:  # one point removed
+            return [(s - v) % p for s, v in zip(values, vector)]
+        return [(s + c * v) % p for s, v in zip(values, vector)]
     if len(items) == 1:  # one bin (a removal that moved no seed): a running power, one pass
         (j, c), = items
         out = []
@@ -826,8 +866,10 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     width = field_width(p)
     if not (isinstance(shares, np.ndarray) and shares.ndim == 3):
         shares = list(shares)
-        for index, share in enumerate(shares):
-            _check_packed_shape(f"shares[{index}]", share, width, n_syndromes)
+        shape = (n_syndromes, width)
+        if not all(type(sh) is np.ndarray and sh.dtype == np.uint8 and sh.shape == shape for sh in shares):
+            for index, share in enumerate(shares):  # name the first share that does not fit
+                _check_packed_shape(f"shares[{index}]", share, width, n_syndromes)
         shares = np.stack(shares) if shares else np.zeros((0, n_syndromes, width), np.uint8)
     elif shares.dtype != np.uint8 or shares.shape[1:] != (n_syndromes, width):
         raise ValueError(f"shares must be a uint8 [L, {n_syndromes}, {width}] stack, got {shares.dtype} {list(shares.shape)}")
@@ -1160,7 +1202,8 @@ def decode_update(
         change_hint: expected non-zeros of the difference (e.g. ``2K``); speeds up BM.
         validated: the caller vouches that ``sums`` and ``previous_sums`` are lists of ``T``
             field elements (a server's own `aggregate_packed` results, or sums checked the
-            previous round), so they are not checked again.
+            previous round) and that ``previous_counts`` is the previous round's result (keys
+            ascending, counts positive), so none of them is checked again.
 
     Returns:
         ``{j: q'_j}``, non-zero counts only, keys ascending.
@@ -1178,7 +1221,7 @@ def decode_update(
     elif len(previous_sums) != len(sums):
         raise ValueError(f"previous_sums must have {len(sums)} elements, got {len(previous_sums)}")
     return _decode_update(sums, previous_sums, previous_counts, p, max_support=max_support, max_index=max_index,
-                          max_total=max_total, change_hint=change_hint)
+                          max_total=max_total, change_hint=change_hint, trusted_counts=validated)
 
 
 def _decode_update(
@@ -1191,18 +1234,20 @@ def _decode_update(
     max_index: int,
     max_total: int | None,
     change_hint: int | None,
+    trusted_counts: bool = False,
 ) -> dict[int, int]:
     """`decode_update` on sums already known to be ``[T]`` field elements (a server's own
-    `aggregate_packed` results): the same result, without checking them again."""
+    `aggregate_packed` results): the same result, without checking them again (nor
+    ``previous_counts`` with ``trusted_counts``: a previous result, keys ascending)."""
     full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
-    difference = (np.asarray(sums, dtype=object) - np.asarray(previous_sums, dtype=object)) % p
-    if not difference.any():
+    difference = [(a - b) % p for a, b in zip(sums, previous_sums, strict=True)]
+    if not any(difference):
         change: dict[int, int] = {}
     else:
-        single = _single_change(difference, p, max_index)
+        single = _single_change(np.asarray(difference, dtype=object), p, max_index)
         try:
             change = single if single is not None else decode_syndromes(
-                difference.tolist(), p, max_support=len(sums) // 2, max_index=max_index, signed=True,
+                difference, p, max_support=len(sums) // 2, max_index=max_index, signed=True,
                 support_hint=change_hint,
             )
         except SyndromeDecodingError:
@@ -1210,11 +1255,13 @@ def _decode_update(
     # q' = q + change; q was valid, so only the changed bins need checking (and the key order,
     # ascending, only changes when a bin appears)
     counts = dict(previous_counts)
-    keys = list(counts)
-    resort = any(a >= b for a, b in zip(keys, keys[1:]))  # q's keys not ascending: sort at the end
-    span = keys if resort else keys[:1] + keys[-1:]  # ascending keys: the ends bound them all
-    if any(c <= 0 for c in counts.values()) or any(not 1 <= j <= max_index for j in span):
-        return decode_syndromes(sums, p, **full)
+    resort = False
+    if not trusted_counts:
+        keys = list(counts)
+        resort = any(a >= b for a, b in zip(keys, keys[1:]))  # q's keys not ascending: sort at the end
+        span = keys if resort else keys[:1] + keys[-1:]  # ascending keys: the ends bound them all
+        if any(c <= 0 for c in counts.values()) or any(not 1 <= j <= max_index for j in span):
+            return decode_syndromes(sums, p, **full)
     total = sum(counts.values())
     for j, c in change.items():
         new = counts.get(j, 0) + c

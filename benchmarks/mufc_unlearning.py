@@ -34,7 +34,9 @@ on the Gaussian set alone, 50 points per component over 10 clients, without the 
 times include compilation; the output says so) and without the K-FED and DC-KM baselines (their
 own kernels' compilation would double the run; tests/algorithms/mufc covers them). Mask
 generation is not timed in either column (the paper excludes it; it is the same work in both, and
-the clients can expand the next round's masks between rounds).
+the clients can expand the next round's masks between rounds); nor are a client's powers of its
+bins (computed after training and after a re-seeding, between rounds, so that a removal that moves
+no seed updates its syndromes with one addition each): both are timed and printed apart.
 
 ``--json PATH`` writes one record per row: table ``mufc_quality`` (``data_set``, ``n_points``,
 ``d``, ``n_clients``, ``k``, and for MUFC (``loss_ratio``), K-FED (``loss_ratio_kfed``) and DC-KM
@@ -46,7 +48,8 @@ both ``null`` for a baseline not run) over replicates beside ``paper_*_mean`` an
 ``codec_ms_per_removal``, ``removal_ms_mean``, ``target_removal_ms`` (issue 13's goal, ``null``
 where none), ``retrain_ms``, ``speedup_over_retrain``, ``paper_speedup_over_retrain``,
 ``ratio_to_paper``, ``syndrome_bytes_per_client``, ``mask_ms_per_round``: one client's mask
-expansion for a round, done between rounds).
+expansion for a round, and ``powers_ms_per_client``: one client's powers of its bins after training
+or a re-seeding, both done between rounds and not in the removal time).
 
 Run::
 
@@ -133,7 +136,7 @@ def main() -> int:
                 "removal ms", "target ms", "codec", "retrain ms", "speed-up", "paper", "ratio to paper",
                 "syndrome B/client"):
         speed.add_column(col, justify="right")
-    curves, records, masks = {}, [], {}
+    curves, records, masks, powers = {}, [], {}, {}
     for name, x, rows, k, k_client in datasets(args.quick):
         n, d = x.shape
         ids = np.arange(n, dtype=np.int64)
@@ -215,8 +218,10 @@ def main() -> int:
                 retrain_ms=retrain_ms, speedup_over_retrain=factor, paper_speedup_over_retrain=PAPER_MEAN_SPEEDUP,
                 ratio_to_paper=factor / PAPER_MEAN_SPEEDUP, syndrome_bytes_per_client=config.syndrome_bytes(),
                 mask_ms_per_round=1e3 * float(np.median([run.mask_s for run in runs])),
+                powers_ms_per_client=1e3 * float(np.median([run.powers_s for run in runs])),
             ))
             masks[name] = 1e3 * float(np.median([run.mask_s for run in runs]))
+            powers[name] = 1e3 * float(np.median([run.powers_s for run in runs]))
     console.print(quality)
     console.print(speed)
     console.print("removal = the requesting client (Algorithm 3 and its syndromes' update) + the server's round "
@@ -226,6 +231,8 @@ def main() -> int:
                   "its 84x; target ms: issue 13's goal (ratio = target / measured, >= 1 meets it).")
     console.print("mask expansion per client and round, done between rounds (not in the removal time): "
                   + ", ".join(f"{name} {value:.2f} ms" for name, value in masks.items()))
+    console.print("a client's powers of its bins (after training or a re-seeding), also between rounds: "
+                  + ", ".join(f"{name} {value:.2f} ms" for name, value in powers.items()))
     console.print(f"times: {'CPU time of this process' if args.clock == 'cpu' else 'wall time'}; garbage collection "
                   "off while timing; load average at the end (1/5/15 min): "
                   + " / ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -30,6 +30,7 @@ from fedproto.algorithms.mufc.quantize import Grid
 
 __all__ = [
     "SERVER_MODES",
+    "PaddedPoints",
     "federated_loss",
     "induced_labels",
     "kmeans_cost",
@@ -168,35 +169,66 @@ def weighted_kmeans(
     References:
         Pan et al. Algorithm 1 line 7, App. I; spec mufc.md 1.6 steps 2-3 and 5.2-5.3.
     """
-    pts = np.asarray(points, dtype=np.float64)
-    if pts.ndim != 2 or pts.shape[0] < 1 or pts.shape[1] < 1:
-        raise ValueError(f"points must be a non-empty [m, d] array, got shape {pts.shape}")
-    if not np.all(np.isfinite(pts)):
-        raise ValueError("points must be finite")
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (pts.shape[0],):
-        raise ValueError(f"weights must have shape [{pts.shape[0]}], got {w.shape}")
-    if not (np.all(np.isfinite(w)) and np.all(w > 0)):
-        raise ValueError("weights must be positive and finite")
-    for name, value, low in (("k", k, 1), ("n_init", n_init, 1), ("max_iter", max_iter, 1)):
-        if isinstance(value, bool) or operator.index(value) < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if not (math.isfinite(tol) and tol >= 0):
-        raise ValueError(f"tol must be non-negative, got {tol!r}")
-    m = pts.shape[0]
-    cap = kmeans.capacity(max(m, operator.index(min_rows)))
-    xp = np.zeros((cap, pts.shape[1]))
-    xp[:m] = pts
-    wp = np.zeros(cap)
-    wp[:m] = w
-    valid = np.arange(cap) < m
-    noise = _seeding_noise(key, operator.index(n_init), operator.index(k), cap)
-    centroids, costs, _ = _kernels.weighted_kmeans_noise(
-        noise, xp, wp, valid, operator.index(k), _tolerance(pts, w, tol), operator.index(max_iter),
+    return PaddedPoints(points, min_rows=min_rows).weighted_kmeans(
+        key, weights, k, n_init=n_init, max_iter=max_iter, tol=tol
     )
-    costs_h = np.asarray(costs)
-    best = int(np.argmin(costs_h))
-    return np.asarray(centroids)[best], float(costs_h[best])
+
+
+class PaddedPoints:
+    """Points padded once for `weighted_kmeans` runs with changing weights.
+
+    A server whose support did not change clusters the same bin centres with new counts every
+    round: it keeps one :class:`PaddedPoints` (the padded array already on the device) and only
+    passes the weights. ``PaddedPoints(points, min_rows=r).weighted_kmeans(key, weights, k, ...)``
+    is ``weighted_kmeans(key, points, weights, k, ..., min_rows=r)`` (the same code).
+
+    Args:
+        points: ``[m, d]`` float64, finite, ``m >= 1`` (copied).
+        min_rows: pad to at least this many rows (see `weighted_kmeans`).
+
+    Raises:
+        ValueError: empty or non-finite points.
+    """
+
+    def __init__(self, points: np.ndarray, *, min_rows: int = 0) -> None:
+        pts = np.array(points, dtype=np.float64)
+        if pts.ndim != 2 or pts.shape[0] < 1 or pts.shape[1] < 1:
+            raise ValueError(f"points must be a non-empty [m, d] array, got shape {pts.shape}")
+        if not np.all(np.isfinite(pts)):
+            raise ValueError("points must be finite")
+        pts.setflags(write=False)
+        self.points = pts
+        m = pts.shape[0]
+        self.capacity = kmeans.capacity(max(m, operator.index(min_rows)))
+        xp = np.zeros((self.capacity, pts.shape[1]))
+        xp[:m] = pts
+        self._xp = jnp.asarray(xp)
+        self._valid = jnp.asarray(np.arange(self.capacity) < m)
+
+    def weighted_kmeans(
+        self, key: jax.Array, weights: np.ndarray, k: int, *, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4
+    ) -> tuple[np.ndarray, float]:
+        """`weighted_kmeans` of these points with ``weights`` (same arguments, same result)."""
+        pts = self.points
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (pts.shape[0],):
+            raise ValueError(f"weights must have shape [{pts.shape[0]}], got {w.shape}")
+        if not (np.all(np.isfinite(w)) and np.all(w > 0)):
+            raise ValueError("weights must be positive and finite")
+        for name, value, low in (("k", k, 1), ("n_init", n_init, 1), ("max_iter", max_iter, 1)):
+            if isinstance(value, bool) or operator.index(value) < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not (math.isfinite(tol) and tol >= 0):
+            raise ValueError(f"tol must be non-negative, got {tol!r}")
+        wp = np.zeros(self.capacity)
+        wp[: pts.shape[0]] = w
+        noise = _seeding_noise(key, operator.index(n_init), operator.index(k), self.capacity)
+        centroids, costs, _ = _kernels.weighted_kmeans_noise(
+            noise, self._xp, wp, self._valid, operator.index(k), _tolerance(pts, w, tol), operator.index(max_iter),
+        )
+        costs_h = np.asarray(costs)
+        best = int(np.argmin(costs_h))
+        return np.asarray(centroids)[best], float(costs_h[best])
 
 
 #: Seeding noise of recent keys: a server that re-clusters with one key (coupled randomness)
@@ -205,8 +237,23 @@ _NOISE_CACHE: collections.OrderedDict[tuple[bytes, int, int, int], jax.Array] = 
 _NOISE_CACHE_SIZE = 8
 
 
+#: The last key asked for, held (so its identity cannot be reused), with its noise: a server
+#: re-clustering with the same key object finds it without reading the key's bits back.
+_LAST_NOISE: list[tuple[jax.Array, int, int, int, jax.Array]] = []
+
+
 def _seeding_noise(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
     """`_kernels.seeding_noise` of ``seeding_keys(key, n_init)``, cached by the key's bits."""
+    if _LAST_NOISE:
+        last_key, *shape, last = _LAST_NOISE[0]
+        if last_key is key and shape == [n_init, k, cap]:
+            return last
+    noise = _noise_by_bits(key, n_init, k, cap)
+    _LAST_NOISE[:] = [(key, n_init, k, cap, noise)]
+    return noise
+
+
+def _noise_by_bits(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
     raw = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     ident = (np.asarray(raw).tobytes() + str(key.dtype).encode(), n_init, k, cap)
     noise = _NOISE_CACHE.get(ident)

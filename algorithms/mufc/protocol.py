@@ -102,7 +102,7 @@ import jax
 import numpy as np
 
 from fedproto.algorithms import scma
-from fedproto.algorithms.mufc.clustering import server_points, weighted_kmeans
+from fedproto.algorithms.mufc.clustering import PaddedPoints, server_points
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.messages import (
     AggregationRequest,
@@ -155,6 +155,7 @@ __all__ = [
     "MUFCServerResult",
     "ServerModel",
     "SECAGG_CHOICES",
+    "bin_powers_ahead",
     "check_secagg_plus",
     "client_key_entropy",
     "make_config",
@@ -295,7 +296,11 @@ def _mask_stream(round_idx: int, attempt: int) -> int:
 
 
 def refresh_syndromes(
-    local: LocalSeeding, counts: Mapping[int, int], syndromes: Sequence[int], config: MUFCConfig
+    local: LocalSeeding,
+    counts: Mapping[int, int],
+    syndromes: Sequence[int],
+    config: MUFCConfig,
+    powers: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[dict[int, int], list[int]]:
     """A client's count vector and syndromes after an unlearning step, updated from the old ones.
 
@@ -303,6 +308,8 @@ def refresh_syndromes(
     otherwise) enter `fedproto.algorithms.scma.update_syndromes`; the result equals
     ``rs_syndromes(local.counts(grid))``. ``syndromes`` must be the client's own (from
     `~fedproto.algorithms.scma.rs_syndromes` or an earlier call): they are not checked again.
+    ``powers`` (`bin_powers_ahead`, computed between rounds) make a one-bin change one addition
+    per syndrome.
 
     Returns:
         ``(q', S')``: the new ``{bin index: count}`` and ``[T]`` syndromes.
@@ -310,7 +317,19 @@ def refresh_syndromes(
     new = local.counts(config.grid)
     change = {j: new.get(j, 0) - counts.get(j, 0) for j in new.keys() | counts.keys()}
     change = {j: c for j, c in change.items() if c}
-    return new, scma.update_syndromes(syndromes, change, config.prime, validated=True)
+    return new, scma.update_syndromes(syndromes, change, config.prime, validated=True, powers=powers)
+
+
+def bin_powers_ahead(
+    counts: Mapping[int, int], config: MUFCConfig, powers: Mapping[int, list[int]] | None = None
+) -> dict[int, list[int]]:
+    """The powers ``[j^0 .. j^(T-1)] mod p`` of a client's bins (the bins of its seeds), reusing
+    those in ``powers``: a client computes them after training and after a re-seeding, between
+    rounds, so that its next removal that moves no seed costs one addition per syndrome
+    (`refresh_syndromes`). ``K * T`` field elements.
+    """
+    old = powers or {}
+    return {j: old[j] if j in old else scma.bin_powers(j, config.prime, config.n_syndromes) for j in counts}
 
 
 def secagg_plus_config(config: MUFCConfig, kind: str = "plus", *, session: int = 0) -> SecAggPlusConfig | None:
@@ -383,9 +402,10 @@ class ServerModel:
         self.centroids: np.ndarray | None = None
         self._sums: list[int] = []
         self._summed: list[int] | None = None
+        self._decoded: dict[int, int] | None = None
         self._centres: dict[int, np.ndarray] = {}
         self._support: list[int] | None = None  # the bins of the cached weighted server points
-        self._points = np.zeros((0, config.grid.d))
+        self._points: PaddedPoints | None = None
         self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
     def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> list[int]:
@@ -419,15 +439,16 @@ class ServerModel:
         """
         cfg = self.config
         bounds = dict(max_support=cfg.k_client * n_clients, max_index=cfg.grid.n_bins, max_total=max_total)
-        # this model's own sum_shares result is known to be T field elements, and the previous
-        # sums passed decoding
-        own = sums is self._summed
+        # this model's own sum_shares result is known to be T field elements, the previous sums
+        # passed decoding, and the counts adopted are the ones decoded then (keys ascending)
+        own = sums is self._summed and self.counts is self._decoded
         if self.counts is None or fresh:
             counts = scma.decode_syndromes(sums, cfg.prime, **bounds)
         else:
             counts = scma.decode_update(sums, self._sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
                                         validated=own, **bounds)
         self._sums = list(sums)  # a copy: the caller's list may change later
+        self._decoded = counts
         return counts
 
     def _keys(self, round_idx: int) -> tuple[jax.Array, jax.Array]:
@@ -453,10 +474,10 @@ class ServerModel:
             return counts.keys() != self.counts.keys()
         return counts != self.counts
 
-    def _server_data(self, counts: Mapping[int, int], points_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-        """`server_points` of ``counts``; in weighted mode the points of an unchanged support (the
-        same bins, in the same ascending order: a removal that emptied no bin and filled none)
-        are reused, only the weights are read."""
+    def _server_data(self, counts: Mapping[int, int], points_key: jax.Array) -> tuple[PaddedPoints, np.ndarray]:
+        """`server_points` of ``counts``, padded; in weighted mode the padded points of an
+        unchanged support (the same bins, in the same ascending order: a removal that emptied no
+        bin and filled none) are reused, only the weights are read."""
         cfg = self.config
         if cfg.server_mode == "weighted" and self._support is not None and len(counts) == len(self._support):
             if list(counts) == self._support and set(map(type, counts.values())) == {int}:
@@ -464,9 +485,11 @@ class ServerModel:
                 if weights.min() >= 1:
                     return self._points, weights.astype(np.float64)
         points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
+        bound = cfg.k_client * cfg.n_clients if cfg.server_mode == "weighted" else 0  # at most K L bins
+        padded = PaddedPoints(points, min_rows=bound)
         if cfg.server_mode == "weighted":
-            self._support, self._points = sorted(counts), points
-        return points, weights
+            self._support, self._points = sorted(counts), padded
+        return padded, weights
 
     def adopt(self, counts: dict[int, int], round_idx: int, *, force: bool = False) -> bool:
         """Take ``counts`` as the current aggregate; re-cluster if the mode asks (or ``force``).
@@ -479,9 +502,7 @@ class ServerModel:
         if recluster:
             key, points_key = self._keys(round_idx)
             points, weights = self._server_data(counts, points_key)
-            bound = cfg.k_client * cfg.n_clients if cfg.server_mode == "weighted" else 0  # at most K L bins
-            centroids, _ = weighted_kmeans(key, points, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter,
-                                           min_rows=bound)
+            centroids, _ = points.weighted_kmeans(key, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
             self.centroids = np.asarray(centroids)
         self.counts = counts
         return recluster
@@ -1114,6 +1135,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         self._local = LocalSeeding(x, ids, config.k_client, self.key, lloyd_iterations=config.lloyd_iterations)
         self._counts = self._local.counts(config.grid)
         self._syndromes = scma.rs_syndromes(self._counts, config.prime, config.n_syndromes)
+        self._powers = bin_powers_ahead(self._counts, config)
         self._active: tuple[int, ...] = tuple(range(config.n_clients))
 
     @staticmethod
@@ -1306,7 +1328,10 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         self._reseeded.append(outcome.reseeded)
         if cfg.unlearning == "literal" and not outcome.reseeded:
             return  # the paper's wording: q^(l) is refreshed only when the client re-seeds
-        self._counts, self._syndromes = refresh_syndromes(self._local, self._counts, self._syndromes, cfg)
+        self._counts, self._syndromes = refresh_syndromes(self._local, self._counts, self._syndromes, cfg,
+                                                          self._powers)
+        if self._counts.keys() != self._powers.keys():  # new seeds: their bins' powers, for later removals
+            self._powers = bin_powers_ahead(self._counts, cfg, self._powers)
 
     def _outcome(self) -> MUFCClientResult:
         ids, positions = self._local.assignment()

@@ -10,7 +10,9 @@ Timed work per removal (exact and literal modes): the requesting client's Algori
 syndromes; the server's sum of the L shares, SCMA decoding and (when the mode asks) K-means++ on
 the decoded bins. Complete retraining: every client's seeding from scratch on its remaining data
 and its syndromes (the slowest client counts), then the same server work. Mask generation is not
-timed (the paper excludes it; it is the same in both).
+timed (the paper excludes it; it is the same in both). A client's powers of its bins
+(`~fedproto.algorithms.mufc.protocol.bin_powers_ahead`, after training and after a re-seeding)
+are computed between rounds too: timed apart (:attr:`Replay.powers_s`), not in the removals.
 
 References:
     Pan et al., ICLR 2023, Sec. 6 and App. M (timing protocol); spec mufc.md 4.3, 3.5.
@@ -30,7 +32,7 @@ import numpy as np
 from fedproto.algorithms import kmeans, scma
 from fedproto.algorithms.mufc.clustering import federated_loss
 from fedproto.algorithms.mufc.messages import MaskedSyndromes, ModelUpdate
-from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel, refresh_syndromes
+from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel, bin_powers_ahead, refresh_syndromes
 from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.codec import decode_frame, encode_frame
 
@@ -89,6 +91,9 @@ class Replay:
         mask_s: one client's expansion of its pairwise mask for one round among all clients
             (median of three), the work a client does between rounds (precomputed, so apart
             from every removal's time; zero with a single client).
+        powers_s: one client's computation of its bins' powers
+            (`~fedproto.algorithms.mufc.protocol.bin_powers_ahead`, after training and after each
+            re-seeding; median), also between rounds and apart from the removal times.
     """
 
     train_client_s: float
@@ -98,6 +103,7 @@ class Replay:
     centroids: np.ndarray
     initial_loss: float
     mask_s: float = 0.0
+    powers_s: float = 0.0
 
     @property
     def mean_removal_s(self) -> float:
@@ -244,6 +250,8 @@ def _replay(
     counts: list[dict[int, int]] = []
     syndromes: list[list[int]] = []
     client_times = []
+    powers: list[dict[int, list[int]]] = []
+    powers_times: list[float] = []
     for c, (x, ids) in enumerate(parts):
         def train(c=c, x=x, ids=ids):
             local = LocalSeeding(x, ids, cfg.k_client, jax.random.fold_in(key, c + 1),
@@ -256,6 +264,10 @@ def _replay(
         counts.append(q)
         syndromes.append(syn)
         client_times.append(seconds)
+        # between rounds: the powers of the client's bins, for its next removals
+        ahead, seconds = _timed(lambda q=q: bin_powers_ahead(q, cfg), clock)
+        powers.append(ahead)
+        powers_times.append(seconds)
     frames = [_share_frame(syn, cfg, 0) for syn in syndromes]
     server = _Server(cfg, jax.random.fold_in(key, 0), sum(x.shape[0] for x, _ in parts), clock)
     _, train_server_s = _timed(lambda: server.step([decode_frame(f)[1].values for f in frames], 0), clock)
@@ -289,10 +301,13 @@ def _replay(
                     jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, c + 1), 1 << 20), s)
                     if cfg.fresh_randomness else None))
                 if cfg.unlearning != "literal" or outcome.reseeded:
-                    counts[c], syndromes[c] = refresh_syndromes(locals_[c], counts[c], syndromes[c], cfg)
+                    counts[c], syndromes[c] = refresh_syndromes(locals_[c], counts[c], syndromes[c], cfg, powers[c])
                 return outcome.reseeded
 
             reseeded, client_s = _timed(unlearn, clock)
+            if counts[c].keys() != powers[c].keys():  # new seeds: their powers, between rounds
+                powers[c], seconds = _timed(lambda c=c: bin_powers_ahead(counts[c], cfg, powers[c]), clock)
+                powers_times.append(seconds)
             removed[c].update(batch)
             frames[c], codec_s = _timed(lambda c=c: _share_frame(syndromes[c], cfg, s), clock)
         # the server receives every active client's share frame (the others' were encoded
@@ -320,7 +335,7 @@ def _replay(
         retrain_times.append(_complete_retraining(parts, active, removed, cfg, key, clock))
     assert server.centroids is not None
     return Replay(max(client_times), train_server_s, float(np.median(retrain_times)), tuple(steps),
-                  server.centroids, initial, _mask_time(cfg, len(parts), clock))
+                  server.centroids, initial, _mask_time(cfg, len(parts), clock), float(np.median(powers_times)))
 
 
 def _mask_time(cfg: MUFCConfig, n_clients: int, clock: Callable[[], float]) -> float:

@@ -969,3 +969,24 @@ def test_a_single_bin_update_equals_recomputing_the_syndromes():
             assert scma.update_syndromes(old, {j: c}, p, validated=True) == expected
         assert old == kept
         assert scma.update_syndromes(old, {min(before): p}, p) == old  # a change of p is no change
+
+
+def test_powers_computed_ahead_give_the_same_update():
+    """`bin_powers` is the syndrome vector of one point in bin j; an update with a bin's powers
+    computed ahead (a removal, a count up, any change) equals the one computed on the spot, and
+    powers of another length are refused."""
+    rng = random.Random(17)
+    for p, t in ((13, 6), (P69, 45)):
+        bins = min(p - 1, 10**6)
+        assert scma.bin_powers(3, p, t) == ref_syndromes({3: 1}, p, t)
+        before = _random_counts(rng, 5, bins, top=min(p - 1, 50))
+        old = scma.rs_syndromes(before, p, t)
+        ahead = {j: scma.bin_powers(j, p, t) for j in before}
+        for j in before:
+            for c in (-1, p - 1, 2, -before[j]):
+                assert scma.update_syndromes(old, {j: c}, p, powers=ahead) == scma.update_syndromes(old, {j: c}, p)
+        with pytest.raises(ValueError, match="terms"):
+            j = next(iter(before))
+            scma.update_syndromes(old, {j: -1}, p, powers={j: ahead[j][:-1]})
+    with pytest.raises(ValueError, match="outside"):
+        scma.bin_powers(0, 13, 4)
