@@ -260,12 +260,26 @@ def _check_below(name: str, rows: np.ndarray, p: int) -> None:
 def _column_sums(words: np.ndarray) -> np.ndarray:
     """Exact integer sums ``sum_s words[s, i]`` of big-endian words, ``[S, T, w]`` uint8 -> object ``[T]``.
 
-    Digits are summed per byte column in 64-bit integers, four columns are folded into one
-    32-bit-aligned group (below ``S * 2^32``, exact for ``S < 2^32``), and the ``ceil(w / 4)``
-    groups of each element are joined as Python ints: a handful of vectorised operations for
-    the whole stack instead of ``S * T`` big-integer additions.
+    Digits are summed per byte column in 16-, 32- or 64-bit integers; four columns make one
+    32-bit-aligned group (below ``S * 2^32``), and the ``ceil(w / 4)`` groups of each element are
+    joined as Python ints: a handful of vectorised operations for the whole stack instead of
+    ``S * T`` big-integer additions. For up to 257 words of up to 16 bytes (MUFC's shares) the
+    groups come from one float64 product of the digit sums (every value an integer below
+    ``2^42``, so exact).
     """
     n_rows, width = words.shape[1], words.shape[2]
+    n_groups = -(-width // 4)
+    if words.shape[0] <= 257 and n_groups <= 4:
+        digits = np.add.reduce(words, axis=0, dtype=np.uint16)  # below 2^16
+        place = np.zeros((width, n_groups))
+        for b in range(width):
+            pos = width - 1 - b  # byte position from the least significant end
+            place[b, pos // 4] = float(1 << (8 * (pos % 4)))
+        exact = (digits.astype(np.float64) @ place).astype(np.int64)  # [T, G], little-endian groups
+        total = exact[:, n_groups - 1].astype(object)
+        for g in range(n_groups - 2, -1, -1):
+            total = (total << 32) + exact[:, g].astype(object)
+        return total
     # the narrowest accumulator that cannot overflow: 255 * S must fit
     wide = np.uint16 if words.shape[0] <= 257 else np.uint32 if words.shape[0] <= 16_843_009 else np.uint64
     digits = np.add.reduce(words, axis=0, dtype=wide).astype(np.uint64)

@@ -990,3 +990,15 @@ def test_powers_computed_ahead_give_the_same_update():
             scma.update_syndromes(old, {j: -1}, p, powers={j: ahead[j][:-1]})
     with pytest.raises(ValueError, match="outside"):
         scma.bin_powers(0, 13, 4)
+
+
+@pytest.mark.parametrize("depth", [1, 100, 257, 258])
+def test_column_sums_are_exact_on_both_paths(depth):
+    """Up to 257 words of up to 16 bytes are summed through one float64 product (exact below
+    2^53), the rest through integer groups: both give the integer sums, all-ones bytes included."""
+    rng = np.random.default_rng(depth)
+    for width in (1, 4, 5, 9, 16, 17, 33):
+        words = rng.integers(0, 256, (depth, 6, width), dtype=np.uint8)
+        words[:, 0] = 255
+        expected = [sum(int.from_bytes(words[s, i].tobytes(), "big") for s in range(depth)) for i in range(6)]
+        assert scma._column_sums(words).tolist() == expected
