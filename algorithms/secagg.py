@@ -175,6 +175,14 @@ def _to_ring(rounded: np.ndarray, ring_bits: int) -> np.ndarray:
     return out
 
 
+#: ``(frac_bits, ring_bits) -> (2^q, headroom, ring dtype)`` for encode_fixed's unchecked path.
+_FIXED_FAST = {
+    (q, w): (2.0**q, 2.0 ** (w - 1 - q), np.dtype(np.uint32 if w == 32 else np.uint64))
+    for w in (32, 64)
+    for q in range(w - 1)
+}
+
+
 def encode_fixed(values: object, *, frac_bits: int = 16, ring_bits: int = 32) -> np.ndarray:
     """Encode real values as fixed-point ring elements: ``floor(v * 2^q + 1/2) mod 2^w``.
 
@@ -200,6 +208,17 @@ def encode_fixed(values: object, *, frac_bits: int = 16, ring_bits: int = 32) ->
         FastLloyd, Sec. 5.3.4 and Fig. 1 (``v~_i = round(v_i * 2^q)``); spec fastlloyd.md,
         section 6 (overflow guard) and oracle 7.1.6.
     """
+    fast = _FIXED_FAST.get((frac_bits, ring_bits)) if type(frac_bits) is int and type(ring_bits) is int else None
+    if fast is not None and type(values) is np.ndarray and values.dtype == np.float64 and values.size:
+        # Common case first (a client's few statistics, every round): finite values below the
+        # headroom; NaN fails the comparison and takes the checked path below, as do large values.
+        scale, limit, dtype = fast
+        if float(np.max(np.abs(values))) < limit:
+            scaled = values * scale
+            floor = np.floor(scaled)
+            rounded = floor + (scaled - floor >= 0.5)
+            if float(np.max(rounded)) < limit * scale:  # below 2^(w-1): exact in int64
+                return rounded.astype(np.int64).astype(dtype)
     frac_bits, ring_bits = _check_fixed(frac_bits, ring_bits)
     arr = _as_finite_float64(values, "value")
     limit = headroom(frac_bits, ring_bits)
@@ -335,6 +354,12 @@ def _chacha20_stream(key: bytes, n_bytes: int) -> bytes:
 
 def _length_prefixed(*fields: bytes) -> bytes:
     return b"".join(struct.pack(">I", len(f)) + f for f in fields)
+
+
+#: Total masks expanded recently, by everything they depend on (seed included): a process that
+#: hosts many clients of one run expands each round's total mask once.
+_TOTAL_MASKS: dict[tuple, np.ndarray] = {}
+_TOTAL_MASKS_KEPT = 64
 
 
 class MaskGenerator:
@@ -488,7 +513,16 @@ class MaskGenerator:
             TypeError: wrong argument types.
         """
         round_idx = self._check_round(round_idx, stream)
-        return self._expand(b"total", round_idx, 0, stream)
+        # Every client of a run expands the same total mask each round: one expansion per
+        # (seed, round, stream) in this process serves them all (a simulation's shared schedule).
+        key = (self._seed, self._label, self._n_parties, self._shape, self._ring_bits, round_idx, stream)
+        cached = _TOTAL_MASKS.get(key)
+        if cached is None:
+            cached = self._expand(b"total", round_idx, 0, stream)
+            if len(_TOTAL_MASKS) >= _TOTAL_MASKS_KEPT:
+                _TOTAL_MASKS.pop(next(iter(_TOTAL_MASKS)))
+            _TOTAL_MASKS[key] = cached
+        return cached.copy()
 
     def party_mask(self, party_idx: int, round_idx: int, stream: str = "") -> np.ndarray:
         """The mask ``r_i`` that party ``party_idx`` adds to its encoded vector.

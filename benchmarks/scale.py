@@ -1,61 +1,68 @@
-"""One FastLloyd iteration with many in-memory clients in one process: time, memory and bytes.
+"""FastLloyd with many in-memory clients in one process: time per round, memory per client, bytes.
 
 What it measures
 ----------------
-``--clients`` FastLloyd clients (default 10,000) and one server in one process, over the memory
-transport (:func:`fedproto.runtime.run_parties`, one trio task per party), each client holding
-``--points`` points (default 10) of a synthetic mixture (k = 5, d = 2, normalised to [-1, 1]),
-``make_config("fastlloyd", ..., epsilon=1.0, iterations=1)`` (one Lloyd iteration, ring chosen by
-``"auto"``). Phases, timed separately:
+``--clients`` FastLloyd clients (default 100,000) and one server in one process, each client
+holding ``--points`` points (default 10) of a synthetic mixture (k = 5, d = 2, normalised to
+[-1, 1]), ``make_config("fastlloyd", ..., epsilon=1.0, iterations=2, ring_bits=64)``. Every
+message is encoded, metered and decoded. Two engines:
 
-* ``build``: data, config and construction of every machine (each client derives its X25519 key
-  pair and the public initial centroids);
-* ``keyed``: key agreement inside the run (M public keys, the key roster to client 0, M-1 sealed
-  seeds, M-1 relays): from the start of the run until the last client holds the mask seed;
-* ``iteration``: the report's ``round_wall_s`` (from client 0's first update frame to the end of
-  the run). The run is pipelined: a client sends its update as soon as it holds the seed, so the
-  two windows overlap (client 0 updates right after sealing, long before the last relay);
-* ``run``: the whole ``run_parties`` call.
+* ``lean`` (default): :func:`fedproto.simulation.simulate`, one loop driving every machine;
+* ``tasks``: :func:`fedproto.runtime.run_parties` over :class:`~fedproto.transports.memory.MemoryNetwork`,
+  one trio task per party (``--engine tasks``; about 10^4 clients is its practical limit).
 
-Memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (the process's peak resident set) after each
-configuration, and with ``--tracemalloc`` the tracemalloc peak of the Python heap during the run
-(tracemalloc slows allocation down, so times are then not comparable).
+Each configuration runs in a **fresh process** (this script started again with ``--child``), so
+its peak resident set (``ru_maxrss``) is its own. Phases:
 
-Baseline, measured in the same process first (after an untimed 2-client warm-up run, which
-compiles the JAX kernels for the per-client shapes): the same with
-``--baseline-clients`` clients (default 100); the ``per-client`` ratios divide the big run's
-per-client time by the baseline's (1.0 = linear scaling).
+* ``build``: data, config and every machine (each client derives its X25519 key pair);
+* ``setup + round 0``: from the start of the run to the first frame of round 1: key agreement
+  (M public keys, the key roster to client 0, M-1 sealed seeds, M-1 relays), then round 0,
+  which is pipelined with it (a client sends its update as soon as it holds the seed);
+* ``round 1``: from the first frame of round 1 to the end of the run: one whole steady Lloyd
+  round with setup excluded (M clients unmask, update the centroids, compute and mask their
+  statistics; the server sums and adds noise; M clients unmask the result);
+* ``run``: the whole run.
+
+Memory: the child's peak RSS, and per client ``(peak RSS - peak RSS of a 2-client child) / M``.
+Bytes: the report's round-1 bytes beside the analytic ``2 M k (d+1) w/8`` plus one envelope per
+frame (``tests/algorithms/fastlloyd`` holds them equal at 1,000 clients).
+
+Baseline, measured in the same invocation: ``--baseline-clients`` clients (default 1,000) with
+the same engine; the per-client ratios divide the big run's per-client time and memory by the
+baseline's (1.00 = linear). Targets (issue 11): round 1 under 10 s and peak RSS under 4 GiB at
+100,000 clients, memory per client within 1.3x of 1,000 clients'; 1,000,000 clients complete.
 
 Run::
 
-    python benchmarks/scale.py                     # 10,000 clients (a few minutes)
-    python benchmarks/scale.py --clients 2000      # smaller
-    python benchmarks/scale.py --quick             # smoke test: 200 vs 50 clients
-    python benchmarks/scale.py --profile           # also cProfile the big run's run_parties
-    python benchmarks/scale.py --quick --json s.json   # the tables as JSON records
+    python benchmarks/scale.py                          # 100,000 clients against 1,000
+    python benchmarks/scale.py --clients 1000000        # a million (a few minutes, ~10 GiB)
+    python benchmarks/scale.py --engine tasks --clients 10000   # one trio task per party
+    python benchmarks/scale.py --quick                  # smoke test: 2,000 vs 200 clients
+    python benchmarks/scale.py --profile                # also cProfile the big run
+    python benchmarks/scale.py --quick --json s.json    # the tables as JSON records
 
-``--json PATH`` writes one record per row: table ``scale_runs`` (``n_clients``, ``ring_bits``,
-``build_s``, ``keyed_s``, ``iteration_s``, ``run_s``, ``run_ms_per_client``, ``messages``,
-``setup_bytes``, ``iteration_bytes``, ``analytic_iteration_bytes``, ``peak_rss_mib``,
-``tracemalloc_peak_mib``) and table ``scale_per_client`` (``phase``, ``baseline_clients``,
-``baseline_ms_per_client``, ``clients``, ``ms_per_client``, ``ratio``).
+``--json PATH`` writes one record per row: table ``scale_runs`` (``engine``, ``n_clients``,
+``ring_bits``, ``build_s``, ``setup_round0_s``, ``round_s``, ``run_s``, ``round_ms_per_client``,
+``messages``, ``setup_bytes``, ``round_bytes``, ``analytic_round_bytes``, ``peak_rss_mib``,
+``rss_kib_per_client``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
+``baseline``, ``clients``, ``value``, ``ratio``).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import gc
+import json
 import pstats
 import resource
+import subprocess
+import sys
 import time
-import tracemalloc
 
 import numpy as np
 import trio
 from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedproto.algorithms.fastlloyd.config import make_config
@@ -63,28 +70,17 @@ from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydSer
 from fedproto.data import normalize
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.simulation import simulate
 from fedproto.transports.memory import MemoryNetwork
 
-TITLE = "FastLloyd scale: one iteration with many in-memory clients in one process"
+TITLE = "FastLloyd scale: many in-memory clients in one process"
 K, D = 5, 2
 EPSILON = 1.0
+ITERATIONS = 2
+RING_BITS = 64
 SESSION = 0x5CA1_E001
-
-
-@dataclasses.dataclass(frozen=True)
-class ScaleResult:
-    """Measurements of one configuration."""
-
-    clients: int
-    points: int
-    ring_bits: int
-    build_s: float
-    run_s: float
-    keyed_s: float
-    iteration_s: float
-    maxrss_mib: float
-    tracemalloc_peak_mib: float | None
-    report: RunReport
+#: Clients of the child whose peak RSS is the memory floor (interpreter, JAX, compiled kernels).
+FLOOR_CLIENTS = 2
 
 
 def mixture(n: int, seed: int) -> np.ndarray:
@@ -100,117 +96,118 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build(n_clients: int, points: int, seed: int, progress: Progress | None) -> tuple[dict, object]:
-    """Config and machines of one run (clients own ``points`` consecutive points each)."""
+def build(n_clients: int, points: int, seed: int) -> dict:
+    """Every machine of one run (clients own ``points`` consecutive points each; one shared roster tuple)."""
     n = n_clients * points
     x = mixture(n, seed)
-    config = make_config("fastlloyd", n=n, k=K, d=D, epsilon=EPSILON, iterations=1, init_seed=seed)
-    clients = [f"client-{i}" for i in range(n_clients)]
-    entropy = np.random.default_rng(seed)
+    config = make_config(
+        "fastlloyd", n=n, k=K, d=D, epsilon=EPSILON, iterations=ITERATIONS, init_seed=seed, ring_bits=RING_BITS
+    )
+    clients = tuple(f"client-{i}" for i in range(n_clients))
+    entropy = np.random.default_rng(seed).bytes(32 * n_clients)
     machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed)}
-    task = progress.add_task(f"build {n_clients:,} clients", total=n_clients) if progress else None
     for i, name in enumerate(clients):
         machines[name] = FastLloydClient(
             name, config=config, server="server", clients=clients, points=x[i * points : (i + 1) * points],
-            entropy=entropy.bytes(32), session=SESSION,
+            entropy=entropy[32 * i : 32 * (i + 1)], session=SESSION,
         )
-        if progress is not None and (i + 1) % 100 == 0:
-            progress.update(task, completed=i + 1)
-    if progress is not None:
-        progress.update(task, completed=n_clients)
-    return machines, config
+    return machines
 
 
-async def run(machines: dict, progress: Progress | None) -> tuple[RunReport, float]:
-    """``run_parties`` over a memory network.
-
-    Returns:
-        The report and the seconds from the start of the run until the last client held the mask
-        seed (the end of key agreement).
-    """
-    n_clients = len(machines) - 1
-    network = MemoryNetwork(list(machines))
-    meter = Meter(trio.current_time)
-    keyed_task = progress.add_task(f"setup: clients with the mask seed ({n_clients:,})", total=n_clients) if progress else None
-    done_task = progress.add_task(f"iteration: clients done ({n_clients:,})", total=n_clients) if progress else None
-    keyed = {"count": 0, "at": 0.0}
-
-    def observer(party: str, round_idx: int, state: str) -> None:
-        if party == "server":
-            return
-        if state == "ITERATING" and round_idx == 0:
-            keyed["count"] += 1
-            if keyed["count"] == n_clients:
-                keyed["at"] = trio.current_time()
-            if progress is not None:
-                progress.advance(keyed_task)
-        elif state == "DONE" and progress is not None:
-            progress.advance(done_task)
-
-    start = trio.current_time()
-    results = await run_parties(
-        machines, network, config=RuntimeConfig(session=SESSION, deadline_s=3600.0), meter=meter,
-        observer=observer,
-    )
-    assert len(results) == len(machines) and keyed["count"] == n_clients
-    report = meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
-    return report, keyed["at"] - start
+def run_once(machines: dict, engine: str) -> RunReport:
+    """One run with ``engine``; its report."""
+    config = RuntimeConfig(session=SESSION, deadline_s=3600.0)
+    if engine == "lean":
+        meter = Meter(time.perf_counter)
+        simulate(machines, config=config, meter=meter)
+    else:
+        async def go() -> Meter:
+            meter = Meter(trio.current_time)
+            await run_parties(machines, MemoryNetwork(list(machines)), config=config, meter=meter)
+            return meter
+        meter = trio.run(go)
+    return meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
 
 
-def measure(n_clients: int, points: int, seed: int, *, progress: Progress | None, use_tracemalloc: bool,
-            profile: bool = False) -> tuple[ScaleResult, cProfile.Profile | None]:
-    """Build and run one configuration; its times, memory and report."""
+def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) -> dict:
+    """Measure one configuration in this (fresh) process; the figures as a dict."""
+    run_once(build(2, points, seed), engine)  # compiles what the clients' shapes need, untimed
     gc.collect()
     t0 = time.perf_counter()
-    machines, config = build(n_clients, points, seed, progress)
+    machines = build(n_clients, points, seed)
     build_s = time.perf_counter() - t0
     gc.collect()
-    if use_tracemalloc:
-        tracemalloc.start()
+    gc.freeze()  # the machines live to the end: the collector need not scan them again and again
     profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    report, keyed_s = trio.run(run, machines, progress)
+    report = run_once(machines, engine)
     if profiler is not None:
         profiler.disable()
     run_s = time.perf_counter() - t0
-    peak = None
-    if use_tracemalloc:
-        peak = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
-    iteration_s = sum(report.round_wall_s)
-    result = ScaleResult(
-        n_clients, points, config.ring_bits, build_s, run_s, keyed_s, iteration_s,
-        maxrss_mib(), peak, report,
-    )
-    return result, profiler
+    by_round = report.bytes_by_round()
+    round_s = report.round_wall_s[-1]
+    out = {
+        "engine": engine, "clients": n_clients, "ring_bits": RING_BITS, "build_s": build_s,
+        "setup_round0_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
+        "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(ITERATIONS - 1, 0),
+        "peak_rss_mib": maxrss_mib(),
+    }
+    if profiler is not None:
+        stats = pstats.Stats(profiler)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:30]
+        out["profile"] = [
+            [f"{name} ({filename.split('site-packages/')[-1].split('/work/main/')[-1]}:{line})", ncalls, own, cumulative]
+            for (filename, line, name), (_, ncalls, own, cumulative, _) in rows
+        ]
+    return out
 
 
-def print_profile(console, profiler: cProfile.Profile, top: int, title: str) -> None:
-    stats = pstats.Stats(profiler)
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:top]
-    table = Table(title=title, title_justify="left")
-    for col in ("function", "calls", "own s", "cumulative s"):
-        table.add_column(col, justify="left" if col == "function" else "right")
-    for (filename, line, name), (_, ncalls, own, cumulative, _) in rows:
-        short = filename.split("site-packages/")[-1].split("/work/main/")[-1]
-        table.add_row(f"{name} ({short}:{line})", f"{ncalls:,}", f"{own:.2f}", f"{cumulative:.2f}")
-    console.print(table)
+def measure(n_clients: int, args: argparse.Namespace, profile: bool = False) -> dict:
+    """Run one configuration in a fresh Python process (its own peak RSS) and return its figures."""
+    command = [
+        sys.executable, __file__, "--child", str(n_clients), "--points", str(args.points), "--seed", str(args.seed),
+        "--engine", args.engine,
+    ] + (["--profile"] if profile else [])
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the {n_clients:,}-client run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def analytic_round_bytes(clients: int, envelope_up: int, envelope_down: int) -> int:
+    """``2 M k (d+1) w/8`` data bytes plus one envelope per frame (M up, M down)."""
+    return 2 * clients * K * (D + 1) * RING_BITS // 8 + clients * (envelope_up + envelope_down)
+
+
+def envelopes() -> tuple[int, int]:
+    """Frame bytes beyond the array data of one update and one aggregate (measured on one frame each)."""
+    from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+    from fedproto.codec import encode_frame
+
+    data = np.zeros((K, D + 1), dtype=np.uint64)
+    up = len(encode_frame(MaskedUpdate(masked=data), session=SESSION, round_idx=ITERATIONS - 1, phase="update"))
+    down = len(encode_frame(NoisyAggregate(masked=data), session=SESSION, round_idx=ITERATIONS - 1, phase="aggregate"))
+    return up - data.nbytes, down - data.nbytes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=10_000, help="clients of the big run")
-    parser.add_argument("--baseline-clients", type=int, default=100, help="clients of the baseline run")
+    parser.add_argument("--clients", type=int, default=100_000, help="clients of the big run")
+    parser.add_argument("--baseline-clients", type=int, default=1_000, help="clients of the baseline run")
     parser.add_argument("--points", type=int, default=10, help="points per client")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, entropy and noise")
-    parser.add_argument("--tracemalloc", action="store_true", help="also measure the tracemalloc peak (slower)")
+    parser.add_argument("--engine", choices=("lean", "tasks"), default="lean", help="lean: fedproto.simulation; tasks: one trio task per party")
     parser.add_argument("--profile", action="store_true", help="cProfile the big run (slower) and print the top")
-    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    add_common_arguments(parser, quick="smoke test: 2,000 against 200 clients")
     args = parse_args(parser, argv)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile)))
+        return 0
     if args.quick:
-        args.clients, args.baseline_clients = 200, 50
+        args.clients, args.baseline_clients = 2_000, 200
 
     console = make_console()
     print_machine_facts(
@@ -218,79 +215,75 @@ def main(argv: list[str] | None = None) -> int:
         TITLE,
         {
             "clients (baseline)": f"{args.clients:,} ({args.baseline_clients:,})",
+            "engine": args.engine,
             "points per client": args.points,
-            "k, d, epsilon, iterations": f"{K}, {D}, {EPSILON}, 1",
-            "peak RSS before the runs": f"{maxrss_mib():,.0f} MiB",
+            "k, d, epsilon, iterations, ring": f"{K}, {D}, {EPSILON}, {ITERATIONS}, Z_2^{RING_BITS}",
+            "each configuration": "in a fresh process (its own peak RSS)",
         },
     )
+    with console.status(f"{FLOOR_CLIENTS} clients (the memory floor)"):
+        floor = measure(FLOOR_CLIENTS, args)
     results = []
-    profiler = None
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
-    )
-    with progress:
-        # Untimed warm-up with the same per-client shapes: JAX compiles the kernels here.
-        measure(2, args.points, args.seed, progress=None, use_tracemalloc=False)
-        for n_clients, prof in ((args.baseline_clients, False), (args.clients, args.profile)):
-            result, p = measure(
-                n_clients, args.points, args.seed, progress=progress, use_tracemalloc=args.tracemalloc, profile=prof
-            )
-            results.append(result)
-            profiler = p or profiler
+    for n_clients, prof in ((args.baseline_clients, False), (args.clients, args.profile)):
+        with console.status(f"{n_clients:,} clients ({args.engine} engine)"):
+            results.append(measure(n_clients, args, prof))
+    up, down = envelopes()
 
-    base, big = results
-    table = Table(title="One FastLloyd iteration, all parties in one process (memory transport)", title_justify="left")
+    table = Table(title="FastLloyd, all parties in one process: one steady round (round 1) and the whole run", title_justify="left")
     for col in (
-        "clients", "ring bits", "build s", "keyed s", "iteration s", "run s", "run ms/client", "messages",
-        "setup bytes", "iteration bytes", "analytic iter bytes", "peak RSS MiB",
-    ) + (("tracemalloc peak MiB",) if args.tracemalloc else ()):
+        "engine", "clients", "build s", "setup + round 0 s", "round 1 s", "run s", "round ms/client", "messages",
+        "setup bytes", "round bytes", "analytic round bytes", "peak RSS MiB", "KiB/client",
+    ):
         table.add_column(col, justify="right")
     records = []
     for r in results:
-        rep = r.report
-        by_round = rep.bytes_by_round()
-        config_bytes = 2 * r.clients * K * (D + 1) * r.ring_bits // 8
-        row = [
-            f"{r.clients:,}", str(r.ring_bits), f"{r.build_s:.2f}", f"{r.keyed_s:.2f}", f"{r.iteration_s:.2f}",
-            f"{r.run_s:.2f}", f"{1e3 * r.run_s / r.clients:.3f}", f"{rep.messages:,}", f"{rep.setup_bytes:,}",
-            f"{sum(by_round.values()):,}", f"{config_bytes:,}", f"{r.maxrss_mib:,.0f}",
-        ]
-        if args.tracemalloc:
-            row.append(f"{r.tracemalloc_peak_mib:,.1f}")
-        table.add_row(*row)
+        analytic = analytic_round_bytes(r["clients"], up, down)
+        per_client_kib = 1024 * (r["peak_rss_mib"] - floor["peak_rss_mib"]) / r["clients"]
+        r["kib_per_client"] = per_client_kib
+        table.add_row(
+            r["engine"], f"{r['clients']:,}", f"{r['build_s']:.2f}", f"{r['setup_round0_s']:.2f}", f"{r['round_s']:.2f}",
+            f"{r['run_s']:.2f}", f"{1e3 * r['round_s'] / r['clients']:.4f}", f"{r['messages']:,}", f"{r['setup_bytes']:,}",
+            f"{r['round_bytes']:,}", f"{analytic:,}", f"{r['peak_rss_mib']:,.0f}", f"{per_client_kib:.2f}",
+        )
         records.append(record(
-            "scale_runs", n_clients=r.clients, ring_bits=r.ring_bits, build_s=r.build_s, keyed_s=r.keyed_s,
-            iteration_s=r.iteration_s, run_s=r.run_s, run_ms_per_client=1e3 * r.run_s / r.clients,
-            messages=rep.messages, setup_bytes=rep.setup_bytes, iteration_bytes=sum(by_round.values()),
-            analytic_iteration_bytes=config_bytes, peak_rss_mib=r.maxrss_mib,
-            tracemalloc_peak_mib=r.tracemalloc_peak_mib if args.tracemalloc else None,
+            "scale_runs", engine=r["engine"], n_clients=r["clients"], ring_bits=r["ring_bits"], build_s=r["build_s"],
+            setup_round0_s=r["setup_round0_s"], round_s=r["round_s"], run_s=r["run_s"],
+            round_ms_per_client=1e3 * r["round_s"] / r["clients"], messages=r["messages"], setup_bytes=r["setup_bytes"],
+            round_bytes=r["round_bytes"], analytic_round_bytes=analytic, peak_rss_mib=r["peak_rss_mib"],
+            rss_kib_per_client=per_client_kib,
         ))
     console.print(table)
+    console.print(f"memory floor: a {FLOOR_CLIENTS}-client run peaks at {floor['peak_rss_mib']:,.0f} MiB (interpreter, JAX, kernels)")
 
+    base, big = results
     ratios = Table(
-        title=f"Per-client time, {big.clients:,} clients / {base.clients:,} clients (1.00 = linear scaling)",
+        title=f"Per client, {big['clients']:,} clients / {base['clients']:,} clients (1.00 = linear scaling)",
         title_justify="left",
     )
-    for col in ("phase", f"{base.clients:,} clients ms/client", f"{big.clients:,} clients ms/client", "ratio"):
-        ratios.add_column(col, justify="left" if col == "phase" else "right")
-    for phase in ("build_s", "keyed_s", "iteration_s", "run_s"):
-        a = 1e3 * getattr(base, phase) / base.clients
-        b = 1e3 * getattr(big, phase) / big.clients
-        ratios.add_row(phase.removesuffix("_s"), f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}")
+    for col in ("quantity", f"{base['clients']:,} clients", f"{big['clients']:,} clients", "ratio"):
+        ratios.add_column(col, justify="left" if col == "quantity" else "right")
+    quantities = [
+        ("build ms/client", lambda r: 1e3 * r["build_s"] / r["clients"]),
+        ("setup + round 0 ms/client", lambda r: 1e3 * r["setup_round0_s"] / r["clients"]),
+        ("round 1 ms/client", lambda r: 1e3 * r["round_s"] / r["clients"]),
+        ("run ms/client", lambda r: 1e3 * r["run_s"] / r["clients"]),
+        ("peak RSS KiB/client", lambda r: r["kib_per_client"]),
+    ]
+    for name, value in quantities:
+        a, b = value(base), value(big)
+        ratios.add_row(name, f"{a:.4f}", f"{b:.4f}", f"{b / a:.2f}" if a > 0 else "-")
         records.append(record(
-            "scale_per_client", phase=phase.removesuffix("_s"), baseline_clients=base.clients,
-            baseline_ms_per_client=a, clients=big.clients, ms_per_client=b, ratio=b / a,
+            "scale_per_client", quantity=name, baseline_clients=base["clients"], baseline=a, clients=big["clients"],
+            value=b, ratio=b / a if a > 0 else None,
         ))
     console.print(ratios)
-    if base.ring_bits != big.ring_bits:
-        console.print(
-            f"Note: make_config(ring_bits='auto') chose a {base.ring_bits}-bit ring for {base.clients * base.points:,} "
-            f"points and a {big.ring_bits}-bit ring for {big.clients * big.points:,} points (the public aggregate bound "
-            "grows with N), so the big run's update and aggregate arrays are twice as wide."
-        )
-    if profiler is not None:
-        print_profile(console, profiler, 30, f"cProfile of run_parties with {big.clients:,} clients (by cumulative time)")
+    if "profile" in big:
+        prof = Table(title=f"cProfile of the {big['clients']:,}-client run (by cumulative time)", title_justify="left")
+        for col in ("function", "calls", "own s", "cumulative s"):
+            prof.add_column(col, justify="left" if col == "function" else "right")
+        for name, calls, own, cumulative in big["profile"]:
+            prof.add_row(name, f"{calls:,}", f"{own:.2f}", f"{cumulative:.2f}")
+        console.print(prof)
     write_records(args.json, records, console)
     return 0
 

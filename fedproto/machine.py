@@ -31,6 +31,7 @@ raises :class:`TypeError` naming the class, at import time rather than in the mi
 from __future__ import annotations
 
 import enum
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -43,7 +44,36 @@ from fedproto.errors import (
 )
 from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
 
-__all__ = ["ProtocolMachine"]
+__all__ = ["ProtocolMachine", "party_index"]
+
+
+#: ``id(parties) -> (parties, index)`` of the last few party lists indexed (kept alive by the entry).
+_INDEXES: dict[int, tuple[tuple[str, ...], Mapping[str, int]]] = {}
+_INDEXES_KEPT = 8
+
+
+def party_index(parties: tuple[str, ...]) -> Mapping[str, int]:
+    """``{party: position}`` of ``parties`` (the first position of a repeated name), read-only.
+
+    Machines of one run share their roster tuple; this builds its index once for all of them, so
+    a million clients neither scan the roster (``tuple.index`` is O(n) per lookup) nor hold a
+    million indexes. The last few tuples indexed are cached by identity.
+
+    Args:
+        parties: party names, a tuple (the same object for every machine of a run).
+
+    Returns:
+        A read-only mapping from name to position.
+    """
+    entry = _INDEXES.get(id(parties))
+    if entry is None or entry[0] is not parties:
+        index: dict[str, int] = {}
+        for i, name in enumerate(parties):
+            index.setdefault(name, i)
+        if len(_INDEXES) >= _INDEXES_KEPT:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        entry = _INDEXES[id(parties)] = (parties, types.MappingProxyType(index))
+    return entry[1]
 
 
 class ProtocolMachine:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["clip_moves", "fold", "sphere_packing", "truncate", "update_centroids"]
+__all__ = ["clip_moves", "fold", "sphere_packing", "truncate", "update_centroids", "update_centroids_host"]
 
 POST_PROCESSING = ("fold", "truncate", "none")
 """Accepted values of `update_centroids`' ``post`` argument."""
@@ -246,4 +246,64 @@ def update_centroids(
         centroids = fold(centroids, bound)
     elif post == "truncate":
         centroids = truncate(centroids, bound)
+    return centroids
+
+
+def update_centroids_host(
+    sums: np.ndarray,
+    counts: np.ndarray,
+    previous: np.ndarray,
+    radius: float,
+    *,
+    relative: bool,
+    post: str,
+    bound: float = 1.0,
+) -> np.ndarray:
+    """:func:`update_centroids` with NumPy on the host, for a few centroids.
+
+    The same steps in the same order (divide, keep a centroid whose count is below 1, clip the
+    move, fold or truncate), each an element-wise IEEE operation that NumPy and XLA round alike;
+    without a jitted call's dispatch, which dominates at ``k (d+1)`` of a few dozen elements and
+    is paid by every client of a simulation each round.
+
+    Args:
+        sums, counts, previous: float64 ``[k, d]``, ``[k]``, ``[k, d]``.
+        radius: ``eta_t`` (``math.inf`` disables clipping).
+        relative, post, bound: as for :func:`update_centroids`.
+
+    Returns:
+        float64 ``[k, d]``: the next centroids.
+
+    Raises:
+        ValueError: ``post`` is not one of :data:`POST_PROCESSING`.
+
+    References:
+        FastLloyd, Alg. 1 lines 18-20, Eqs. 10-11, Sec. 5.3.5; spec section 2.9.
+    """
+    if post not in POST_PROCESSING:
+        raise ValueError(f"post must be one of {POST_PROCESSING}, got {post!r}")
+    usable = counts >= 1.0
+    if usable.all():
+        centroids = sums / counts[:, None]
+        if relative:
+            centroids = centroids + previous
+    else:
+        means = sums / np.where(usable, counts, 1.0)[:, None]
+        if relative:
+            means = means + previous
+        centroids = np.where(usable[:, None], means, previous)
+    move = centroids - previous
+    norm = np.sqrt(np.sum(move * move, axis=-1, keepdims=True))
+    too_far = norm > radius
+    if too_far.any():
+        centroids = np.where(too_far, previous + move * (radius / np.where(too_far, norm, 1.0)), centroids)
+    if post != "none" and float(np.max(np.abs(centroids))) <= bound:
+        return centroids  # inside the domain: folding and truncation change nothing
+    if post == "fold":
+        u = np.mod(centroids + bound, 4.0 * bound)
+        u = np.where(u > 2.0 * bound, 4.0 * bound - u, u)
+        folded = np.clip(u - bound, -bound, bound)
+        centroids = np.where(np.abs(centroids) <= bound, centroids, folded)
+    elif post == "truncate":
+        centroids = np.clip(centroids, -bound, bound)
     return centroids

@@ -120,7 +120,7 @@ from fedproto.algorithms.secagg_plus.messages import (
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
 
 __all__ = [
@@ -373,8 +373,9 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         secagg_plus: SecAggPlusConfig | None = None,
     ) -> None:
         super().__init__(party)
-        clients = tuple(clients)
-        if party not in clients:
+        clients = tuple(clients)  # the caller's tuple itself: pass one tuple to every client
+        index = party_index(clients)
+        if party not in index:
             raise ValueError(f"{party!r} is not in the client list")
         _one_of(config, options, secagg_plus)
         points = np.asarray(points, dtype=np.float64)
@@ -387,7 +388,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         self.options = options
         self.server = server
         self.clients = clients
-        self.client_idx = clients.index(party)
+        self.client_idx = index[party]
         self.session = session
         self._entropy = bytes(entropy)
         self._private_key, self._public_key = secagg.x25519_keypair(self._entropy)
@@ -412,8 +413,10 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             raise ValueError(f"points leave the domain [-{config.bound}, {config.bound}]^d; normalise first")
         self.config = config
         self.secagg_plus = secagg_plus
-        self._points = jax.numpy.asarray(points)
-        self._centroids = initial_centroids(config)
+        host = points.size * config.k <= kmeans.HOST_ELEMENTS
+        # A few points stay on the host (NumPy, kmeans.local_statistics_host); more go to the device once.
+        self._points = points if host else jax.numpy.asarray(points)
+        self._centroids = np.asarray(initial_centroids(config), dtype=np.float64)
         self._history = [self._centroids]
 
     @property
@@ -528,6 +531,15 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         cfg = self.config
         t = self.round_idx
         radius = cfg.radii[t]
+        if isinstance(self._points, np.ndarray):
+            # A few points: NumPy on the host, the same formulas without a jitted call's dispatch.
+            sums, counts, unassigned = kmeans.local_statistics_host(
+                self._points, self._centroids, float(radius), relative=cfg.relative
+            )
+            self._unassigned.append(unassigned)
+            encoded = _encode_update(cfg, sums, counts)
+            assert self._masks is not None
+            return encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
         centroids = jax.numpy.asarray(self._centroids)
         if cfg.relative:
             sums, counts, unassigned = kmeans.relative_statistics(self._points, centroids, radius)
@@ -576,9 +588,8 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         counts = secagg.decode_fixed(unmasked[:, cfg.d], frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
         self._noisy_counts.append(counts)
         radius = cfg.radii[t] if cfg.clip else math.inf
-        new = _kernels.update_centroids(
-            sums, counts, self._centroids, radius, relative=cfg.relative, post=cfg.post, bound=cfg.bound
-        )
+        update = _kernels.update_centroids_host if cfg.k * cfg.d <= kmeans.HOST_ELEMENTS else _kernels.update_centroids
+        new = update(sums, counts, self._centroids, radius, relative=cfg.relative, post=cfg.post, bound=cfg.bound)
         self._centroids = np.asarray(new, dtype=np.float64)
         self._history.append(self._centroids)
         self.round_idx += 1
@@ -664,6 +675,7 @@ class FastLloydServer(ProtocolMachine):
         self.config: FastLloydConfig | None = config
         self.options = options
         self.clients = clients
+        self._client_index = party_index(clients)
         self.session = session
         self.secagg_plus: SecAggPlusConfig | None = secagg_plus
         self.n_points: int | None = None
@@ -727,7 +739,7 @@ class FastLloydServer(ProtocolMachine):
                 silent = list(self.pending())
                 self._gone.update(silent)
                 return self._after_stage(self._aggregation.drop(silent))
-            if isinstance(event, PartyDropped) and event.party in self.clients:
+            if isinstance(event, PartyDropped) and event.party in self._client_index:
                 self._gone.add(event.party)
                 return self._after_stage(self._aggregation.drop([event.party]))
         return super()._on_event(event)
@@ -744,7 +756,7 @@ class FastLloydServer(ProtocolMachine):
         self._survivors.append(outcome.survivors)
         cfg = self.config
         total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
-        index = {c: i for i, c in enumerate(self.clients)}
+        index = self._client_index
         survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
         receivers = tuple(c for c in outcome.survivors if c not in self._gone)
         out.append(self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate"))
@@ -764,7 +776,7 @@ class FastLloydServer(ProtocolMachine):
         )
 
     def _check_client(self, sender: str, seen: dict) -> None:
-        if sender not in self.clients:
+        if sender not in self._client_index:
             raise RemoteProtocolError(f"{sender} is not a client of this run", party=sender, round_idx=self.round_idx)
         if sender in seen:
             raise RemoteProtocolError(

@@ -1,0 +1,258 @@
+"""The lean simulation engine: many parties in one process, one loop, no task per party.
+
+:func:`fedproto.runtime.run_parties` gives every party its own Trio task and transport endpoint,
+which is what a deployment runs and what the memory transport exercises. Its cost per party (a
+task, channels, cancel scopes, a deadline per wait) is what limits a simulation to about 10^4
+clients. :func:`simulate` drives the same sans-IO machines from one synchronous loop, so a process
+can host 10^5 to 10^6 clients:
+
+* **Every message is still encoded and metered.** Each action a machine returns is encoded with
+  :func:`~fedproto.codec.encode_frame` (a broadcast once, as the runtime does), each delivery is
+  counted with :meth:`~fedproto.metering.Meter.record_sent` under the same ``(round, phase, sender,
+  receiver, tag)`` and the same frame bytes, and each frame is decoded with
+  :func:`~fedproto.codec.decode_frame` under the run's frame limit before a machine sees it. So
+  a run's report (links, bytes per round and phase, messages) equals the memory transport's.
+* **A broadcast frame is decoded once** and the decoded message is handed to every receiver.
+  Decoded arrays are read-only views of the frame (the codec builds them with
+  ``numpy.frombuffer``) and messages are frozen, so no receiver can change another's copy.
+* **Delivery order** is first in, first out over the whole process: deterministic, one valid
+  order among those the runtime may produce.
+* **Deadlines run on a virtual clock.** Handling takes no virtual time; the clock moves only when
+  nothing is left to deliver and some machine is not done. It then jumps to the earliest phase
+  deadline (``config.deadline_s`` times the machine's ``DEADLINE_FACTOR`` after that machine's
+  last progress, exactly the runtime's rule), and the machines whose deadline it is get
+  :class:`~fedproto.messages.PhaseTimedOut`. A coordinator therefore times out before the
+  clients that wait on it, as in the runtime, and a silent party is reported without waiting
+  in real time.
+* **Failures end the run at once:** the first machine that fails raises its error here (the
+  runtime's abort notices are not sent: every party is in this process). A machine that sends to
+  a party without a machine gets :class:`~fedproto.messages.SendFailed`, as a transport's
+  unknown-peer error would give it.
+
+Parties cannot be crashed here (fault injection needs transport endpoints: use the memory
+transport with :class:`~fedproto.testing.faults.Faults`); a machine that stops answering is the
+way to test silence.
+
+Example::
+
+    results = simulate({"server": server, **clients}, config=RuntimeConfig(session=7))
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fedproto.codec import decode_frame, encode_frame
+from fedproto.errors import DecodeError, FedProtoError, LocalProtocolError, TransportError
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
+from fedproto.metering import Meter
+from fedproto.runtime import Observer, RuntimeConfig
+
+__all__ = ["simulate", "SimulationStalled"]
+
+log = logging.getLogger("fedproto.simulation")
+
+#: Consecutive deadlines that pass with no frame sent and no machine moving before the run is
+#: declared stalled.
+_IDLE_DEADLINES = 3
+
+
+class SimulationStalled(FedProtoError):
+    """Nothing is left to deliver, some machine is not done, and its deadlines pass without it
+    sending anything, failing or moving: nothing can ever reach it (the runtime would wait for
+    ever)."""
+
+
+class _Frame:
+    """One encoded action in flight: its frame, envelope fields and receivers.
+
+    A broadcast is one entry whose receivers are delivered in order; its decoded message is kept
+    after the first delivery and shared by the others.
+    """
+
+    __slots__ = ("sender", "dests", "frame", "decoded")
+
+    def __init__(self, sender: str, dests: tuple[str, ...], frame: bytes) -> None:
+        self.sender = sender
+        self.dests = dests
+        self.frame = frame
+        self.decoded: Any = None
+
+
+def simulate(
+    machines: Mapping[str, ProtocolMachine],
+    *,
+    config: RuntimeConfig | None = None,
+    meter: Meter | None = None,
+    observer: Observer | None = None,
+) -> dict[str, Any]:
+    """Run ``machines`` to completion in this thread and return their results.
+
+    Args:
+        machines: ``{party: machine}``, fresh (not started); each machine's ``party`` is its key.
+            They are started in mapping order.
+        config: the session stamped on every frame, the phase deadline (virtual seconds, see the
+            module docstring), the frame limit, and whether received frames are counted too.
+        meter: where frames are counted (a new one, timed with ``time.perf_counter``, if
+            ``None``); its ``round_wall_s`` are wall seconds of this process.
+        observer: called as ``observer(party, round_idx, state)`` after every step that changed a
+            machine's round or state (for progress bars), as in the runtime.
+
+    Returns:
+        ``{party: result}`` for every machine.
+
+    Raises:
+        ValueError: a machine's ``party`` differs from its key.
+        LocalProtocolError: a machine made a message that cannot be encoded (names the field).
+        FedProtoError: the first failure of any machine (a peer broke the protocol, a deadline
+            passed with parties silent, ...), raised as itself.
+        SimulationStalled: machines wait with nothing in flight and no deadline can help.
+    """
+    config = config or RuntimeConfig()
+    meter = meter if meter is not None else Meter(time.perf_counter)
+    for party, machine in machines.items():
+        if machine.party != party:
+            raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+    queue: collections.deque[_Frame] = collections.deque()
+    now = 0.0  # the virtual clock (seconds)
+    progress: dict[str, tuple[int, Any]] = {}
+    deadlines: list[tuple[float, int, str]] = []  # heap of (deadline, order, party); stale ones skipped
+    deadline_of: dict[str, float] = {}
+    order = {party: i for i, party in enumerate(machines)}
+    session, max_frame = config.session, config.max_frame_bytes
+    record_received = config.record_received
+
+    def arm(party: str, machine: ProtocolMachine) -> None:
+        when = now + config.deadline_s * machine.DEADLINE_FACTOR
+        deadline_of[party] = when
+        heapq.heappush(deadlines, (when, order[party], party))
+
+    def enqueue(machine: ProtocolMachine, outgoing: list[Outgoing]) -> None:
+        pending = list(outgoing)
+        while pending:
+            action = pending.pop(0)
+            try:
+                frame = encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise LocalProtocolError(
+                    f"{machine.party} made a message it cannot send: {exc}",
+                    party=machine.party,
+                    round_idx=action.round_idx,
+                    state=machine.state.name,
+                    phase=action.phase,
+                ) from exc
+            dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
+            known = []
+            tag = type(action.message).TAG
+            size = len(frame)
+            for dest in dests:
+                if dest not in machines:
+                    error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
+                    pending.extend(machine.handle(SendFailed(dest, error)))
+                    continue
+                meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, size)
+                known.append(dest)
+            if known:
+                queue.append(_Frame(machine.party, tuple(known), frame))
+
+    def stepped(party: str, machine: ProtocolMachine) -> None:
+        if machine.failed:
+            raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
+        now_progress = (machine.round_idx, machine.state)
+        if now_progress != progress[party]:
+            progress[party] = now_progress
+            if not machine.done:
+                arm(party, machine)
+            if observer is not None:
+                observer(party, machine.round_idx, machine.state.name)
+
+    meter.start()
+    for party, machine in machines.items():
+        progress[party] = (machine.round_idx, machine.state)
+        arm(party, machine)
+        enqueue(machine, machine.start())
+        stepped(party, machine)
+    remaining = sum(1 for m in machines.values() if not m.done)
+    idle_deadlines = 0
+    while remaining:
+        if not queue:
+            now, due = _next_deadline(deadlines, deadline_of, machines)
+            if not due:
+                waiting = [p for p, m in machines.items() if not m.done]
+                raise SimulationStalled(
+                    f"{len(waiting)} machines wait with nothing in flight: {', '.join(waiting[:10])}"
+                    + (" ..." if len(waiting) > 10 else "")
+                )
+            moved = False
+            for party in due:
+                machine = machines[party]
+                before = (machine.round_idx, machine.state)
+                outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
+                enqueue(machine, outgoing)
+                moved = moved or (machine.round_idx, machine.state) != before
+                progress[party] = (machine.round_idx, machine.state)
+                if observer is not None and moved:
+                    observer(party, machine.round_idx, machine.state.name)
+                if not machine.done:
+                    arm(party, machine)
+            # Nothing can ever arrive for a machine that shrugs off its timeouts: after a few
+            # deadlines without a frame or a step, say so instead of spinning for ever.
+            idle_deadlines = 0 if (moved or queue) else idle_deadlines + 1
+            if idle_deadlines > _IDLE_DEADLINES:
+                waiting = [p for p, m in machines.items() if not m.done]
+                raise SimulationStalled(
+                    f"{len(waiting)} machines wait with nothing in flight after {_IDLE_DEADLINES} deadlines: "
+                    + ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
+                )
+            remaining = sum(1 for m in machines.values() if not m.done)
+            continue
+        item = queue.popleft()
+        decoded = item.decoded
+        if decoded is None:
+            try:
+                decoded = item.decoded = decode_frame(item.frame, max_frame_bytes=max_frame)
+            except DecodeError as exc:
+                for dest in item.dests:
+                    meter.record_rejected(item.sender, str(exc), "undecodable frame")
+                log.warning("a frame from %s was refused: %s", item.sender, exc)
+                continue
+        envelope, message = decoded
+        sender = item.sender
+        for dest in item.dests:
+            machine = machines[dest]
+            if machine.done:
+                continue  # as a finished party's endpoint: nobody reads it any more
+            if record_received:
+                meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
+            enqueue(machine, machine.receive(sender, message, round_idx=envelope.round_idx))
+            stepped(dest, machine)
+            if machine.done:
+                remaining -= 1
+    meter.finish()
+    return {party: machine.result() for party, machine in machines.items()}
+
+
+def _next_deadline(
+    deadlines: list[tuple[float, int, str]], deadline_of: dict[str, float], machines: Mapping[str, ProtocolMachine]
+) -> tuple[float, list[str]]:
+    """Pop the earliest live deadline; return its time and every party due then (party order)."""
+    while deadlines:
+        when, _, party = deadlines[0]
+        if deadline_of.get(party) != when or machines[party].done:
+            heapq.heappop(deadlines)  # stale: the party progressed or finished since
+            continue
+        due = []
+        while deadlines and deadlines[0][0] == when:
+            _, _, party = heapq.heappop(deadlines)
+            if deadline_of.get(party) == when and not machines[party].done:
+                due.append(party)
+                del deadline_of[party]
+        return when, due
+    return 0.0, []
+

@@ -1,0 +1,203 @@
+"""The lean simulation engine: the runtime's results and bytes, virtual deadlines, clear failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from fedproto.algorithms.fastlloyd.config import make_config
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
+from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
+from fedproto.codec import encode_frame
+from fedproto.data import normalize
+from fedproto.errors import InsufficientParticipants
+from fedproto.machine import party_index
+from fedproto.messages import SendFailed
+from fedproto.metering import Meter
+from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.simulation import SimulationStalled, simulate
+from fedproto.testing.toy import Query, SumCoordinator, SumWorker
+from fedproto.transports.memory import MemoryNetwork
+
+SESSION = 77
+
+
+def toy(n: int, rounds: int = 3, **kwargs) -> dict:
+    workers = tuple(f"w{i}" for i in range(n))
+    machines = {"coord": SumCoordinator("coord", workers=workers, rounds=rounds, dim=3, **kwargs)}
+    for i, w in enumerate(workers):
+        machines[w] = SumWorker(w, coordinator="coord", values=np.arange(3.0) + i)
+    return machines
+
+
+def fastlloyd(n_clients: int, points: int = 10, iterations: int = 2, seed: int = 3) -> dict:
+    rng = np.random.default_rng(seed)
+    x = normalize(rng.normal(size=(n_clients * points, 2)) + rng.integers(0, 4, size=(n_clients * points, 1)) * 3)
+    config = make_config("fastlloyd", n=len(x), k=4, d=2, epsilon=1.0, iterations=iterations, init_seed=seed, ring_bits=64)
+    clients = tuple(f"client-{i}" for i in range(n_clients))
+    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed)}
+    entropy = rng.bytes(32 * n_clients)
+    for i, name in enumerate(clients):
+        machines[name] = FastLloydClient(
+            name, config=config, server="server", clients=clients, points=x[i * points : (i + 1) * points],
+            entropy=entropy[32 * i : 32 * (i + 1)], session=SESSION,
+        )
+    return machines
+
+
+def run_tasks(machines: dict) -> tuple[dict, Meter]:
+    async def go():
+        meter = Meter(trio.current_time)
+        results = await run_parties(machines, MemoryNetwork(list(machines)), config=RuntimeConfig(session=SESSION), meter=meter)
+        return results, meter
+
+    return trio.run(go)
+
+
+def test_toy_protocol_same_results_and_links_as_the_runtime():
+    meter = Meter()
+    ours = simulate(toy(7), config=RuntimeConfig(session=SESSION), meter=meter)
+    theirs, their_meter = run_tasks(toy(7))
+    assert ours.keys() == theirs.keys()
+    np.testing.assert_array_equal(ours["coord"], theirs["coord"])
+    assert dict(meter.sent) == dict(their_meter.sent)
+    np.testing.assert_array_equal(ours["coord"][2], 3 * sum(np.arange(3.0) + i for i in range(7)))
+
+
+def test_fastlloyd_same_centroids_and_bytes_as_the_runtime():
+    meter = Meter()
+    ours = simulate(fastlloyd(40), config=RuntimeConfig(session=SESSION), meter=meter)
+    theirs, their_meter = run_tasks(fastlloyd(40))
+    for party, result in ours.items():
+        if party != "server":
+            np.testing.assert_array_equal(result.centroids, theirs[party].centroids)
+    assert dict(meter.sent) == dict(their_meter.sent)
+
+
+def test_round_bytes_equal_the_analytic_formula_at_1000_clients():
+    """Every frame is encoded and metered: 2 M k (d+1) w/8 data bytes plus one envelope per frame."""
+    machines = fastlloyd(1000, points=3, iterations=2)
+    meter = Meter()
+    simulate(machines, config=RuntimeConfig(session=SESSION), meter=meter)
+    report = meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
+    k, d1 = 4, 3
+    data = np.zeros((k, d1), dtype=np.uint64)
+    up = len(encode_frame(MaskedUpdate(masked=data), session=SESSION, round_idx=1, phase="update"))
+    down = len(encode_frame(NoisyAggregate(masked=data), session=SESSION, round_idx=1, phase="aggregate"))
+    assert report.bytes_by_round()[1] == 1000 * (up + down)
+    assert report.bytes_by_round()[1] - 1000 * (up + down - 2 * data.nbytes) == 2 * 1000 * k * d1 * 64 // 8
+    links = [link for link in report.links if link.round_idx == 1]
+    assert len(links) == 2000 and all(link.messages == 1 for link in links)
+
+
+def test_broadcast_is_decoded_once_and_read_only():
+    seen = []
+
+    class Recording(SumWorker):
+        def _on_query(self, sender, message):
+            seen.append(message)
+            return super()._on_query(sender, message)
+
+    machines = toy(2)
+    machines = {"coord": machines["coord"], **{w: Recording(w, coordinator="coord", values=np.ones(3)) for w in ("w0", "w1")}}
+    simulate(machines)
+    assert len(seen) == 6 and seen[0] is seen[1]  # one decoded Query per broadcast
+    assert all(isinstance(m, Query) for m in seen)
+
+
+class Silent(SumWorker):
+    """Never answers."""
+
+    def _on_query(self, sender, message):
+        return []
+
+
+def test_silent_party_is_named_on_the_virtual_deadline_without_waiting():
+    machines = toy(4)
+    machines["w2"] = Silent("w2", coordinator="coord", values=np.ones(3))
+    with pytest.raises(InsufficientParticipants) as err:
+        simulate(machines, config=RuntimeConfig(deadline_s=3600.0))  # an hour, virtually
+    assert err.value.missing == ("w2",)  # the coordinator (factor 1) times out before the workers (2)
+
+
+def test_quorum_after_the_deadline_goes_on_without_the_silent_party():
+    machines = toy(4, rounds=2, min_responses=3)
+    machines["w1"] = Silent("w1", coordinator="coord", values=np.ones(3))
+    with pytest.raises(InsufficientParticipants) as err:
+        # The coordinator finishes with the three others; silent w1, dropped, then times out
+        # waiting for it, as it would under the runtime.
+        simulate(machines)
+    assert err.value.party == "coord"
+    assert machines["coord"].done
+    np.testing.assert_array_equal(machines["coord"].result()[0], sum(np.arange(3.0) + i for i in (0, 2, 3)))
+
+
+class Patient(SumWorker):
+    """Never answers and shrugs off its timeouts."""
+
+    def _on_query(self, sender, message):
+        return []
+
+    def _on_event(self, event):
+        return []
+
+
+def test_a_machine_that_ignores_its_timeouts_is_reported_stalled_not_spun_for_ever():
+    machines = toy(2, rounds=1, min_responses=1)
+    machines["w1"] = Patient("w1", coordinator="coord", values=np.ones(3))
+    with pytest.raises(SimulationStalled, match="w1"):
+        simulate(machines)
+    assert machines["coord"].done
+
+
+def test_sending_to_an_unknown_party_is_a_send_failure_for_the_machine():
+    events = []
+
+    class Lost(SumCoordinator):
+        def _start(self):
+            return [self.send("nobody", Query(), phase="query"), *super()._start()]
+
+        def _on_event(self, event):
+            if isinstance(event, SendFailed):
+                events.append(event)
+                return []
+            return super()._on_event(event)
+
+    workers = ("w0",)
+    machines = {"coord": Lost("coord", workers=workers, rounds=1, dim=3), "w0": SumWorker("w0", coordinator="coord", values=np.ones(3))}
+    results = simulate(machines)
+    assert [e.dest for e in events] == ["nobody"]
+    np.testing.assert_array_equal(results["coord"][0], np.ones(3))
+
+
+def test_oversized_frame_is_refused_and_counted():
+    machines = toy(1, rounds=1)
+    machines["w0"] = SumWorker("w0", coordinator="coord", values=np.ones(4000))
+    machines["coord"] = SumCoordinator("coord", workers=("w0",), rounds=1, dim=4000)
+    meter = Meter()
+    with pytest.raises(InsufficientParticipants):
+        simulate(machines, config=RuntimeConfig(max_frame_bytes=1000), meter=meter)
+    assert meter.rejected_frames == 1 and meter.rejected[0]["sender"] == "w0"
+
+
+def test_observer_sees_every_state_change():
+    seen = []
+    simulate(toy(3, rounds=2), observer=lambda party, round_idx, state: seen.append((party, round_idx, state)))
+    assert ("coord", 2, "DONE") in seen
+    assert {p for p, _, s in seen if s == "DONE"} == {"coord", "w0", "w1", "w2"}
+
+
+def test_machine_whose_name_differs_from_its_key_is_refused():
+    machines = toy(1)
+    with pytest.raises(ValueError, match="says it is"):
+        simulate({"other": machines["coord"], "w0": machines["w0"]})
+
+
+def test_party_index_is_shared_and_keeps_the_first_position():
+    parties = ("a", "b", "a", "c")
+    index = party_index(parties)
+    assert dict(index) == {"a": 0, "b": 1, "c": 3}
+    assert party_index(parties) is index
+    with pytest.raises(TypeError):
+        index["d"] = 4  # read-only
