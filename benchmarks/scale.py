@@ -37,7 +37,7 @@ Run::
     python benchmarks/scale.py                          # 100,000 clients against 1,000
     python benchmarks/scale.py --clients 1000000        # a million (a few minutes, ~10 GiB)
     python benchmarks/scale.py --engine tasks --clients 10000   # one trio task per party
-    python benchmarks/scale.py --quick                  # smoke test: 2,000 vs 200 clients
+    python benchmarks/scale.py --quick                  # smoke test: 1,000 vs 100 clients
     python benchmarks/scale.py --profile                # also cProfile the big run
     python benchmarks/scale.py --quick --json s.json    # the tables as JSON records
 
@@ -201,13 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("lean", "tasks"), default="lean", help="lean: fedproto.simulation; tasks: one trio task per party")
     parser.add_argument("--profile", action="store_true", help="cProfile the big run (slower) and print the top")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    add_common_arguments(parser, quick="smoke test: 2,000 against 200 clients")
+    add_common_arguments(parser, quick="smoke test: 1,000 against 100 clients")
     args = parse_args(parser, argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile)))
         return 0
     if args.quick:
-        args.clients, args.baseline_clients = 2_000, 200
+        args.clients, args.baseline_clients = 1_000, 100
 
     console = make_console()
     print_machine_facts(

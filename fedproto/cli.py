@@ -51,6 +51,7 @@ import os
 import random
 import re
 import sys
+import time
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -301,6 +302,12 @@ def _common_arguments(
             "--topology", choices=("star", "mesh"), default=None,
             help="with --transport tcp: star (default: only the first party listens, the others dial out to it "
             "and it relays their frames to each other) or mesh (every party listens)",
+        )
+        group.add_argument(
+            "--engine", choices=("tasks", "lean"), default="tasks",
+            help="with --transport memory: tasks (default: one trio task per party, the runtime TCP and MPI "
+            "parties run) or lean (fedproto.simulation: every party driven from one loop, the same frames and "
+            "bytes, deadlines on a virtual clock; for 10^4 to 10^6 clients; no fault injection)",
         )
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
         group.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
@@ -636,7 +643,13 @@ def _run_memory(
         async def go() -> dict[str, Any]:
             return await run_parties(machines, network, config=config, meter=meter, observer=observer)
 
-        results = trio.run(go)
+        if getattr(args, "engine", "tasks") == "lean":
+            from fedproto.simulation import simulate
+
+            meter = Meter(time.perf_counter)
+            results = simulate(machines, config=config, meter=meter, observer=observer)
+        else:
+            results = trio.run(go)
     report = meter.report(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
     if dropouts:
         crashed = getattr(network, "crashed", {})
@@ -1018,6 +1031,13 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
 def _check_dropout_options(args: argparse.Namespace, prog: str) -> None:
     """``--dropout``/``--dropout-rate``: memory transport only, one ``--dropout`` per party."""
     flag = "--dropout" if args.dropout else "--dropout-rate" if args.dropout_rate is not None else None
+    if getattr(args, "engine", "tasks") == "lean":
+        if args.transport != "memory":
+            raise UsageError(f"argument --engine: lean runs only on --transport memory, not {args.transport}", prog=prog)
+        if flag is not None:
+            raise UsageError(
+                f"argument {flag}: fault injection needs --engine tasks (the lean engine crashes no party)", prog=prog
+            )
     if flag is None:
         return
     if args.transport != "memory":

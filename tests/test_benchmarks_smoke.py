@@ -22,7 +22,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "tcp_rate.py": ("Round trips/s over TCP loopback", {"tcp_round_trips", "envelope"}),
     "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
-    "scale.py": ("One FastLloyd iteration, all parties in one process", {"scale_runs", "scale_per_client"}),
+    "scale.py": ("FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client"}),
     "kz_communication.py": (
         "(k,z)-center: communication and radius (z points removed) against z",
         {"kz_center", "kz_authors", "kz_center_growth"},
@@ -47,9 +47,9 @@ PLOTTING = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "scma.p
 SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"]}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
-#: MPI ranks that each import JAX) and startup (three fresh ``fedproto run`` processes, about
-#: 15 s): run with ``-m slow``.
-SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py"}
+#: MPI ranks that each import JAX), startup (three fresh ``fedproto run`` processes, about
+#: 15 s) and scale (three fresh processes, each importing JAX): run with ``-m slow``.
+SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py", "scale.py"}
 
 
 def _load_common():
