@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import threading
 import types
 import typing
 from typing import Any
@@ -126,6 +127,7 @@ class _FieldPlan:
     packed: bool = False  # big integers kept as a uint8 [count, width] array (the wire form)
     check: Any = None  # for plain fields: a callable returning True when the value is acceptable
     expected: str = ""  # for plain fields: the annotation, for error messages
+    codes: Any = None  # for arrays: {dtype: wire code} of the allowed little-endian dtypes
 
 
 _PLANS: dict[type, tuple[_FieldPlan, ...]] = {}
@@ -169,7 +171,9 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     for f in dataclasses.fields(cls):
         kind = f.metadata.get("kind")
         if kind == "array":
-            items.append(_FieldPlan(f.name, _ARRAY, dtypes=f.metadata["dtypes"], ndim=f.metadata["ndim"]))
+            dtypes = f.metadata["dtypes"]
+            codes = {dt: _CODE_OF[dt] for dt in dtypes if dt in _CODE_OF}
+            items.append(_FieldPlan(f.name, _ARRAY, dtypes=dtypes, ndim=f.metadata["ndim"], codes=codes))
         elif kind == "bigints":
             items.append(
                 _FieldPlan(
@@ -253,10 +257,12 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
     if tag is None or message_class(tag) is not cls:
         raise TypeError(f"{cls.__name__} is not a registered message")
     body = []
-    for spec in _plan(cls):
+    for spec in _PLANS[cls] if cls in _PLANS else _plan(cls):
         value = getattr(message, spec.name)
         if spec.kind == _ARRAY:
-            body.append(_encode_array(value, spec, tag))
+            # The usual case inline: an ndarray of an allowed little-endian dtype and its ndim.
+            code = spec.codes.get(value.dtype) if type(value) is np.ndarray and value.ndim == spec.ndim else None
+            body.append(_encode_array(value, spec, tag) if code is None else [code, list(value.shape), value.tobytes()])
         elif spec.kind == _BIGINTS:
             body.append(_encode_bigints(value, spec, tag, message))
         else:
@@ -266,10 +272,23 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
                     f"{spec.expected}"
                 )
             body.append(value)
-    return msgpack.packb(
-        {"v": WIRE_VERSION, "t": tag, "s": session, "r": round_idx, "p": phase, "b": body},
-        use_bin_type=True,
-    )
+    frame = {"v": WIRE_VERSION, "t": tag, "s": session, "r": round_idx, "p": phase, "b": body}
+    try:
+        packer = _PACKERS.packer
+    except AttributeError:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
+    encoded = packer.pack(frame)
+    if len(encoded) > _PACKER_KEPT_BYTES:
+        _PACKERS.packer = msgpack.Packer(use_bin_type=True)  # let the buffer grown for this frame go
+    return encoded
+
+
+#: One msgpack ``Packer`` per thread, reused: ``msgpack.packb`` makes a new one per call, which
+#: allocates (and frees) a 256 KiB buffer each time, most of the cost of a small frame. A packer
+#: keeps its buffer as large as the largest frame it packed, so it is replaced after a frame of
+#: more than this many bytes.
+_PACKER_KEPT_BYTES = 1 << 20
+_PACKERS = threading.local()
 
 
 def _short_repr(value: Any) -> str:
@@ -646,6 +665,116 @@ def _decode_small(view: memoryview, max_frame_bytes: int) -> tuple[Envelope, Mes
     return Envelope(obj["v"], obj["t"], obj["s"], obj["r"], obj["p"]), message
 
 
+# --- decoding: the common frame, checked in one pass ----------------------------------------------------
+#
+# Most frames are the canonical encoding of a message whose fields are arrays and plain scalars
+# (or tuples of scalars), tens of bytes to a few KiB long. A frame of at most _FAST_FRAME_BYTES is
+# unpacked in one msgpack call with msgpack's own limits (no container, string or bytes longer
+# than the frame; what it builds is then at most about 100 bytes per frame byte, under 2 MiB)
+# and checked in one pass by the same rules as _check_envelope, _make_array and _make_plain.
+# Anything unusual (a refusal included) declines the pass and goes to the general paths, which
+# decide and word the error; so this pass changes no outcome, only its cost. It is used only for
+# classes whose plain fields are scalars or tuples of scalars: a frame it accepts is one the
+# small-frame path accepts with the same values, or, where that path hands a frame on (more
+# lists, longer strings), the streaming path, whose budget (2.5 B + 1 MiB) such a frame of at
+# most 16 KiB cannot exceed and whose depth limit concerns only nested plain values.
+
+_FAST_FRAME_BYTES = 16 * 1024
+_FAST_PLANS: dict[type, tuple[tuple[Any, ...], ...] | None] = {}
+_N_ENVELOPE_KEYS = len(_ENVELOPE_KEYS)
+_new_envelope = object.__new__
+# An Envelope is frozen: its slots are written once through their descriptors (what its
+# dataclass __init__ does through object.__setattr__, at half the cost).
+_SET_VERSION, _SET_TAG, _SET_SESSION, _SET_ROUND, _SET_PHASE = (
+    Envelope.__dict__[name].__set__ for name in ("version", "tag", "session", "round_idx", "phase")
+)
+
+
+def _envelope(version: int, tag: str, session: int, round_idx: int, phase: str) -> Envelope:
+    """``Envelope(version, tag, session, round_idx, phase)``, built faster."""
+    envelope = _new_envelope(Envelope)
+    _SET_VERSION(envelope, version)
+    _SET_TAG(envelope, tag)
+    _SET_SESSION(envelope, session)
+    _SET_ROUND(envelope, round_idx)
+    _SET_PHASE(envelope, phase)
+    return envelope
+
+
+def _fast_plan(cls: type) -> tuple[tuple[Any, ...], ...] | None:
+    """``(name, is_array, codes or check, ndim or shape)`` per field of ``cls``, or ``None`` when its
+    frames are left to the general paths (big integers, nested, union or unknown plain types)."""
+    if cls in _FAST_PLANS:
+        return _FAST_PLANS[cls]
+    shapes = _plain_shapes(cls)
+    fields: list[tuple[Any, ...]] = []
+    for spec in _plan(cls):
+        if spec.kind == _ARRAY:
+            codes = {code: dt for code, dt in _DTYPE_CODES.items() if dt in spec.dtypes}
+            fields.append((spec.name, True, codes, spec.ndim))
+            continue
+        if spec.kind != _PLAIN:
+            fields = []
+            break
+        shape = shapes[spec.name]
+        if shape[0] != "scalar" and not (shape[0] == "seq" and shape[1][0] == "scalar"):
+            fields = []
+            break
+        fields.append((spec.name, False, spec.check, shape))
+    plan = tuple(fields) if fields else None
+    _FAST_PLANS[cls] = plan
+    return plan
+
+
+def _decode_fast(frame: bytes, max_frame_bytes: int) -> tuple[Envelope, Message] | None:
+    """The common frame (see above) decoded in one pass; ``None`` declines (the general paths decide)."""
+    try:
+        # msgpack's own limits (no container, string or bytes longer than the frame, maps with
+        # string or bytes keys) and msgpack's own types (raw=False, lists); extensions become
+        # ExtType values, which no check accepts.
+        obj = msgpack.unpackb(frame)
+        if type(obj) is not dict or len(obj) != _N_ENVELOPE_KEYS:
+            return None
+        version, tag, session, round_idx, phase, body = obj["v"], obj["t"], obj["s"], obj["r"], obj["p"], obj["b"]
+        if not (
+            type(version) is int and version == WIRE_VERSION and type(tag) is str
+            and type(session) is int and session >= 0 and type(round_idx) is int and round_idx >= 0
+            and type(phase) is str and type(body) is list
+        ):
+            return None
+        cls = message_class(tag)
+        plan = _FAST_PLANS[cls] if cls in _FAST_PLANS else _fast_plan(cls) if cls is not None else None
+        if plan is None or len(body) != len(plan):
+            return None
+        max_bytes = min(max_frame_bytes, sys.maxsize)
+        kwargs = {}
+        for (name, is_array, rule, form), value in zip(plan, body):
+            if not is_array:
+                if not rule(value):
+                    return None
+                kwargs[name] = value if type(value) is not list else tuple(value)
+                continue
+            if type(value) is not list or len(value) != 3:
+                return None
+            code, shape, data = value
+            dtype = rule.get(code) if type(code) is str else None
+            if dtype is None or type(shape) is not list or len(shape) != form or type(data) is not bytes:
+                return None
+            limit = max_bytes // dtype.itemsize
+            elements = 1
+            for size in shape:
+                if type(size) is not int or size < 0 or size > limit:
+                    return None
+                elements *= size or 1
+            if elements > limit or len(data) != math.prod(shape) * dtype.itemsize:
+                return None
+            kwargs[name] = np.ndarray(shape, dtype, data)  # a read-only view of data, as np.frombuffer
+        message = cls(**kwargs)
+    except Exception:  # not msgpack, too many items, a message's own refusal, ...: the general paths decide
+        return None
+    return _envelope(version, tag, session, round_idx, phase), message
+
+
 # --- decoding: any frame, streamed --------------------------------------------------------------------
 
 
@@ -931,6 +1060,10 @@ def decode_frame(frame: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
             message's fields, values the message's own validation refuses (whatever exception
             it raises), or plain values beyond the budget; the message names the field.
     """
+    if type(frame) is bytes and len(frame) <= _FAST_FRAME_BYTES and len(frame) <= max_frame_bytes:
+        decoded = _decode_fast(frame, max_frame_bytes)
+        if decoded is not None:
+            return decoded
     if not isinstance(frame, bytes | bytearray | memoryview):
         raise DecodeError(f"a frame must be bytes, got {type(frame).__name__}")
     try:

@@ -104,8 +104,9 @@ class Meter:
         counter = self.sent[(round_idx, phase, sender, receiver, tag)]
         counter[0] += 1
         counter[1] += nbytes
-        self.framing_overhead_bytes += overhead
-        if round_idx not in self.round_started_s and not is_setup_phase(phase):
+        if overhead:
+            self.framing_overhead_bytes += overhead
+        if round_idx not in self.round_started_s and not phase.startswith("setup"):  # is_setup_phase
             self.round_started_s[round_idx] = self._now()
 
     def record_connection_bytes(

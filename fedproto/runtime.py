@@ -60,7 +60,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import itertools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -147,13 +150,12 @@ async def _send_all(
     meter: Meter,
     contacts: set[str],
 ) -> None:
-    pending = list(outgoing)
+    pending = collections.deque(outgoing)
+    session = config.session
     while pending:
-        action = pending.pop(0)
+        action = pending.popleft()
         try:
-            frame = encode_frame(
-                action.message, session=config.session, round_idx=action.round_idx, phase=action.phase
-            )
+            frame = encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
         except (TypeError, ValueError, OverflowError) as exc:
             # The machine's own message is malformed: fail here, in the sender, rather than let
             # peers refuse the frame and time out waiting for it.
@@ -241,6 +243,89 @@ async def run_party(
     return result
 
 
+class _Wait:
+    """One party's phase deadline, shared between its runtime loop and the watchdog.
+
+    Attributes:
+        deadline: when the party's current silence becomes a timeout (``trio.current_time()``).
+        scope: the cancel scope its receives run in (``None`` once the party has ended).
+        waiting: the party is inside ``transport.receive()``.
+        armed: the watchdog holds an entry for this wait.
+        cancelled: the watchdog cancelled ``scope`` (read without ``scope.cancel_called``, which
+            asks the clock).
+    """
+
+    __slots__ = ("deadline", "scope", "waiting", "armed", "cancelled")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.scope: trio.CancelScope | None = None
+        self.waiting = False
+        self.armed = False
+        self.cancelled = False
+
+
+class _Watchdog:
+    """Ends the waits of parties whose phase deadline passed while they wait: one Trio system
+    task for every party of a Trio run.
+
+    A party does not enter a cancel scope with a deadline around each receive (``move_on_at``):
+    entering and leaving one costs more than a message through a bare memory channel. Its
+    receives run in one cancel scope without a deadline instead, which it leaves only when a
+    deadline passes, and the watchdog cancels that scope when the party's deadline has passed
+    *while the party waits*; so the watchdog never interrupts a send or the party's own work,
+    and a party that is busy when its deadline passes finds that out itself before its next
+    wait. The watchdog's entries are lazy: a party's progress only moves ``_Wait.deadline``;
+    when an entry comes due and the deadline has moved, the entry is put back at the new one.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Wait]] = []
+        self._order = itertools.count()
+        self._sleep: trio.CancelScope | None = None
+
+    def arm(self, wait: _Wait) -> None:
+        """Watch ``wait`` until its deadline."""
+        wait.armed = True
+        heapq.heappush(self._heap, (wait.deadline, next(self._order), wait))
+        sleep = self._sleep
+        if sleep is not None and wait.deadline < sleep.deadline:
+            sleep.deadline = wait.deadline
+
+    async def run(self) -> None:
+        heap = self._heap
+        while True:
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self._sleep:
+                await trio.sleep_forever()
+            self._sleep = None
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                wait = heapq.heappop(heap)[2]
+                wait.armed = False
+                if wait.scope is None:  # the party has ended
+                    continue
+                if wait.deadline > now:  # it made progress since: watch its new deadline
+                    self.arm(wait)
+                elif wait.waiting:
+                    wait.cancelled = True
+                    wait.scope.cancel()
+                # else it is busy past its deadline: it checks before it next waits (and re-arms)
+
+
+_WATCHDOG: trio.lowlevel.RunVar[_Watchdog] = trio.lowlevel.RunVar("fedproto.runtime watchdog")
+
+
+def _watchdog() -> _Watchdog:
+    """The watchdog of the current Trio run, started on first use."""
+    try:
+        return _WATCHDOG.get()
+    except LookupError:
+        watchdog = _Watchdog()
+        _WATCHDOG.set(watchdog)
+        trio.lowlevel.spawn_system_task(watchdog.run, name="fedproto.runtime phase-deadline watchdog")
+        return watchdog
+
+
 async def _drive(
     machine: ProtocolMachine,
     transport: Transport,
@@ -260,7 +345,14 @@ async def _drive(
     await _send_all(machine, transport, machine.start(), config, meter, contacts)
     patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
-    deadline = trio.current_time() + patience
+    wait = _Wait(trio.current_time() + patience)
+    watchdog = _watchdog()
+    current_time = trio.current_time
+    receive = transport.receive
+    session = config.session
+    max_frame_bytes = config.max_frame_bytes
+    record_received = meter.record_received if config.record_received else None
+    party = machine.party
     # Frames (and dropout reports) that were waiting when the deadline passed, read before the
     # deadline is believed.
     backlog: collections.deque[tuple[str, bytes] | PeerDropped] = collections.deque()
@@ -268,90 +360,112 @@ async def _drive(
 
     def step_done() -> None:
         """After an input: a change of round or state is progress (restarts the deadline)."""
-        nonlocal progress, deadline, drained
+        nonlocal progress, drained
         now = (machine.round_idx, machine.state)
         if now != progress:
             progress = now
-            deadline = trio.current_time() + patience
+            wait.deadline = current_time() + patience
             drained = False
             if observer is not None:
-                observer(machine.party, machine.round_idx, machine.state.name)
+                observer(party, machine.round_idx, machine.state.name)
 
-    while not machine.done:
-        item: tuple[str, bytes] | PeerDropped
-        if backlog:
-            item = backlog.popleft()
-        else:
-            with trio.move_on_at(deadline) as scope:
-                try:
-                    item = await transport.receive()
-                except PeerDropped as dropped:
-                    item = dropped
-            if scope.cancelled_caught:
-                if not drained:
-                    # The wait may have expired only because handling earlier input took longer
-                    # than the deadline: silence is a deadline with nothing waiting. First let
-                    # the event loop run, so frames the operating system already holds reach
-                    # the transport's queue (synchronous work kept its reader tasks from running),
-                    # then take what is waiting, without yielding, so a peer that keeps sending
-                    # cannot postpone the timeout for ever.
-                    drained = True
-                    if receive_nowait is not None:
-                        for _ in range(_CATCH_UP_PASSES):
-                            await trio.lowlevel.checkpoint()
-                        while True:
-                            try:
-                                waiting = receive_nowait()
-                            except PeerDropped as dropped:
-                                backlog.append(dropped)
-                                continue
-                            if waiting is None:
-                                break
-                            backlog.append(waiting)
+    try:
+        while not machine.done:
+            expired = False
+            # Receives wait in this scope, which only the watchdog cancels (when the deadline
+            # passes during a wait); it is left, and a new one entered, only when it was.
+            with trio.CancelScope() as scope:
+                wait.scope = scope
+                wait.cancelled = False
+                while not machine.done:
+                    item: tuple[str, bytes] | PeerDropped
                     if backlog:
+                        item = backlog.popleft()
+                    elif current_time() >= wait.deadline:
+                        expired = True  # passed while this party was busy
+                        break
+                    else:
+                        if not wait.armed:
+                            watchdog.arm(wait)
+                        wait.waiting = True
+                        try:
+                            item = await receive()
+                        except PeerDropped as dropped:
+                            item = dropped
+                        finally:
+                            wait.waiting = False
+                        if wait.cancelled:  # the deadline passed as this arrived: read it first
+                            backlog.appendleft(item)
+                            break
+                    if isinstance(item, PeerDropped):
+                        if item.party in roster and item.party != party:
+                            outgoing = machine.handle(PartyDropped(item.party))
+                            await _send_all(machine, transport, outgoing, config, meter, contacts)
+                            step_done()
                         continue
-                outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
-                await _send_all(machine, transport, outgoing, config, meter, contacts)
-                progress = (machine.round_idx, machine.state)
-                deadline = trio.current_time() + patience
-                drained = False
-                continue
-        if isinstance(item, PeerDropped):
-            if item.party in roster and item.party != machine.party:
-                outgoing = machine.handle(PartyDropped(item.party))
-                await _send_all(machine, transport, outgoing, config, meter, contacts)
-                step_done()
-            continue
-        sender, frame = item
-        if sender not in roster:
-            refuse(sender, "sender not in the roster", "not in the roster")
-            continue
-        try:
-            envelope, message = decode_frame(frame, max_frame_bytes=config.max_frame_bytes)
-        except DecodeError as exc:
-            refuse(sender, "undecodable frame", str(exc))
-            continue
-        except Exception as exc:
-            # Whatever the decoder raises on a peer's bytes is the peer's fault: a frame must
-            # never crash its receiver.
-            log.debug("decoding a frame from %s raised %s", sender, type(exc).__name__, exc_info=True)
-            refuse(sender, "undecodable frame", f"the decoder failed with {type(exc).__name__}: {exc}")
-            continue
-        if envelope.session != config.session:
-            refuse(
-                sender,
-                "frame of another session",
-                f"frame of session {envelope.session}, this run is session {config.session}",
-            )
-            continue
-        if config.record_received:
-            meter.record_received(envelope.round_idx, envelope.phase, sender, machine.party, envelope.tag, len(frame))
-        contacts.add(sender)
-        if type(message) is AbortNotice:
-            raise _run_aborted(machine, sender, message)
-        outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
-        await _send_all(machine, transport, outgoing, config, meter, contacts)
-        step_done()
+                    sender, frame = item
+                    if sender not in roster:
+                        refuse(sender, "sender not in the roster", "not in the roster")
+                        continue
+                    try:
+                        envelope, message = decode_frame(frame, max_frame_bytes=max_frame_bytes)
+                    except DecodeError as exc:
+                        refuse(sender, "undecodable frame", str(exc))
+                        continue
+                    except Exception as exc:
+                        # Whatever the decoder raises on a peer's bytes is the peer's fault: a frame
+                        # must never crash its receiver.
+                        log.debug("decoding a frame from %s raised %s", sender, type(exc).__name__, exc_info=True)
+                        refuse(sender, "undecodable frame", f"the decoder failed with {type(exc).__name__}: {exc}")
+                        continue
+                    if envelope.session != session:
+                        refuse(
+                            sender,
+                            "frame of another session",
+                            f"frame of session {envelope.session}, this run is session {session}",
+                        )
+                        continue
+                    if record_received is not None:
+                        record_received(envelope.round_idx, envelope.phase, sender, party, envelope.tag, len(frame))
+                    contacts.add(sender)
+                    if type(message) is AbortNotice:
+                        raise _run_aborted(machine, sender, message)
+                    outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
+                    if outgoing:
+                        await _send_all(machine, transport, outgoing, config, meter, contacts)
+                    if (machine.round_idx, machine.state) != progress:
+                        step_done()
+            if not (expired or scope.cancelled_caught):
+                continue  # done, or a frame arrived as the deadline passed (it is in the backlog)
+            if not drained:
+                # The wait may have expired only because handling earlier input took longer
+                # than the deadline: silence is a deadline with nothing waiting. First let
+                # the event loop run, so frames the operating system already holds reach
+                # the transport's queue (synchronous work kept its reader tasks from running),
+                # then take what is waiting, without yielding, so a peer that keeps sending
+                # cannot postpone the timeout for ever.
+                drained = True
+                if receive_nowait is not None:
+                    for _ in range(_CATCH_UP_PASSES):
+                        await trio.lowlevel.checkpoint()
+                    while True:
+                        try:
+                            waiting = receive_nowait()
+                        except PeerDropped as dropped:
+                            backlog.append(dropped)
+                            continue
+                        if waiting is None:
+                            break
+                        backlog.append(waiting)
+                if backlog:
+                    continue
+            outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
+            await _send_all(machine, transport, outgoing, config, meter, contacts)
+            progress = (machine.round_idx, machine.state)
+            wait.deadline = current_time() + patience
+            drained = False
+    finally:
+        wait.scope = None  # the watchdog drops its entry
     return machine.result()
 
 

@@ -348,12 +348,15 @@ class FrameReader:
             TransportBroken: the stream failed or ended inside a frame.
             TransportClosed: the stream was closed by us.
         """
-        await self._fill(_PREFIX.size, "length prefix", at_boundary=True)
+        # (_fill is awaited only when the buffer is short: most small frames are in it already.)
+        if len(self._buffer) - self._start < _PREFIX.size:
+            await self._fill(_PREFIX.size, "length prefix", at_boundary=True)
         (length,) = _PREFIX.unpack_from(self._buffer, self._start)
         _check_length(length, max_frame_bytes)
         # The prefix stays in the buffer until the whole body is in: a cancelled call then leaves
         # the reader where it was, and the next call restarts this frame from its prefix.
-        await self._fill(_PREFIX.size + length, "frame", at_boundary=False)
+        if len(self._buffer) - self._start < _PREFIX.size + length:
+            await self._fill(_PREFIX.size + length, "frame", at_boundary=False)
         self._start += _PREFIX.size
         return self._take(length) if length else b""
 

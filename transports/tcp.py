@@ -1083,7 +1083,14 @@ class TcpTransport(Transport):
         lock = self._send_locks.get(dest)
         if lock is None:
             lock = self._send_locks[dest] = trio.Lock()
-        async with lock:
+        # An uncontended lock is taken without a schedule point (send_frame has its own): a
+        # cancelled send still ends here, before the lock, with nothing written.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             self._check_open()
             link = self._outgoing.get(dest)
             if link is None:
@@ -1108,6 +1115,8 @@ class TcpTransport(Transport):
             if link.wire is not None:
                 written = link.wire.sent_bytes - wire_before
                 self.tls_overhead_bytes += written - FRAMING_OVERHEAD_BYTES - len(frame)
+        finally:
+            lock.release()
 
     def _drop_outgoing(self, dest: str, link: _Link) -> None:
         if self._outgoing.get(dest) is link:

@@ -1,0 +1,133 @@
+"""The codec's one-pass decoding of common frames changes no outcome, only the cost.
+
+``decode_frame`` first tries ``codec._decode_fast`` on ``bytes`` of at most 16 KiB: the canonical
+frame of a message whose fields are arrays and plain scalars (or tuples of scalars), checked in
+one pass. It must accept only what the general paths (one msgpack call for small frames, the
+streaming reader for any frame) accept, with the same envelope and message, and decline the rest,
+which the general paths then decide. Checked here on the structured fuzz of ``test_codec_fuzz``
+(another seed), on random shapes, and on the edges of its use (frame limit, buffer types, size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedproto import codec
+from fedproto.algorithms.fastlloyd.messages import MaskedUpdate
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
+from fedproto.errors import DecodeError
+from fedproto.messages import registered_tags
+
+
+def _load_fuzz():
+    """``test_codec_fuzz`` (its frame generator and message comparison), loaded by path."""
+    path = Path(__file__).with_name("test_codec_fuzz.py")
+    spec = importlib.util.spec_from_file_location("codec_fuzz_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _load_fuzz()
+SEED = 1411
+
+
+def _general(frame: bytes):
+    """What the general paths make of ``frame``: the decoded pair, or None for a DecodeError."""
+    view = memoryview(frame)
+    try:
+        decoded = codec._decode_small(view, DEFAULT_MAX_FRAME_BYTES)
+        return decoded if decoded is not None else codec._decode_streaming(view, DEFAULT_MAX_FRAME_BYTES)
+    except DecodeError:
+        return None
+
+
+def _agrees(frame: bytes) -> bool:
+    """The fast pass accepts only what the general paths accept, identically; True if it accepted."""
+    fast = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
+    if fast is None:
+        return False
+    general = _general(frame)
+    assert general is not None, f"only the fast pass accepts frame {frame[:300].hex()}"
+    assert fast[0] == general[0] and type(fast[0]) is type(general[0])
+    assert fuzz._same_message(fast[1], general[1]), frame[:300].hex()
+    for f in dataclasses.fields(fast[1]):
+        value = getattr(fast[1], f.name)
+        if isinstance(value, np.ndarray):  # a read-only view of the frame's bytes, as the general paths give
+            assert not value.flags.writeable
+    return True
+
+
+def test_fuzzed_frames_are_decided_alike():
+    rng = np.random.default_rng(SEED)
+    tags = sorted(registered_tags())
+    accepted = 0
+    for i in range(10_000):
+        frame = fuzz._fuzzed_frame(rng, registered_tags()[tags[i % len(tags)]], tags)
+        accepted += _agrees(frame)
+    assert accepted > 300  # the fast pass is exercised, not vacuously declining
+
+
+def test_valid_frames_of_most_classes_take_the_fast_pass():
+    rng = np.random.default_rng(SEED)
+    taken = set()
+    for tag, cls in sorted(registered_tags().items()):
+        for _ in range(10):
+            frame, message = fuzz._seed(rng, cls)
+            if message is not None and len(frame) <= codec._FAST_FRAME_BYTES and _agrees(frame):
+                taken.add(tag)
+    assert {MaskedUpdate.TAG} <= taken and len(taken) >= 0.5 * len(registered_tags())
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.data())
+def test_any_shape_for_any_array_field_is_decided_alike(data):
+    arrays = [
+        (cls, i, f)
+        for _, cls in sorted(registered_tags().items())
+        for i, f in enumerate(dataclasses.fields(cls))
+        if f.metadata.get("kind") == "array"
+    ]
+    cls, index, field = data.draw(st.sampled_from(arrays))
+    frame, _ = fuzz._seed(np.random.default_rng(data.draw(st.integers(0, 2**32))), cls)
+    obj = msgpack.unpackb(frame)
+    dims = st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2, 3, 2**31, 2**62, 2**64 - 1])
+    obj["b"][index][1] = data.draw(st.lists(dims, max_size=field.metadata["ndim"] + 1))
+    if data.draw(st.booleans()):
+        obj["b"][index][2] = data.draw(st.binary(max_size=64))
+    _agrees(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_the_frame_limit_and_the_dimension_bound_hold_on_the_fast_pass():
+    frame = encode_frame(MaskedUpdate(masked=np.ones((4, 3), dtype=np.uint32)), session=1, round_idx=0, phase="p")
+    with pytest.raises(DecodeError, match="exceeds the maximum"):
+        decode_frame(frame, max_frame_bytes=len(frame) - 1)
+    # 12 elements of 4 bytes: a limit of 44 bytes allows 11 elements per array
+    assert codec._decode_fast(frame, 44) is None
+    with pytest.raises(DecodeError, match="describes more than 11 elements"):
+        codec._decode_small(memoryview(frame), 44)
+
+
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
+def test_every_buffer_type_and_size_decodes_the_same(wrap, monkeypatch):
+    tried = []
+    fast = codec._decode_fast
+    monkeypatch.setattr(codec, "_decode_fast", lambda frame, limit: tried.append(len(frame)) or fast(frame, limit))
+    for rows in (1, 64, 2048):  # 2048 x 3 x 4 bytes: beyond the fast pass's 16 KiB
+        message = MaskedUpdate(masked=np.arange(3 * rows, dtype=np.uint32).reshape(rows, 3))
+        frame = encode_frame(message, session=7, round_idx=2, phase="p")
+        envelope, decoded = decode_frame(wrap(frame))
+        assert envelope == codec.Envelope(1, MaskedUpdate.TAG, 7, 2, "p")
+        np.testing.assert_array_equal(decoded.masked, message.masked)
+    # only bytes of at most 16 KiB take the fast pass; the rest go straight to the general paths
+    assert all(n <= codec._FAST_FRAME_BYTES for n in tried) and (len(tried) == 2) == (wrap is bytes)
