@@ -30,11 +30,11 @@ import struct
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 __all__ = [
     "MaskGenerator",
@@ -259,6 +259,10 @@ def decode_fixed(ring_values: object, *, frac_bits: int = 16, ring_bits: int = 3
     References:
         FastLloyd, Sec. 5.3.4 ("Client Unmasks Data").
     """
+    fast = _FIXED_FAST.get((frac_bits, ring_bits)) if type(frac_bits) is int and type(ring_bits) is int else None
+    if fast is not None and type(ring_values) is np.ndarray and ring_values.dtype == fast[2]:
+        # Common case first: ring elements of the ring's own dtype (every client, every round).
+        return ring_values.view(_SIGNED_DTYPES[ring_bits]).astype(np.float64) / fast[0]
     frac_bits, ring_bits = _check_fixed(frac_bits, ring_bits)
     dtype = ring_dtype(ring_bits)
     arr = np.asarray(ring_values)
@@ -443,6 +447,7 @@ class MaskGenerator:
         if not isinstance(label, bytes):
             raise TypeError(f"label must be bytes, got {type(label).__name__}")
         self._seed = seed
+        self._prk: bytes | None = None  # HKDF-Extract of the seed, computed on first use
         self._n_parties = n_parties
         self._shape = shape
         self._ring_bits = ring_bits
@@ -485,12 +490,19 @@ class MaskGenerator:
             *self._shape,
             len(self._shape),
         )
-        key = _hkdf(self._seed, info)
+        if self._prk is None:
+            # HKDF = Expand(Extract(seed)); the extract step depends on the seed alone (RFC 5869).
+            extract = hmac.HMAC(bytes(hashes.SHA256.digest_size), hashes.SHA256())
+            extract.update(self._seed)
+            self._prk = extract.finalize()
+        key = HKDFExpand(algorithm=hashes.SHA256(), length=32, info=info).derive(self._prk)
         raw = _chacha20_stream(key, self._size * self._dtype.itemsize)
         words = np.frombuffer(raw, dtype=self._dtype.newbyteorder("<"))
         return words.astype(self._dtype).reshape(self._shape)
 
     def _check_round(self, round_idx: int, stream: str) -> int:
+        if type(round_idx) is int and 0 <= round_idx < 1 << 64 and type(stream) is str:
+            return round_idx
         round_idx = _check_int("round_idx", round_idx)
         if not 0 <= round_idx < 1 << 64:
             raise ValueError(f"round_idx must be in [0, 2^64), got {round_idx}")

@@ -15,12 +15,13 @@ Each configuration runs in a **fresh process** (this script started again with `
 its peak resident set (``ru_maxrss``) is its own. Phases:
 
 * ``build``: data, config and every machine (each client derives its X25519 key pair);
-* ``setup + round 0``: from the start of the run to the first frame of round 1: key agreement
-  (M public keys, the key roster to client 0, M-1 sealed seeds, M-1 relays), then round 0,
-  which is pipelined with it (a client sends its update as soon as it holds the seed);
-* ``round 1``: from the first frame of round 1 to the end of the run: one whole steady Lloyd
-  round with setup excluded (M clients unmask, update the centroids, compute and mask their
-  statistics; the server sums and adds noise; M clients unmask the result);
+* ``rest of the run``: the run without round 1: build excluded, key agreement
+  (M public keys, the key roster to client 0, M-1 sealed seeds, M-1 relays), round 0, which is
+  pipelined with it (a client sends its update as soon as it holds the seed), and the clients'
+  unmasking of the last aggregate;
+* ``round 1``: from the server's broadcast of round 0's aggregate to its broadcast of round 1's:
+  one whole steady Lloyd round with setup excluded (M clients unmask, update the centroids,
+  compute and mask their statistics; the server decodes and sums them and adds noise);
 * ``run``: the whole run.
 
 Memory: the child's peak RSS, and per client ``(peak RSS - peak RSS of a 2-client child) / M``.
@@ -42,7 +43,7 @@ Run::
     python benchmarks/scale.py --quick --json s.json    # the tables as JSON records
 
 ``--json PATH`` writes one record per row: table ``scale_runs`` (``engine``, ``n_clients``,
-``ring_bits``, ``build_s``, ``setup_round0_s``, ``round_s``, ``run_s``, ``round_ms_per_client``,
+``ring_bits``, ``build_s``, ``rest_s``, ``round_s``, ``run_s``, ``round_ms_per_client``,
 ``messages``, ``setup_bytes``, ``round_bytes``, ``analytic_round_bytes``, ``peak_rss_mib``,
 ``rss_kib_per_client``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
 ``baseline``, ``clients``, ``value``, ``ratio``).
@@ -54,6 +55,7 @@ import argparse
 import cProfile
 import gc
 import json
+import math
 import pstats
 import resource
 import subprocess
@@ -63,6 +65,8 @@ import time
 import numpy as np
 import trio
 from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedproto.algorithms.fastlloyd.config import make_config
@@ -114,24 +118,47 @@ def build(n_clients: int, points: int, seed: int) -> dict:
     return machines
 
 
-def run_once(machines: dict, engine: str) -> RunReport:
-    """One run with ``engine``; its report."""
+def run_once(machines: dict, engine: str, progress: Progress | None = None) -> tuple[RunReport, float]:
+    """One run with ``engine``: its report and the seconds of its last round.
+
+    The last round runs from the server's broadcast of the previous round's aggregate to its
+    broadcast of the last one (each moves the server's round index on): every client unmasks the
+    aggregate, updates its centroids, computes, masks and sends its statistics, the server decodes
+    and sums them and adds its noise. (The clients' unmasking of the last aggregate is the next
+    round's first step, so it is left out.)
+    """
     config = RuntimeConfig(session=SESSION, deadline_s=3600.0)
+    clock = time.perf_counter
+    broadcast_at: dict[int, float] = {}
+    n_clients = len(machines) - 1
+    task = progress.add_task(f"{n_clients:,} clients: round 0 done", total=n_clients) if progress else None
+
+    def observer(party: str, round_idx: int, state: str) -> None:
+        if party == "server":
+            broadcast_at.setdefault(round_idx, clock())
+        elif progress is not None and round_idx == 1:
+            progress.advance(task)
+
     if engine == "lean":
-        meter = Meter(time.perf_counter)
-        simulate(machines, config=config, meter=meter)
+        meter = Meter(clock)
+        simulate(machines, config=config, meter=meter, observer=observer)
     else:
         async def go() -> Meter:
-            meter = Meter(trio.current_time)
-            await run_parties(machines, MemoryNetwork(list(machines)), config=config, meter=meter)
+            meter = Meter(clock)
+            await run_parties(machines, MemoryNetwork(list(machines)), config=config, meter=meter, observer=observer)
             return meter
         meter = trio.run(go)
-    return meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
+    report = meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
+    return report, broadcast_at.get(ITERATIONS, math.nan) - broadcast_at.get(ITERATIONS - 1, math.nan)
 
 
 def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) -> dict:
     """Measure one configuration in this (fresh) process; the figures as a dict."""
     run_once(build(2, points, seed), engine)  # compiles what the clients' shapes need, untimed
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )
     gc.collect()
     t0 = time.perf_counter()
     machines = build(n_clients, points, seed)
@@ -142,15 +169,15 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) ->
     t0 = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    report = run_once(machines, engine)
+    with progress:
+        report, round_s = run_once(machines, engine, progress)
     if profiler is not None:
         profiler.disable()
     run_s = time.perf_counter() - t0
     by_round = report.bytes_by_round()
-    round_s = report.round_wall_s[-1]
     out = {
         "engine": engine, "clients": n_clients, "ring_bits": RING_BITS, "build_s": build_s,
-        "setup_round0_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
+        "rest_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
         "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(ITERATIONS - 1, 0),
         "peak_rss_mib": maxrss_mib(),
     }
@@ -170,9 +197,10 @@ def measure(n_clients: int, args: argparse.Namespace, profile: bool = False) -> 
         sys.executable, __file__, "--child", str(n_clients), "--points", str(args.points), "--seed", str(args.seed),
         "--engine", args.engine,
     ] + (["--profile"] if profile else [])
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    # The child's progress goes to its stderr, which is ours; its figures come back on stdout.
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"the {n_clients:,}-client run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"the {n_clients:,}-client run failed (exit {done.returncode}); its error is above")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -221,17 +249,17 @@ def main(argv: list[str] | None = None) -> int:
             "each configuration": "in a fresh process (its own peak RSS)",
         },
     )
-    with console.status(f"{FLOOR_CLIENTS} clients (the memory floor)"):
-        floor = measure(FLOOR_CLIENTS, args)
+    console.print(f"{FLOOR_CLIENTS} clients (the memory floor) ...")
+    floor = measure(FLOOR_CLIENTS, args)
     results = []
     for n_clients, prof in ((args.baseline_clients, False), (args.clients, args.profile)):
-        with console.status(f"{n_clients:,} clients ({args.engine} engine)"):
-            results.append(measure(n_clients, args, prof))
+        console.print(f"{n_clients:,} clients ({args.engine} engine) in a fresh process ...")
+        results.append(measure(n_clients, args, prof))
     up, down = envelopes()
 
     table = Table(title="FastLloyd, all parties in one process: one steady round (round 1) and the whole run", title_justify="left")
     for col in (
-        "engine", "clients", "build s", "setup + round 0 s", "round 1 s", "run s", "round ms/client", "messages",
+        "engine", "clients", "build s", "rest of the run s", "round 1 s", "run s", "round ms/client", "messages",
         "setup bytes", "round bytes", "analytic round bytes", "peak RSS MiB", "KiB/client",
     ):
         table.add_column(col, justify="right")
@@ -241,13 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         per_client_kib = 1024 * (r["peak_rss_mib"] - floor["peak_rss_mib"]) / r["clients"]
         r["kib_per_client"] = per_client_kib
         table.add_row(
-            r["engine"], f"{r['clients']:,}", f"{r['build_s']:.2f}", f"{r['setup_round0_s']:.2f}", f"{r['round_s']:.2f}",
+            r["engine"], f"{r['clients']:,}", f"{r['build_s']:.2f}", f"{r['rest_s']:.2f}", f"{r['round_s']:.2f}",
             f"{r['run_s']:.2f}", f"{1e3 * r['round_s'] / r['clients']:.4f}", f"{r['messages']:,}", f"{r['setup_bytes']:,}",
             f"{r['round_bytes']:,}", f"{analytic:,}", f"{r['peak_rss_mib']:,.0f}", f"{per_client_kib:.2f}",
         )
         records.append(record(
             "scale_runs", engine=r["engine"], n_clients=r["clients"], ring_bits=r["ring_bits"], build_s=r["build_s"],
-            setup_round0_s=r["setup_round0_s"], round_s=r["round_s"], run_s=r["run_s"],
+            rest_s=r["rest_s"], round_s=r["round_s"], run_s=r["run_s"],
             round_ms_per_client=1e3 * r["round_s"] / r["clients"], messages=r["messages"], setup_bytes=r["setup_bytes"],
             round_bytes=r["round_bytes"], analytic_round_bytes=analytic, peak_rss_mib=r["peak_rss_mib"],
             rss_kib_per_client=per_client_kib,
@@ -264,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios.add_column(col, justify="left" if col == "quantity" else "right")
     quantities = [
         ("build ms/client", lambda r: 1e3 * r["build_s"] / r["clients"]),
-        ("setup + round 0 ms/client", lambda r: 1e3 * r["setup_round0_s"] / r["clients"]),
+        ("rest of the run ms/client", lambda r: 1e3 * r["rest_s"] / r["clients"]),
         ("round 1 ms/client", lambda r: 1e3 * r["round_s"] / r["clients"]),
         ("run ms/client", lambda r: 1e3 * r["run_s"] / r["clients"]),
         ("peak RSS KiB/client", lambda r: r["kib_per_client"]),

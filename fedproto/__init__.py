@@ -29,7 +29,7 @@ from fedproto.errors import (
 )
 from fedproto.framesize import max_frame_bytes
 from fedproto.launcher import launch_local
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import (
     Broadcast,
     Event,
@@ -45,6 +45,7 @@ from fedproto.messages import (
 from fedproto.metering import LinkRecord, Meter, RunReport
 from fedproto.roster import Roster, TlsFiles
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
+from fedproto.simulation import SimulationStalled, simulate
 from fedproto.transport import Network, Transport
 
 try:
@@ -82,6 +83,9 @@ __all__ = [
     # runtime, transports, wire, metering
     "run_party",
     "run_parties",
+    "simulate",
+    "SimulationStalled",
+    "party_index",
     "RuntimeConfig",
     "Transport",
     "Network",

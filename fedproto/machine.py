@@ -214,6 +214,33 @@ class ProtocolMachine:
         self._check_usable()
         return self._guarded(lambda: self._on_event(event) + self._advance())
 
+    @classmethod
+    def receive_batch(
+        cls, machines: Sequence["ProtocolMachine"], sender: str, message: Message, *, round_idx: int | None = None
+    ) -> list[list[Outgoing]]:
+        """Deliver one broadcast ``message`` to several machines of this class at once.
+
+        A simulation engine that hosts many parties (:func:`fedproto.simulation.simulate`) calls
+        this instead of :meth:`receive` once per receiver. The default does exactly that. A role
+        may override it to compute what the receivers share, or what vectorises across them, in
+        one pass, and then let each machine's :meth:`receive` use it: the override must leave
+        every machine in the state, and return the messages, that one :meth:`receive` each would
+        have. So a protocol author writes one role; batching is an optimisation of it, testable
+        by running with and without it (``simulate(..., batch=False)``).
+
+        Args:
+            machines: receivers, all instances of this class, in delivery order.
+            sender, message, round_idx: as for :meth:`receive`.
+
+        Returns:
+            One list of outgoing messages per machine, in order.
+
+        Raises:
+            Whatever :meth:`receive` raises for the first machine that fails (the machines before
+            it have received the message; those after it have not).
+        """
+        return [machine.receive(sender, message, round_idx=round_idx) for machine in machines]
+
     def result(self) -> Any:
         """The protocol's output.
 

@@ -24,6 +24,11 @@ can host 10^5 to 10^6 clients:
   :class:`~fedproto.messages.PhaseTimedOut`. A coordinator therefore times out before the
   clients that wait on it, as in the runtime, and a silent party is reported without waiting
   in real time.
+* **Broadcasts can be batched:** the receivers of a broadcast that are machines of one class get
+  it through that class's :meth:`~fedproto.machine.ProtocolMachine.receive_batch` (by default one
+  ``receive`` each), where a role may compute what its receivers share, or what vectorises
+  across them, once (FastLloyd's clients: the next centroids and every client's statistics in one
+  NumPy pass). ``batch=False`` turns it off.
 * **Failures end the run at once:** the first machine that fails raises its error here (the
   runtime's abort notices are not sent: every party is in this process). A machine that sends to
   a party without a machine gets :class:`~fedproto.messages.SendFailed`, as a transport's
@@ -91,6 +96,7 @@ def simulate(
     config: RuntimeConfig | None = None,
     meter: Meter | None = None,
     observer: Observer | None = None,
+    batch: bool = True,
 ) -> dict[str, Any]:
     """Run ``machines`` to completion in this thread and return their results.
 
@@ -103,6 +109,10 @@ def simulate(
             ``None``); its ``round_wall_s`` are wall seconds of this process.
         observer: called as ``observer(party, round_idx, state)`` after every step that changed a
             machine's round or state (for progress bars), as in the runtime.
+        batch: hand a broadcast to consecutive receivers of one class through their class's
+            :meth:`~fedproto.machine.ProtocolMachine.receive_batch` (one call for all of them);
+            ``False`` calls each machine's ``receive`` (the results must be the same: a test of a
+            role's batching).
 
     Returns:
         ``{party: result}`` for every machine.
@@ -224,18 +234,38 @@ def simulate(
                 continue
         envelope, message = decoded
         sender = item.sender
-        for dest in item.dests:
-            machine = machines[dest]
-            if machine.done:
-                continue  # as a finished party's endpoint: nobody reads it any more
-            if record_received:
+        receivers = [(dest, machines[dest]) for dest in item.dests]
+        # A finished party's endpoint is read by nobody: frames to it are dropped.
+        receivers = [(dest, m) for dest, m in receivers if not m.done]
+        if record_received:
+            for dest, _ in receivers:
                 meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
-            enqueue(machine, machine.receive(sender, message, round_idx=envelope.round_idx))
-            stepped(dest, machine)
-            if machine.done:
-                remaining -= 1
+        for group in _same_class_runs(receivers) if batch else [[r] for r in receivers]:
+            if len(group) == 1:
+                dest, machine = group[0]
+                outgoing_lists = [machine.receive(sender, message, round_idx=envelope.round_idx)]
+            else:
+                outgoing_lists = type(group[0][1]).receive_batch(
+                    [m for _, m in group], sender, message, round_idx=envelope.round_idx
+                )
+            for (dest, machine), outgoing in zip(group, outgoing_lists, strict=True):
+                enqueue(machine, outgoing)
+                stepped(dest, machine)
+                if machine.done:
+                    remaining -= 1
     meter.finish()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _same_class_runs(receivers: list[tuple[str, ProtocolMachine]]) -> list[list[tuple[str, ProtocolMachine]]]:
+    """``receivers`` cut into runs of consecutive machines of one class (delivery order kept)."""
+    runs: list[list[tuple[str, ProtocolMachine]]] = []
+    for entry in receivers:
+        if runs and type(runs[-1][-1][1]) is type(entry[1]):
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
 
 
 def _next_deadline(

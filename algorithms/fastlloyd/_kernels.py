@@ -272,7 +272,8 @@ def update_centroids_host(
         relative, post, bound: as for :func:`update_centroids`.
 
     Returns:
-        float64 ``[k, d]``: the next centroids.
+        float64 ``[k, d]``: the next centroids, read-only (the same array for equal inputs: a
+        process that hosts many clients computes each round's update once).
 
     Raises:
         ValueError: ``post`` is not one of :data:`POST_PROCESSING`.
@@ -282,6 +283,27 @@ def update_centroids_host(
     """
     if post not in POST_PROCESSING:
         raise ValueError(f"post must be one of {POST_PROCESSING}, got {post!r}")
+    # Every client of a run turns the same broadcast into the same centroids: a process hosting
+    # many clients computes each update once (the inputs' bytes are the key; a pure function).
+    key = (sums.tobytes(), counts.tobytes(), previous.tobytes(), sums.shape, float(radius), relative, post, float(bound))
+    cached = _UPDATES.get(key)
+    if cached is None:
+        cached = _update_centroids_host(sums, counts, previous, radius, relative=relative, post=post, bound=bound)
+        cached.flags.writeable = False
+        if len(_UPDATES) >= _UPDATES_KEPT:
+            _UPDATES.pop(next(iter(_UPDATES)))
+        _UPDATES[key] = cached
+    return cached
+
+
+#: Recent host updates by their inputs' bytes (see update_centroids_host).
+_UPDATES: dict[tuple, np.ndarray] = {}
+_UPDATES_KEPT = 16
+
+
+def _update_centroids_host(
+    sums: np.ndarray, counts: np.ndarray, previous: np.ndarray, radius: float, *, relative: bool, post: str, bound: float
+) -> np.ndarray:
     usable = counts >= 1.0
     if usable.all():
         centroids = sums / counts[:, None]

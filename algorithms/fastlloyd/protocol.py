@@ -121,7 +121,7 @@ from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, insta
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, party_index
-from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
+from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
 
 __all__ = [
     "FastLloydClient",
@@ -393,6 +393,9 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         self._entropy = bytes(entropy)
         self._private_key, self._public_key = secagg.x25519_keypair(self._entropy)
         self._masks: secagg.MaskGenerator | None = None
+        # Computed by receive_batch for the aggregate of round t: (t, the aggregate's array, noisy
+        # counts, next centroids, encoded statistics [k, d+1] of round t+1, unassigned points).
+        self._prepared: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None = None
         self._unassigned: list[int] = []
         self._noisy_counts: list[np.ndarray] = []
         self.config: FastLloydConfig | None = None
@@ -477,6 +480,27 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             seed, len(self.clients), self.config.shape, ring_bits=self.config.ring_bits, label=_MASK_LABEL
         )
 
+    @classmethod
+    def receive_batch(
+        cls, machines: Sequence[ProtocolMachine], sender: str, message: Message, *, round_idx: int | None = None
+    ) -> list[list[Outgoing]]:
+        """One aggregate to many clients of a simulation: their next statistics in one NumPy pass.
+
+        Before each client's own :meth:`receive`, the clients that will compute their next
+        update on the host from the same next centroids (the same config, round, total mask and
+        previous centroids give the same centroids: one array from ``update_centroids_host``)
+        get their statistics computed together: the points of all of them in one array, one
+        nearest-centroid pass, per-client sums and counts by ``bincount`` over
+        ``client * k + label`` (point by point in index order, as each client's own pass adds
+        them, so bit for bit the same), one fixed-point encoding. Each client's ``receive`` then
+        adds only its own mask. Anything that does not fit (another message, a client in another
+        state, a device client, an encoding error) takes the per-client path, which checks and
+        raises as usual.
+        """
+        if type(message) is NoisyAggregate and len(machines) > 1:
+            _prepare_statistics(machines, sender, message.masked)
+        return super().receive_batch(machines, sender, message, round_idx=round_idx)
+
     def _check_from_server(self, sender: str) -> None:
         if sender != self.server:
             raise RemoteProtocolError(
@@ -531,6 +555,12 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         cfg = self.config
         t = self.round_idx
         radius = cfg.radii[t]
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[4] is not None and prepared[0] + 1 == t and prepared[3] is self._centroids:
+            # Computed with the other receivers of the aggregate in one pass (receive_batch).
+            self._unassigned.append(prepared[5])
+            assert self._masks is not None
+            return prepared[4] + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
         if isinstance(self._points, np.ndarray):
             # A few points: NumPy on the host, the same formulas without a jitted call's dispatch.
             sums, counts, unassigned = kmeans.local_statistics_host(
@@ -579,18 +609,27 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         assert self._masks is not None
         return self._unmask_aggregate(sender, message.masked, self._masks.total_mask(self.round_idx))
 
-    def _unmask_aggregate(self, sender: str, masked: np.ndarray, mask: np.ndarray) -> list[Outgoing]:
+    def _next_centroids(self, masked: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The noisy counts ``[k]`` and the next centroids ``[k, d]`` from an aggregate and its mask."""
         cfg = self.config
-        _check_ring_values(cfg, masked, "aggregate", sender, self.round_idx)
-        t = self.round_idx
         unmasked = masked - mask
         sums = secagg.decode_fixed(unmasked[:, : cfg.d], frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
         counts = secagg.decode_fixed(unmasked[:, cfg.d], frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
-        self._noisy_counts.append(counts)
-        radius = cfg.radii[t] if cfg.clip else math.inf
+        radius = cfg.radii[self.round_idx] if cfg.clip else math.inf
         update = _kernels.update_centroids_host if cfg.k * cfg.d <= kmeans.HOST_ELEMENTS else _kernels.update_centroids
         new = update(sums, counts, self._centroids, radius, relative=cfg.relative, post=cfg.post, bound=cfg.bound)
-        self._centroids = np.asarray(new, dtype=np.float64)
+        return counts, np.asarray(new, dtype=np.float64)
+
+    def _unmask_aggregate(self, sender: str, masked: np.ndarray, mask: np.ndarray) -> list[Outgoing]:
+        cfg = self.config
+        _check_ring_values(cfg, masked, "aggregate", sender, self.round_idx)
+        prepared = self._prepared
+        if prepared is not None and prepared[0] == self.round_idx and prepared[1] is masked:
+            counts, self._centroids = prepared[2], prepared[3]  # receive_batch unmasked this aggregate
+        else:
+            self._prepared = None
+            counts, self._centroids = self._next_centroids(masked, mask)
+        self._noisy_counts.append(counts)
         self._history.append(self._centroids)
         self.round_idx += 1
         if self.round_idx == cfg.iterations:
@@ -604,6 +643,83 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             )
             return []
         return [self._update()]
+
+
+def _prepare_statistics(machines: Sequence[ProtocolMachine], sender: str, masked: np.ndarray) -> None:
+    """Stash the next round's encoded statistics in every client that can use them (see
+    :meth:`FastLloydClient.receive_batch`); leave the others alone."""
+    first = machines[0]
+    if not isinstance(first, FastLloydClient) or first.config is None:
+        return
+    cfg, t = first.config, first.round_idx
+    if t + 1 >= cfg.iterations or masked.shape != cfg.shape or masked.dtype != secagg.ring_dtype(cfg.ring_bits):
+        return  # the last aggregate needs no statistics; a malformed one is refused per client
+    groups: dict[int, tuple[np.ndarray, list[FastLloydClient]]] = {}
+    for m in machines:
+        if (
+            not isinstance(m, FastLloydClient) or m.config is not cfg or m.state is not ClientState.ITERATING
+            or m.round_idx != t or m.secagg_plus is not None or m._masks is None or sender != m.server
+            or not isinstance(m._points, np.ndarray)
+        ):
+            continue
+        counts, centroids = m._next_centroids(masked, m._masks.total_mask(t))
+        m._prepared = (t, masked, counts, centroids, None, 0)
+        groups.setdefault(id(centroids), (centroids, []))[1].append(m)
+    for centroids, group in groups.values():
+        if len(group) < 2:
+            continue  # centroids no other client shares (the device path makes new arrays): per client
+        sizes = np.fromiter((m._points.shape[0] for m in group), dtype=np.int64, count=len(group))
+        points = np.concatenate([m._points for m in group])
+        sums, counts, assigned = _batched_statistics(points, sizes, centroids, float(cfg.radii[t + 1]), cfg.relative)
+        try:
+            encoded = np.concatenate(
+                [
+                    secagg.encode_fixed(sums, frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits),
+                    secagg.encode_fixed(counts, frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)[..., None],
+                ],
+                axis=2,
+            )
+        except ValueError:
+            continue  # an overflow: each client raises its own error on its own path
+        unassigned = (sizes - assigned).tolist()
+        for i, m in enumerate(group):
+            prepared = m._prepared
+            assert prepared is not None
+            m._prepared = (t, masked, prepared[2], centroids, encoded[i], unassigned[i])
+
+
+def _batched_statistics(
+    points: np.ndarray, sizes: np.ndarray, centroids: np.ndarray, radius: float, relative: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`kmeans.local_statistics_host` of many clients at once.
+
+    Args:
+        points: every client's points, concatenated in client order, float64 ``[N, d]``.
+        sizes: points per client, int64 ``[G]`` (summing to N).
+        centroids: float64 ``[k, d]``.
+        radius: the round's radius.
+        relative: relative sums (FastLloyd) or absolute ones.
+
+    Returns:
+        ``(sums [G, k, d], counts [G, k], assigned [G])`` float64, float64, int64: each client's
+        values bit for bit as its own call computes them.
+    """
+    k, d = centroids.shape
+    groups = sizes.shape[0]
+    diff = points[:, None, :] - centroids[None, :, :]
+    sq = np.sum(diff * diff, axis=-1)
+    labels = np.argmin(sq, axis=1)
+    assigned = np.sqrt(sq[np.arange(points.shape[0]), labels]) < radius
+    rows = points - centroids[labels] if relative else points
+    owner = np.repeat(np.arange(groups), sizes)
+    bins = (owner * k + labels)[assigned]
+    rows = rows[assigned]
+    sums = np.empty((groups * k, d))
+    for j in range(d):
+        sums[:, j] = np.bincount(bins, weights=rows[:, j], minlength=groups * k)
+    counts = np.bincount(bins, minlength=groups * k).astype(np.float64)
+    per_client = np.bincount(owner[assigned], minlength=groups)
+    return sums.reshape(groups, k, d), counts.reshape(groups, k), per_client
 
 
 class FastLloydServer(ProtocolMachine):

@@ -433,3 +433,17 @@ def test_open_rejects_tampering_wrong_keys_and_bad_lengths():
         secagg.open_seed(b, a_pub[:31], sealed, ctx)
     with pytest.raises(ValueError, match="public key"):
         secagg.seal_seed(a, bytes(32), seed, ctx)  # the all-zero (low-order) point
+
+
+def test_mask_expansion_is_hkdf_then_chacha20_with_the_extract_step_computed_once():
+    """The generator keeps HKDF-Extract(seed) and expands per mask: the same keys as RFC 5869 HKDF."""
+    import struct
+
+    seed = bytes(range(32))
+    generator = secagg.MaskGenerator(seed, 5, (3, 4), ring_bits=64)
+    for party, round_idx in ((2, 7), (0, 0), (3, 1)):
+        info = secagg._length_prefixed(b"fedproto-mask", b"", b"party") + struct.pack(
+            ">BQQQ2QQ", 64, 5, round_idx, party, 3, 4, 2
+        )
+        raw = secagg._chacha20_stream(secagg._hkdf(seed, info), 12 * 8)
+        np.testing.assert_array_equal(generator.party_mask(party, round_idx), np.frombuffer(raw, "<u8").reshape(3, 4))

@@ -201,3 +201,45 @@ def test_party_index_is_shared_and_keeps_the_first_position():
     assert party_index(parties) is index
     with pytest.raises(TypeError):
         index["d"] = 4  # read-only
+
+
+@pytest.mark.parametrize("points", [0, 1, 7])
+def test_batched_broadcasts_give_what_one_receive_each_gives(points):
+    """FastLloyd's receive_batch (its clients' statistics in one pass) changes no byte and no result."""
+    batched_meter, plain_meter = Meter(), Meter()
+    machines = fastlloyd(30, points=points or 1, iterations=3)
+    if points == 0:  # some clients without points: empty statistics in the batch
+        for name in ("client-3", "client-4"):
+            machines[name]._points = machines[name]._points[:0]
+    batched = simulate(machines, config=RuntimeConfig(session=SESSION), meter=batched_meter)
+    plain_machines = fastlloyd(30, points=points or 1, iterations=3)
+    if points == 0:
+        for name in ("client-3", "client-4"):
+            plain_machines[name]._points = plain_machines[name]._points[:0]
+    plain = simulate(plain_machines, config=RuntimeConfig(session=SESSION), meter=plain_meter, batch=False)
+    assert dict(batched_meter.sent) == dict(plain_meter.sent)
+    for party, result in plain.items():
+        if party != "server":
+            np.testing.assert_array_equal(batched[party].centroids, result.centroids)
+            np.testing.assert_array_equal(batched[party].history, result.history)
+            np.testing.assert_array_equal(batched[party].unassigned, result.unassigned)
+
+
+def test_batched_statistics_are_used_and_equal_each_clients_own():
+    from fedproto.algorithms.fastlloyd import protocol
+
+    machines = fastlloyd(12, points=5, iterations=3)
+    used = []
+    original = protocol.FastLloydClient._masked_statistics
+
+    def spy(self):
+        used.append(self._prepared is not None)
+        return original(self)
+
+    protocol.FastLloydClient._masked_statistics = spy
+    try:
+        simulate(machines, config=RuntimeConfig(session=SESSION))
+    finally:
+        protocol.FastLloydClient._masked_statistics = original
+    # round 0 per client (after its seed), rounds 1 and 2 prepared for all 12 in one pass
+    assert used.count(True) == 24 and used.count(False) == 12
