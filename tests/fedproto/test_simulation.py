@@ -106,6 +106,17 @@ def test_broadcast_is_decoded_once_and_read_only():
     assert all(isinstance(m, Query) for m in seen)
 
 
+def test_shared_broadcast_arrays_are_read_only():
+    """What makes sharing one decoded message safe: the codec's arrays cannot be written."""
+    from fedproto.codec import decode_frame
+
+    for shape in ((5, 3), (400, 300)):
+        frame = encode_frame(NoisyAggregate(masked=np.ones(shape, dtype=np.uint64)), session=1, round_idx=0, phase="aggregate")
+        _, message = decode_frame(frame)
+        with pytest.raises(ValueError, match="read-only"):
+            message.masked[0, 0] = 7
+
+
 class Silent(SumWorker):
     """Never answers."""
 
