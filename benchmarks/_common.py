@@ -8,6 +8,9 @@ What lives here:
   printed once at the top of every script;
 * a rich console that keeps tables on one line when the output is not a terminal;
 * timing helpers (best-of-N, median) and ratio formatting with a target;
+* ``--profile`` output: a cProfile's own time per message (or round trip) grouped by area (trio,
+  runtime loop, transport, codec, meter, machines, system calls), the scheduler passes and socket
+  calls per unit, and the top functions;
 * FastLloyd-sized payload shapes (``uint32 [rows, cols]`` arrays of 24 B, 1 KiB and 64 KiB);
 * two tiny sans-IO protocols used by the message-rate benchmarks: a request/response
   :class:`PingMachine`/:class:`PongMachine` pair, and a :class:`StreamSource`/:class:`StreamSink`
@@ -63,6 +66,8 @@ __all__ = [
     "parse_args",
     "payload_array",
     "print_machine_facts",
+    "print_profile",
+    "profile_area",
     "record",
     "timed",
     "write_records",
@@ -272,6 +277,98 @@ def best_of(fn: Callable[[], float], repeats: int) -> float:
 def median(values: Sequence[float]) -> float:
     """The median of ``values``."""
     return float(statistics.median(values))
+
+
+# --- profiles ----------------------------------------------------------------------------------------
+
+#: Where own time is spent, by the file a function lives in (first match wins), for ``--profile``.
+PROFILE_AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("trio: scheduler, cancel scopes, sockets", ("trio/_core/", "trio/_socket", "trio/_highlevel_socket")),
+    ("trio: channels, locks", ("trio/_channel", "trio/_sync", "trio/lowlevel")),
+    ("runtime loop", ("fedproto/runtime.py",)),
+    ("transport", ("transports/",)),
+    ("codec", ("fedproto/codec.py",)),
+    ("meter", ("fedproto/metering.py",)),
+    ("protocol machines, messages", ("fedproto/machine.py", "fedproto/messages.py", "algorithms/", "_common.py")),
+    ("benchmark loop", ("benchmarks/",)),
+    ("msgpack", ("msgpack",)),
+    ("numpy", ("numpy",)),
+)
+#: Built-ins counted apart: system calls (a scheduler pass is one ``epoll.poll``).
+_SYSCALLS = {"<method 'poll' of 'select.epoll' objects>": "epoll", "<method 'recv' of '_socket.socket' objects>": "recv",
+             "<method 'send' of '_socket.socket' objects>": "send"}  # fmt: skip
+
+
+def profile_area(filename: str, name: str) -> str:
+    """The :data:`PROFILE_AREAS` label of a profiled function (``pstats`` file name and name)."""
+    if filename == "~":  # a built-in
+        if name in _SYSCALLS:
+            return "system calls (epoll, socket send and recv)"
+        if "msgpack" in name:
+            return "msgpack"
+        if "numpy" in name:
+            return "numpy"
+        return "Python built-ins (len, isinstance, dict, ...)"
+    for label, needles in PROFILE_AREAS:
+        if any(n in filename for n in needles):
+            return label
+    return "other Python (contextlib, dataclasses, outcome, ...)"
+
+
+def print_profile(console: Console, stats: Any, *, what: str, unit: str, count: int, table: str,
+                  top: int = 25) -> list[dict[str, Scalar]]:
+    """Print a cProfile (a ``pstats.Stats``) of ``count`` units (messages, round trips) of ``what``:
+    own time per unit grouped by :data:`PROFILE_AREAS`, the system calls per unit (one ``epoll``
+    poll per scheduler pass), then the ``top`` functions by own time.
+
+    Returns:
+        The area rows as records of table ``table`` (``area``, ``calls_per_<unit>``,
+        ``own_us_per_<unit>``, ``own_percent``).
+    """
+    total = sum(row[2] for row in stats.stats.values()) or 1.0
+    areas: dict[str, list[float]] = {}
+    syscalls = dict.fromkeys(_SYSCALLS.values(), 0)
+    for (filename, _, name), (_, ncalls, own, _, _) in stats.stats.items():
+        entry = areas.setdefault(profile_area(filename, name), [0.0, 0])
+        entry[0] += own
+        entry[1] += ncalls
+        if filename == "~" and name in _SYSCALLS:
+            syscalls[_SYSCALLS[name]] += ncalls
+    by_area = Table(
+        title=f"cProfile of {what}, {count:,} {unit}s: own time by area (the profiler inflates all, most "
+        "where calls are many and short)",
+        title_justify="left",
+    )
+    for col in ("area", f"calls/{unit}", f"own us/{unit}", "own %"):
+        by_area.add_column(col, justify="left" if col == "area" else "right")
+    records = []
+    for label, (own, ncalls) in sorted(areas.items(), key=lambda kv: -kv[1][0]):
+        by_area.add_row(label, f"{ncalls / count:.1f}", f"{1e6 * own / count:.2f}", f"{100 * own / total:.1f}")
+        records.append(record(
+            table, area=label, **{f"calls_per_{unit.replace(' ', '_')}": ncalls / count,
+                                  f"own_us_per_{unit.replace(' ', '_')}": 1e6 * own / count},
+            own_percent=100 * own / total,
+        ))
+    console.print(by_area)
+    console.print(
+        f"per {unit}: {syscalls['epoll'] / count:.1f} scheduler passes (epoll polls), "
+        f"{syscalls['recv'] / count:.1f} socket recv, {syscalls['send'] / count:.1f} socket send",
+        highlight=False,
+    )
+    if top <= 0:
+        return records
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    functions = Table(title=f"cProfile of {what}: top {top} functions by own time", title_justify="left")
+    for col in ("function", "calls", "own s", "own %", "cumulative s", f"own us/{unit}"):
+        functions.add_column(col, justify="left" if col == "function" else "right")
+    for (filename, line, name), (_, ncalls, own, cumulative, _) in rows:
+        short = filename.split("site-packages/")[-1].split(str(Path(__file__).resolve().parents[1]) + "/")[-1]
+        functions.add_row(
+            f"{name} ({short}:{line})", f"{ncalls:,}", f"{own:.3f}", f"{100 * own / total:.1f}",
+            f"{cumulative:.3f}", f"{1e6 * own / count:.2f}",
+        )
+    console.print(functions)
+    return records
 
 
 # --- benchmark protocols -----------------------------------------------------------------------------

@@ -70,6 +70,7 @@ from _common import (
     payload_array,
     pingpong_encoded,
     print_machine_facts,
+    print_profile,
     record,
     write_records,
 )
@@ -247,78 +248,18 @@ def interleaved_best(runs: dict[str, tuple], repeats: int) -> dict[str, float]:
     return best
 
 
-#: Where own time is spent, by the file a function lives in (first match wins), for --profile.
-PROFILE_AREAS = (
-    ("trio: scheduler, cancel scopes", ("trio/_core/",)),
-    ("trio: channels, locks", ("trio/_channel", "trio/_sync", "trio/lowlevel")),
-    ("runtime loop", ("fedproto/runtime.py",)),
-    ("transport", ("transports/",)),
-    ("codec", ("fedproto/codec.py",)),
-    ("meter", ("fedproto/metering.py",)),
-    ("protocol machines, messages", ("fedproto/machine.py", "fedproto/messages.py", "algorithms/", "_common.py")),
-    ("msgpack", ("msgpack",)),
-    ("numpy", ("numpy",)),
-)
-
-
-def _area(filename: str, name: str) -> str:
-    if filename == "~":  # a built-in: name it by what it is
-        for label, needles in PROFILE_AREAS:
-            if any(n.rstrip("/").split("/")[-1] in name for n in needles if n in ("msgpack", "numpy")):
-                return label
-        return "Python built-ins (len, isinstance, dict, epoll, ...)"
-    for label, needles in PROFILE_AREAS:
-        if any(n in filename for n in needles):
-            return label
-    return "other Python (contextlib, dataclasses, ...)"
-
-
 def profile_runtime(console, rounds: int, top: int) -> list[dict]:
-    """cProfile of the full runtime, 24 B ping-pong: own time grouped by area, then the top
-    functions by own time. Returns the area rows as records (table ``profile_area``)."""
+    """cProfile of the full runtime, 24 B ping-pong (see :func:`print_profile`); the area rows as
+    records (table ``profile_area``)."""
     array = payload_array(PAYLOAD_SHAPES["24 B"])
     profiler = cProfile.Profile()
     profiler.enable()
     trio.run(runtime_pingpong, array, rounds)
     profiler.disable()
-    stats = pstats.Stats(profiler)
-    total = sum(row[2] for row in stats.stats.values())  # total own time (profiled)
-    messages = 2 * rounds
-    areas: dict[str, list[float]] = {}
-    for (filename, _, name), (_, ncalls, own, _, _) in stats.stats.items():
-        entry = areas.setdefault(_area(filename, name), [0.0, 0])
-        entry[0] += own
-        entry[1] += ncalls
-    by_area = Table(
-        title=f"cProfile: full runtime, 24 B ping-pong, {messages:,} messages: own time by area "
-        "(profiler overhead inflates all, most where calls are many and short)",
-        title_justify="left",
+    return print_profile(
+        console, pstats.Stats(profiler), what="the full runtime, 24 B ping-pong", unit="message",
+        count=2 * rounds, table="profile_area", top=top,
     )
-    for col in ("area", "calls/message", "own us/message", "own %"):
-        by_area.add_column(col, justify="left" if col == "area" else "right")
-    records = []
-    for label, (own, ncalls) in sorted(areas.items(), key=lambda kv: -kv[1][0]):
-        by_area.add_row(label, f"{ncalls / messages:.1f}", f"{1e6 * own / messages:.2f}", f"{100 * own / total:.1f}")
-        records.append(record(
-            "profile_area", area=label, calls_per_message=ncalls / messages, own_us_per_msg=1e6 * own / messages,
-            own_percent=100 * own / total,
-        ))
-    console.print(by_area)
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
-    table = Table(
-        title=f"cProfile: full runtime, 24 B ping-pong, {2 * rounds:,} messages (profiler overhead inflates all)",
-        title_justify="left",
-    )
-    for col in ("function", "calls", "own s", "own %", "cumulative s", "own us/message"):
-        table.add_column(col, justify="left" if col == "function" else "right")
-    for (filename, line, name), (_, ncalls, own, cumulative, _) in rows:
-        short = filename.split("site-packages/")[-1].split("/work/main/")[-1]
-        table.add_row(
-            f"{name} ({short}:{line})", f"{ncalls:,}", f"{own:.3f}", f"{100 * own / total:.1f}",
-            f"{cumulative:.3f}", f"{1e6 * own / (2 * rounds):.2f}",
-        )
-    console.print(table)
-    return records
 
 
 def main(argv: list[str] | None = None) -> int:

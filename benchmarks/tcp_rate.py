@@ -32,6 +32,13 @@ Run::
     python benchmarks/tcp_rate.py            # full run (about a minute)
     python benchmarks/tcp_rate.py --quick    # smoke test, a few seconds
     python benchmarks/tcp_rate.py --quick --json tcp.json   # the tables as JSON records
+    python benchmarks/tcp_rate.py --profile  # also: where a round trip's time goes, and why
+
+``--profile`` adds a cProfile of the bare echo, of ``TcpTransport`` alone and of the full runtime
+(24 B, ``--rounds`` round trips each, after the timed runs): own time per round trip grouped by
+area (trio's scheduler and sockets, the transport, the codec, the runtime loop, the meter, the
+machines, system calls), the scheduler passes and socket calls per round trip, and for the full
+runtime the top functions (records of table ``profile_area``, one set per path).
 
 ``--json PATH`` writes one record per row: table ``tcp_round_trips`` (``payload``, ``raw_bytes``,
 ``bare_rt_per_s``, ``codec_tcp_rt_per_s``, ``runtime_rt_per_s``, ``codec_tcp_ratio``,
@@ -44,8 +51,10 @@ Run::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import io
 import math
+import pstats
 import secrets
 import struct
 import time
@@ -63,6 +72,7 @@ from _common import (
     payload_array,
     pingpong_encoded,
     print_machine_facts,
+    print_profile,
     record,
     write_records,
 )
@@ -217,6 +227,38 @@ async def measure(payload_names: list[str], rounds: int, repeats: int, seed: int
     return out
 
 
+async def profile_paths(console, rounds: int) -> list[dict]:
+    """cProfile of ``rounds`` 24 B round trips of each path (see :func:`print_profile`)."""
+    array = payload_array(PAYLOAD_SHAPES["24 B"])
+    records = []
+    async with trio.open_nursery() as nursery:
+        bare = BareEcho()
+        await bare.open(nursery)
+        async with open_tcp_network(["a", "b"], secrets.token_bytes(32)) as endpoints:
+            await endpoints["a"].send("b", b"")
+            await endpoints["b"].send("a", b"")
+            await endpoints["a"].receive()
+            await endpoints["b"].receive()
+            paths = (
+                ("bare echo", "bare", lambda: bare.round_trips(array.tobytes(), rounds), 0),
+                ("TcpTransport alone", "tcp only", lambda: transport_round_trips(endpoints, array, rounds), 0),
+                ("the full runtime over TCP", "runtime", lambda: runtime_round_trips(endpoints, array, rounds), 25),
+            )
+            for what, name, run, top in paths:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                await run()
+                profiler.disable()
+                rows = print_profile(
+                    console, pstats.Stats(profiler), what=f"{what}, 24 B", unit="round trip", count=rounds,
+                    table="profile_area", top=top,
+                )
+                records += [{**row, "path": name} for row in rows]
+        await bare.stream.aclose()
+        nursery.cancel_scope.cancel()
+    return records
+
+
 # --- envelope overhead -------------------------------------------------------------------------------
 
 
@@ -288,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (best is kept)")
     parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
     parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
+    parser.add_argument("--profile", action="store_true", help="also profile where a round trip's time goes")
     add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
     args = parse_args(parser, argv)
     if args.quick:
@@ -346,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"Below the target ratio {TARGET_RATIO}: " + "; ".join(misses))
     if env_misses:
         console.print(f"Envelope above {TARGET_ENVELOPE_BYTES} B: " + "; ".join(env_misses))
+    if args.profile:
+        records += trio.run(profile_paths, console, min(args.rounds, 2_000))
     write_records(args.json, records + env_records, console)
     return 0
 

@@ -29,7 +29,11 @@ before NumPy sees it: each dimension, and the product of the non-zero ones, is a
 describes no data but is refused).
 
 Decoding is bounded: a frame of ``B`` bytes is decoded in time linear in ``B``, and nothing is
-built that the message class does not declare. A small frame (containers of at most 16 items, at
+built that the message class does not declare. A ``bytes`` frame of at most 16 KiB is first tried
+in one pass that accepts only the canonical frame of a message whose fields are arrays and plain
+scalars (or tuples of scalars), the common case, checked by the same rules; msgpack's own limits
+(nothing longer than the frame) bound what that pass builds at about 100 bytes per frame byte,
+under 2 MiB, and whatever it does not accept goes to the paths below, which decide. A small frame (containers of at most 16 items, at
 most 16 of them, strings of at most 32 bytes) is unpacked in one msgpack call whose limits cap
 what it can build at ``B`` plus about 2 MiB. Any other frame is walked with msgpack's streaming
 ``Unpacker``: each object's type is read from its first byte before it is built, a container
@@ -50,7 +54,8 @@ integers is refused (the protocols' own syndrome frames, tens of thousands of wi
 elements, stay far inside it), and the run's frame limit, from each protocol's declared shapes,
 bounds them further.
 
-Encoding checks the same rules, so a malformed message fails in its sender (``TypeError`` naming
+Encoding reuses one msgpack ``Packer`` per thread (``msgpack.packb`` allocates a fresh 256 KiB
+buffer per call). It checks the same rules, so a malformed message fails in its sender (``TypeError`` naming
 ``TAG.field``) rather than in every receiver: a plain field must hold what its annotation says,
 with the decoder's predicate (an ``int`` field refuses ``0.5``, ``True`` and ``numpy.int64``; a
 ``float`` field takes ints and floats, ``numpy.float64`` included since it is a ``float``).

@@ -101,13 +101,17 @@ class Meter:
         self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int, overhead: int = 0
     ) -> None:
         """Count one frame of ``nbytes`` encoded bytes sent from ``sender`` to ``receiver``."""
-        counter = self.sent[(round_idx, phase, sender, receiver, tag)]
-        counter[0] += 1
-        counter[1] += nbytes
+        key = (round_idx, phase, sender, receiver, tag)
+        counter = self.sent.get(key)  # (not the defaultdict's factory: a new key costs one call less)
+        if counter is None:
+            self.sent[key] = [1, nbytes]
+        else:
+            counter[0] += 1
+            counter[1] += nbytes
         if overhead:
             self.framing_overhead_bytes += overhead
         if round_idx not in self.round_started_s and not phase.startswith("setup"):  # is_setup_phase
-            self.round_started_s[round_idx] = self._now()
+            self.round_started_s[round_idx] = self._clock() if self._clock is not None else 0.0
 
     def record_connection_bytes(
         self,
@@ -138,9 +142,13 @@ class Meter:
 
     def record_received(self, round_idx: int, phase: str, sender: str, receiver: str, tag: str, nbytes: int) -> None:
         """Count one frame received (kept apart from the sent counters)."""
-        counter = self.received[(round_idx, phase, sender, receiver, tag)]
-        counter[0] += 1
-        counter[1] += nbytes
+        key = (round_idx, phase, sender, receiver, tag)
+        counter = self.received.get(key)
+        if counter is None:
+            self.received[key] = [1, nbytes]
+        else:
+            counter[0] += 1
+            counter[1] += nbytes
 
     def record_rejected(self, sender: str, reason: str, cause: str = "refused") -> None:
         """Count a frame that was refused before reaching a machine.

@@ -54,6 +54,12 @@ peers as a frame they would refuse.
 
 All time comes from ``trio.current_time()``, so ``MockClock(autojump_threshold=0)`` makes
 deadline tests instant.
+
+Cost: a party's receives all wait in one cancel scope without a deadline; one watchdog task per
+Trio run (a system task, started by the first party) cancels that scope when the party's deadline
+passes while it waits, and a party busy past its deadline finds that out before it next waits.
+Entering a cancel scope with a deadline around every receive (``trio.move_on_at``) cost more than
+a message through a bare memory channel (``benchmarks/message_rate.py`` measures the path).
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ from fedproto.messages import (
     Outgoing,
     PartyDropped,
     PhaseTimedOut,
+    Send,
     SendFailed,
 )
 from fedproto.metering import Meter
@@ -142,6 +149,25 @@ class RuntimeConfig:
             raise ValueError("max_frame_bytes must be positive")
 
 
+def _encode(machine: ProtocolMachine, action: Outgoing, session: int) -> bytes:
+    """The frame of ``action``'s message.
+
+    Raises:
+        LocalProtocolError: the machine's own message cannot be encoded (it fails here, in the
+            sender, rather than have its peers refuse the frame and time out waiting for it).
+    """
+    try:
+        return encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LocalProtocolError(
+            f"{machine.party} made a message it cannot send: {exc}",
+            party=machine.party,
+            round_idx=action.round_idx,
+            state=machine.state.name,
+            phase=action.phase,
+        ) from exc
+
+
 async def _send_all(
     machine: ProtocolMachine,
     transport: Transport,
@@ -154,18 +180,7 @@ async def _send_all(
     session = config.session
     while pending:
         action = pending.popleft()
-        try:
-            frame = encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
-        except (TypeError, ValueError, OverflowError) as exc:
-            # The machine's own message is malformed: fail here, in the sender, rather than let
-            # peers refuse the frame and time out waiting for it.
-            raise LocalProtocolError(
-                f"{machine.party} made a message it cannot send: {exc}",
-                party=machine.party,
-                round_idx=action.round_idx,
-                state=machine.state.name,
-                phase=action.phase,
-            ) from exc
+        frame = _encode(machine, action, session)
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         tag = type(action.message).TAG
         for dest in dests:
@@ -349,6 +364,8 @@ async def _drive(
     watchdog = _watchdog()
     current_time = trio.current_time
     receive = transport.receive
+    send = transport.send
+    record_sent = meter.record_sent
     session = config.session
     max_frame_bytes = config.max_frame_bytes
     record_received = meter.record_received if config.record_received else None
@@ -431,7 +448,25 @@ async def _drive(
                     if type(message) is AbortNotice:
                         raise _run_aborted(machine, sender, message)
                     outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
-                    if outgoing:
+                    if len(outgoing) == 1 and type(outgoing[0]) is Send:
+                        # The usual answer, one message to one party: _send_all's work inline.
+                        action = outgoing[0]
+                        dest = action.dest
+                        out = _encode(machine, action, session)
+                        try:
+                            await send(dest, out)
+                        except PartyCrashed:
+                            raise  # this party itself is gone: nothing left to tell its machine
+                        except TransportError as exc:
+                            outgoing = machine.handle(SendFailed(dest, exc))
+                            await _send_all(machine, transport, outgoing, config, meter, contacts)
+                        else:
+                            record_sent(
+                                action.round_idx, action.phase, party, dest, type(action.message).TAG, len(out),
+                                transport.framing_overhead_bytes,
+                            )
+                            contacts.add(dest)
+                    elif outgoing:
                         await _send_all(machine, transport, outgoing, config, meter, contacts)
                     if (machine.round_idx, machine.state) != progress:
                         step_done()

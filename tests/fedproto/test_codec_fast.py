@@ -131,3 +131,22 @@ def test_every_buffer_type_and_size_decodes_the_same(wrap, monkeypatch):
         np.testing.assert_array_equal(decoded.masked, message.masked)
     # only bytes of at most 16 KiB take the fast pass; the rest go straight to the general paths
     assert all(n <= codec._FAST_FRAME_BYTES for n in tried) and (len(tried) == 2) == (wrap is bytes)
+
+
+@pytest.mark.parametrize("filler", [b"\x90", b"\x80"], ids=["empty arrays", "empty maps"])
+def test_what_the_fast_pass_builds_is_bounded(filler):
+    import tracemalloc
+
+    n = codec._FAST_FRAME_BYTES - 64
+    head = b"".join(msgpack.packb(x) for x in ("v", 1, "t", MaskedUpdate.TAG, "s", 0, "r", 0, "p", "p", "b"))
+    frame = b"\x86" + head + b"\xdd" + n.to_bytes(4, "big") + filler * n
+    assert len(frame) <= codec._FAST_FRAME_BYTES
+    tracemalloc.start()
+    try:
+        assert codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024  # the module's bound for this pass
+    with pytest.raises(DecodeError):
+        decode_frame(frame)
