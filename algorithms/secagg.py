@@ -364,6 +364,9 @@ def _length_prefixed(*fields: bytes) -> bytes:
 #: hosts many clients of one run expands each round's total mask once.
 _TOTAL_MASKS: dict[tuple, np.ndarray] = {}
 _TOTAL_MASKS_KEPT = 64
+#: Per (seed, ..., round, stream): [sum of the party masks expanded here, how many, which ones].
+_PARTY_SUMS: dict[tuple, list] = {}
+_PARTY_SUMS_KEPT = 8
 
 
 class MaskGenerator:
@@ -546,7 +549,8 @@ class MaskGenerator:
 
         Returns:
             Array of `shape` and `dtype`. Cost: one PRG expansion for ``party_idx < M - 1``,
-            ``M`` expansions for the last party.
+            ``M`` expansions for the last party (one subtraction when this process already
+            expanded every other party's mask of the round: a simulation hosting all clients).
 
         Raises:
             ValueError: ``party_idx`` outside ``[0, n_parties)`` or a bad ``round_idx``.
@@ -556,8 +560,23 @@ class MaskGenerator:
         if not 0 <= party_idx < self._n_parties:
             raise ValueError(f"party_idx must be in [0, {self._n_parties}), got {party_idx}")
         round_idx = self._check_round(round_idx, stream)
+        key = (self._seed, self._label, self._n_parties, self._shape, self._ring_bits, round_idx, stream)
+        tally = _PARTY_SUMS.get(key)
         if party_idx < self._n_parties - 1:
-            return self._expand(b"party", round_idx, party_idx, stream)
+            mask = self._expand(b"party", round_idx, party_idx, stream)
+            # A process that hosts many clients of a run keeps the sum of the masks they expanded
+            # (each once), so the last client's mask is the total minus that sum, not M expansions.
+            if tally is None:
+                if len(_PARTY_SUMS) >= _PARTY_SUMS_KEPT:
+                    _PARTY_SUMS.pop(next(iter(_PARTY_SUMS)))
+                tally = _PARTY_SUMS[key] = [np.zeros(self._shape, dtype=self._dtype), 0, bytearray(self._n_parties)]
+            if not tally[2][party_idx]:
+                tally[2][party_idx] = 1
+                tally[1] += 1
+                np.add(tally[0], mask, out=tally[0])
+            return mask
+        if tally is not None and tally[1] == self._n_parties - 1:
+            return self.total_mask(round_idx, stream) - tally[0]  # wraps mod 2^w
         last = self._expand(b"total", round_idx, 0, stream)
         for i in range(self._n_parties - 1):
             np.subtract(last, self._expand(b"party", round_idx, i, stream), out=last)

@@ -447,3 +447,18 @@ def test_mask_expansion_is_hkdf_then_chacha20_with_the_extract_step_computed_onc
         )
         raw = secagg._chacha20_stream(secagg._hkdf(seed, info), 12 * 8)
         np.testing.assert_array_equal(generator.party_mask(party, round_idx), np.frombuffer(raw, "<u8").reshape(3, 4))
+
+
+def test_last_party_mask_from_the_process_sum_equals_its_own_expansions():
+    """A simulation's shortcut (the other parties' masks summed as they are expanded, each once)
+    gives the last party the mask its own M expansions give, and all masks still sum to r."""
+    seed = bytes(range(1, 33))
+    generator = MaskGenerator(seed, 6, (2, 3), ring_bits=32, label=b"sum-test")
+    for i in (0, 3, 1, 3, 2, 4):  # every other party, 3 twice (counted once)
+        generator.party_mask(i, 4)
+    from_sum = generator.party_mask(5, 4)
+    secagg._PARTY_SUMS.clear()
+    expanded = MaskGenerator(seed, 6, (2, 3), ring_bits=32, label=b"sum-test").party_mask(5, 4)
+    np.testing.assert_array_equal(from_sum, expanded)
+    masks = [generator.party_mask(i, 4) for i in range(5)]
+    np.testing.assert_array_equal(sum(masks, np.zeros((2, 3), np.uint32)) + from_sum, generator.total_mask(4))
