@@ -33,7 +33,8 @@ built that the message class does not declare. A ``bytes`` frame of at most 16 K
 in one pass that accepts only the canonical frame of a message whose fields are arrays and plain
 scalars (or tuples of scalars), the common case, checked by the same rules; msgpack's own limits
 (nothing longer than the frame) bound what that pass builds at about 100 bytes per frame byte,
-under 2 MiB, and whatever it does not accept goes to the paths below, which decide. A small frame (containers of at most 16 items, at
+under 2 MiB, and whatever it does not accept goes to the paths below, which decide (the
+small-frame path runs the same one-pass checks on what it unpacks first). A small frame (containers of at most 16 items, at
 most 16 of them, strings of at most 32 bytes) is unpacked in one msgpack call whose limits cap
 what it can build at ``B`` plus about 2 MiB. Any other frame is walked with msgpack's streaming
 ``Unpacker``: each object's type is read from its first byte before it is built, a container
@@ -657,6 +658,9 @@ def _decode_small(view: memoryview, max_frame_bytes: int) -> tuple[Envelope, Mes
         )
     except Exception:  # too big for this path, or not msgpack: the streaming path decides and says why
         return None
+    decoded = _canonical(obj, max_frame_bytes)  # the common case in one pass (same checks)
+    if decoded is not None:
+        return decoded
     if not isinstance(obj, dict) or obj.keys() != _ENVELOPE_KEYS:
         raise DecodeError(_ENVELOPE_ERROR)
     body = _ListBody(obj["b"])
@@ -738,6 +742,15 @@ def _decode_fast(frame: bytes, max_frame_bytes: int) -> tuple[Envelope, Message]
         # string or bytes keys) and msgpack's own types (raw=False, lists); extensions become
         # ExtType values, which no check accepts.
         obj = msgpack.unpackb(frame)
+    except Exception:  # not msgpack, trailing bytes, ...: the general paths decide
+        return None
+    return _canonical(obj, max_frame_bytes)
+
+
+def _canonical(obj: Any, max_frame_bytes: int) -> tuple[Envelope, Message] | None:
+    """The message of an unpacked frame ``obj`` when it is the canonical frame of a message of a
+    fast-planned class and passes every check; ``None`` declines (the general checks decide)."""
+    try:
         if type(obj) is not dict or len(obj) != _N_ENVELOPE_KEYS:
             return None
         version, tag, session, round_idx, phase, body = obj["v"], obj["t"], obj["s"], obj["r"], obj["p"], obj["b"]
@@ -775,7 +788,7 @@ def _decode_fast(frame: bytes, max_frame_bytes: int) -> tuple[Envelope, Message]
                 return None
             kwargs[name] = np.ndarray(shape, dtype, data)  # a read-only view of data, as np.frombuffer
         message = cls(**kwargs)
-    except Exception:  # not msgpack, too many items, a message's own refusal, ...: the general paths decide
+    except Exception:  # a missing key, an unhashable code, a message's own refusal, ...: the general checks decide
         return None
     return _envelope(version, tag, session, round_idx, phase), message
 

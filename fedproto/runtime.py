@@ -298,6 +298,19 @@ class _Watchdog:
         self._heap: list[tuple[float, int, _Wait]] = []
         self._order = itertools.count()
         self._sleep: trio.CancelScope | None = None
+        self._ended = 0  # entries of parties that have ended, still in the heap
+
+    def release(self, wait: _Wait) -> None:
+        """The party of ``wait`` has ended: its entry is dropped (at once when most are dropped)."""
+        wait.scope = None
+        if not wait.armed:
+            return
+        self._ended += 1
+        heap = self._heap
+        if self._ended > 64 and 2 * self._ended > len(heap):  # many parties ended: compact
+            heap[:] = [entry for entry in heap if entry[2].scope is not None]
+            heapq.heapify(heap)
+            self._ended = 0
 
     def arm(self, wait: _Wait) -> None:
         """Watch ``wait`` until its deadline."""
@@ -318,6 +331,7 @@ class _Watchdog:
                 wait = heapq.heappop(heap)[2]
                 wait.armed = False
                 if wait.scope is None:  # the party has ended
+                    self._ended = max(self._ended - 1, 0)
                     continue
                 if wait.deadline > now:  # it made progress since: watch its new deadline
                     self.arm(wait)
@@ -500,7 +514,7 @@ async def _drive(
             wait.deadline = current_time() + patience
             drained = False
     finally:
-        wait.scope = None  # the watchdog drops its entry
+        watchdog.release(wait)
     return machine.result()
 
 
