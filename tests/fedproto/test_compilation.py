@@ -102,10 +102,23 @@ def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
     assert json.loads(report.read_text())["compile_s"] > 0
 
 
-def test_device_selection_and_its_description():
+@pytest.fixture
+def _restore_default_device():
+    before = jax.config.jax_default_device
+    yield
+    jax.config.update("jax_default_device", before)
+
+
+def test_device_selection_and_its_description(_restore_default_device):
     compilation.select_device("auto")  # JAX's own choice: nothing changes
-    compilation.select_device("cpu")
-    assert compilation.device_description().startswith("cpu: ")
+    try:
+        jax.devices("cpu")
+    except RuntimeError:  # JAX_PLATFORMS=cuda: no CPU backend in this process
+        with pytest.raises(ValueError, match="--device cpu: JAX offers no CPU device"):
+            compilation.select_device("cpu")
+    else:
+        compilation.select_device("cpu")  # also after JAX started a GPU (a GPU machine's tests)
+        assert compilation.device_description().startswith("cpu: ")
     with pytest.raises(ValueError, match="device must be one of"):
         compilation.select_device("tpu-pod")
     if not any(d.platform == "gpu" for d in jax.devices()):
@@ -138,3 +151,14 @@ def test_the_command_line_refuses_a_missing_gpu_in_one_line(capsys, tmp_path):
     assert code == 1 and "no GPU" in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
     assert not (tmp_path / "r.json").exists()
+
+
+def test_deterministic_gpu_ops_are_asked_for_unless_the_user_chose(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    assert compilation.deterministic_gpu_ops()
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_dump_to=/tmp/x", "--xla_gpu_deterministic_ops=true"]
+    assert compilation.deterministic_gpu_ops()  # idempotent
+    assert os.environ["XLA_FLAGS"].count("deterministic") == 1
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
+    assert not compilation.deterministic_gpu_ops()
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
