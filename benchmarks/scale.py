@@ -46,7 +46,9 @@ Run::
 ``ring_bits``, ``build_s``, ``rest_s``, ``round_s``, ``run_s``, ``round_ms_per_client``,
 ``messages``, ``setup_bytes``, ``round_bytes``, ``analytic_round_bytes``, ``peak_rss_mib``,
 ``rss_kib_per_client``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
-``baseline``, ``clients``, ``value``, ``ratio``).
+``baseline``, ``clients``, ``value``, ``ratio``) and, unless ``--tasks-clients 0``, table
+``scale_engines`` (``quantity``, ``clients``, ``lean``, ``tasks``, ``ratio``): both engines at
+``--tasks-clients`` clients (default 10,000), each in a fresh process.
 """
 
 from __future__ import annotations
@@ -191,11 +193,11 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) ->
     return out
 
 
-def measure(n_clients: int, args: argparse.Namespace, profile: bool = False) -> dict:
+def measure(n_clients: int, args: argparse.Namespace, profile: bool = False, engine: str | None = None) -> dict:
     """Run one configuration in a fresh Python process (its own peak RSS) and return its figures."""
     command = [
         sys.executable, __file__, "--child", str(n_clients), "--points", str(args.points), "--seed", str(args.seed),
-        "--engine", args.engine,
+        "--engine", engine or args.engine,
     ] + (["--profile"] if profile else [])
     # The child's progress goes to its stderr, which is ours; its figures come back on stdout.
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
@@ -228,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of data, entropy and noise")
     parser.add_argument("--engine", choices=("lean", "tasks"), default="lean", help="lean: fedproto.simulation; tasks: one trio task per party")
     parser.add_argument("--profile", action="store_true", help="cProfile the big run (slower) and print the top")
+    parser.add_argument(
+        "--tasks-clients", type=int, default=10_000,
+        help="also run this many clients with the other engine (one trio task per party), for the engines' ratio; 0: no",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     add_common_arguments(parser, quick="smoke test: 1,000 against 100 clients")
     args = parse_args(parser, argv)
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile)))
         return 0
     if args.quick:
-        args.clients, args.baseline_clients = 1_000, 100
+        args.clients, args.baseline_clients, args.tasks_clients = 1_000, 100, 200
 
     console = make_console()
     print_machine_facts(
@@ -255,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     for n_clients, prof in ((args.baseline_clients, False), (args.clients, args.profile)):
         console.print(f"{n_clients:,} clients ({args.engine} engine) in a fresh process ...")
         results.append(measure(n_clients, args, prof))
+    other = None
+    if args.tasks_clients > 0 and args.engine == "lean":
+        console.print(f"{args.tasks_clients:,} clients, each engine, in fresh processes ...")
+        other = (measure(args.tasks_clients, args, engine="lean"), measure(args.tasks_clients, args, engine="tasks"))
     up, down = envelopes()
 
     table = Table(title="FastLloyd, all parties in one process: one steady round (round 1) and the whole run", title_justify="left")
@@ -312,6 +322,25 @@ def main(argv: list[str] | None = None) -> int:
         for name, calls, own, cumulative in big["profile"]:
             prof.add_row(name, f"{calls:,}", f"{own:.2f}", f"{cumulative:.2f}")
         console.print(prof)
+    if other is not None:
+        lean, tasks = other
+        engines = Table(
+            title=f"The two engines at {lean['clients']:,} clients (same run, same bytes): tasks / lean",
+            title_justify="left",
+        )
+        for col in ("quantity", "lean", "tasks (trio task per party)", "tasks / lean"):
+            engines.add_column(col, justify="left" if col == "quantity" else "right")
+        for name, key, scale_by in (
+            ("round 1 s", "round_s", 1.0), ("run s", "run_s", 1.0), ("peak RSS MiB", "peak_rss_mib", 1.0),
+        ):
+            a, b = lean[key] * scale_by, tasks[key] * scale_by
+            engines.add_row(name, f"{a:,.2f}", f"{b:,.2f}", f"{b / a:.2f}")
+            records.append(record(
+                "scale_engines", quantity=name, clients=lean["clients"], lean=a, tasks=b, ratio=b / a,
+            ))
+        if lean["round_bytes"] != tasks["round_bytes"] or lean["setup_bytes"] != tasks["setup_bytes"]:
+            console.print("[red]the two engines metered different bytes[/red]")
+        console.print(engines)
     write_records(args.json, records, console)
     return 0
 

@@ -22,7 +22,9 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "tcp_rate.py": ("Round trips/s over TCP loopback", {"tcp_round_trips", "envelope"}),
     "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
-    "scale.py": ("FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client"}),
+    "scale.py": (
+        "FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client", "scale_engines"}
+    ),
     "kz_communication.py": (
         "(k,z)-center: communication and radius (z points removed) against z",
         {"kz_center", "kz_authors", "kz_center_growth"},
