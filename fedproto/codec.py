@@ -1078,7 +1078,7 @@ def decode_frame(frame: bytes, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
             message's fields, values the message's own validation refuses (whatever exception
             it raises), or plain values beyond the budget; the message names the field.
     """
-    if type(frame) is bytes and len(frame) <= _FAST_FRAME_BYTES and len(frame) <= max_frame_bytes:
+    if type(frame) is bytes and len(frame) <= min(_FAST_FRAME_BYTES, max_frame_bytes):
         decoded = _decode_fast(frame, max_frame_bytes)
         if decoded is not None:
             return decoded
