@@ -289,8 +289,8 @@ PROFILE_AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transport", ("transports/",)),
     ("codec", ("fedproto/codec.py",)),
     ("meter", ("fedproto/metering.py",)),
-    ("protocol machines, messages", ("fedproto/machine.py", "fedproto/messages.py", "algorithms/", "_common.py")),
-    ("benchmark loop", ("benchmarks/",)),
+    ("protocol machines, messages", ("fedproto/machine.py", "fedproto/messages.py", "algorithms/")),
+    ("benchmark loops and test machines", ("benchmarks/",)),
     ("msgpack", ("msgpack",)),
     ("numpy", ("numpy",)),
 )
