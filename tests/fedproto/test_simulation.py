@@ -254,3 +254,19 @@ def test_batched_statistics_are_used_and_equal_each_clients_own():
         protocol.FastLloydClient._masked_statistics = original
     # round 0 per client (after its seed), rounds 1 and 2 prepared for all 12 in one pass
     assert used.count(True) == 24 and used.count(False) == 12
+
+
+def test_the_collector_is_paused_during_the_run_and_restored_however_it_ends():
+    import gc
+
+    seen = []
+    simulate(toy(2), observer=lambda *_: seen.append(gc.isenabled()))
+    assert seen and not any(seen) and gc.isenabled()
+    machines = toy(2)
+    machines["w1"] = Silent("w1", coordinator="coord", values=np.ones(3))
+    with pytest.raises(InsufficientParticipants):
+        simulate(machines)
+    assert gc.isenabled()
+    seen.clear()
+    simulate(toy(2), pause_gc=False, observer=lambda *_: seen.append(gc.isenabled()))
+    assert all(seen)
