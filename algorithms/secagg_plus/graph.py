@@ -34,7 +34,7 @@ import math
 import struct
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from fedproto.algorithms.secagg import _chacha20_stream, _check_int, derive_bytes
 
@@ -172,6 +172,8 @@ def _log_disconnection_bound(n: int, k: int, bad_fraction: float) -> float:
 
 def _threshold_for_degree(n: int, k: int, log_budget: float, corrupt: float, dropout: float) -> int | None:
     """The smallest ``t`` meeting the privacy, correctness and majority conditions, if any."""
+    from scipy import stats  # here, not at import: scipy.stats costs half a second of every start-up
+
     ts = np.arange(k + 1)
     # log P[Binomial(k, corrupt) >= t] = logsf(t - 1); log P[Binomial(k, 1 - dropout) < t] = logcdf(t - 1).
     private = stats.binom.logsf(ts - 1, k, corrupt) <= log_budget
