@@ -52,12 +52,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fedproto.codec import decode_frame, encode_frame
+from fedproto.codec import decode_frame
 from fedproto.errors import DecodeError, FedProtoError, LocalProtocolError, TransportError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
-from fedproto.runtime import Observer, RuntimeConfig
+from fedproto.runtime import Observer, RuntimeConfig, _encode
 
 __all__ = ["simulate", "SimulationStalled"]
 
@@ -168,16 +168,7 @@ def _simulate(
         pending = list(outgoing)
         while pending:
             action = pending.pop(0)
-            try:
-                frame = encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise LocalProtocolError(
-                    f"{machine.party} made a message it cannot send: {exc}",
-                    party=machine.party,
-                    round_idx=action.round_idx,
-                    state=machine.state.name,
-                    phase=action.phase,
-                ) from exc
+            frame = _encode(machine, action, session)  # LocalProtocolError for a message it cannot send
             dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
             known = []
             tag = type(action.message).TAG
