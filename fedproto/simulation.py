@@ -206,32 +206,21 @@ def _simulate(
         if not queue:
             now, due = _next_deadline(deadline_of, machines)
             if not due:
-                waiting = [p for p, m in machines.items() if not m.done]
-                raise SimulationStalled(
-                    f"{len(waiting)} machines wait with nothing in flight: {', '.join(waiting[:10])}"
-                    + (" ..." if len(waiting) > 10 else "")
-                )
+                raise _stalled(machines, "")
             moved = False
             for party in due:
                 machine = machines[party]
-                before = (machine.round_idx, machine.state)
                 outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
                 enqueue(machine, outgoing)
-                moved = moved or (machine.round_idx, machine.state) != before
-                progress[party] = (machine.round_idx, machine.state)
-                if observer is not None and moved:
-                    observer(party, machine.round_idx, machine.state.name)
+                moved = (machine.round_idx, machine.state) != progress[party] or moved
+                stepped(party, machine)  # the observer hears of a step; a live machine is re-armed
                 if not machine.done:
                     arm(party, machine)
             # Nothing can ever arrive for a machine that shrugs off its timeouts: after a few
             # deadlines without a frame or a step, say so instead of spinning for ever.
             idle_deadlines = 0 if (moved or queue) else idle_deadlines + 1
             if idle_deadlines > _IDLE_DEADLINES:
-                waiting = [p for p, m in machines.items() if not m.done]
-                raise SimulationStalled(
-                    f"{len(waiting)} machines wait with nothing in flight after {_IDLE_DEADLINES} deadlines: "
-                    + ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
-                )
+                raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
             remaining = sum(1 for m in machines.values() if not m.done)
             continue
         item = queue.popleft()
@@ -267,6 +256,13 @@ def _simulate(
                     remaining -= 1
     meter.finish()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _stalled(machines: Mapping[str, ProtocolMachine], when: str) -> SimulationStalled:
+    """The error for machines left waiting with nothing in flight (the first ten named)."""
+    waiting = [p for p, m in machines.items() if not m.done]
+    named = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
+    return SimulationStalled(f"{len(waiting)} machines wait with nothing in flight{when}: {named}")
 
 
 def _same_class_runs(receivers: list[tuple[str, ProtocolMachine]]) -> list[list[tuple[str, ProtocolMachine]]]:
