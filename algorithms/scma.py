@@ -86,6 +86,7 @@ _UNIFORM_INFO = b"fedproto/scma/uniform/v1"
 # Odd primes below 2^16 for sieving candidates in `field_prime` before the (costly) BPSW test.
 _SIEVE_LIMIT = 1 << 16
 _SIEVE_WINDOW = 4096
+_UINT8 = np.dtype(np.uint8)
 
 
 class SyndromeDecodingError(RemoteProtocolError):
@@ -227,7 +228,8 @@ def _check_below(name: str, rows: np.ndarray, p: int) -> None:
     """Raise ValueError naming the first of the big-endian ``rows`` ``[m, width]`` that is ``>= p``.
 
     Rows are compared with ``p - 1`` on their leading (up to) eight bytes read as one big-endian
-    integer; only rows that tie there (rare for field elements) are compared byte by byte.
+    integer (one maximum when every row is below); only rows that tie there (rare for field
+    elements) are compared byte by byte.
     """
     if not rows.shape[0]:
         return
@@ -243,6 +245,8 @@ def _check_below(name: str, rows: np.ndarray, p: int) -> None:
         for b in range(1, lead):
             head = (head << np.uint64(8)) | rows[:, b]
         limit = int.from_bytes(top[:lead].tobytes(), "big")
+    if head.max() < limit:  # every row's leading bytes are below p - 1's (one pass, no mask)
+        return
     bad = head > limit
     tied = np.flatnonzero(head == limit)
     if tied.size and width > lead:
@@ -292,6 +296,91 @@ def _column_sums(words: np.ndarray) -> np.ndarray:
     for g in range(1, groups.shape[1]):
         total = (total << 32) + groups[:, g].astype(object)
     return total
+
+
+@functools.lru_cache(maxsize=32)
+def _mod_tables(p: int, width: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """For `_column_sums_mod`: the ``[G + 1, width]`` place values (a row per 32-bit group, then
+    the float weight of each byte), the ``[G, 1]`` 32-bit limbs of ``p`` and ``float(p)``."""
+    n_groups = -(-width // 4)
+    place = np.zeros((n_groups + 1, width))
+    for b in range(width):
+        pos = width - 1 - b  # byte position from the least significant end
+        place[pos // 4, b] = float(1 << (8 * (pos % 4)))
+        place[n_groups, b] = float(1 << (8 * pos))
+    limbs = np.array([[(p >> (32 * g)) & 0xFFFFFFFF] for g in range(n_groups)], dtype=np.int64)
+    return place, limbs, float(p)
+
+
+def _carry(limbs: np.ndarray) -> None:
+    """Normalise signed 32-bit limbs ``[G, T]`` int64 in place: every limb but the last into
+    ``[0, 2^32)``, the carries (floor division, so signs propagate) into the next one."""
+    for g in range(limbs.shape[0] - 1):
+        carry = limbs[g] >> 32
+        limbs[g] &= 0xFFFFFFFF
+        limbs[g + 1] += carry
+
+
+def _column_sums_mod(words: np.ndarray, p: int) -> np.ndarray | None:
+    """``sum_s words[s, i] mod p`` as 32-bit limbs, ``[S, T, w]`` uint8 words below ``p`` ->
+    ``[G, T]`` int64 (limb ``g`` holds bits ``32g .. 32g + 31``), or ``None`` outside
+    ``S <= 257``, ``w <= 16`` (then the caller reduces `_column_sums`' Python ints).
+
+    As `_column_sums`, the byte digits are summed in 16 bits and grouped by one float64 product,
+    exact integers below ``2^41``; the same product gives each sum ``s`` in floating point, hence
+    ``q = max(floor(s / p - 2^-20), 0)``, which is ``floor(s / p)`` or one less (``s / p < 258``
+    is computed to within ``10^-12``). ``s - q p`` is then formed limb by limb and ``p`` is
+    subtracted once where it is still ``>= p``: exact, no Python integer per element.
+    """
+    n_words, width = words.shape[0], words.shape[2]
+    if n_words > 257 or width > 16:
+        return None
+    place, p_limbs, p_float = _mod_tables(p, width)
+    n_groups = p_limbs.shape[0]
+    digits = np.add.reduce(words, axis=0, dtype=np.uint16)  # [T, w], below 2^16
+    mixed = place @ digits.T.astype(np.float64)  # [G + 1, T]
+    limbs = mixed[:n_groups].astype(np.int64)  # exact: below 257 * 2^32 * 1.01
+    quotient = np.maximum(np.floor(mixed[n_groups] / p_float - 2.0**-20), 0.0).astype(np.int64)
+    limbs -= quotient * p_limbs  # s - q p, in [0, 2p)
+    _carry(limbs)
+    reduced = limbs - p_limbs
+    _carry(reduced)
+    return np.where(reduced[-1] < 0, limbs, reduced)
+
+
+def _limbs_to_ints(limbs: np.ndarray) -> list[int]:
+    """The Python ints of nonnegative 32-bit limbs ``[G, T]`` (`_column_sums_mod`), ``G <= 4``."""
+    wide = limbs.astype(np.uint64)
+    low = wide[0] if wide.shape[0] == 1 else wide[0] | (wide[1] << np.uint64(32))
+    if wide.shape[0] <= 2:
+        return low.tolist()
+    high = wide[2] if wide.shape[0] == 3 else wide[2] | (wide[3] << np.uint64(32))
+    return ((high.astype(object) << 64) | low.astype(object)).tolist()
+
+
+#: `aggregate_packed`'s last results: ``[p, a private copy of the returned list, its [G, T]
+#: limbs, its packed integer (made on first use)]``, newest first. `decode_update` finds the
+#: entry of sums equal to a remembered list (a list comparison; the copies share the int
+#: objects, so it is one pointer test per element) and works on packed integers instead of
+#: ``3T`` modular operations on Python ints; any other input takes the general path. The tuple
+#: is replaced, never mutated (safe to read anywhere); an entry's packed integer is a cache.
+_RECENT_SUMS: tuple[list, ...] = ()
+_RECENT_SUMS_KEPT = 4
+
+
+def _remember_sums(p: int, sums: list[int], limbs: np.ndarray) -> None:
+    global _RECENT_SUMS
+    _RECENT_SUMS = ([p, list(sums), limbs, None], *_RECENT_SUMS[: _RECENT_SUMS_KEPT - 1])
+
+
+def _recent_entry(sums: object, p: int) -> list | None:
+    """The remembered `aggregate_packed` result equal to ``sums`` (a list), else ``None``."""
+    if type(sums) is not list:
+        return None
+    for entry in _RECENT_SUMS:
+        if entry[0] == p and entry[1] == sums:
+            return entry
+    return None
 
 
 def _powers(base: int, count: int, p: int) -> np.ndarray:
@@ -856,9 +945,11 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     """`aggregate_syndromes` on packed shares: ``S_i = sum_l S_i^(l) mod p``, vectorised.
 
     Each share is the wire form of a message (`pack_elements`, a packed `bigints_field`), so the
-    server sums the frames' bytes directly: one digit sum over the stack and one reduction per
-    element, instead of ``L * T`` big-integer additions (measured by
-    ``benchmarks/mufc_unlearning.py``).
+    server sums the frames' bytes directly: one digit sum over the stack, then (up to 257 shares
+    of up to 16 bytes per element) the reduction mod p in 32-bit limbs (`_column_sums_mod`), one
+    Python int made per element, instead of ``L * T`` big-integer additions (measured by
+    ``benchmarks/mufc_unlearning.py``). The last few results are remembered with their limbs, so
+    that `decode_update` on them works on packed integers (the same result, faster).
 
     Args:
         shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
@@ -881,10 +972,13 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     if not (isinstance(shares, np.ndarray) and shares.ndim == 3):
         shares = list(shares)
         shape = (n_syndromes, width)
-        if not all(type(sh) is np.ndarray and sh.dtype == np.uint8 and sh.shape == shape for sh in shares):
+        if not all(type(sh) is np.ndarray and sh.dtype is _UINT8 and sh.shape == shape for sh in shares):
             for index, share in enumerate(shares):  # name the first share that does not fit
                 _check_packed_shape(f"shares[{index}]", share, width, n_syndromes)
-        shares = np.stack(shares) if shares else np.zeros((0, n_syndromes, width), np.uint8)
+        try:  # one copy of the bytes (read-only), when every share is C-contiguous
+            shares = np.frombuffer(b"".join(shares), np.uint8).reshape(len(shares), n_syndromes, width)
+        except TypeError:  # bytes.join takes C-contiguous buffers only
+            shares = np.stack(shares)
     elif shares.dtype != np.uint8 or shares.shape[1:] != (n_syndromes, width):
         raise ValueError(f"shares must be a uint8 [L, {n_syndromes}, {width}] stack, got {shares.dtype} {list(shares.shape)}")
     if shares.shape[0] == 0:
@@ -895,7 +989,12 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
         for index in range(shares.shape[0]):  # name the share
             check_packed(f"shares[{index}]", shares[index], p, n_syndromes)
         raise
-    return (_column_sums(shares) % p).tolist()
+    limbs = _column_sums_mod(shares, p)
+    if limbs is None:
+        return (_column_sums(shares) % p).tolist()
+    out = _limbs_to_ints(limbs)
+    _remember_sums(p, out, limbs)
+    return out
 
 
 def _locator(ctx: flint.fmpz_mod_poly_ctx, sums: list[int]):
@@ -1181,6 +1280,76 @@ def _single_change(difference: np.ndarray, p: int, max_index: int) -> dict[int, 
     return {j: d0 - p if d0 > p // 2 else d0}
 
 
+def _slot_bytes(p: int, n_groups: int) -> int:
+    """Bytes per slot of `_packed_single_change`: ``2^(8B) >= 4p^2 > 2p^2 + 2p``, at least the
+    ``4G`` bytes of the limbs."""
+    return 4 * max(-(-(2 * p.bit_length() + 2) // 32), n_groups)  # whole 32-bit limbs
+
+
+@functools.lru_cache(maxsize=8)
+def _slots(p: int, n_terms: int, slot: int) -> tuple[int, flint.fmpz, flint.fmpz, flint.fmpz]:
+    """Constants of `_packed_single_change` for ``n_terms >= 2`` slots of ``slot`` bytes
+    (``W = 8 slot`` bits): ``p * sum_{i<T} 2^(Wi)``, ``2p * sum_{i<T-1} 2^(Wi)``, the mask
+    ``2^(W(T-1)) - 1`` of the first ``T - 1`` slots, and the mask of the bits at or above
+    ``W - bitlength(p)`` in each of them."""
+    ones = int.from_bytes((b"\x01" + bytes(slot - 1)) * n_terms, "little")
+    low = (1 << (8 * slot * (n_terms - 1))) - 1
+    free = 8 * slot - p.bit_length()
+    high = (((1 << (8 * slot)) - (1 << free)) * ones) & low
+    return p * ones, flint.fmpz(2 * p * (ones & low)), flint.fmpz(low), flint.fmpz(high)
+
+
+def _packed(entry: list) -> int:
+    """``sum_i x_i 2^(8Bi)`` of a remembered aggregate's values ``x_i`` (`_slot_bytes`): one
+    Python int holds all ``T`` values (Kronecker substitution); made once per entry."""
+    if entry[3] is None:
+        p, limbs = entry[0], entry[2]
+        rows = np.zeros((limbs.shape[1], _slot_bytes(p, limbs.shape[0]) // 4), "<u4")
+        rows[:, : limbs.shape[0]] = limbs.T
+        entry[3] = int.from_bytes(rows, "little")
+    return entry[3]
+
+
+def _packed_single_change(
+    sums: Sequence[int], previous_sums: Sequence[int], p: int, max_index: int
+) -> dict[int, int] | bool | None:
+    """`_single_change` of ``sums - previous_sums`` on packed integers, when both are remembered
+    `aggregate_packed` results (`_recent_limbs`): ``True`` if they are equal (no change),
+    ``{j: c}`` for a single changed bin, ``False`` if the difference is not one bin, ``None``
+    when the limbs are not at hand (the caller computes the difference in Python ints).
+
+    With ``u_i = s_i + p - s'_i`` (``0 < u_i < 2p``, ``u_i = d_i mod p``) in slots of
+    ``W = 8B >= 2 bitlength(p) + 2`` bits, ``E = j U_low - (U >> W) + 2p * ones`` holds
+    ``e_i = j u_i - u_{i+1} + 2p`` in ``(0, 2^W)`` in slot ``i < T - 1``, so its base-``2^W``
+    digits are the ``e_i``; ``d_{i+1} = j d_i`` for every ``i`` iff ``p`` divides every
+    ``e_i`` iff ``p`` divides ``E`` and every digit of ``E / p`` is below ``2^(W - bitlength(p))``
+    (then ``p k_i < 2^W``, no carry, and the digits of ``p * (E / p)`` are ``p k_i = e_i``; valid
+    quotients are below ``2p + 2 <= 2^(W - bitlength(p))``). The same checks as
+    `_single_change`, in a few big-integer operations instead of ``3T`` modular ones.
+    """
+    new = _recent_entry(sums, p)
+    old = None if new is None else _recent_entry(previous_sums, p)
+    if old is None or new[2].shape != old[2].shape:
+        return None
+    if sums == previous_sums:
+        return True
+    n_terms = len(sums)
+    d0 = (sums[0] - previous_sums[0]) % p
+    if n_terms < 2 or not d0:
+        return False
+    j = (sums[1] - previous_sums[1]) % p * pow(d0, -1, p) % p
+    if not 1 <= j <= max_index:
+        return False
+    slot = _slot_bytes(p, new[2].shape[0])
+    p_ones, offsets, low, high = _slots(p, n_terms, slot)
+    # in GMP (python-flint's fmpz): Python's division takes several times longer on T slots
+    u = flint.fmpz(_packed(new) + p_ones - _packed(old))
+    quotient, rest = divmod(j * (u & low) - (u >> (8 * slot)) + offsets, p)
+    if rest or quotient & high:
+        return False
+    return {j: d0 - p if d0 > p // 2 else d0}
+
+
 def decode_update(
     sums: Sequence[int],
     previous_sums: Sequence[int],
@@ -1206,7 +1375,9 @@ def decode_update(
     reproduces all ``T`` sums and, with ``T = 2KL`` and support ``<= KL``, is the unique vector
     that does (App. J), the same guarantee `decode_syndromes` gives. When the difference does not
     decode or ``q'`` fails a check, ``sums`` are decoded from scratch, which raises on invalid
-    input: the fast path never changes the result, only the time.
+    input: the fast path never changes the result, only the time. When ``sums`` and
+    ``previous_sums`` are lists equal to recent `aggregate_packed` results, the one-bin test runs
+    on packed integers (`_packed_single_change`), otherwise on Python ints (`_single_change`).
 
     Args:
         sums: this round's ``[T]`` aggregated syndromes.
@@ -1254,18 +1425,25 @@ def _decode_update(
     `aggregate_packed` results): the same result, without checking them again (nor
     ``previous_counts`` with ``trusted_counts``: a previous result, keys ascending)."""
     full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
-    difference = [(a - b) % p for a, b in zip(sums, previous_sums, strict=True)]
-    if not any(difference):
+    packed = _packed_single_change(sums, previous_sums, p, max_index)
+    if packed is True:  # equal sums
         change: dict[int, int] = {}
+    elif isinstance(packed, dict):  # one bin, checked on packed integers
+        change = packed
     else:
-        single = _single_change(np.asarray(difference, dtype=object), p, max_index)
-        try:
-            change = single if single is not None else decode_syndromes(
-                difference, p, max_support=len(sums) // 2, max_index=max_index, signed=True,
-                support_hint=change_hint,
-            )
-        except SyndromeDecodingError:
-            return decode_syndromes(sums, p, **full)
+        difference = [(a - b) % p for a, b in zip(sums, previous_sums, strict=True)]
+        if not any(difference):
+            change = {}
+        else:
+            # packed is False: the packed check found that the difference is not one bin
+            single = None if packed is False else _single_change(np.asarray(difference, dtype=object), p, max_index)
+            try:
+                change = single if single is not None else decode_syndromes(
+                    difference, p, max_support=len(sums) // 2, max_index=max_index, signed=True,
+                    support_hint=change_hint,
+                )
+            except SyndromeDecodingError:
+                return decode_syndromes(sums, p, **full)
     # q' = q + change; q was valid, so only the changed bins need checking (and the key order,
     # ascending, only changes when a bin appears)
     counts = dict(previous_counts)

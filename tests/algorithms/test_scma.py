@@ -1002,3 +1002,102 @@ def test_column_sums_are_exact_on_both_paths(depth):
         words[:, 0] = 255
         expected = [sum(int.from_bytes(words[s, i].tobytes(), "big") for s in range(depth)) for i in range(6)]
         assert scma._column_sums(words).tolist() == expected
+
+
+def _prime_below(bits):
+    candidate = (1 << bits) - 1
+    while not flint.fmpz(candidate).is_prime():
+        candidate -= 2
+    return candidate
+
+
+@pytest.mark.parametrize("bits", [7, 31, 32, 33, 63, 64, 65, 69, 96, 97, 127, 128])
+def test_aggregate_packed_reduces_exactly_at_limb_boundaries(bits):
+    """The limb reduction (`_column_sums_mod`: a float quotient, then one conditional subtraction)
+    equals the integer sum mod p for primes just below 2^bits, sums that are multiples of p or one
+    off, all-(p - 1) stacks of 257, and shares that are not C-contiguous."""
+    rng = random.Random(bits)
+    p = _prime_below(bits)
+    for depth in (1, 2, 257):
+        for case in range(3):
+            if case == 0:
+                shares = [[p - 1 - rng.randrange(2) for _ in range(9)] for _ in range(depth)]
+            else:
+                shares = [[rng.randrange(p) for _ in range(9)] for _ in range(depth - 1)]
+                shares.append([(-sum(s[i] for s in shares) + rng.choice([0, 1, -1])) % p for i in range(9)])
+            packed = [scma.pack_elements(s, p) for s in shares]
+            expected = [sum(s[i] for s in shares) % p for i in range(9)]
+            assert scma.aggregate_packed(packed, p, 9) == expected
+            assert scma.aggregate_packed([np.asfortranarray(s) for s in packed], p, 9) == expected
+
+
+def _aggregate(vectors, p):
+    return scma.aggregate_packed([scma.pack_elements(v, p) for v in vectors], p, len(vectors[0]))
+
+
+@pytest.mark.parametrize("p", [13, P69, _prime_below(64), _prime_below(127)])
+def test_the_packed_single_change_decides_like_the_object_array_one(p):
+    """Sums remembered from `aggregate_packed` are compared on packed integers
+    (`_packed_single_change`): the same decision as `_single_change` (one bin, several, one term
+    off, an index beyond the grid) and the same `decode_update` result as without them."""
+    rng = random.Random(p % 1000)
+    t = 12
+    bins = min(p - 1, 10**6)
+    for trial in range(12):
+        previous = [rng.randrange(p) for _ in range(t)]
+        j, c = rng.randrange(1, bins + 1), rng.choice([1, -1, 3])
+        diff = [c * pow(j, i, p) % p for i in range(t)]
+        if trial % 3 == 1:
+            diff = [(a + pow(j % bins + 1, i, p)) % p for i, a in enumerate(diff)]  # two bins
+        elif trial % 3 == 2:
+            diff[rng.randrange(2, t)] += 1  # one term off
+        new = [(a + b) % p for a, b in zip(previous, diff, strict=True)]
+        sums, before = _aggregate([new], p), list(_aggregate([previous], p))
+        for max_index in (bins, 1):
+            decided = scma._packed_single_change(sums, before, p, max_index)
+            single = scma._single_change(np.asarray([x % p for x in diff], dtype=object), p, max_index)
+            assert decided == (single if single is not None else False)
+    assert scma._packed_single_change(sums, list(sums), p, bins) is True
+    assert scma._packed_single_change([x for x in new], [0] * t, p, bins) is None  # not remembered
+
+
+def test_the_packed_check_needs_every_quotient_digit():
+    """A difference that is one bin except for one term, built so that p divides the packed
+    integer as a whole (j = 2^-W mod p carries the error into the next slot): only the digit
+    bound of the quotient tells it from a single bin, as `_single_change` does."""
+    p, t = P69, 6
+    slot = scma._slot_bytes(p, -(-scma.field_width(p) // 4))
+    j = pow(2, -8 * slot, p)
+    diff = [5 * pow(j, i, p) % p for i in range(t)]
+    diff[2] = (diff[2] - 7) % p
+    previous = [random.Random(1).randrange(p) for _ in range(t)]
+    sums = _aggregate([[(a + b) % p for a, b in zip(previous, diff, strict=True)]], p)
+    before = list(_aggregate([previous], p))
+    assert scma._single_change(np.asarray(diff, dtype=object), p, p - 1) is None
+    assert scma._packed_single_change(sums, before, p, p - 1) is False
+
+
+def test_decode_update_is_the_same_with_and_without_remembered_sums():
+    rng = random.Random(23)
+    t, bins = 40, 111**10
+    clients = [_random_counts(rng, 3, bins) for _ in range(5)]
+    total = {}
+    for counts in clients:
+        for j, q in counts.items():
+            total[j] = total.get(j, 0) + q
+    kwargs = dict(max_support=20, max_index=bins, max_total=10**6, change_hint=6)
+    before_sums = scma.aggregate_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients], P69, t)
+    before = list(before_sums)
+    first = next(iter(clients[0]))
+    for change in ({first: -1}, {first: 2}, {first: 1, 17: 1}, {}):
+        moved = [dict(c) for c in clients]
+        for j, c in change.items():
+            moved[0][j] = moved[0].get(j, 0) + c
+        shares = [scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in moved]
+        sums = scma.aggregate_packed(shares, P69, t)
+        decided = scma._packed_single_change(sums, before, P69, bins)
+        assert decided == ({first: change[first]} if len(change) == 1 else (change == {} or False))
+        fast = scma.decode_update(sums, before, dict(sorted(total.items())), P69, validated=True, **kwargs)
+        # tuples are never looked up: the Python-int path
+        plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, validated=True, **kwargs)
+        assert fast == plain == scma.decode_syndromes(sums, P69, max_support=20, max_index=bins)
