@@ -152,6 +152,7 @@ class LocalSeeding:
         self._valid = np.asarray(valid).copy()
         self._row_of = {int(i): r for r, i in enumerate(id_arr.tolist())}
         self._step_keys = kmeans.seeding_keys(key, self.k)
+        self._bins: tuple[Grid, np.ndarray, list[int]] | None = None  # `counts`' last grid, centroids, bins
 
         # Training is Algorithm 3's re-seeding from position 0 (no seeds yet), so training and
         # removals share one compiled kernel per padded shape.
@@ -237,8 +238,13 @@ class LocalSeeding:
         """
         if grid.d != self.d:
             raise ValueError(f"grid has d = {grid.d}, the data have d = {self.d}")
+        cached = self._bins
+        if cached is None or cached[0] is not grid or cached[1] is not self.centroids:
+            # the centroids (read-only) change only with the seeds: a removal that moves no
+            # seed reuses their bins
+            cached = self._bins = (grid, self.centroids, grid.bin_indices(self.centroids))
         q: dict[int, int] = {}
-        for j, size in zip(grid.bin_indices(self.centroids), self.sizes, strict=True):
+        for j, size in zip(cached[2], self.sizes, strict=True):
             if size > 0:
                 q[j] = q.get(j, 0) + size
         return q
@@ -311,8 +317,15 @@ class LocalSeeding:
         first = int(np.argmax(removed_seed)) if removed_seed.any() else None
 
         if first is None and not self.lloyd_iterations:
-            sizes_positions = self._positions.copy()
-            self._commit(valid, self._rows, self._count, sizes_positions, self.centroids, self._step_keys)
+            # seeds, centroids and keys stay; the removed points leave their clusters (the state
+            # `_commit` would compute from the same positions, updated in place of recounted)
+            positions = self._positions.copy()
+            sizes = list(self.sizes)
+            for position in positions[rows].tolist():
+                sizes[position] -= 1
+            positions[rows] = 0
+            self._valid, self._positions, self.sizes = valid, positions, tuple(sizes)
+            self.n -= len(rows)
             return RemovalOutcome(False, None, len(request), 0, retrained=False)
 
         rows_h, count_h, positions_h = self._rows, self._count, self._positions
