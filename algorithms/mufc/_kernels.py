@@ -8,9 +8,10 @@ the shared coupling-friendly Gumbel-max k-means++ of `fedproto.algorithms.kmeans
 reproduces the step's draw exactly.
 
 Dtypes: float64 (``algorithms`` enables JAX's 64-bit mode): costs are sums of up to ~10^5
-squared distances and the weighted-versus-replicated equivalence is checked to ~1e-12, and the
-server's nearest-centroid search carries a rounding bound (`distance_error`) that its
-certified re-clustering relies on; positions and rows are int32.
+squared distances and the weighted-versus-replicated equivalence is checked to ~1e-12; the one
+exception is the server's batched nearest-centroid search in Lloyd (`weighted_kmeans_noise`),
+float32 products (the means, the seeding and the costs stay float64); positions and rows are
+int32.
 
 References:
     Pan, Sima, Prakash, Rana, Milenkovic. Machine Unlearning of Federated Clusters (ICLR 2023):
@@ -33,9 +34,7 @@ __all__ = [
     "first_removed_position",
     "seeding_noise",
     "unlearn_seeding",
-    "distance_error",
-    "weighted_costs",
-    "weighted_kmeans_race",
+    "weighted_kmeans_noise",
     "weighted_kmeans_runs",
     "weighted_lloyd",
 ]
@@ -190,7 +189,7 @@ def seeding_noise(keys: jax.Array, k: int, capacity: int) -> jax.Array:
     """The Gumbel noise of `weighted_kmeans_runs`: ``g[r, s, j] = Gumbel(fold_in(fold_in(keys[r], s), j))``.
 
     It depends only on the keys and the padded size, so a server that re-clusters with the same
-    key (coupled randomness) draws it once and reuses it across rounds (`weighted_kmeans_race`).
+    key (coupled randomness) draws it once and reuses it across rounds (`weighted_kmeans_noise`).
 
     Args:
         keys: ``[r]`` stack of run keys (`fedproto.algorithms.kmeans.seeding_keys`).
@@ -207,200 +206,101 @@ def seeding_noise(keys: jax.Array, k: int, capacity: int) -> jax.Array:
     return jax.vmap(run)(keys)
 
 
-#: Relative error bound of one squared distance ``||x||^2 + ||c||^2 - 2 <x, c>`` evaluated in
-#: float64 over ``d`` coordinates, per unit of ``(||x|| + ||c||)^2`` (Higham's gamma_{d+4}, doubled
-#: for safety): ``|fl(D) - D| <= distance_error(d) * (||x|| + ||c||)^2`` whatever the summation
-#: order or fused multiply-adds.
-def distance_error(d: int) -> float:
-    """The constant of that bound for ``d`` coordinates (see `weighted_kmeans_race`)."""
-    return 2.0 * (d + 4) * 2.0**-53
-
-
-@functools.partial(jax.jit, static_argnames=("k", "trace_len"))
-def weighted_kmeans_race(
-    race: jax.Array,
+@functools.partial(jax.jit, static_argnames=("k",))
+def weighted_kmeans_noise(
+    noise: jax.Array,
     x: jax.Array,
     weights: jax.Array,
     valid: jax.Array,
     k: int,
     tol_abs: float | jax.Array,
     max_iter: int | jax.Array,
-    trace_len: int = 0,
-    start: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
-) -> dict[str, jax.Array]:
-    """`weighted_kmeans_runs` from its seeding race ``exp(seeding_noise)``, all runs in one batch,
-    optionally with the trace that lets a server certify a later re-clustering without re-running it.
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`weighted_kmeans_runs` from its seeding noise (`seeding_noise`), all runs in one batch.
 
     Seeding is that of `fedproto.algorithms.kmeans.kmeanspp_seeding` with the same noise (D^2
     weights from direct squared differences in float64), drawn as the equivalent exponential race
-    ``argmax_j w_j D_j e^{g_j}`` (no logarithm per row and step). The runs then advance together:
-    one batched assignment per Lloyd iteration (nearest centroid by ``||x||^2 + ||c||^2 - 2 <x, c>``
-    in float64, ties to the lowest index) and one one-hot product in float64 for the weighted
-    sums and masses (exact when the points have integer coordinates and integer weights, as the
-    server's lattice points do: then any summation order gives the same sums); the new centroid
-    is the sums times the reciprocal of the mass. Each run freezes once its own stopping rule
-    holds (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``), or
-    after ``max_iter`` iterations. The winner among the runs is chosen by the caller
-    (`fedproto.algorithms.mufc.clustering`).
-
-    The trace (``trace_len > 0``) records, for Lloyd iterations ``t < trace_len`` of every run:
-    the weighted sums and masses, the assignment, whether it repeated the previous one, and a
-    certified *half-margin* per row: with ``e = distance_error(d) (||x|| +
-    max ||c|| + 1)^2`` bounding the rounding of a computed squared distance (for centroids moved
-    by at most 1), a row's ``h = (s2 - s1 - 4 e) / (4 sqrt(s2 + e))`` where ``s1`` and ``s2`` are
-    its computed squared distances to the nearest and the second-nearest centroid (a lower
-    bound on ``(sqrt(s2 - e) - sqrt(s1 + e)) / 2 - e / (sqrt(s2 - e) + sqrt(s1 + e))``, stored
-    rounded down to float32). If no centroid moves by more than the least ``h`` (and by
-    at most 1), the triangle inequality guarantees that any evaluation of the assignment within
-    that rounding bound, this kernel's included, assigns every row as before; and a positive
-    least ``h`` means every such evaluation agrees with this one. The seeding's winning and
-    runner-up scores per step are kept too.
+    ``argmax_j u_j e^{g_j}`` (no logarithm per row and step). The runs then advance together: one batched assignment per Lloyd iteration
+    (nearest centroid by ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32, the bulk of
+    the work; ties to the lowest index) and one one-hot product in float64 for the weighted means
+    (exact sums, deterministic on every backend); each run freezes once its own stopping rule
+    holds (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``),
+    until every run has stopped or ``max_iter``. Each run's cost is evaluated at the end with
+    direct squared differences in float64.
 
     Args:
-        race: ``[r, k, c]`` float64 ``exp(seeding_noise(...))``.
+        noise: ``[r, k, c]`` float64 Gumbel noise.
         x, weights, valid, k, tol_abs, max_iter: as `weighted_kmeans_runs`.
-        trace_len: Lloyd iterations to record (static; 0: none).
-        start: continue runs instead of seeding them: ``(centroids [r, k, d], previous
-            assignment [r, c] int32, first iteration [r] int32, skip [r] bool)``; a skipped run
-            does nothing; the others run Lloyd from iteration ``first`` (``n_iter`` counts from
-            there; trace slot ``s`` holds iteration ``first + s``). The seeding outputs are then
-            meaningless.
 
     Returns:
-        A dict: ``centroids`` ``[r, k, d]`` float64 (inactive rows: copies of centroid 0),
-        ``n_seeds`` ``[r]`` int32, ``seed_rows`` ``[r, k]`` int32 (-1 when not drawn),
-        ``seed_best``/``seed_second`` ``[r, k]`` float64 (the winning score and the largest other
-        score of each step), ``n_iter`` ``[r]`` int32 (the iteration count each run reached);
-        with a trace also ``sums`` ``[r, L, k, d + 1]`` float64 (weighted coordinate sums, then
-        the mass), ``labels`` ``[r, L, c]`` int32, ``margins`` ``[r, L, c]`` float32 (``h``; +inf
-        on padding) and ``stable`` ``[r, L]`` bool (slot ``s`` is this call's iteration ``s``;
-        zeros and +inf past a run's end).
+        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64, ``[r]`` float64, ``[r]`` int32.
 
     References:
-        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982; Hamerly,
-        Making k-means even faster (SDM 2010) for the distance-bound argument.
+        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982.
     """
-    f64 = jnp.float64
+    f64, f32 = jnp.float64, jnp.float32
     x = jnp.asarray(x, f64)
     w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
-    n_runs, n_rows, d = race.shape[0], x.shape[0], x.shape[1]
+    n_runs, n_rows, d = noise.shape[0], x.shape[0], x.shape[1]
     runs = jnp.arange(n_runs)
 
+    race = jnp.exp(noise)  # Gumbel-max as an exponential race: argmax u e^g = argmax (log u + g)
+
     def draw(s, carry):
-        rows, mind, best, second = carry
+        rows, mind = carry
         weight = jnp.where(s == 0, w[None, :], jnp.where(w > 0, w * mind, 0.0))
         score = weight * race[:, s, :]
         j = jnp.argmax(score, axis=1).astype(jnp.int32)
-        top = score[runs, j]
-        ok = top > 0
-        runner_up = jnp.max(score.at[runs, j].set(-jnp.inf), axis=1)
+        ok = score[runs, j] > 0
         diff = x[None, :, :] - x[j][:, None, :]
         d2 = jnp.sum(diff * diff, axis=-1)
         closer = ok[:, None] & valid[None, :] & (d2 < mind)
-        return (rows.at[:, s].set(jnp.where(ok, j, -1)), jnp.where(closer, d2, mind),
-                best.at[:, s].set(top), second.at[:, s].set(runner_up))
+        return rows.at[:, s].set(jnp.where(ok, j, -1)), jnp.where(closer, d2, mind)
 
-    zeros = jnp.zeros((n_runs, k), f64)
-    if start is None:
-        mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
-        rows, _, seed_best, seed_second = jax.lax.fori_loop(
-            0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), mind0, zeros, zeros))
-        active = rows >= 0
-        init = x[jnp.where(active, rows, rows[:, :1])]
-        prev0 = jnp.full((n_runs, n_rows), -1, jnp.int32)
-        first = jnp.zeros(n_runs, jnp.int32)
-        done0 = jnp.zeros(n_runs, bool)
-    else:
-        init, prev0, first, done0 = start
-        init = jnp.asarray(init, f64)
-        rows, seed_best, seed_second = jnp.zeros((n_runs, k), jnp.int32), zeros, zeros
-        active = jnp.ones((n_runs, k), bool)
+    mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
+    rows, _ = jax.lax.fori_loop(0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), mind0))
+    active = rows >= 0
     count = jnp.sum(active, axis=1).astype(jnp.int32)
+    init = x[jnp.where(active, rows, rows[:, :1])]
 
-    xx = jnp.sum(x * x, axis=1)
-    x_norm = jnp.sqrt(xx)
+    x32 = x.astype(f32)
     wx1 = jnp.concatenate([w[:, None] * x, w[:, None]], axis=1)  # sums and masses in one product
     centres = jnp.arange(k)
-    offset = jnp.where(active, 0.0, jnp.inf)  # inactive centroids attract nothing
-    err_unit = distance_error(d)
+    offset = jnp.where(active, 0.0, jnp.inf).astype(f32)  # inactive centroids attract nothing
 
-    def margins(c, dist, labels):
-        # h = (lo - hi) / 2 - e / (lo + hi) = (s2 - s1 - 4 e) / (2 (lo + hi)) with lo + hi at
-        # most 2 sqrt(s2 + e): a lower bound on h with one square root per row
-        s1 = jnp.min(dist, axis=2)
-        s2 = jnp.min(jnp.where(labels[..., None] == centres, jnp.inf, dist), axis=2)
-        c_norm = jnp.max(jnp.where(active, jnp.sqrt(jnp.sum(c * c, axis=-1)), 0.0), axis=1)
-        e = err_unit * (x_norm[None, :] + c_norm[:, None] + 1.0) ** 2
-        gap = s2 - s1 - 4.0 * e
-        h = jnp.where(gap > 0, gap / (4.0 * jnp.sqrt(s2 + e)), gap)
-        h = h - 1e-6 * jnp.abs(h) - 1e-300  # this expression's rounding, and float32's below
-        return jnp.where(valid[None, :], h, jnp.inf).astype(jnp.float32)
+    def assign(c):
+        c32 = c.astype(f32)
+        score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x32, c32)
+        return jnp.argmin(score + offset[:, None, :], axis=2).astype(jnp.int32)
 
-    def step(state):
-        """One Lloyd iteration of every run not yet done; also what the trace keeps of it."""
-        c, prev, it, done, n_iter = state
-        cc = jnp.sum(c * c, axis=-1)
-        dist = xx[None, :, None] + cc[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x, c) + offset[:, None, :]
-        labels = jnp.argmin(dist, axis=2).astype(jnp.int32)
+    def cond(state):
+        _, _, it, done = state
+        return jnp.any(~done) & (it < max_iter)
+
+    def body(state):
+        c, prev, it, done = state
+        labels = assign(c)
         onehot = (labels[:, :, None] == centres).astype(f64)
         both = jnp.einsum("rnk,ne->rke", onehot, wx1)
         sums, mass = both[..., :d], both[..., d]
         keep = (mass > 0) & active
-        # the mean as sums times the reciprocal of the mass: two correctly rounded operations
-        # that a host replaying the trajectory repeats bit for bit (XLA may turn a division by a
-        # broadcast mass into exactly this, or not)
-        inverse = 1.0 / jnp.where(keep, mass, 1.0)
-        new = jnp.where(keep[..., None], sums * inverse[..., None], c)
+        new = jnp.where(keep[..., None], sums / jnp.where(keep, mass, 1.0)[..., None], c)
         shift = jnp.sum(jnp.where(active[..., None], (new - c) ** 2, 0.0), axis=(1, 2))
         stable = jnp.all((labels == prev) | (w <= 0)[None, :], axis=1)
-        recorded = (both, labels, margins(c, dist, labels), stable) if trace_len else ()
         new = jnp.where(done[:, None, None], c, new)
-        kept = jnp.where(done[:, None], prev, labels)
-        n_iter = n_iter + (~done).astype(jnp.int32)
-        done = done | stable | (shift <= tol_abs) | (first + it + 1 >= max_iter)
-        return (new, kept, it + 1, done, n_iter), recorded
+        labels = jnp.where(done[:, None], prev, labels)
+        return new, labels, it + 1, done | stable | (shift <= tol_abs)
 
-    def running(state):
-        return jnp.any(~state[3]) & (state[2] < max_iter)
-
-    state = (init, prev0, jnp.zeros((), jnp.int32), done0 | (first >= max_iter), first)
-    trace = ()
-    if trace_len:
-        # the first trace_len iterations as a scan (its per-iteration outputs are written in
-        # place, where a while loop would copy a carried trace buffer every iteration); once
-        # every run is done the remaining scan steps do nothing
-        def traced(state, _):
-            blank = (jnp.zeros((n_runs, k, d + 1), f64), jnp.zeros((n_runs, n_rows), jnp.int32),
-                     jnp.full((n_runs, n_rows), jnp.inf, jnp.float32), jnp.zeros(n_runs, bool))
-            return jax.lax.cond(running(state), step, lambda st: (st, blank), state)
-
-        state, trace = jax.lax.scan(traced, state, None, length=trace_len)
-        trace = tuple(jnp.swapaxes(t, 0, 1) for t in trace)
-    state = jax.lax.while_loop(running, lambda st: step(st)[0], state)
-    centroids, n_iter = state[0], state[4]
-    out = {
-        "centroids": jnp.where(active[..., None], centroids, centroids[:, :1, :]),
-        "n_seeds": count, "seed_rows": rows, "seed_best": seed_best, "seed_second": seed_second, "n_iter": n_iter,
-    }
-    if trace_len:
-        out |= dict(zip(("sums", "labels", "margins", "stable"), trace, strict=True))
-    return out
-
-
-@jax.jit
-def weighted_costs(centroids: jax.Array, x: jax.Array, weights: jax.Array, valid: jax.Array) -> jax.Array:
-    """Each run's weighted cost ``sum_j w_j min_i ||x_j - c_i||^2`` (direct differences, float64).
-
-    Args:
-        centroids: ``[r, k, d]`` float64. x: ``[c, d]`` float64. weights: ``[c]``. valid: ``[c]`` bool.
-
-    Returns:
-        ``[r]`` float64.
-    """
-    x = jnp.asarray(x, jnp.float64)
-    w = jnp.where(valid, jnp.asarray(weights, jnp.float64), 0.0)
-    diff = x[None, :, None, :] - centroids[:, None, :, :]
-    return jnp.sum(w[None, :] * jnp.min(jnp.sum(diff * diff, axis=-1), axis=2), axis=1)
+    state = (init, jnp.full((n_runs, n_rows), -1, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(n_runs, bool))
+    centroids, _, _, _ = jax.lax.while_loop(cond, body, state)
+    # costs: each row charged its squared distance (direct differences) to its nearest centroid,
+    # found with float64 products
+    score = jnp.sum(centroids * centroids, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x, centroids)
+    nearest = jnp.argmin(jnp.where(active[:, None, :], score, jnp.inf), axis=2)
+    diff = x[None, :, :] - jnp.take_along_axis(centroids, nearest[..., None], axis=1)
+    costs = jnp.sum(w[None, :] * jnp.sum(diff * diff, axis=-1), axis=1)
+    centroids = jnp.where(active[..., None], centroids, centroids[:, :1, :])
+    return centroids, costs, count
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
@@ -420,7 +320,7 @@ def weighted_kmeans_runs(
     seeds (the rule of `weighted_lloyd`). If the weighted rows hold fewer than ``k`` distinct
     points, seeding stops after ``m < k`` seeds (every row then sits on a seed, cost 0); the
     missing centroids are filled with copies of centroid 0, which attract no points under the
-    lowest-index tie rule. The runs are batched (`weighted_kmeans_race`).
+    lowest-index tie rule. The runs are batched (`weighted_kmeans_noise`).
 
     Args:
         keys: ``[r]`` stack of keys, one per run.
@@ -439,6 +339,5 @@ def weighted_kmeans_runs(
         Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6 (weighted server mode,
         ``n_init`` restarts as in the authors' code, 5.2).
     """
-    race = jnp.exp(seeding_noise(keys, k, x.shape[0]))
-    out = weighted_kmeans_race(race, x, weights, valid, k, tol_abs, max_iter)
-    return out["centroids"], weighted_costs(out["centroids"], x, weights, valid), out["n_seeds"]
+    noise = seeding_noise(keys, k, x.shape[0])
+    return weighted_kmeans_noise(noise, x, weights, valid, k, tol_abs, max_iter)

@@ -102,7 +102,7 @@ import jax
 import numpy as np
 
 from fedproto.algorithms import scma
-from fedproto.algorithms.mufc.clustering import IncrementalKMeans, PaddedPoints, checked_counts, server_points
+from fedproto.algorithms.mufc.clustering import PaddedPoints, server_points
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.messages import (
     AggregationRequest,
@@ -404,10 +404,8 @@ class ServerModel:
         self._summed: list[int] | None = None
         self._decoded: dict[int, int] | None = None
         self._centres: dict[int, np.ndarray] = {}
-        self._lattice: dict[int, np.ndarray] = {}
-        self._support: list[int] | None = None  # the bins of the current clustering engine
-        self._engine: IncrementalKMeans | None = None
-        self._engine_key: jax.Array | None = None
+        self._support: list[int] | None = None  # the bins of the cached weighted server points
+        self._points: PaddedPoints | None = None
         self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
     def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> list[int]:
@@ -476,49 +474,36 @@ class ServerModel:
             return counts.keys() != self.counts.keys()
         return counts != self.counts
 
-    def _cluster(self, counts: Mapping[int, int], round_idx: int) -> np.ndarray:
-        """K-means++ on the server data of ``counts`` (Algorithm 1 line 7).
-
-        Weighted mode clusters the bins' lattice coordinates (integers: the bin centres divided
-        by gamma) with their counts as weights and scales the centroids by gamma: K-means++ is
-        the same in both units, and integer points make every weighted sum exact, so one
-        :class:`~fedproto.algorithms.mufc.clustering.IncrementalKMeans` per support (the same
-        bins, the same key) answers a removal that empties no bin by certification instead of
-        a new run, with the same result. Uniform mode samples its points and runs
-        `~fedproto.algorithms.mufc.clustering.weighted_kmeans` on them.
-        """
+    def _server_data(self, counts: Mapping[int, int], points_key: jax.Array) -> tuple[PaddedPoints, np.ndarray]:
+        """`server_points` of ``counts``, padded; in weighted mode the padded points of an
+        unchanged support (the same bins, in the same ascending order: a removal that emptied no
+        bin and filled none) are reused, only the weights are read."""
         cfg = self.config
-        key, points_key = self._keys(round_idx)
-        if cfg.server_mode != "weighted":
-            points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
-            centroids, _ = PaddedPoints(points).weighted_kmeans(key, weights, cfg.k, n_init=cfg.n_init,
-                                                                max_iter=cfg.max_iter)
-            return np.asarray(centroids)
-        items = checked_counts(counts)
-        bins = [j for j, _ in items]
-        weights = np.array([q for _, q in items], dtype=np.float64)
-        engine = self._engine
-        if engine is None or self._support != bins or self._engine_key is not key:
-            missing = [j for j in bins if j not in self._lattice]
-            if missing:
-                self._lattice.update(zip(missing, cfg.grid.lattice_points(missing), strict=True))
-            lattice = np.array([self._lattice[j] for j in bins], dtype=np.float64).reshape(len(bins), cfg.grid.d)
-            # at most K L bins: every support of the run pads to one compiled shape
-            engine = IncrementalKMeans(lattice, key, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter,
-                                       min_rows=cfg.k_client * cfg.n_clients)
-            self._engine, self._support, self._engine_key = engine, bins, key
-        centroids, _ = engine.fit(weights)
-        return centroids * cfg.grid.gamma
+        if cfg.server_mode == "weighted" and self._support is not None and len(counts) == len(self._support):
+            if list(counts) == self._support and set(map(type, counts.values())) == {int}:
+                weights = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+                if weights.min() >= 1:
+                    return self._points, weights.astype(np.float64)
+        points, weights = server_points(counts, cfg.grid, cfg.server_mode, points_key, centre_cache=self._centres)
+        bound = cfg.k_client * cfg.n_clients if cfg.server_mode == "weighted" else 0  # at most K L bins
+        padded = PaddedPoints(points, min_rows=bound)
+        if cfg.server_mode == "weighted":
+            self._support, self._points = sorted(counts), padded
+        return padded, weights
 
     def adopt(self, counts: dict[int, int], round_idx: int, *, force: bool = False) -> bool:
         """Take ``counts`` as the current aggregate; re-cluster if the mode asks (or ``force``).
 
         Returns:
-            Whether K-means++ ran (or was certified to give what it would give).
+            Whether K-means++ ran.
         """
+        cfg = self.config
         recluster = self.needs_clustering(counts, force=force)
         if recluster:
-            self.centroids = self._cluster(counts, round_idx)
+            key, points_key = self._keys(round_idx)
+            points, weights = self._server_data(counts, points_key)
+            centroids, _ = points.weighted_kmeans(key, weights, cfg.k, n_init=cfg.n_init, max_iter=cfg.max_iter)
+            self.centroids = np.asarray(centroids)
         self.counts = counts
         return recluster
 

@@ -117,37 +117,6 @@ class Grid:
             out.append(j + 1)
         return out
 
-    def lattice_points(self, indices: Sequence[int]) -> np.ndarray:
-        """The lattice coordinates ``u_t + a_min`` of the bins with the given 1-based indices: the
-        bin centres in units of gamma (``bin_centres = gamma * lattice_points``).
-
-        Args:
-            indices: ``m`` integers in ``[1, n_bins]`` (Python or NumPy ints).
-
-        Returns:
-            ``[m, d]`` int64 (``[0, d]`` for no indices).
-
-        Raises:
-            ValueError: an index outside ``[1, n_bins]``.
-            TypeError: an index that is not an integer.
-
-        References:
-            Spec mufc.md 1.4 (inverse map at the server).
-        """
-        out = np.empty((len(indices), self.d), dtype=np.int64)
-        base = self.per_dim
-        for row, raw in enumerate(indices):
-            if isinstance(raw, bool):
-                raise TypeError("bin indices must be integers, not bool")
-            j = operator.index(raw)
-            if not 1 <= j <= self.n_bins:
-                raise ValueError(f"bin index {j} is outside [1, {self.n_bins}]")
-            rest = j - 1
-            for t in range(self.d):
-                rest, u = divmod(rest, base)
-                out[row, t] = u + self.a_min
-        return out
-
     def bin_centres(self, indices: Sequence[int]) -> np.ndarray:
         """The centres ``gamma * (u_t + a_min)`` of the bins with the given 1-based indices.
 
@@ -164,7 +133,19 @@ class Grid:
         References:
             Spec mufc.md 1.4 (inverse map at the server) and 1.6 step 2.
         """
-        return self.gamma * self.lattice_points(indices).astype(np.float64)
+        out = np.empty((len(indices), self.d), dtype=np.float64)
+        base = self.per_dim
+        for row, raw in enumerate(indices):
+            if isinstance(raw, bool):
+                raise TypeError("bin indices must be integers, not bool")
+            j = operator.index(raw)
+            if not 1 <= j <= self.n_bins:
+                raise ValueError(f"bin index {j} is outside [1, {self.n_bins}]")
+            rest = j - 1
+            for t in range(self.d):
+                rest, u = divmod(rest, base)
+                out[row, t] = self.gamma * float(u + self.a_min)
+        return out
 
 
 def _lattice_range(lo: float, hi: float, gamma: float) -> tuple[int, int]:
