@@ -108,7 +108,7 @@ from fedproto.algorithms.deletion.qkmeans import (
     QKMeansModel,
     removal_decision,
 )
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import Outgoing
 
 __all__ = [
@@ -756,9 +756,10 @@ class QKMeansFederation:
         if party == COORDINATOR:
             return QKMeansCoordinator(COORDINATOR, parties=self.clients, config=self.config, key=self.key, d=self.d,
                                       owners=self.owners, n_deletions=m)
-        if party not in self.clients:
+        c = party_index(self.clients).get(party)  # (one index for the run: no roster scan per party)
+        if c is None:
             raise ValueError(f"{party!r} is not a party of this run")
-        x, ids = self.parts[self.clients.index(party)]
+        x, ids = self.parts[c]
         return QKMeansParty(party, coordinator=COORDINATOR, points=x, ids=ids, config=self.config, key=self.key,
                             requests=self.requests[party], n_deletions=m)
 

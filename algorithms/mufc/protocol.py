@@ -138,7 +138,7 @@ from fedproto.algorithms.secagg_plus.messages import (
 )
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
 
 if TYPE_CHECKING:
@@ -1435,9 +1435,9 @@ class MUFCParties:
                 session=self.session,
                 secagg_plus=self.secagg_plus,
             )
-        if party not in self.clients:
+        c = party_index(self.clients).get(party)  # (one index for the run: no roster scan per party)
+        if c is None:
             raise ValueError(f"{party!r} is not a party of this run")
-        c = self.clients.index(party)
         x, ids = self.parts[c]
         return MUFCClient(
             party,
