@@ -225,8 +225,10 @@ def weighted_kmeans_noise(
     the work; ties to the lowest index) and one one-hot product in float64 for the weighted means
     (exact sums, deterministic on every backend); each run freezes once its own stopping rule
     holds (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``),
-    until every run has stopped or ``max_iter``. Each run's cost is evaluated at the end with
-    direct squared differences in float64.
+    until every run has stopped or ``max_iter``. The batch shrinks as runs stop (all runs, then
+    half of them, ... one: the running runs gathered first), so runs that stopped early are not
+    computed on; each run's iterations are the same in any batch. Each run's cost is evaluated
+    at the end with direct squared differences in float64.
 
     Args:
         noise: ``[r, k, c]`` float64 Gumbel noise.
@@ -266,33 +268,49 @@ def weighted_kmeans_noise(
     x32 = x.astype(f32)
     wx1 = jnp.concatenate([w[:, None] * x, w[:, None]], axis=1)  # sums and masses in one product
     centres = jnp.arange(k)
-    offset = jnp.where(active, 0.0, jnp.inf).astype(f32)  # inactive centroids attract nothing
 
-    def assign(c):
-        c32 = c.astype(f32)
-        score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x32, c32)
-        return jnp.argmin(score + offset[:, None, :], axis=2).astype(jnp.int32)
+    def lloyd(c, prev, done, it, on, limit):
+        """Lloyd for a batch of runs (``on``: their seeded centroids) while more than ``limit``
+        of them are running."""
+        offset = jnp.where(on, 0.0, jnp.inf).astype(f32)  # inactive centroids attract nothing
 
-    def cond(state):
-        _, _, it, done = state
-        return jnp.any(~done) & (it < max_iter)
+        def assign(c):
+            c32 = c.astype(f32)
+            score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x32, c32)
+            return jnp.argmin(score + offset[:, None, :], axis=2).astype(jnp.int32)
 
-    def body(state):
-        c, prev, it, done = state
-        labels = assign(c)
-        onehot = (labels[:, :, None] == centres).astype(f64)
-        both = jnp.einsum("rnk,ne->rke", onehot, wx1)
-        sums, mass = both[..., :d], both[..., d]
-        keep = (mass > 0) & active
-        new = jnp.where(keep[..., None], sums / jnp.where(keep, mass, 1.0)[..., None], c)
-        shift = jnp.sum(jnp.where(active[..., None], (new - c) ** 2, 0.0), axis=(1, 2))
-        stable = jnp.all((labels == prev) | (w <= 0)[None, :], axis=1)
-        new = jnp.where(done[:, None, None], c, new)
-        labels = jnp.where(done[:, None], prev, labels)
-        return new, labels, it + 1, done | stable | (shift <= tol_abs)
+        def cond(state):
+            _, _, it, done = state
+            return (jnp.sum(~done) > limit) & (it < max_iter)
 
-    state = (init, jnp.full((n_runs, n_rows), -1, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros(n_runs, bool))
-    centroids, _, _, _ = jax.lax.while_loop(cond, body, state)
+        def body(state):
+            c, prev, it, done = state
+            labels = assign(c)
+            onehot = (labels[:, :, None] == centres).astype(f64)
+            both = jnp.einsum("rnk,ne->rke", onehot, wx1)
+            sums, mass = both[..., :d], both[..., d]
+            keep = (mass > 0) & on
+            new = jnp.where(keep[..., None], sums / jnp.where(keep, mass, 1.0)[..., None], c)
+            shift = jnp.sum(jnp.where(on[..., None], (new - c) ** 2, 0.0), axis=(1, 2))
+            stable = jnp.all((labels == prev) | (w <= 0)[None, :], axis=1)
+            new = jnp.where(done[:, None, None], c, new)
+            labels = jnp.where(done[:, None], prev, labels)
+            return new, labels, it + 1, done | stable | (shift <= tol_abs)
+
+        return jax.lax.while_loop(cond, body, (c, prev, it, done))
+
+    # The runs advance together in a batch that shrinks as they stop (n_runs, then half, ... 1):
+    # runs that stopped are no longer computed once few are left. Each run's iterations are the
+    # same whichever batch computes them.
+    centroids, prev = init, jnp.full((n_runs, n_rows), -1, jnp.int32)
+    done, it = jnp.zeros(n_runs, bool), jnp.zeros((), jnp.int32)
+    sizes = [n_runs]
+    while sizes[-1] > 1:
+        sizes.append((sizes[-1] + 1) // 2)
+    for size, limit in zip(sizes, sizes[1:] + [0], strict=True):
+        pick = jnp.argsort(done, stable=True)[:size]  # the running runs first
+        c_b, prev_b, it, done_b = lloyd(centroids[pick], prev[pick], done[pick], it, active[pick], limit)
+        centroids, prev, done = centroids.at[pick].set(c_b), prev.at[pick].set(prev_b), done.at[pick].set(done_b)
     # costs: each row charged its squared distance (direct differences) to its nearest centroid,
     # found with float64 products
     score = jnp.sum(centroids * centroids, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x, centroids)
