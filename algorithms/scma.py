@@ -1314,7 +1314,7 @@ def _packed_single_change(
     sums: Sequence[int], previous_sums: Sequence[int], p: int, max_index: int
 ) -> dict[int, int] | bool | None:
     """`_single_change` of ``sums - previous_sums`` on packed integers, when both are remembered
-    `aggregate_packed` results (`_recent_limbs`): ``True`` if they are equal (no change),
+    `aggregate_packed` results (`_recent_entry`): ``True`` if they are equal (no change),
     ``{j: c}`` for a single changed bin, ``False`` if the difference is not one bin, ``None``
     when the limbs are not at hand (the caller computes the difference in Python ints).
 
