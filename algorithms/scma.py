@@ -275,11 +275,7 @@ def _column_sums(words: np.ndarray) -> np.ndarray:
     n_groups = -(-width // 4)
     if words.shape[0] <= 257 and n_groups <= 4:
         digits = np.add.reduce(words, axis=0, dtype=np.uint16)  # below 2^16
-        place = np.zeros((width, n_groups))
-        for b in range(width):
-            pos = width - 1 - b  # byte position from the least significant end
-            place[b, pos // 4] = float(1 << (8 * (pos % 4)))
-        exact = (digits.astype(np.float64) @ place).astype(np.int64)  # [T, G], little-endian groups
+        exact = (digits.astype(np.float64) @ _byte_places(width)[:n_groups].T).astype(np.int64)  # [T, G], little-endian
         total = exact[:, n_groups - 1].astype(object)
         for g in range(n_groups - 2, -1, -1):
             total = (total << 32) + exact[:, g].astype(object)
@@ -299,17 +295,27 @@ def _column_sums(words: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def _mod_tables(p: int, width: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """For `_column_sums_mod`: the ``[G + 1, width]`` place values (a row per 32-bit group, then
-    the float weight of each byte), the ``[G, 1]`` 32-bit limbs of ``p`` and ``float(p)``."""
+def _byte_places(width: int) -> np.ndarray:
+    """Place values of the bytes of a ``width``-byte big-endian word, ``[G + 1, width]`` float64
+    (read-only): row ``g < G`` weighs each byte within 32-bit group ``g`` (little-endian groups),
+    the last row weighs each byte within the whole word."""
     n_groups = -(-width // 4)
     place = np.zeros((n_groups + 1, width))
     for b in range(width):
         pos = width - 1 - b  # byte position from the least significant end
         place[pos // 4, b] = float(1 << (8 * (pos % 4)))
         place[n_groups, b] = float(1 << (8 * pos))
+    place.setflags(write=False)
+    return place
+
+
+@functools.lru_cache(maxsize=32)
+def _mod_tables(p: int, width: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """For `_column_sums_mod`: the ``[G + 1, width]`` place values (`_byte_places`), the ``[G, 1]``
+    32-bit limbs of ``p`` and ``float(p)``."""
+    n_groups = -(-width // 4)
     limbs = np.array([[(p >> (32 * g)) & 0xFFFFFFFF] for g in range(n_groups)], dtype=np.int64)
-    return place, limbs, float(p)
+    return _byte_places(width), limbs, float(p)
 
 
 def _carry(limbs: np.ndarray) -> None:
