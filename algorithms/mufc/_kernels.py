@@ -9,7 +9,7 @@ reproduces the step's draw exactly.
 
 Dtypes: float64 (``algorithms`` enables JAX's 64-bit mode): costs are sums of up to ~10^5
 squared distances and the weighted-versus-replicated equivalence is checked to ~1e-12; the one
-exception is the server's batched nearest-centroid search in Lloyd (`weighted_kmeans_noise`),
+exception is the server's batched nearest-centroid search in Lloyd (`weighted_lloyd_runs`),
 float32 products (the means, the seeding and the costs stay float64); positions and rows are
 int32.
 
@@ -33,10 +33,13 @@ from fedproto.algorithms import kmeans
 __all__ = [
     "first_removed_position",
     "seeding_noise",
+    "seeding_race",
     "unlearn_seeding",
     "weighted_kmeans_noise",
     "weighted_kmeans_runs",
     "weighted_lloyd",
+    "weighted_lloyd_runs",
+    "weighted_seeding",
 ]
 
 
@@ -189,7 +192,7 @@ def seeding_noise(keys: jax.Array, k: int, capacity: int) -> jax.Array:
     """The Gumbel noise of `weighted_kmeans_runs`: ``g[r, s, j] = Gumbel(fold_in(fold_in(keys[r], s), j))``.
 
     It depends only on the keys and the padded size, so a server that re-clusters with the same
-    key (coupled randomness) draws it once and reuses it across rounds (`weighted_kmeans_noise`).
+    key (coupled randomness) draws it once and reuses it across rounds (`seeding_race`).
 
     Args:
         keys: ``[r]`` stack of run keys (`fedproto.algorithms.kmeans.seeding_keys`).
@@ -206,47 +209,53 @@ def seeding_noise(keys: jax.Array, k: int, capacity: int) -> jax.Array:
     return jax.vmap(run)(keys)
 
 
-@functools.partial(jax.jit, static_argnames=("k",))
-def weighted_kmeans_noise(
-    noise: jax.Array,
-    x: jax.Array,
-    weights: jax.Array,
-    valid: jax.Array,
-    k: int,
-    tol_abs: float | jax.Array,
-    max_iter: int | jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`weighted_kmeans_runs` from its seeding noise (`seeding_noise`), all runs in one batch.
+@functools.partial(jax.jit, static_argnames=("k", "capacity"))
+def seeding_race(keys: jax.Array, k: int, capacity: int) -> jax.Array:
+    """``exp`` of `seeding_noise`: the exponential-race form ``e^g`` that `weighted_seeding` reads.
 
-    Seeding is that of `fedproto.algorithms.kmeans.kmeanspp_seeding` with the same noise (D^2
-    weights from direct squared differences in float64), drawn as the equivalent exponential race
-    ``argmax_j u_j e^{g_j}`` (no logarithm per row and step). The runs then advance together: one batched assignment per Lloyd iteration
-    (nearest centroid by ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32, the bulk of
-    the work; ties to the lowest index) and one one-hot product in float64 for the weighted means
-    (exact sums, deterministic on every backend); each run freezes once its own stopping rule
-    holds (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``),
-    until every run has stopped or ``max_iter``. The batch shrinks as runs stop (all runs, then
-    half of them, ... one: the running runs gathered first), so runs that stopped early are not
-    computed on; each run's iterations are the same in any batch. Each run's cost is evaluated
-    at the end with direct squared differences in float64.
+    A server that re-clusters with one key draws it once (`seeding_noise` then one ``exp`` per
+    entry, a tenth of a re-clustering on the CPU) and reuses it across rounds.
 
     Args:
-        noise: ``[r, k, c]`` float64 Gumbel noise.
-        x, weights, valid, k, tol_abs, max_iter: as `weighted_kmeans_runs`.
+        keys: ``[r]`` stack of run keys. k: seeding steps (static). capacity: padded rows ``c``
+            (static).
 
     Returns:
-        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64, ``[r]`` float64, ``[r]`` int32.
+        ``[r, k, c]`` float64, positive.
+    """
+    return jnp.exp(seeding_noise(keys, k, capacity))
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def weighted_seeding(race: jax.Array, x: jax.Array, weights: jax.Array, valid: jax.Array, k: int) -> jax.Array:
+    """Weighted D^2 seeding of every run at once, from its race (`seeding_race`).
+
+    Seeding is that of `fedproto.algorithms.kmeans.kmeanspp_seeding` with the same noise (D^2
+    weights from direct squared differences in float64), drawn as the equivalent exponential
+    race: step ``s`` of run ``r`` picks ``argmax_j score_j`` with ``score_j = w_j e^{g[r, s, j]}``
+    at ``s = 0`` and ``w_j D_j^2 e^{g[r, s, j]}`` after (``D_j`` the distance to the run's seeds
+    so far; ties to the lowest row); a run stops seeding once every score is 0 (fewer than ``k``
+    distinct weighted rows). Scores are monotone in each ``w_j`` and ``D_j`` depends only on the
+    seeds, so lowering the weight of rows that no run picked leaves every pick unchanged (the skip
+    rule of `fedproto.algorithms.mufc.clustering.PaddedPoints`).
+
+    Args:
+        race: ``[r, k, c]`` float64 (`seeding_race`).
+        x: ``[c, d]`` float64 padded points. weights: ``[c]`` float64 non-negative (ignored off
+            ``valid``). valid: ``[c]`` bool. k: seeding steps (static).
+
+    Returns:
+        ``[r, k]`` int32 seed rows in pick order, ``-1`` after a run's last seed.
 
     References:
-        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982.
+        Pan et al. Algorithm 1 line 7 and App. I (weighted D^2 sampling); Arthur and
+        Vassilvitskii, SODA 2007 (k-means++); spec mufc.md 1.6.
     """
-    f64, f32 = jnp.float64, jnp.float32
+    f64 = jnp.float64
     x = jnp.asarray(x, f64)
     w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
-    n_runs, n_rows, d = noise.shape[0], x.shape[0], x.shape[1]
+    n_runs, n_rows = race.shape[0], x.shape[0]
     runs = jnp.arange(n_runs)
-
-    race = jnp.exp(noise)  # Gumbel-max as an exponential race: argmax u e^g = argmax (log u + g)
 
     def draw(s, carry):
         rows, mind = carry
@@ -261,6 +270,48 @@ def weighted_kmeans_noise(
 
     mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
     rows, _ = jax.lax.fori_loop(0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), mind0))
+    return rows
+
+
+@jax.jit
+def weighted_lloyd_runs(
+    x: jax.Array,
+    weights: jax.Array,
+    valid: jax.Array,
+    rows: jax.Array,
+    tol_abs: float | jax.Array,
+    max_iter: int | jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Weighted Lloyd for a batch of runs from their seeds (`weighted_seeding`), with their costs.
+
+    The runs advance together: one batched assignment per Lloyd iteration (nearest centroid by
+    ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32, the bulk of the work; ties to the
+    lowest index) and one one-hot product in float64 for the weighted means (exact sums,
+    deterministic on every backend); each run freezes once its own stopping rule holds
+    (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``), until
+    every run has stopped or ``max_iter``. The batch shrinks as runs stop (all runs, then half of
+    them, ... one: the running runs gathered first), so runs that stopped early are not computed
+    on; each run's iterations are the same in any batch. Each run's cost is evaluated at the end
+    with direct squared differences in float64.
+
+    Args:
+        x: ``[c, d]`` float64 padded points. weights: ``[c]`` float64 (ignored off ``valid``).
+        valid: ``[c]`` bool. rows: ``[r, k]`` int32 seed rows (-1 after a run's last seed).
+        tol_abs: absolute tolerance on a run's squared centroid shift. max_iter: the most Lloyd
+            iterations.
+
+    Returns:
+        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64 (a run's missing centroids are
+        copies of its centroid 0), ``[r]`` float64 weighted costs, ``[r]`` int32.
+
+    References:
+        Lloyd 1982; Pan et al. Algorithm 1 line 7 and App. I; spec mufc.md 1.6.
+    """
+    f64, f32 = jnp.float64, jnp.float32
+    x = jnp.asarray(x, f64)
+    w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
+    n_runs, k = rows.shape
+    n_rows, d = x.shape
     active = rows >= 0
     count = jnp.sum(active, axis=1).astype(jnp.int32)
     init = x[jnp.where(active, rows, rows[:, :1])]
@@ -319,6 +370,33 @@ def weighted_kmeans_noise(
     costs = jnp.sum(w[None, :] * jnp.sum(diff * diff, axis=-1), axis=1)
     centroids = jnp.where(active[..., None], centroids, centroids[:, :1, :])
     return centroids, costs, count
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def weighted_kmeans_noise(
+    noise: jax.Array,
+    x: jax.Array,
+    weights: jax.Array,
+    valid: jax.Array,
+    k: int,
+    tol_abs: float | jax.Array,
+    max_iter: int | jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`weighted_kmeans_runs` from its seeding noise (`seeding_noise`): `weighted_seeding` of
+    ``exp(noise)`` then `weighted_lloyd_runs`, in one call.
+
+    Args:
+        noise: ``[r, k, c]`` float64 Gumbel noise.
+        x, weights, valid, k, tol_abs, max_iter: as `weighted_kmeans_runs`.
+
+    Returns:
+        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64, ``[r]`` float64, ``[r]`` int32.
+
+    References:
+        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982.
+    """
+    rows = weighted_seeding(jnp.exp(noise), x, weights, valid, k)
+    return weighted_lloyd_runs(x, weights, valid, rows, tol_abs, max_iter)
 
 
 @functools.partial(jax.jit, static_argnames=("k",))

@@ -182,12 +182,22 @@ class PaddedPoints:
     passes the weights. ``PaddedPoints(points, min_rows=r).weighted_kmeans(key, weights, k, ...)``
     is ``weighted_kmeans(key, points, weights, k, ..., min_rows=r)`` (the same code).
 
+    Skip rule: the object remembers its last seeding (the race of the key, the weights and every
+    run's seed rows). A later call with the same key and ``k`` whose weights are nowhere higher,
+    and lower only on rows that no run picked as a seed, has the same seeds (each pick is the
+    argmax of scores that are monotone in the weights, `_kernels.weighted_seeding`), so seeding is
+    skipped and Lloyd starts from the remembered seeds: the result is the one a fresh object
+    computes (a removal that hits no seed bin, the common case, costs Lloyd alone).
+
     Args:
         points: ``[m, d]`` float64, finite, ``m >= 1`` (copied).
         min_rows: pad to at least this many rows (see `weighted_kmeans`).
 
     Raises:
         ValueError: empty or non-finite points.
+
+    References:
+        Pan et al. Algorithm 1 line 7 and App. I; spec mufc.md 1.6 and 3.7 (exact unlearning).
     """
 
     def __init__(self, points: np.ndarray, *, min_rows: int = 0) -> None:
@@ -204,6 +214,10 @@ class PaddedPoints:
         xp[:m] = pts
         self._xp = jnp.asarray(xp)
         self._valid = jnp.asarray(np.arange(self.capacity) < m)
+        # the last seeding: (race, padded weights, seed rows on the host, seed rows on the device)
+        self._seeded: tuple[jax.Array, np.ndarray, np.ndarray, jax.Array] | None = None
+        #: Seedings skipped by the rule above, and seedings computed (for tests and reports).
+        self.seedings_skipped = self.seedings_run = 0
 
     def weighted_kmeans(
         self, key: jax.Array, weights: np.ndarray, k: int, *, n_init: int = 10, max_iter: int = 300, tol: float = 1e-4
@@ -222,49 +236,68 @@ class PaddedPoints:
             raise ValueError(f"tol must be non-negative, got {tol!r}")
         wp = np.zeros(self.capacity)
         wp[: pts.shape[0]] = w
-        noise = _seeding_noise(key, operator.index(n_init), operator.index(k), self.capacity)
-        centroids, costs, _ = _kernels.weighted_kmeans_noise(
-            noise, self._xp, wp, self._valid, operator.index(k), _tolerance(pts, w, tol), operator.index(max_iter),
+        race = _seeding_race(key, operator.index(n_init), operator.index(k), self.capacity)
+        rows = self._seeds(race, wp, operator.index(k))
+        centroids, costs, _ = _kernels.weighted_lloyd_runs(
+            self._xp, wp, self._valid, rows, _tolerance(pts, w, tol), operator.index(max_iter)
         )
         costs_h = np.asarray(costs)
         best = int(np.argmin(costs_h))
         return np.asarray(centroids)[best], float(costs_h[best])
 
+    def _seeds(self, race: jax.Array, wp: np.ndarray, k: int) -> jax.Array:
+        """Every run's seed rows for padded weights ``wp``: the remembered ones where the skip
+        rule holds, else `_kernels.weighted_seeding` (then remembered)."""
+        if self._seeded is not None:
+            last_race, last_w, last_rows, rows = self._seeded
+            if last_race is race:
+                lowered = wp < last_w
+                # nowhere higher, and lowered only on rows no run picked (-1 marks no seed)
+                if not np.any(wp > last_w) and not np.any(lowered[last_rows[last_rows >= 0]]):
+                    self.seedings_skipped += 1
+                    self._seeded = (race, wp, last_rows, rows)
+                    return rows
+        rows = _kernels.weighted_seeding(race, self._xp, wp, self._valid, k)
+        self.seedings_run += 1
+        self._seeded = (race, wp, np.asarray(rows), rows)
+        return rows
 
-#: Seeding noise of recent keys: a server that re-clusters with one key (coupled randomness)
-#: draws its noise once per padded size instead of once per round.
-_NOISE_CACHE: collections.OrderedDict[tuple[bytes, int, int, int], jax.Array] = collections.OrderedDict()
-_NOISE_CACHE_SIZE = 8
+
+#: Seeding races of recent keys: a server that re-clusters with one key (coupled randomness)
+#: draws its race once per padded size instead of once per round.
+_RACE_CACHE: collections.OrderedDict[tuple[bytes, int, int, int], jax.Array] = collections.OrderedDict()
+_RACE_CACHE_SIZE = 8
 
 
-#: The last key asked for, held (so its identity cannot be reused), with its noise: a server
+#: The last key asked for, held (so its identity cannot be reused), with its race: a server
 #: re-clustering with the same key object finds it without reading the key's bits back.
-_LAST_NOISE: list[tuple[jax.Array, int, int, int, jax.Array]] = []
+_LAST_RACE: list[tuple[jax.Array, int, int, int, jax.Array]] = []
 
 
-def _seeding_noise(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
-    """`_kernels.seeding_noise` of ``seeding_keys(key, n_init)``, cached by the key's bits."""
-    if _LAST_NOISE:
-        last_key, *shape, last = _LAST_NOISE[0]
+def _seeding_race(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
+    """`_kernels.seeding_race` of ``seeding_keys(key, n_init)``, cached by the key's bits (the
+    same key gives the same array object, which `PaddedPoints`'s skip rule relies on)."""
+    if _LAST_RACE:
+        last_key, *shape, last = _LAST_RACE[0]
         if last_key is key and shape == [n_init, k, cap]:
             return last
-    noise = _noise_by_bits(key, n_init, k, cap)
-    _LAST_NOISE[:] = [(key, n_init, k, cap, noise)]
-    return noise
+    race = _race_by_bits(key, n_init, k, cap)
+    _LAST_RACE[:] = [(key, n_init, k, cap, race)]
+    return race
 
 
-def _noise_by_bits(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
+def _race_by_bits(key: jax.Array, n_init: int, k: int, cap: int) -> jax.Array:
     raw = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     ident = (np.asarray(raw).tobytes() + str(key.dtype).encode(), n_init, k, cap)
-    noise = _NOISE_CACHE.get(ident)
-    if noise is None:
-        noise = _kernels.seeding_noise(kmeans.seeding_keys(key, n_init), k, cap)
-        _NOISE_CACHE[ident] = noise
-        while len(_NOISE_CACHE) > _NOISE_CACHE_SIZE:
-            _NOISE_CACHE.popitem(last=False)
+    race = _RACE_CACHE.get(ident)
+    if race is None:
+        race = _kernels.seeding_race(kmeans.seeding_keys(key, n_init), k, cap)
+        _RACE_CACHE[ident] = race
+        while len(_RACE_CACHE) > _RACE_CACHE_SIZE:
+            _RACE_CACHE.popitem(last=False)
     else:
-        _NOISE_CACHE.move_to_end(ident)
-    return noise
+        _RACE_CACHE.move_to_end(ident)
+    return race
 
 
 def induced_labels(local_centroids: np.ndarray, grid: Grid, centroids: np.ndarray) -> np.ndarray:

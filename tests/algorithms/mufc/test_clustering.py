@@ -241,6 +241,61 @@ def test_weighted_kmeans_finds_the_weighted_optimum_and_equals_replicated():
     assert cost == float(np.min(np.asarray(costs)))
 
 
+def test_padded_points_skip_rule_gives_the_fresh_result():
+    """The seeding skip rule (a removal that lowers only unpicked rows keeps the seeds) returns,
+    after every weight change, exactly what a fresh object (which always seeds) returns; both
+    paths are taken, and lowering a picked row or raising any row re-seeds."""
+    x, _ = _blobs(21)
+    rng = np.random.default_rng(21)
+    w = rng.integers(5, 40, size=len(x)).astype(float)
+    key = jax.random.key(22)
+    kept = clustering.PaddedPoints(x, min_rows=64)
+    kept.weighted_kmeans(key, w, 4)
+    picked_seen = False
+    for step in range(40):
+        rows = kept._seeded[2]
+        picked = np.unique(rows[rows >= 0])
+        if step % 10 == 9:  # raise one row: never skipped
+            w = w.copy()
+            w[rng.integers(len(x))] += 3
+            expect_skip = False
+        else:  # lower one row, every fifth time a picked one
+            choices = picked if step % 5 == 4 else np.setdiff1d(np.flatnonzero(w > 1), picked)
+            j = int(rng.choice(choices))
+            w = w.copy()
+            w[j] -= 1
+            expect_skip = j not in picked
+            picked_seen |= not expect_skip
+        before = kept.seedings_skipped
+        got = kept.weighted_kmeans(key, w, 4)
+        fresh = clustering.PaddedPoints(x, min_rows=64).weighted_kmeans(key, w, 4)
+        assert kept.seedings_skipped - before == int(expect_skip)
+        np.testing.assert_array_equal(got[0], fresh[0])
+        assert got[1] == fresh[1]
+    # 4 raises and 4 lowered picked rows re-seed (plus the first call); the other 32 skip
+    assert picked_seen and kept.seedings_skipped == 32 and kept.seedings_run == 9
+
+
+def test_padded_points_skip_rule_is_needed_for_picked_rows():
+    """Lowering a picked row can change the seeds: the rule must not skip it (not vacuous)."""
+    x, _ = _blobs(23)
+    w = np.full(len(x), 50.0)
+    race = clustering._seeding_race(jax.random.key(24), 10, 4, 64)
+    pad = clustering.PaddedPoints(x, min_rows=64)
+    wp = np.zeros(64)
+    wp[: len(x)] = w
+    rows = np.asarray(pad._seeds(race, wp, 4))
+    changed = 0
+    for j in np.unique(rows[rows >= 0]):
+        lowered = wp.copy()
+        lowered[j] = 1.0
+        again = np.asarray(_kernels.weighted_seeding(race, pad._xp, lowered, pad._valid, 4))
+        changed += not np.array_equal(again, rows)
+        np.testing.assert_array_equal(np.asarray(pad._seeds(race, lowered, 4)), again)
+        pad._seeds(race, wp, 4)  # back to the original weights (a raise: re-seeds)
+    assert changed > 0
+
+
 def test_weighted_kmeans_with_fewer_distinct_points_than_k():
     x = np.array([[0.1, 0.1], [0.9, 0.9], [0.1, 0.1], [0.5, 0.2]])
     c, cost = weighted_kmeans(jax.random.key(0), x, np.array([1.0, 2.0, 3.0, 1.0]), 4)
