@@ -54,6 +54,7 @@ from fedproto.errors import RemoteProtocolError
 
 __all__ = [
     "PROVEN_PRIME_BITS",
+    "PackedSums",
     "SyndromeDecodingError",
     "aggregate_packed",
     "aggregate_syndromes",
@@ -70,6 +71,7 @@ __all__ = [
     "pairwise_masks",
     "pairwise_seed",
     "rs_syndromes",
+    "sum_packed",
     "uniform_elements",
     "unpack_elements",
     "update_syndromes",
@@ -227,19 +229,21 @@ def _check_packed_shape(name: str, packed: object, width: int, length: int | Non
 def _check_below(name: str, rows: np.ndarray, p: int) -> None:
     """Raise ValueError naming the first of the big-endian ``rows`` ``[m, width]`` that is ``>= p``.
 
-    Rows are compared with ``p - 1`` on their leading (up to) eight bytes read as one big-endian
-    integer (one maximum when every row is below); only rows that tie there (rare for field
-    elements) are compared byte by byte.
+    Rows are compared with ``p - 1`` on their leading bytes read as one big-endian integer (one
+    maximum when every row is below); only rows that tie there are compared byte by byte. Rows of
+    four bytes or more are led by four bytes (a strided ``>u4`` view, about a fifth cheaper to
+    scan than eight): the first of ``p - 1``'s is non-zero, so a uniform field element ties with
+    probability below ``2^-24``; narrower rows are led by all their bytes (no tie to resolve).
     """
     if not rows.shape[0]:
         return
     width = rows.shape[1]
     top = np.frombuffer((p - 1).to_bytes(width, "big"), dtype=np.uint8)
-    lead = min(width, 8)
+    lead = 4 if width >= 4 else width
     rows = np.ascontiguousarray(rows)
-    if lead == 8:  # the leading eight bytes of every row, without a copy
-        head = np.ndarray((rows.shape[0],), dtype=">u8", buffer=rows, strides=(width,))
-        limit = int.from_bytes(top[:8].tobytes(), "big")
+    if lead == 4:  # the leading four bytes of every row, without a copy
+        head = np.ndarray((rows.shape[0],), dtype=">u4", buffer=rows, strides=(width,))
+        limit = int.from_bytes(top[:4].tobytes(), "big")
     else:
         head = rows[:, 0].astype(np.uint64)
         for b in range(1, lead):
@@ -274,7 +278,7 @@ def _column_sums(words: np.ndarray) -> np.ndarray:
     n_rows, width = words.shape[1], words.shape[2]
     n_groups = -(-width // 4)
     if words.shape[0] <= 257 and n_groups <= 4:
-        digits = np.add.reduce(words, axis=0, dtype=np.uint16)  # below 2^16
+        digits = _digit_sums(words)
         exact = (digits.astype(np.float64) @ _byte_places(width)[:n_groups].T).astype(np.int64)  # [T, G], little-endian
         total = exact[:, n_groups - 1].astype(object)
         for g in range(n_groups - 2, -1, -1):
@@ -292,6 +296,14 @@ def _column_sums(words: np.ndarray) -> np.ndarray:
     for g in range(1, groups.shape[1]):
         total = (total << 32) + groups[:, g].astype(object)
     return total
+
+
+def _digit_sums(words: np.ndarray) -> np.ndarray:
+    """``sum_s words[s]``, ``[S, T, w]`` uint8 (``S <= 257``) -> ``[T, w]`` uint16, exact (below
+    ``257 * 255 < 2^16``). Reduced over the flattened ``[S, T * w]`` view: NumPy's casting
+    reduction runs about a third faster on two axes than on three (measured; same sums)."""
+    n_words, n_rows, width = words.shape
+    return np.add.reduce(words.reshape(n_words, n_rows * width), axis=0, dtype=np.uint16).reshape(n_rows, width)
 
 
 @functools.lru_cache(maxsize=32)
@@ -343,7 +355,7 @@ def _column_sums_mod(words: np.ndarray, p: int) -> np.ndarray | None:
         return None
     place, p_limbs, p_float = _mod_tables(p, width)
     n_groups = p_limbs.shape[0]
-    digits = np.add.reduce(words, axis=0, dtype=np.uint16)  # [T, w], below 2^16
+    digits = _digit_sums(words)  # [T, w], below 2^16
     mixed = place @ digits.T.astype(np.float64)  # [G + 1, T]
     limbs = mixed[:n_groups].astype(np.int64)  # exact: below 257 * 2^32 * 1.01
     quotient = np.maximum(np.floor(mixed[n_groups] / p_float - 2.0**-20), 0.0).astype(np.int64)
@@ -355,7 +367,11 @@ def _column_sums_mod(words: np.ndarray, p: int) -> np.ndarray | None:
 
 
 def _limbs_to_ints(limbs: np.ndarray) -> list[int]:
-    """The Python ints of nonnegative 32-bit limbs ``[G, T]`` (`_column_sums_mod`), ``G <= 4``."""
+    """The Python ints of nonnegative 32-bit limbs ``[G, T]`` (`_column_sums_mod`), any ``G``."""
+    if limbs.shape[0] > 4:
+        rows = np.ascontiguousarray(limbs.T, dtype="<u4").tobytes()
+        step = 4 * limbs.shape[0]
+        return [int.from_bytes(rows[i : i + step], "little") for i in range(0, len(rows), step)]
     wide = limbs.astype(np.uint64)
     low = wide[0] if wide.shape[0] == 1 else wide[0] | (wide[1] << np.uint64(32))
     if wide.shape[0] <= 2:
@@ -364,27 +380,87 @@ def _limbs_to_ints(limbs: np.ndarray) -> list[int]:
     return ((high.astype(object) << 64) | low.astype(object)).tolist()
 
 
-#: `aggregate_packed`'s last results: ``[p, a private copy of the returned list, its [G, T]
-#: limbs, its packed integer (made on first use)]``, newest first. `decode_update` finds the
-#: entry of sums equal to a remembered list (a list comparison; the copies share the int
-#: objects, so it is one pointer test per element) and works on packed integers instead of
-#: ``3T`` modular operations on Python ints; any other input takes the general path. The tuple
-#: is replaced, never mutated (safe to read anywhere); an entry's packed integer is a cache.
-_RECENT_SUMS: tuple[list, ...] = ()
+def _ints_to_limbs(values: Sequence[int], n_groups: int) -> np.ndarray:
+    """``[T]`` nonnegative ints below ``2^(32 G)`` as 32-bit limbs ``[G, T]`` int64 (`_limbs_to_ints`' inverse)."""
+    raw = b"".join(v.to_bytes(4 * n_groups, "little") for v in values)
+    return np.frombuffer(raw, "<u4").reshape(len(values), n_groups).T.astype(np.int64)
+
+
+class PackedSums(Sequence):
+    """Aggregated syndromes ``S_1..S_T`` in ``F_p`` kept as 32-bit limbs (`sum_packed`'s result).
+
+    The server's round sum without ``T`` Python ints: `decode_update` given this round's and the
+    previous round's `PackedSums` tests a one-bin change on packed integers straight from the
+    limbs, and the ints are made only when a caller reads them (indexing, iteration, `tolist`:
+    made once, then cached). A ``Sequence[int]`` of ``T`` field elements, so any function taking
+    sums accepts it. Immutable (the limbs are read-only); build it with `sum_packed`.
+
+    Attributes:
+        p: the field size.
+        limbs: ``[G, T]`` int64, read-only: limb ``g`` of ``S_i`` holds its bits ``32g .. 32g + 31``
+            (``G = ceil(field_width(p) / 4)``); every ``S_i < p``.
+    """
+
+    __slots__ = ("_ints", "_kronecker", "limbs", "p")
+
+    def __init__(self, p: int, limbs: np.ndarray, ints: list[int] | None = None) -> None:
+        limbs.setflags(write=False)
+        self.p, self.limbs = p, limbs
+        self._ints = ints  # the values as Python ints, made on first use (never handed out)
+        self._kronecker: tuple[int, int] | None = None  # (slot bytes, packed integer), `_kronecker_sums`
+
+    def __len__(self) -> int:
+        return self.limbs.shape[1]
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._values()[index]
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __repr__(self) -> str:
+        return f"PackedSums(p={self.p}, T={len(self)})"
+
+    def tolist(self) -> list[int]:
+        """The ``[T]`` sums as a new list of Python ints in ``[0, p)``."""
+        return list(self._values())
+
+    def _values(self) -> list[int]:
+        if self._ints is None:
+            self._ints = _limbs_to_ints(self.limbs)
+        return self._ints
+
+    def _first(self, count: int) -> list[int]:
+        """The first ``count`` sums as ints, without making the other ``T - count``."""
+        return self._ints[:count] if self._ints is not None else _limbs_to_ints(self.limbs[:, :count])
+
+    def _same(self, other: PackedSums) -> bool:
+        return self.p == other.p and self.limbs.shape == other.limbs.shape and np.array_equal(self.limbs, other.limbs)
+
+
+#: `aggregate_packed`'s last results, newest first, for callers that pass its lists back to
+#: `decode_update` instead of `sum_packed`'s `PackedSums`: each entry is a `PackedSums` whose
+#: ints equal the returned list (a private list; `decode_update` compares lists by element, one
+#: pointer test each, since the returned list shares the int objects). The tuple is replaced,
+#: never mutated (safe to read anywhere).
+_RECENT_SUMS: tuple[PackedSums, ...] = ()
 _RECENT_SUMS_KEPT = 4
 
 
-def _remember_sums(p: int, sums: list[int], limbs: np.ndarray) -> None:
+def _remember_sums(sums: PackedSums) -> None:
     global _RECENT_SUMS
-    _RECENT_SUMS = ([p, list(sums), limbs, None], *_RECENT_SUMS[: _RECENT_SUMS_KEPT - 1])
+    _RECENT_SUMS = (sums, *_RECENT_SUMS[: _RECENT_SUMS_KEPT - 1])
 
 
-def _recent_entry(sums: object, p: int) -> list | None:
-    """The remembered `aggregate_packed` result equal to ``sums`` (a list), else ``None``."""
+def _recent_entry(sums: object, p: int) -> PackedSums | None:
+    """``sums`` itself if it is a `PackedSums` over ``F_p``; the remembered `aggregate_packed`
+    result equal to ``sums`` (a list), else ``None``."""
+    if isinstance(sums, PackedSums):
+        return sums if sums.p == p else None
     if type(sums) is not list:
         return None
     for entry in _RECENT_SUMS:
-        if entry[0] == p and entry[1] == sums:
+        if entry.p == p and entry._values() == sums:
             return entry
     return None
 
@@ -950,12 +1026,10 @@ def aggregate_syndromes(messages: Iterable[Sequence[int]], p: int, n_syndromes: 
 def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> list[int]:
     """`aggregate_syndromes` on packed shares: ``S_i = sum_l S_i^(l) mod p``, vectorised.
 
-    Each share is the wire form of a message (`pack_elements`, a packed `bigints_field`), so the
-    server sums the frames' bytes directly: one digit sum over the stack, then (up to 257 shares
-    of up to 16 bytes per element) the reduction mod p in 32-bit limbs (`_column_sums_mod`), one
-    Python int made per element, instead of ``L * T`` big-integer additions (measured by
-    ``benchmarks/mufc_unlearning.py``). The last few results are remembered with their limbs, so
-    that `decode_update` on them works on packed integers (the same result, faster).
+    `sum_packed` as a list of Python ints. The last few results are remembered (with their
+    limbs), so that `decode_update` on these lists works on packed integers (the same result,
+    faster); a server that keeps `sum_packed`'s `PackedSums` instead skips both the ``T`` ints
+    and the look-up.
 
     Args:
         shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
@@ -964,6 +1038,37 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
 
     Returns:
         ``[T]`` ints in ``[0, p)``.
+
+    Raises:
+        ValueError, TypeError: as `sum_packed`.
+
+    References:
+        Pan et al. Algorithm 2, server line 1; spec mufc.md 2.4 step 1.
+    """
+    sums = sum_packed(shares, p, n_syndromes)
+    out = sums.tolist()
+    _remember_sums(sums)
+    return out
+
+
+def sum_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> PackedSums:
+    """The sum of packed shares over ``F_p``, ``S_i = sum_l S_i^(l) mod p``, as a `PackedSums`.
+
+    Each share is the wire form of a message (`pack_elements`, a packed `bigints_field`), so the
+    server sums the frames' bytes directly: the shares joined in one copy, one range check, one
+    digit sum over the stack, then (up to 257 shares of up to 16 bytes per element) the reduction
+    mod p in 32-bit limbs (`_column_sums_mod`), instead of ``L * T`` big-integer additions
+    (measured by ``benchmarks/mufc_unlearning.py``). No Python int is made per element: pass the
+    result to `decode_update` as it is (this round's and the previous round's), or read it as a
+    sequence of ints (made on first use).
+
+    Args:
+        shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
+        p: field size (>= 2).
+        n_syndromes: ``T``.
+
+    Returns:
+        A `PackedSums` of ``T`` elements of ``[0, p)``.
 
     Raises:
         ValueError: no shares, a share of the wrong shape, or an element outside ``[0, p)``
@@ -997,10 +1102,9 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
         raise
     limbs = _column_sums_mod(shares, p)
     if limbs is None:
-        return (_column_sums(shares) % p).tolist()
-    out = _limbs_to_ints(limbs)
-    _remember_sums(p, out, limbs)
-    return out
+        ints = (_column_sums(shares) % p).tolist()
+        return PackedSums(p, _ints_to_limbs(ints, -(-width // 4)), ints)
+    return PackedSums(p, limbs)
 
 
 def _locator(ctx: flint.fmpz_mod_poly_ctx, sums: list[int]):
@@ -1305,24 +1409,36 @@ def _slots(p: int, n_terms: int, slot: int) -> tuple[int, flint.fmpz, flint.fmpz
     return p * ones, flint.fmpz(2 * p * (ones & low)), flint.fmpz(low), flint.fmpz(high)
 
 
-def _packed(entry: list) -> int:
-    """``sum_i x_i 2^(8Bi)`` of a remembered aggregate's values ``x_i`` (`_slot_bytes`): one
-    Python int holds all ``T`` values (Kronecker substitution); made once per entry."""
-    if entry[3] is None:
-        p, limbs = entry[0], entry[2]
-        rows = np.zeros((limbs.shape[1], _slot_bytes(p, limbs.shape[0]) // 4), "<u4")
+def _kronecker_sums(sums: PackedSums, slot: int) -> int:
+    """``sum_i S_i 2^(8 slot i)`` of a `PackedSums` (`_slot_bytes`): one Python int holds all ``T``
+    values (Kronecker substitution), straight from the limbs; made once per object (cached)."""
+    cached = sums._kronecker
+    if cached is None or cached[0] != slot:
+        limbs = sums.limbs
+        rows = np.zeros((limbs.shape[1], slot // 4), "<u4")
         rows[:, : limbs.shape[0]] = limbs.T
-        entry[3] = int.from_bytes(rows, "little")
-    return entry[3]
+        cached = sums._kronecker = (slot, int.from_bytes(rows, "little"))
+    return cached[1]
 
 
 def _packed_single_change(
     sums: Sequence[int], previous_sums: Sequence[int], p: int, max_index: int
 ) -> dict[int, int] | bool | None:
-    """`_single_change` of ``sums - previous_sums`` on packed integers, when both are remembered
-    `aggregate_packed` results (`_recent_entry`): ``True`` if they are equal (no change),
-    ``{j: c}`` for a single changed bin, ``False`` if the difference is not one bin, ``None``
-    when the limbs are not at hand (the caller computes the difference in Python ints).
+    """`_single_change` of ``sums - previous_sums`` on packed integers, when both are `PackedSums`
+    over ``F_p`` or lists equal to remembered `aggregate_packed` results (`_recent_entry`):
+    ``True`` if they are equal (no change), ``{j: c}`` for a single changed bin, ``False`` if the
+    difference is not one bin, ``None`` when the limbs are not at hand (the caller computes the
+    difference in Python ints). See `_packed_change`."""
+    new = _recent_entry(sums, p)
+    old = None if new is None else _recent_entry(previous_sums, p)
+    if old is None or new.limbs.shape != old.limbs.shape:
+        return None
+    return _packed_change(new, old, max_index)
+
+
+def _packed_change(new: PackedSums, old: PackedSums, max_index: int) -> dict[int, int] | bool:
+    """`_single_change` of ``new - old`` (two `PackedSums` over the same ``F_p``, same shape) on
+    packed integers: ``True`` if they are equal, ``{j: c}`` for a single changed bin, else ``False``.
 
     With ``u_i = s_i + p - s'_i`` (``0 < u_i < 2p``, ``u_i = d_i mod p``) in slots of
     ``W = 8B >= 2 bitlength(p) + 2`` bits, ``E = j U_low - (U >> W) + 2p * ones`` holds
@@ -1331,25 +1447,26 @@ def _packed_single_change(
     ``e_i`` iff ``p`` divides ``E`` and every digit of ``E / p`` is below ``2^(W - bitlength(p))``
     (then ``p k_i < 2^W``, no carry, and the digits of ``p * (E / p)`` are ``p k_i = e_i``; valid
     quotients are below ``2p + 2 <= 2^(W - bitlength(p))``). The same checks as
-    `_single_change`, in a few big-integer operations instead of ``3T`` modular ones.
+    `_single_change`, in a few big-integer operations instead of ``3T`` modular ones, and no
+    Python int per element (only ``s_0, s_1`` and the packed integers, made from the limbs).
     """
-    new = _recent_entry(sums, p)
-    old = None if new is None else _recent_entry(previous_sums, p)
-    if old is None or new[2].shape != old[2].shape:
-        return None
-    if sums == previous_sums:
+    p = new.p
+    if new is old or new._same(old):
         return True
-    n_terms = len(sums)
-    d0 = (sums[0] - previous_sums[0]) % p
-    if n_terms < 2 or not d0:
+    n_terms = len(new)
+    if n_terms < 2:
         return False
-    j = (sums[1] - previous_sums[1]) % p * pow(d0, -1, p) % p
+    (s0, s1), (t0, t1) = new._first(2), old._first(2)
+    d0 = (s0 - t0) % p
+    if not d0:
+        return False
+    j = (s1 - t1) % p * pow(d0, -1, p) % p
     if not 1 <= j <= max_index:
         return False
-    slot = _slot_bytes(p, new[2].shape[0])
+    slot = _slot_bytes(p, new.limbs.shape[0])
     p_ones, offsets, low, high = _slots(p, n_terms, slot)
     # in GMP (python-flint's fmpz): Python's division takes several times longer on T slots
-    u = flint.fmpz(_packed(new) + p_ones - _packed(old))
+    u = flint.fmpz(_kronecker_sums(new, slot) + p_ones - _kronecker_sums(old, slot))
     quotient, rest = divmod(j * (u & low) - (u >> (8 * slot)) + offsets, p)
     if rest or quotient & high:
         return False
@@ -1382,12 +1499,13 @@ def decode_update(
     that does (App. J), the same guarantee `decode_syndromes` gives. When the difference does not
     decode or ``q'`` fails a check, ``sums`` are decoded from scratch, which raises on invalid
     input: the fast path never changes the result, only the time. When ``sums`` and
-    ``previous_sums`` are lists equal to recent `aggregate_packed` results, the one-bin test runs
-    on packed integers (`_packed_single_change`), otherwise on Python ints (`_single_change`).
+    ``previous_sums`` are both `PackedSums` over ``F_p`` (`sum_packed`), or lists equal to recent
+    `aggregate_packed` results, the one-bin test runs on packed integers (`_packed_change`; no
+    Python int per element), otherwise on Python ints (`_single_change`).
 
     Args:
-        sums: this round's ``[T]`` aggregated syndromes.
-        previous_sums: the previous round's ``[T]`` aggregated syndromes.
+        sums: this round's ``[T]`` aggregated syndromes (a list, or `sum_packed`'s `PackedSums`).
+        previous_sums: the previous round's ``[T]`` aggregated syndromes (likewise).
         previous_counts: the previous round's decoded ``{j: q_j}``.
         p, max_support, max_index, max_total: as for `decode_syndromes`.
         change_hint: expected non-zeros of the difference (e.g. ``2K``); speeds up BM.
@@ -1406,8 +1524,9 @@ def decode_update(
         Pan et al. Algorithm 2 (server) and Sec. 5.3 (the server learns q' - q); spec 2.4, 3.5.
     """
     p = _check_modulus(p)
-    if not validated:
-        sums = _check_elements("sums", sums, p)
+    # a PackedSums over F_p holds field elements by construction; anything else is a list
+    sums = sums if _is_packed(sums, p) else sums if validated else _check_elements("sums", sums, p)
+    if not _is_packed(previous_sums, p) and not validated:
         previous_sums = _check_elements("previous_sums", previous_sums, p, len(sums))
     elif len(previous_sums) != len(sums):
         raise ValueError(f"previous_sums must have {len(sums)} elements, got {len(previous_sums)}")
@@ -1415,9 +1534,18 @@ def decode_update(
                           max_total=max_total, change_hint=change_hint, trusted_counts=validated)
 
 
+def _is_packed(sums: object, p: int) -> bool:
+    return isinstance(sums, PackedSums) and sums.p == p
+
+
+def _ints_of(sums: list[int] | PackedSums) -> list[int]:
+    """The sums as a list of Python ints (a `PackedSums`' cached list: not to be changed)."""
+    return sums._values() if isinstance(sums, PackedSums) else sums
+
+
 def _decode_update(
-    sums: list[int],
-    previous_sums: list[int],
+    sums: list[int] | PackedSums,
+    previous_sums: list[int] | PackedSums,
     previous_counts: Mapping[int, int],
     p: int,
     *,
@@ -1428,10 +1556,14 @@ def _decode_update(
     trusted_counts: bool = False,
 ) -> dict[int, int]:
     """`decode_update` on sums already known to be ``[T]`` field elements (a server's own
-    `aggregate_packed` results): the same result, without checking them again (nor
-    ``previous_counts`` with ``trusted_counts``: a previous result, keys ascending)."""
-    full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
+    `aggregate_packed` or `sum_packed` results): the same result, without checking them again (nor
+    ``previous_counts`` with ``trusted_counts``: a previous result, keys ascending). Python ints
+    of a `PackedSums` are made only when the one-bin test on packed integers does not decide."""
     packed = _packed_single_change(sums, previous_sums, p, max_index)
+    first = sums._first(1)[0] if isinstance(sums, PackedSums) else sums[0]
+    if packed is None or packed is False:  # the difference is taken on Python ints
+        sums, previous_sums = _ints_of(sums), _ints_of(previous_sums)
+    full = dict(max_support=max_support, max_index=max_index, max_total=max_total)
     if packed is True:  # equal sums
         change: dict[int, int] = {}
     elif isinstance(packed, dict):  # one bin, checked on packed integers
@@ -1473,6 +1605,6 @@ def _decode_update(
         total += c
     if resort:
         counts = dict(sorted(counts.items()))
-    if len(counts) > max_support or (max_total is not None and total > max_total) or total % p != sums[0]:
+    if len(counts) > max_support or (max_total is not None and total > max_total) or total % p != first:
         return decode_syndromes(sums, p, **full)
     return counts

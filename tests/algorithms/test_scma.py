@@ -1101,3 +1101,72 @@ def test_decode_update_is_the_same_with_and_without_remembered_sums():
         # tuples are never looked up: the Python-int path
         plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, validated=True, **kwargs)
         assert fast == plain == scma.decode_syndromes(sums, P69, max_support=20, max_index=bins)
+
+
+@pytest.mark.parametrize("p", [13, P69, _prime_below(127), scma.field_prime(10, 2**300)])
+def test_sum_packed_is_the_integer_sum_as_a_sequence(p):
+    """`sum_packed` (limbs, ints made on demand) holds the integer sum mod p, for 1, 257 (the
+    largest digit sums) and 300 shares (the Python-int path), all-(p - 1) and non-contiguous
+    shares; `aggregate_packed` is its list."""
+    rng = random.Random(p % 997)
+    t = 7
+    for n_parties in (1, 257, 300):
+        for top in (False, True):
+            shares = [[p - 1 if top else rng.randrange(p) for _ in range(t)] for _ in range(n_parties)]
+            expected = [sum(s[i] for s in shares) % p for i in range(t)]
+            packed = [scma.pack_elements(s, p) for s in shares]
+            sums = scma.sum_packed(packed, p, t)
+            assert isinstance(sums, scma.PackedSums) and sums.p == p and len(sums) == t
+            assert sums.tolist() == list(sums) == expected and sums[t - 1] == expected[-1]
+            assert scma.sum_packed([np.asfortranarray(s) for s in packed], p, t).tolist() == expected
+            assert scma.aggregate_packed(packed, p, t) == expected
+    with pytest.raises(ValueError, match="no shares"):
+        scma.sum_packed([], p, t)
+    with pytest.raises(TypeError, match=r"shares\[0\]"):
+        scma.sum_packed([np.zeros((t, scma.field_width(p)), np.uint16)], p, t)
+
+
+@pytest.mark.parametrize("p", [P69, _prime_below(40), _prime_below(127)])
+def test_the_range_check_resolves_ties_on_the_leading_bytes(p):
+    """Rows are led by four bytes: p - 1 (a tie there) is accepted, p and a row that ties on
+    the leading bytes but exceeds p - 1 further on are refused and named."""
+    width = scma.field_width(p)
+    good = scma.pack_elements([0, p - 1, (p - 1) >> 8 << 8], p)
+    assert scma.sum_packed([good, good], p, 3).tolist() == [0, (2 * p - 2) % p, 2 * ((p - 1) >> 8 << 8) % p]
+    for value in (p, (p - 1) | 0xFF, (1 << 8 * width) - 1):
+        if value < p:
+            continue
+        bad = np.array(good)
+        bad[1] = np.frombuffer(value.to_bytes(width, "big"), np.uint8)
+        with pytest.raises(ValueError, match=rf"shares\[1\]\[1\] = {value} "):
+            scma.sum_packed([good, bad], p, 3)
+        with pytest.raises(ValueError, match=rf"x\[1\] = {value} "):
+            scma.check_packed("x", bad, p)
+
+
+def test_decode_update_takes_packed_sums():
+    """`decode_update` on two `PackedSums` (no Python int per element) gives the result of the
+    lists, and the packed one-bin test decides as on remembered lists."""
+    rng = random.Random(29)
+    t, bins = 40, 111**10
+    clients = [_random_counts(rng, 3, bins) for _ in range(5)]
+    total = {}
+    for counts in clients:
+        for j, q in counts.items():
+            total[j] = total.get(j, 0) + q
+    kwargs = dict(max_support=20, max_index=bins, max_total=10**6, change_hint=6)
+    before = scma.sum_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients], P69, t)
+    first = next(iter(clients[0]))
+    for change in ({first: -1}, {first: 2}, {first: 1, 17: 1}, {}, {first: -clients[0][first]}):
+        moved = [dict(c) for c in clients]
+        for j, c in change.items():
+            moved[0][j] = moved[0].get(j, 0) + c
+        moved[0] = {j: c for j, c in moved[0].items() if c}
+        sums = scma.sum_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in moved], P69, t)
+        decided = scma._packed_single_change(sums, before, P69, bins)
+        assert decided == ({first: change[first]} if len(change) == 1 else (change == {} or False))
+        fast = scma.decode_update(sums, before, dict(sorted(total.items())), P69, validated=True, **kwargs)
+        plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, **kwargs)
+        assert fast == plain == scma.decode_syndromes(sums, P69, max_support=20, max_index=bins)
+    with pytest.raises(ValueError, match="previous_sums must have 40 elements"):
+        scma.decode_update(before, before.tolist()[:-1], dict(sorted(total.items())), P69, **kwargs)
