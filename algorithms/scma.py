@@ -407,7 +407,7 @@ class PackedSums(Sequence):
         limbs.setflags(write=False)
         self.p, self.limbs = p, limbs
         self._ints = ints  # the values as Python ints, made on first use (never handed out)
-        self._kronecker: tuple[int, int] | None = None  # (slot bytes, packed integer), `_kronecker_sums`
+        self._kronecker: tuple[int, int] | None = None  # (slot bytes, packed integer): `_kronecker_sums`
 
     def __len__(self) -> int:
         return self.limbs.shape[1]
@@ -432,10 +432,10 @@ class PackedSums(Sequence):
 
     def _first(self, count: int) -> list[int]:
         """The first ``count`` sums as ints, without making the other ``T - count``."""
-        return self._ints[:count] if self._ints is not None else _limbs_to_ints(self.limbs[:, :count])
-
-    def _same(self, other: PackedSums) -> bool:
-        return self.p == other.p and self.limbs.shape == other.limbs.shape and np.array_equal(self.limbs, other.limbs)
+        if self._ints is not None:
+            return self._ints[:count]
+        columns = self.limbs[:, :count].T.tolist()
+        return [sum(limb << (32 * g) for g, limb in enumerate(column)) for column in columns]
 
 
 #: `aggregate_packed`'s last results, newest first, for callers that pass its lists back to
@@ -1411,7 +1411,9 @@ def _slots(p: int, n_terms: int, slot: int) -> tuple[int, flint.fmpz, flint.fmpz
 
 def _kronecker_sums(sums: PackedSums, slot: int) -> int:
     """``sum_i S_i 2^(8 slot i)`` of a `PackedSums` (`_slot_bytes`): one Python int holds all ``T``
-    values (Kronecker substitution), straight from the limbs; made once per object (cached)."""
+    values (Kronecker substitution; injective, as every ``S_i < p < 2^(8 slot)``), straight from
+    the limbs; made once per object, so a round's sums are packed once, as the new sums, and
+    reused as the previous ones next round."""
     cached = sums._kronecker
     if cached is None or cached[0] != slot:
         limbs = sums.limbs
@@ -1448,25 +1450,28 @@ def _packed_change(new: PackedSums, old: PackedSums, max_index: int) -> dict[int
     (then ``p k_i < 2^W``, no carry, and the digits of ``p * (E / p)`` are ``p k_i = e_i``; valid
     quotients are below ``2p + 2 <= 2^(W - bitlength(p))``). The same checks as
     `_single_change`, in a few big-integer operations instead of ``3T`` modular ones, and no
-    Python int per element (only ``s_0, s_1`` and the packed integers, made from the limbs).
+    Python int per element: equality, ``s_0`` and ``s_1`` are read off the packed integers
+    (`_kronecker_sums`, made from the limbs).
     """
     p = new.p
-    if new is old or new._same(old):
+    slot = _slot_bytes(p, new.limbs.shape[0])
+    packed_new, packed_old = _kronecker_sums(new, slot), _kronecker_sums(old, slot)
+    if packed_new == packed_old:
         return True
     n_terms = len(new)
     if n_terms < 2:
         return False
-    (s0, s1), (t0, t1) = new._first(2), old._first(2)
-    d0 = (s0 - t0) % p
+    bits, digit = 8 * slot, (1 << 8 * slot) - 1  # s_0 and s_1 are the two lowest slots
+    d0 = ((packed_new & digit) - (packed_old & digit)) % p
     if not d0:
         return False
-    j = (s1 - t1) % p * pow(d0, -1, p) % p
+    d1 = (((packed_new >> bits) & digit) - ((packed_old >> bits) & digit)) % p
+    j = d1 * pow(d0, -1, p) % p
     if not 1 <= j <= max_index:
         return False
-    slot = _slot_bytes(p, new.limbs.shape[0])
     p_ones, offsets, low, high = _slots(p, n_terms, slot)
     # in GMP (python-flint's fmpz): Python's division takes several times longer on T slots
-    u = flint.fmpz(_kronecker_sums(new, slot) + p_ones - _kronecker_sums(old, slot))
+    u = flint.fmpz(packed_new + p_ones - packed_old)
     quotient, rest = divmod(j * (u & low) - (u >> (8 * slot)) + offsets, p)
     if rest or quotient & high:
         return False
