@@ -20,7 +20,12 @@ clients non-i.i.d. with K' = 4 clusters per client; K = 10), per replicate r (5;
   collection is off during each replay (one collection before it starts and one before each
   timed retraining), so a collector pause never decides a figure. Times are this process's CPU
   time (``time.process_time``, all its threads) by default, which other programs on a shared
-  machine disturb least; ``--clock wall`` measures wall time instead. Complete retraining (every
+  machine disturb least; ``--clock wall`` measures wall time instead. The process runs on one
+  core by default (``--cores one``, pinned before JAX starts): XLA's CPU pool then has one thread,
+  so the CPU time is the work of one thread, as in issue 13's single-threaded side-by-side (with
+  more cores XLA's idle workers spin while a small kernel runs, and the CPU clock counts them:
+  about twice the wall time of the server's re-clustering on two cores); ``--cores all`` keeps
+  every core. Complete retraining (every
   client re-seeds its remaining data, the slowest client counts, then the same server work) is
   timed along the stream in the same run. Speed-up = retraining time / mean removal time,
   beside the paper's 84x (its average over seven data sets, Sec. 6). The ``lazy`` rows replay
@@ -42,7 +47,7 @@ no seed updates its syndromes with one addition each): both are timed and printe
 ``d``, ``n_clients``, ``k``, and for MUFC (``loss_ratio``), K-FED (``loss_ratio_kfed``) and DC-KM
 (``loss_ratio_dckm``) the ``*_mean`` and ``*_std`` (population std; ``null`` with one replicate, and
 both ``null`` for a baseline not run) over replicates beside ``paper_*_mean`` and
-``paper_*_std``) and table ``mufc_unlearning`` (``data_set``, ``unlearning_mode``, ``clock`` (``cpu`` or ``wall``),
+``paper_*_std``) and table ``mufc_unlearning`` (``data_set``, ``unlearning_mode``, ``clock`` (``cpu`` or ``wall``), ``cores`` (``one`` or ``all``),
 ``n_removals``, ``n_reseeds``, ``client_ms_per_removal``, ``server_ms_per_removal`` and its parts
 ``share_sum_ms_per_removal``, ``decode_ms_per_removal``, ``cluster_ms_per_removal``, then
 ``codec_ms_per_removal``, ``removal_ms_mean``, ``target_removal_ms`` (issue 13's goal, ``null``
@@ -112,7 +117,13 @@ def main() -> int:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="cpu: this process's CPU time (all threads; default, the least disturbed by "
                              "other programs); wall: wall time")
+    parser.add_argument("--cores", choices=("one", "all"), default="one",
+                        help="one (default): run on a single core, so XLA's CPU pool has one thread and the "
+                             "CPU time is the work of one thread (issue 13's side-by-side was single-threaded; "
+                             "with more cores XLA's idle workers spin and the CPU clock counts them); all: the "
+                             "cores this process may use")
     args = _common.parse_args(parser)
+    cores = _pin(args.cores)
     reps = args.replicates or (1 if args.quick else 5)
     removals = args.removals or (5 if args.quick else 100)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -121,6 +132,7 @@ def main() -> int:
         "replicates": reps, "removals per replicate": removals, "quick": args.quick,
         "clock": "CPU time of this process (time.process_time, all threads)" if args.clock == "cpu"
         else "wall time (time.perf_counter)",
+        "cores": cores,
         "garbage collection": "off during each timed replay (gc.collect() before it and before each timed "
                               "retraining)",
         "compilation": "INCLUDED in the times (--quick skips the warm-up: not measurements)"
@@ -210,7 +222,8 @@ def main() -> int:
                 f"{config.syndrome_bytes():,}",
             )
             records.append(_common.record(
-                "mufc_unlearning", data_set=name, unlearning_mode=mode, clock=args.clock, n_removals=len(steps),
+                "mufc_unlearning", data_set=name, unlearning_mode=mode, clock=args.clock, cores=args.cores,
+                n_removals=len(steps),
                 n_reseeds=sum(st.reseeded for st in steps), client_ms_per_removal=ms("client_s"),
                 server_ms_per_removal=ms("server_s"), share_sum_ms_per_removal=ms("share_sum_s"),
                 decode_ms_per_removal=ms("decode_s"), cluster_ms_per_removal=ms("cluster_s"),
@@ -243,6 +256,18 @@ def main() -> int:
     console.print(f"plot written to {args.plot}")
     _common.write_records(args.json, records, console)
     return 0
+
+
+def _pin(cores: str) -> str:
+    """Pin the process to one core (``cores == "one"``) before JAX starts its CPU client, whose
+    thread pool is sized by the cores the process may use; returns a description."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores == "all" or len(allowed) == 1:
+        return f"{len(allowed)} ({', '.join(map(str, allowed))})"
+    if jax._src.xla_bridge.backends_are_initialized():
+        raise RuntimeError("--cores one must pin the process before JAX's backend starts")
+    os.sched_setaffinity(0, {allowed[0]})
+    return f"one (core {allowed[0]} of {len(allowed)}: XLA runs one thread)"
 
 
 def _plot(curves, path: str) -> None:
