@@ -188,6 +188,9 @@ class LocalSeeding:
         self._valid = valid
         self._rows = rows
         self._count = count
+        # each seed's row -> its position (the lowest, were a row chosen twice): a removal finds
+        # the first removed seed without array operations
+        self._seed_position = {r: i for i, r in reversed(list(enumerate(rows[:count].tolist())))}
         self._positions = np.where(valid, positions, 0).astype(np.int64)
         self._step_keys = step_keys
         self.n = int(valid.sum())
@@ -310,24 +313,26 @@ class LocalSeeding:
             ):
                 raise TypeError("the removal key must be of the same kind (typed or raw) as the training key")
 
-        valid = self._valid.copy()
-        valid[rows] = False
-        n_new = int(valid.sum())
-        removed_seed = ~valid[self._rows[: self._count]]
-        first = int(np.argmax(removed_seed)) if removed_seed.any() else None
+        hits = [self._seed_position[r] for r in rows if r in self._seed_position]
+        first = min(hits) if hits else None  # the first removed seed's position (Algorithm 3's t)
 
         if first is None and not self.lloyd_iterations:
             # seeds, centroids and keys stay; the removed points leave their clusters (the state
-            # `_commit` would compute from the same positions, updated in place of recounted)
-            positions = self._positions.copy()
+            # `_commit` would compute from the same positions, updated in place of recounted; a
+            # request names few points, so element by element beats array operations)
+            valid, positions = self._valid.copy(), self._positions.copy()
             sizes = list(self.sizes)
-            for position in positions[rows].tolist():
-                sizes[position] -= 1
-            positions[rows] = 0
+            for row in rows:
+                sizes[positions[row]] -= 1
+                valid[row] = False
+                positions[row] = 0
             self._valid, self._positions, self.sizes = valid, positions, tuple(sizes)
             self.n -= len(rows)
             return RemovalOutcome(False, None, len(request), 0, retrained=False)
 
+        valid = self._valid.copy()
+        valid[rows] = False
+        n_new = self.n - len(rows)  # every removed row was valid (checked above)
         rows_h, count_h, positions_h = self._rows, self._count, self._positions
         step_keys = self._step_keys
         evaluations = 0
