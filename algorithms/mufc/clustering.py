@@ -112,13 +112,11 @@ def server_points(
 def _tolerance(points: np.ndarray, weights: np.ndarray, tol: float) -> float:
     # scikit-learn's rule: tol times the mean per-feature variance, here of the weighted data
     # (= the variance of the replicated multiset, so weighted and replicated runs stop alike).
-    # np.average's arithmetic (weighted column sums over the sum of the weights), without its
-    # argument handling (a tenth of a millisecond per re-clustering).
-    w = weights[:, None]
-    total = w.sum(axis=0)
-    mean = (points * w).sum(axis=0) / total
-    var = ((points - mean) ** 2 * w).sum(axis=0) / total
-    return float(tol * np.mean(var))
+    # Weighted means and variances as two matrix-vector products (half the time of elementwise
+    # products and column sums, which this replaced: a re-clustering per removal computes it).
+    total = weights.sum()
+    dev = points - (weights @ points) / total
+    return float(tol * np.mean((weights @ (dev * dev)) / total))
 
 
 def weighted_kmeans(
