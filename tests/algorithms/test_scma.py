@@ -1035,7 +1035,7 @@ def _aggregate(vectors, p):
     return scma.aggregate_packed([scma.pack_elements(v, p) for v in vectors], p, len(vectors[0]))
 
 
-@pytest.mark.parametrize("p", [13, P69, _prime_below(64), _prime_below(127)])
+@pytest.mark.parametrize("p", [13, P69, _prime_below(64), _prime_below(127), scma.field_prime(10, 2**300)])
 def test_the_packed_single_change_decides_like_the_object_array_one(p):
     """Sums remembered from `aggregate_packed` are compared on packed integers
     (`_packed_single_change`): the same decision as `_single_change` (one bin, several, one term
@@ -1118,6 +1118,7 @@ def test_sum_packed_is_the_integer_sum_as_a_sequence(p):
             sums = scma.sum_packed(packed, p, t)
             assert isinstance(sums, scma.PackedSums) and sums.p == p and len(sums) == t
             assert sums.tolist() == list(sums) == expected and sums[t - 1] == expected[-1]
+            assert scma._limbs_to_ints(sums.limbs) == expected  # the limbs themselves, any width
             assert scma.sum_packed([np.asfortranarray(s) for s in packed], p, t).tolist() == expected
             assert scma.aggregate_packed(packed, p, t) == expected
     with pytest.raises(ValueError, match="no shares"):
