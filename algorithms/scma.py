@@ -430,6 +430,15 @@ class PackedSums(Sequence):
     def __repr__(self) -> str:
         return f"PackedSums(p={self.p}, T={len(self)})"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to a `PackedSums` over the same field with the same values (compare a list with
+        `tolist`)."""
+        if not isinstance(other, PackedSums):
+            return NotImplemented
+        return self.p == other.p and self.limbs.shape == other.limbs.shape and bool((self.limbs == other.limbs).all())
+
+    __hash__ = None  # type: ignore[assignment]
+
     def tolist(self) -> list[int]:
         """The ``[T]`` sums as a new list of Python ints in ``[0, p)``."""
         return list(self._values())
@@ -1407,7 +1416,7 @@ def _slot_bytes(p: int, n_groups: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _slots(p: int, n_terms: int, slot: int) -> tuple[flint.fmpz, flint.fmpz, flint.fmpz, flint.fmpz]:
-    """Constants of `_packed_single_change` for ``n_terms >= 2`` slots of ``slot`` bytes
+    """Constants of `_packed_change` for ``n_terms >= 2`` slots of ``slot`` bytes
     (``W = 8 slot`` bits): ``p * sum_{i<T} 2^(Wi)``, ``2p * sum_{i<T-1} 2^(Wi)``, the mask
     ``2^(W(T-1)) - 1`` of the first ``T - 1`` slots, and the mask of the bits at or above
     ``W - bitlength(p)`` in each of them."""

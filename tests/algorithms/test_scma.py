@@ -1119,8 +1119,10 @@ def test_sum_packed_is_the_integer_sum_as_a_sequence(p):
             assert isinstance(sums, scma.PackedSums) and sums.p == p and len(sums) == t
             assert sums.tolist() == list(sums) == expected and sums[t - 1] == expected[-1]
             assert scma._limbs_to_ints(sums.limbs) == expected  # the limbs themselves, any width
-            assert scma.sum_packed([np.asfortranarray(s) for s in packed], p, t).tolist() == expected
+            again = scma.sum_packed([np.asfortranarray(s) for s in packed], p, t)
+            assert again.tolist() == expected and again == sums
             assert scma.aggregate_packed(packed, p, t) == expected
+    assert sums != scma.sum_packed([scma.pack_elements([1] * t, p)] * 2, p, t)  # -300 != 2 mod p
     with pytest.raises(ValueError, match="no shares"):
         scma.sum_packed([], p, t)
     with pytest.raises(TypeError, match=r"shares\[0\]"):
