@@ -400,15 +400,15 @@ class ServerModel:
         self.config, self.key = config, key
         self.counts: dict[int, int] | None = None
         self.centroids: np.ndarray | None = None
-        self._sums: list[int] = []
-        self._summed: list[int] | None = None
+        self._sums: Sequence[int] = []  # last round's sums: a PackedSums (immutable) or a list copy
+        self._summed: scma.PackedSums | None = None
         self._decoded: dict[int, int] | None = None
         self._centres: dict[int, np.ndarray] = {}
         self._support: list[int] | None = None  # the bins of the cached weighted server points
         self._points: PaddedPoints | None = None
         self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
-    def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> list[int]:
+    def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> scma.PackedSums:
         """The sum of the active clients' packed shares over F_p (the masks cancel).
 
         Args:
@@ -416,12 +416,14 @@ class ServerModel:
                 :class:`MaskedSyndromes` values (or one ``[L, T, width]`` stack).
 
         Returns:
-            ``[T]`` ints in ``[0, p)``.
+            ``[T]`` field elements in ``[0, p)`` as `fedproto.algorithms.scma.PackedSums` (a
+            ``Sequence[int]``): `decode` given it and the previous round's tests a one-bin change
+            on packed integers, without a Python int per element.
 
         Raises:
             ValueError, TypeError: a share of the wrong shape or type, or outside F_p.
         """
-        self._summed = scma.aggregate_packed(shares, self.config.prime, self.config.n_syndromes)
+        self._summed = scma.sum_packed(shares, self.config.prime, self.config.n_syndromes)
         return self._summed
 
     def decode(self, sums: Sequence[int], *, n_clients: int, max_total: int, fresh: bool = False) -> dict[int, int]:
@@ -447,7 +449,8 @@ class ServerModel:
         else:
             counts = scma.decode_update(sums, self._sums, self.counts, cfg.prime, change_hint=2 * cfg.k_client,
                                         validated=own, **bounds)
-        self._sums = list(sums)  # a copy: the caller's list may change later
+        # kept for the next round's decode_update: PackedSums are immutable; a list is copied
+        self._sums = sums if isinstance(sums, scma.PackedSums) else list(sums)
         self._decoded = counts
         return counts
 
