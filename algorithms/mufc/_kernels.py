@@ -30,6 +30,11 @@ import jax.numpy as jnp
 
 from fedproto.algorithms import kmeans
 
+#: Full float32 products on every backend: on GPUs JAX's default precision may multiply float32 in
+#: TF32 (10-bit mantissas), which moved MUFC's nearest-centroid search away from the CPU's on an
+#: H200 (centroids up to 0.7 apart, the same best cost); with it the two agreed to 1e-14.
+_EXACT_F32 = jax.lax.Precision.HIGHEST
+
 __all__ = [
     "first_removed_position",
     "seeding_noise",
@@ -285,7 +290,8 @@ def weighted_lloyd_runs(
     """Weighted Lloyd for a batch of runs from their seeds (`weighted_seeding`), with their costs.
 
     The runs advance together: one batched assignment per Lloyd iteration (nearest centroid by
-    ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32, the bulk of the work; ties to the
+    ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32 at full precision (no TF32 on GPUs),
+    the bulk of the work; ties to the
     lowest index) and one one-hot product in float64 for the weighted means (exact sums,
     deterministic on every backend); each run freezes once its own stopping rule holds
     (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``), until
@@ -327,7 +333,8 @@ def weighted_lloyd_runs(
 
         def assign(c):
             c32 = c.astype(f32)
-            score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * jnp.einsum("nd,rkd->rnk", x32, c32)
+            products = jnp.einsum("nd,rkd->rnk", x32, c32, precision=_EXACT_F32)
+            score = jnp.sum(c32 * c32, axis=-1)[:, None, :] - 2.0 * products
             return jnp.argmin(score + offset[:, None, :], axis=2).astype(jnp.int32)
 
         def cond(state):
