@@ -558,6 +558,7 @@ class FastLloydPlugin:
             ValueError: no client result to summarise.
         """
         from sklearn.cluster import KMeans
+        from threadpoolctl import threadpool_limits
 
         centroid_sets = [np.asarray(results[c]["centroids"]) for c in clients if c in results]
         if not centroid_sets:
@@ -567,7 +568,10 @@ class FastLloydPlugin:
         with progress_task("references: non-private Lloyd, scikit-learn k-means++", total=2) as advance:
             lloyd = centralised_lloyd(x, initial_centroids(config), LLOYD_REFERENCE_ITERATIONS)
             advance()
-            reference = KMeans(n_clusters=config.k, n_init=10, random_state=seed).fit(x)
+            # one OpenMP thread: scikit-learn's threaded sums reduce in an order that depends on the
+            # thread count (on a 16-core GPU host two runs differed in the last bit)
+            with threadpool_limits(limits=1, user_api="openmp"):
+                reference = KMeans(n_clusters=config.k, n_init=10, random_state=seed).fit(x)
             advance()
         xs = jnp.asarray(x)
         nicv = float(kmeans.nicv(xs, jnp.asarray(centroids)))
