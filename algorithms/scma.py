@@ -456,33 +456,6 @@ class PackedSums(Sequence):
         return [sum(limb << (32 * g) for g, limb in enumerate(column)) for column in columns]
 
 
-#: `aggregate_packed`'s last results, newest first, for callers that pass its lists back to
-#: `decode_update` instead of `sum_packed`'s `PackedSums`: each entry is a `PackedSums` whose
-#: ints equal the returned list (a private list; `decode_update` compares lists by element, one
-#: pointer test each, since the returned list shares the int objects). The tuple is replaced,
-#: never mutated (safe to read anywhere).
-_RECENT_SUMS: tuple[PackedSums, ...] = ()
-_RECENT_SUMS_KEPT = 4
-
-
-def _remember_sums(sums: PackedSums) -> None:
-    global _RECENT_SUMS
-    _RECENT_SUMS = (sums, *_RECENT_SUMS[: _RECENT_SUMS_KEPT - 1])
-
-
-def _recent_entry(sums: object, p: int) -> PackedSums | None:
-    """``sums`` itself if it is a `PackedSums` over ``F_p``; the remembered `aggregate_packed`
-    result equal to ``sums`` (a list), else ``None``."""
-    if isinstance(sums, PackedSums):
-        return sums if sums.p == p else None
-    if type(sums) is not list:
-        return None
-    for entry in _RECENT_SUMS:
-        if entry.p == p and entry._values() == sums:
-            return entry
-    return None
-
-
 def _powers(base: int, count: int, p: int) -> np.ndarray:
     """``[base^0, ..., base^(count-1)] mod p`` as an object array, by doubling (``log count`` steps)."""
     out = np.empty(count, dtype=object)
@@ -1044,10 +1017,9 @@ def aggregate_syndromes(messages: Iterable[Sequence[int]], p: int, n_syndromes: 
 def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> list[int]:
     """`aggregate_syndromes` on packed shares: ``S_i = sum_l S_i^(l) mod p``, vectorised.
 
-    `sum_packed` as a list of Python ints. The last few results are remembered (with their
-    limbs), so that `decode_update` on these lists works on packed integers (the same result,
-    faster); a server that keeps `sum_packed`'s `PackedSums` instead skips both the ``T`` ints
-    and the look-up.
+    `sum_packed` as a list of Python ints. `decode_update` given such lists takes the Python-int
+    path (the same result); a server that keeps `sum_packed`'s `PackedSums` instead skips the
+    ``T`` ints and gets the one-bin test on packed integers.
 
     Args:
         shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
@@ -1063,10 +1035,7 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     References:
         Pan et al. Algorithm 2, server line 1; spec mufc.md 2.4 step 1.
     """
-    sums = sum_packed(shares, p, n_syndromes)
-    out = sums.tolist()
-    _remember_sums(sums)
-    return out
+    return sum_packed(shares, p, n_syndromes).tolist()
 
 
 def sum_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> PackedSums:
@@ -1446,15 +1415,13 @@ def _packed_single_change(
     sums: Sequence[int], previous_sums: Sequence[int], p: int, max_index: int
 ) -> dict[int, int] | bool | None:
     """`_single_change` of ``sums - previous_sums`` on packed integers, when both are `PackedSums`
-    over ``F_p`` or lists equal to remembered `aggregate_packed` results (`_recent_entry`):
-    ``True`` if they are equal (no change), ``{j: c}`` for a single changed bin, ``False`` if the
-    difference is not one bin, ``None`` when the limbs are not at hand (the caller computes the
-    difference in Python ints). See `_packed_change`."""
-    new = _recent_entry(sums, p)
-    old = None if new is None else _recent_entry(previous_sums, p)
-    if old is None or new.limbs.shape != old.limbs.shape:
+    over ``F_p`` (`sum_packed`) with limbs of one shape: ``True`` if they are equal (no change),
+    ``{j: c}`` for a single changed bin, ``False`` if the difference is not one bin, ``None``
+    otherwise (lists or tuples: the caller computes the difference in Python ints). See
+    `_packed_change`."""
+    if not (_is_packed(sums, p) and _is_packed(previous_sums, p)) or sums.limbs.shape != previous_sums.limbs.shape:
         return None
-    return _packed_change(new, old, max_index)
+    return _packed_change(sums, previous_sums, max_index)
 
 
 def _packed_change(new: PackedSums, old: PackedSums, max_index: int) -> dict[int, int] | bool:
@@ -1523,9 +1490,9 @@ def decode_update(
     that does (App. J), the same guarantee `decode_syndromes` gives. When the difference does not
     decode or ``q'`` fails a check, ``sums`` are decoded from scratch, which raises on invalid
     input: the fast path never changes the result, only the time. When ``sums`` and
-    ``previous_sums`` are both `PackedSums` over ``F_p`` (`sum_packed`), or lists equal to recent
-    `aggregate_packed` results, the one-bin test runs on packed integers (`_packed_change`; no
-    Python int per element), otherwise on Python ints (`_single_change`).
+    ``previous_sums`` are both `PackedSums` over ``F_p`` (`sum_packed`), the one-bin test runs on
+    packed integers (`_packed_change`; no Python int per element), otherwise (lists, e.g.
+    `aggregate_packed`'s or a SecAgg+ sum) on Python ints (`_single_change`): the same result.
 
     Args:
         sums: this round's ``[T]`` aggregated syndromes (a list, or `sum_packed`'s `PackedSums`).

@@ -1032,14 +1032,14 @@ def test_aggregate_packed_reduces_exactly_at_limb_boundaries(bits):
 
 
 def _aggregate(vectors, p):
-    return scma.aggregate_packed([scma.pack_elements(v, p) for v in vectors], p, len(vectors[0]))
+    return scma.sum_packed([scma.pack_elements(v, p) for v in vectors], p, len(vectors[0]))
 
 
 @pytest.mark.parametrize("p", [13, P69, _prime_below(64), _prime_below(127), scma.field_prime(10, 2**300)])
 def test_the_packed_single_change_decides_like_the_object_array_one(p):
-    """Sums remembered from `aggregate_packed` are compared on packed integers
-    (`_packed_single_change`): the same decision as `_single_change` (one bin, several, one term
-    off, an index beyond the grid) and the same `decode_update` result as without them."""
+    """`sum_packed` results are compared on packed integers (`_packed_single_change`): the same
+    decision as `_single_change` (one bin, several, one term off, an index beyond the grid);
+    lists (`aggregate_packed`'s too) are left to the Python-int path."""
     rng = random.Random(p % 1000)
     t = 12
     bins = min(p - 1, 10**6)
@@ -1052,13 +1052,17 @@ def test_the_packed_single_change_decides_like_the_object_array_one(p):
         elif trial % 3 == 2:
             diff[rng.randrange(2, t)] += 1  # one term off
         new = [(a + b) % p for a, b in zip(previous, diff, strict=True)]
-        sums, before = _aggregate([new], p), list(_aggregate([previous], p))
+        sums, before = _aggregate([new], p), _aggregate([previous], p)
         for max_index in (bins, 1):
             decided = scma._packed_single_change(sums, before, p, max_index)
             single = scma._single_change(np.asarray([x % p for x in diff], dtype=object), p, max_index)
             assert decided == (single if single is not None else False)
-    assert scma._packed_single_change(sums, list(sums), p, bins) is True
-    assert scma._packed_single_change([x for x in new], [0] * t, p, bins) is None  # not remembered
+    assert scma._packed_single_change(sums, _aggregate([new], p), p, bins) is True
+    listed = scma.aggregate_packed([scma.pack_elements(new, p)], p, t)
+    assert listed == sums.tolist()
+    assert scma._packed_single_change(listed, before, p, bins) is None  # a list: no packed test
+    assert scma._packed_single_change(sums, before.tolist(), p, bins) is None
+    assert scma._packed_single_change(sums, before, p + 2, bins) is None  # another field
 
 
 def test_the_packed_check_needs_every_quotient_digit():
@@ -1072,12 +1076,14 @@ def test_the_packed_check_needs_every_quotient_digit():
     diff[2] = (diff[2] - 7) % p
     previous = [random.Random(1).randrange(p) for _ in range(t)]
     sums = _aggregate([[(a + b) % p for a, b in zip(previous, diff, strict=True)]], p)
-    before = list(_aggregate([previous], p))
+    before = _aggregate([previous], p)
     assert scma._single_change(np.asarray(diff, dtype=object), p, p - 1) is None
     assert scma._packed_single_change(sums, before, p, p - 1) is False
 
 
-def test_decode_update_is_the_same_with_and_without_remembered_sums():
+def test_decode_update_is_the_same_with_lists_and_with_packed_sums():
+    """`decode_update` on `sum_packed`'s `PackedSums` (the packed one-bin test) and on
+    `aggregate_packed`'s lists or tuples (the Python-int path) gives the same counts."""
     rng = random.Random(23)
     t, bins = 40, 111**10
     clients = [_random_counts(rng, 3, bins) for _ in range(5)]
@@ -1086,21 +1092,22 @@ def test_decode_update_is_the_same_with_and_without_remembered_sums():
         for j, q in counts.items():
             total[j] = total.get(j, 0) + q
     kwargs = dict(max_support=20, max_index=bins, max_total=10**6, change_hint=6)
-    before_sums = scma.aggregate_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients], P69, t)
-    before = list(before_sums)
+    before_shares = [scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients]
+    before, before_list = scma.sum_packed(before_shares, P69, t), scma.aggregate_packed(before_shares, P69, t)
     first = next(iter(clients[0]))
     for change in ({first: -1}, {first: 2}, {first: 1, 17: 1}, {}):
         moved = [dict(c) for c in clients]
         for j, c in change.items():
             moved[0][j] = moved[0].get(j, 0) + c
         shares = [scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in moved]
-        sums = scma.aggregate_packed(shares, P69, t)
+        sums, sums_list = scma.sum_packed(shares, P69, t), scma.aggregate_packed(shares, P69, t)
         decided = scma._packed_single_change(sums, before, P69, bins)
         assert decided == ({first: change[first]} if len(change) == 1 else (change == {} or False))
+        assert scma._packed_single_change(sums_list, before_list, P69, bins) is None
         fast = scma.decode_update(sums, before, dict(sorted(total.items())), P69, validated=True, **kwargs)
-        # tuples are never looked up: the Python-int path
-        plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, validated=True, **kwargs)
-        assert fast == plain == scma.decode_syndromes(sums, P69, max_support=20, max_index=bins)
+        listed = scma.decode_update(sums_list, before_list, dict(sorted(total.items())), P69, validated=True, **kwargs)
+        plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, **kwargs)
+        assert fast == listed == plain == scma.decode_syndromes(sums_list, P69, max_support=20, max_index=bins)
 
 
 @pytest.mark.parametrize("p", [13, P69, _prime_below(127), scma.field_prime(10, 2**300)])
@@ -1149,7 +1156,7 @@ def test_the_range_check_resolves_ties_on_the_leading_bytes(p):
 
 def test_decode_update_takes_packed_sums():
     """`decode_update` on two `PackedSums` (no Python int per element) gives the result of the
-    lists, and the packed one-bin test decides as on remembered lists."""
+    lists, and the packed one-bin test finds a single changed bin (and only then)."""
     rng = random.Random(29)
     t, bins = 40, 111**10
     clients = [_random_counts(rng, 3, bins) for _ in range(5)]
