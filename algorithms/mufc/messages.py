@@ -167,7 +167,7 @@ class MaskedSyndromes(Message):
 
     ``values`` is kept in its wire form, ``uint8 [T, width]`` big-endian rows (a packed
     `~fedproto.messages.bigints_field`), so the server sums the frames' bytes without building
-    ``T`` integers per client (`fedproto.algorithms.scma.aggregate_packed`). A sequence of ints
+    ``T`` integers per client (`fedproto.algorithms.scma.sum_packed`). A sequence of ints
     is accepted too and packed at construction.
     """
 
