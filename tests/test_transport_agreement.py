@@ -54,7 +54,9 @@ def _comparable(path: Path) -> tuple[dict, list]:
 #: Variants of a family already covered by its plain case run with ``-m slow`` (each case starts
 #: TCP processes and MPI ranks that import JAX: about 35 s on a shared 2-core machine), keeping
 #: the default run within its budget; every protocol family keeps one case in the default run.
-SLOW_CASES = {"qkmeans-federated", "dckmeans-weighted", "mufc-secagg-plus", "fastlloyd-secagg-plus"}
+#: DC-k-means shares its family with Q-k-means, and its TCP run is held equal to its in-memory run
+#: (model and bytes per deletion) by tests/test_examples.py::test_deletion_tcp_example.
+SLOW_CASES = {"qkmeans-federated", "dckmeans", "dckmeans-weighted", "mufc-secagg-plus", "fastlloyd-secagg-plus"}
 
 
 @pytest.mark.parametrize(
