@@ -1081,10 +1081,10 @@ def test_the_packed_check_needs_every_quotient_digit():
     assert scma._packed_single_change(sums, before, p, p - 1) is False
 
 
-def test_decode_update_is_the_same_with_lists_and_with_packed_sums():
-    """`decode_update` on `sum_packed`'s `PackedSums` (the packed one-bin test) and on
-    `aggregate_packed`'s lists or tuples (the Python-int path) gives the same counts."""
-    rng = random.Random(23)
+def _five_clients(seed: int) -> tuple[int, int, list[dict[int, int]], dict[int, int], dict]:
+    """``(T, bins, five clients' counts (3 bins each), their total, decode bounds)`` for the
+    packed-sums decoding tests."""
+    rng = random.Random(seed)
     t, bins = 40, 111**10
     clients = [_random_counts(rng, 3, bins) for _ in range(5)]
     total = {}
@@ -1092,6 +1092,13 @@ def test_decode_update_is_the_same_with_lists_and_with_packed_sums():
         for j, q in counts.items():
             total[j] = total.get(j, 0) + q
     kwargs = dict(max_support=20, max_index=bins, max_total=10**6, change_hint=6)
+    return t, bins, clients, total, kwargs
+
+
+def test_decode_update_is_the_same_with_lists_and_with_packed_sums():
+    """`decode_update` on `sum_packed`'s `PackedSums` (the packed one-bin test) and on
+    `aggregate_packed`'s lists or tuples (the Python-int path) gives the same counts."""
+    t, bins, clients, total, kwargs = _five_clients(23)
     before_shares = [scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients]
     before, before_list = scma.sum_packed(before_shares, P69, t), scma.aggregate_packed(before_shares, P69, t)
     first = next(iter(clients[0]))
@@ -1157,14 +1164,7 @@ def test_the_range_check_resolves_ties_on_the_leading_bytes(p):
 def test_decode_update_takes_packed_sums():
     """`decode_update` on two `PackedSums` (no Python int per element) gives the result of the
     lists, and the packed one-bin test finds a single changed bin (and only then)."""
-    rng = random.Random(29)
-    t, bins = 40, 111**10
-    clients = [_random_counts(rng, 3, bins) for _ in range(5)]
-    total = {}
-    for counts in clients:
-        for j, q in counts.items():
-            total[j] = total.get(j, 0) + q
-    kwargs = dict(max_support=20, max_index=bins, max_total=10**6, change_hint=6)
+    t, bins, clients, total, kwargs = _five_clients(29)
     before = scma.sum_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in clients], P69, t)
     first = next(iter(clients[0]))
     for change in ({first: -1}, {first: 2}, {first: 1, 17: 1}, {}, {first: -clients[0][first]}):
