@@ -40,7 +40,6 @@ __all__ = [
     "seeding_noise",
     "seeding_race",
     "unlearn_seeding",
-    "weighted_kmeans_noise",
     "weighted_kmeans_runs",
     "weighted_lloyd",
     "weighted_lloyd_runs",
@@ -380,33 +379,6 @@ def weighted_lloyd_runs(
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
-def weighted_kmeans_noise(
-    noise: jax.Array,
-    x: jax.Array,
-    weights: jax.Array,
-    valid: jax.Array,
-    k: int,
-    tol_abs: float | jax.Array,
-    max_iter: int | jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`weighted_kmeans_runs` from its seeding noise (`seeding_noise`): `weighted_seeding` of
-    ``exp(noise)`` then `weighted_lloyd_runs`, in one call.
-
-    Args:
-        noise: ``[r, k, c]`` float64 Gumbel noise.
-        x, weights, valid, k, tol_abs, max_iter: as `weighted_kmeans_runs`.
-
-    Returns:
-        ``(centroids, costs, n_seeds)``: ``[r, k, d]`` float64, ``[r]`` float64, ``[r]`` int32.
-
-    References:
-        Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6; Lloyd 1982.
-    """
-    rows = weighted_seeding(jnp.exp(noise), x, weights, valid, k)
-    return weighted_lloyd_runs(x, weights, valid, rows, tol_abs, max_iter)
-
-
-@functools.partial(jax.jit, static_argnames=("k",))
 def weighted_kmeans_runs(
     keys: jax.Array,
     x: jax.Array,
@@ -423,7 +395,8 @@ def weighted_kmeans_runs(
     seeds (the rule of `weighted_lloyd`). If the weighted rows hold fewer than ``k`` distinct
     points, seeding stops after ``m < k`` seeds (every row then sits on a seed, cost 0); the
     missing centroids are filled with copies of centroid 0, which attract no points under the
-    lowest-index tie rule. The runs are batched (`weighted_kmeans_noise`).
+    lowest-index tie rule: `weighted_seeding` of `seeding_race`, then `weighted_lloyd_runs`
+    (the runs batched), in one call.
 
     Args:
         keys: ``[r]`` stack of keys, one per run.
@@ -442,5 +415,5 @@ def weighted_kmeans_runs(
         Pan et al. Algorithm 1 lines 6-7 and App. I; spec mufc.md 1.6 (weighted server mode,
         ``n_init`` restarts as in the authors' code, 5.2).
     """
-    noise = seeding_noise(keys, k, x.shape[0])
-    return weighted_kmeans_noise(noise, x, weights, valid, k, tol_abs, max_iter)
+    rows = weighted_seeding(seeding_race(keys, k, x.shape[0]), x, weights, valid, k)
+    return weighted_lloyd_runs(x, weights, valid, rows, tol_abs, max_iter)
