@@ -452,8 +452,7 @@ class PackedSums(Sequence):
         """The first ``count`` sums as ints, without making the other ``T - count``."""
         if self._ints is not None:
             return self._ints[:count]
-        columns = self.limbs[:, :count].T.tolist()
-        return [sum(limb << (32 * g) for g, limb in enumerate(column)) for column in columns]
+        return _limbs_to_ints(self.limbs[:, :count])
 
 
 def _powers(base: int, count: int, p: int) -> np.ndarray:
