@@ -1031,6 +1031,31 @@ def test_aggregate_packed_reduces_exactly_at_limb_boundaries(bits):
             assert scma.aggregate_packed([np.asfortranarray(s) for s in packed], p, 9) == expected
 
 
+@pytest.mark.parametrize("width", range(1, 17))
+def test_sum_packed_equals_the_python_int_sum_for_every_width(width):
+    """`sum_packed` (range check, digit sums, float quotient, limb carries) equals ``sum(values)
+    % p`` in Python ints for every element width 1..16, with a prime that fills the top byte and
+    one that leaves five of its bits empty, for 1, 2, 100 and 257 shares: random elements with
+    ``p - 1`` among them, all-``(p - 1)`` stacks, and sums that land on a multiple of ``p`` or one
+    off (where the float quotient is one short and ``p`` is subtracted once more)."""
+    rng = random.Random(width)
+    t = 6
+    for p in (_prime_below(8 * width), _prime_below(8 * width - 5)):
+        assert scma.field_width(p) == width
+        for depth in (1, 2, 100, 257):
+            cases = [[[p - 1] * t for _ in range(depth)]]
+            for target in (None, 0, 1, p - 1):
+                shares = [[rng.choice((p - 1, rng.randrange(p))) for _ in range(t)] for _ in range(depth)]
+                if target is not None:  # the last share sets each column's sum to target mod p
+                    shares[-1] = [(target - sum(s[i] for s in shares[:-1])) % p for i in range(t)]
+                cases.append(shares)
+            for shares in cases:
+                expected = [sum(column) % p for column in zip(*shares)]
+                sums = scma.sum_packed([scma.pack_elements(s, p) for s in shares], p, t)
+                assert sums.tolist() == expected
+                assert ((sums.limbs >= 0) & (sums.limbs < 2**32)).all()
+
+
 def _aggregate(vectors, p):
     return scma.sum_packed([scma.pack_elements(v, p) for v in vectors], p, len(vectors[0]))
 
