@@ -322,22 +322,34 @@ def _byte_places(width: int) -> np.ndarray:
     return place
 
 
+# `_column_sums_mod` weighs the digits by (1 - 2^-45) / p for the quotient: below s / p by more
+# than the float product's rounding, so its floor never exceeds floor(s / p)
+_QUOTIENT_SHRINK = 1.0 - 2.0**-45
+
+
 @functools.lru_cache(maxsize=32)
-def _mod_tables(p: int, width: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """For `_column_sums_mod`: the ``[G + 1, width]`` place values (`_byte_places`), the ``[G, 1]``
-    32-bit limbs of ``p`` and ``float(p)``."""
+def _mod_tables(p: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For `_column_sums_mod`: the ``[G + 1, width]`` float64 weights (`_byte_places`' rows
+    ``g < G``, then the place values within the word times ``(1 - 2^-45) / p``), and the ``[G, 1]``
+    32-bit limbs of ``p`` as int64 and as float64 (all read-only)."""
     n_groups = -(-width // 4)
+    weights = _byte_places(width).copy()
+    weights[n_groups] *= _QUOTIENT_SHRINK / float(p)
     limbs = np.array([[(p >> (32 * g)) & 0xFFFFFFFF] for g in range(n_groups)], dtype=np.int64)
-    return _byte_places(width), limbs, float(p)
+    limbs_float = limbs.astype(np.float64)
+    for table in (weights, limbs, limbs_float):
+        table.setflags(write=False)
+    return weights, limbs, limbs_float
 
 
 def _carry(limbs: np.ndarray) -> None:
     """Normalise signed 32-bit limbs ``[G, T]`` int64 in place: every limb but the last into
-    ``[0, 2^32)``, the carries (floor division, so signs propagate) into the next one."""
+    ``[0, 2^32)``, the carries (floor division, so signs propagate) into the next one. Written
+    through ``out=`` (``limbs[g] += ...`` would copy each row back onto itself)."""
     for g in range(limbs.shape[0] - 1):
-        carry = limbs[g] >> 32
-        limbs[g] &= 0xFFFFFFFF
-        limbs[g + 1] += carry
+        low, high = limbs[g], limbs[g + 1]
+        np.add(high, low >> 32, out=high)
+        np.bitwise_and(low, 0xFFFFFFFF, out=low)
 
 
 def _column_sums_mod(words: np.ndarray, p: int) -> np.ndarray | None:
@@ -346,29 +358,26 @@ def _column_sums_mod(words: np.ndarray, p: int) -> np.ndarray | None:
     ``S <= 257``, ``w <= 16`` (then the caller reduces `_column_sums`' Python ints).
 
     As `_column_sums`, the byte digits are summed in 16 bits and grouped by one float64 product,
-    exact integers below ``2^41``; the same product gives each sum ``s`` in floating point, hence
-    ``q = max(floor(s / p - 2^-20), 0)``, which is ``floor(s / p)`` or one less (``s / p < 258``
-    is computed to within ``10^-12``). ``s - q p`` is then formed limb by limb and ``p`` is
-    subtracted once where it is still ``>= p`` (only tried when some ``s / p`` lies within
-    ``2^-30`` below an integer): exact, no Python integer per element.
+    exact integers below ``2^41``; the product's last row weighs them by their place values times
+    ``(1 - 2^-45) / p``, giving ``x = s (1 - 2^-45) / p`` to a relative ``2^-48`` (at most 18
+    roundings of ``2^-53`` for 16 bytes): below ``s / p`` and above ``s / p - 2^-36`` (``s / p <
+    258``), so ``q = floor(x)`` is ``floor(s / p)`` or one less (never negative). ``s - q p`` is
+    then formed limb by limb (in float64, exact below ``2^41``) and ``p`` is subtracted once where
+    it is still ``>= p``: only tried when some ``x`` lies within ``2^-30`` below an integer (about
+    one uniform sum in ``2^30``; ``q = floor(s / p) - 1`` puts ``x`` within ``2^-36``). Exact, no
+    Python integer per element; the weights fold the division by ``p`` into the product.
     """
     n_words, width = words.shape[0], words.shape[2]
     if n_words > 257 or width > 16:
         return None
-    place, p_limbs, p_float = _mod_tables(p, width)
+    weights, p_limbs, p_limbs_float = _mod_tables(p, width)
     n_groups = p_limbs.shape[0]
     digits = _digit_sums(words)  # [T, w], below 2^16
-    mixed = place @ digits.T.astype(np.float64)  # [G + 1, T]
-    limbs = mixed[:n_groups].astype(np.int64)  # exact: below 257 * 2^32 * 1.01
-    ratio = mixed[n_groups] / p_float  # s / p to within 2^-39
-    quotient = np.floor(ratio - 2.0**-20)
-    np.maximum(quotient, 0.0, out=quotient)
-    limbs -= quotient.astype(np.int64) * p_limbs  # s - q p, in [0, 2p)
+    mixed = weights @ digits.T.astype(np.float64)  # [G + 1, T]: the groups of s, then x
+    quotient = np.floor(mixed[n_groups])
+    limbs = (mixed[:n_groups] - quotient * p_limbs_float).astype(np.int64)  # s - q p in [0, 2p)
     _carry(limbs)
-    # s - q p >= p needs s / p >= q + 1, so ratio - q >= 1 - 2^-39 (the float subtraction adds
-    # below 2^-44): where no ratio comes that close (every element but about one in 2^20 of
-    # uniform sums) every s - q p is already below p and the subtraction below is skipped
-    if not (ratio - quotient > 1.0 - 2.0**-30).any():
+    if not (mixed[n_groups] - quotient).max() > 1.0 - 2.0**-30:  # every q = floor(s / p): every s - q p < p
         return limbs
     reduced = limbs - p_limbs
     _carry(reduced)
