@@ -79,7 +79,8 @@ COMMANDS = ("run", "party", "split", "provision", "list")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
 _LAUNCHER_OPTIONS = {
-    "--transport": True, "--report": True, "--plot": True, "--quiet": False, "--full": False, "--topology": True,
+    "--transport": True, "--report": True, "--plot": True, "--no-plot": False, "--quiet": False, "--full": False,
+    "--topology": True,
 }
 #: ``fedproto run`` options that a TCP party holding only its own data does not take (the launcher
 #: gives it ``--data FILE`` instead): the whole data set and how it is cut.
@@ -310,7 +311,11 @@ def _common_arguments(
             "bytes, deadlines on a virtual clock; for 10^4 to 10^6 clients; no fault injection)",
         )
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
-        group.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
+        plots = group.add_mutually_exclusive_group()
+        plots.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
+        plots.add_argument(
+            "--no-plot", action="store_true", help="write no plot (the report alone; no matplotlib start-up)"
+        )
         group.add_argument("--quiet", action="store_true", help="print only the summary, no progress")
         group.add_argument(
             "--full", action="store_true", help="print long tables whole (default: their first rows and totals)"
@@ -961,6 +966,8 @@ def _print_run(
         report.to_json(args.report)
         console.print(f"report written to {args.report}")
     plot_path = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
+    if args.no_plot:
+        plot_path = None
     if plot_path:
         extra = (lambda ax: plan.plot_results(ax, summary)) if plan.plot_results else None
         plot_report(report, plot_path, phases=plan.phases, extra=extra)

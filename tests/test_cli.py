@@ -394,6 +394,7 @@ def _usage_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "report is a directory": ([*run, "--report", str(tmp)], ["--report", "is a directory"]),
         "plot in a missing directory": ([*run, "--plot", str(tmp / "nowhere" / "p.png")], ["--plot", "does not exist"]),
         "plot format": ([*run, "--plot", str(tmp / "p.docx")], ["--plot", "unknown plot format '.docx'"]),
+        "plot and no plot": ([*run, "--plot", str(tmp / "p.png"), "--no-plot"], ["--no-plot", "--plot"]),
         "deadline inf": ([*run, "--deadline", "inf"], ["--deadline", "finite", "inf"]),
         "deadline nan": ([*run, "--deadline", "nan"], ["--deadline"]),
         "deadline 0": ([*run, "--deadline", "0"], ["--deadline", "> 0"]),

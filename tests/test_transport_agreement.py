@@ -71,8 +71,10 @@ def test_memory_tcp_and_mpi_agree(tmp_path, case):
     reports = {}
     for transport, prefix in runs.items():
         out = tmp_path / f"{transport}.json"
-        _run([*prefix, *argv, "--transport", transport, "--quiet", "--report", str(out)], tmp_path)
+        # --no-plot: the report alone (each plot would start matplotlib in a process: seconds)
+        _run([*prefix, *argv, "--transport", transport, "--quiet", "--no-plot", "--report", str(out)], tmp_path)
         reports[transport] = _comparable(out)
+    assert not list(tmp_path.glob("*.png")), "--no-plot wrote a plot"
     reference = reports["memory"]
     assert len(json.loads((tmp_path / "memory.json").read_text())["parties"]) == n_parties
     for transport, got in reports.items():
