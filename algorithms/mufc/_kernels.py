@@ -289,10 +289,9 @@ def weighted_lloyd_runs(
     """Weighted Lloyd for a batch of runs from their seeds (`weighted_seeding`), with their costs.
 
     The runs advance together: one batched assignment per Lloyd iteration (nearest centroid by
-    ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32 at full precision (no TF32 on GPUs),
-    the bulk of the work; ties to the
-    lowest index) and one one-hot product in float64 for the weighted means (exact sums,
-    deterministic on every backend); each run freezes once its own stopping rule holds
+    ``||c||^2 - 2 <x, c>`` as ``[r, c, k]`` products in float32 at full precision (no TF32 on
+    GPUs), the bulk of the work; ties to the lowest index) and one one-hot product in float64 for
+    the weighted means (exact sums, deterministic on every backend); each run freezes once its own stopping rule holds
     (`weighted_lloyd`'s: a stable assignment or a squared shift of at most ``tol_abs``), until
     every run has stopped or ``max_iter``. The batch shrinks as runs stop (all runs, then half of
     them, ... one: the running runs gathered first), so runs that stopped early are not computed
