@@ -965,9 +965,8 @@ def _print_run(
     if args.report:
         report.to_json(args.report)
         console.print(f"report written to {args.report}")
-    plot_path = args.plot or (str(Path(args.report).with_suffix(".png")) if args.report else None)
-    if args.no_plot:
-        plot_path = None
+    default_plot = str(Path(args.report).with_suffix(".png")) if args.report else None
+    plot_path = None if args.no_plot else args.plot or default_plot
     if plot_path:
         extra = (lambda ax: plan.plot_results(ax, summary)) if plan.plot_results else None
         plot_report(report, plot_path, phases=plan.phases, extra=extra)
