@@ -44,6 +44,7 @@ __all__ = [
     "weighted_lloyd",
     "weighted_lloyd_runs",
     "weighted_seeding",
+    "weighted_seeding_margins",
 ]
 
 
@@ -230,6 +231,42 @@ def seeding_race(keys: jax.Array, k: int, capacity: int) -> jax.Array:
     return jnp.exp(seeding_noise(keys, k, capacity))
 
 
+def _weighted_seeding(
+    race: jax.Array, x: jax.Array, weights: jax.Array, valid: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The body of `weighted_seeding` and `weighted_seeding_margins`: ``(rows, factors, runner_up)``."""
+    f64 = jnp.float64
+    x = jnp.asarray(x, f64)
+    w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
+    n_runs, n_rows = race.shape[0], x.shape[0]
+    runs = jnp.arange(n_runs)
+
+    def draw(s, carry):
+        rows, factors, runner_up, mind = carry
+        weight = jnp.where(s == 0, w[None, :], jnp.where(w > 0, w * mind, 0.0))
+        score = weight * race[:, s, :]
+        j = jnp.argmax(score, axis=1).astype(jnp.int32)
+        ok = score[runs, j] > 0
+        factor = jnp.where(s == 0, 1.0, mind[runs, j])
+        second = jnp.max(score.at[runs, j].set(-jnp.inf), axis=1, initial=0.0)
+        diff = x[None, :, :] - x[j][:, None, :]
+        d2 = jnp.sum(diff * diff, axis=-1)
+        closer = ok[:, None] & valid[None, :] & (d2 < mind)
+        return (
+            rows.at[:, s].set(jnp.where(ok, j, -1)),
+            factors.at[:, s].set(jnp.where(ok, factor, 0.0)),
+            runner_up.at[:, s].set(second),
+            jnp.where(closer, d2, mind),
+        )
+
+    mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
+    zeros = jnp.zeros((n_runs, k), f64)
+    rows, factors, runner_up, _ = jax.lax.fori_loop(
+        0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), zeros, zeros, mind0)
+    )
+    return rows, factors, runner_up
+
+
 @functools.partial(jax.jit, static_argnames=("k",))
 def weighted_seeding(race: jax.Array, x: jax.Array, weights: jax.Array, valid: jax.Array, k: int) -> jax.Array:
     """Weighted D^2 seeding of every run at once, from its race (`seeding_race`).
@@ -237,11 +274,13 @@ def weighted_seeding(race: jax.Array, x: jax.Array, weights: jax.Array, valid: j
     Seeding is that of `fedproto.algorithms.kmeans.kmeanspp_seeding` with the same noise (D^2
     weights from direct squared differences in float64), drawn as the equivalent exponential
     race: step ``s`` of run ``r`` picks ``argmax_j score_j`` with ``score_j = w_j e^{g[r, s, j]}``
-    at ``s = 0`` and ``w_j D_j^2 e^{g[r, s, j]}`` after (``D_j`` the distance to the run's seeds
-    so far; ties to the lowest row); a run stops seeding once every score is 0 (fewer than ``k``
-    distinct weighted rows). Scores are monotone in each ``w_j`` and ``D_j`` depends only on the
-    seeds, so lowering the weight of rows that no run picked leaves every pick unchanged (the skip
-    rule of `fedproto.algorithms.mufc.clustering.PaddedPoints`).
+    at ``s = 0`` and ``(w_j D_j^2) e^{g[r, s, j]}`` after (``D_j`` the distance to the run's
+    seeds so far; ties to the lowest row); a run stops seeding once every score is 0 (fewer than
+    ``k`` distinct weighted rows). Scores are monotone in each ``w_j`` and ``D_j`` depends only
+    on the seeds, so lowering the weight of rows that no run picked leaves every pick unchanged,
+    and so does lowering a picked row whose new score still beats its step's runner-up
+    (`weighted_seeding_margins`; the skip rule of
+    `fedproto.algorithms.mufc.clustering.PaddedPoints`).
 
     Args:
         race: ``[r, k, c]`` float64 (`seeding_race`).
@@ -255,26 +294,33 @@ def weighted_seeding(race: jax.Array, x: jax.Array, weights: jax.Array, valid: j
         Pan et al. Algorithm 1 line 7 and App. I (weighted D^2 sampling); Arthur and
         Vassilvitskii, SODA 2007 (k-means++); spec mufc.md 1.6.
     """
-    f64 = jnp.float64
-    x = jnp.asarray(x, f64)
-    w = jnp.where(valid, jnp.asarray(weights, f64), 0.0)
-    n_runs, n_rows = race.shape[0], x.shape[0]
-    runs = jnp.arange(n_runs)
+    return _weighted_seeding(race, x, weights, valid, k)[0]
 
-    def draw(s, carry):
-        rows, mind = carry
-        weight = jnp.where(s == 0, w[None, :], jnp.where(w > 0, w * mind, 0.0))
-        score = weight * race[:, s, :]
-        j = jnp.argmax(score, axis=1).astype(jnp.int32)
-        ok = score[runs, j] > 0
-        diff = x[None, :, :] - x[j][:, None, :]
-        d2 = jnp.sum(diff * diff, axis=-1)
-        closer = ok[:, None] & valid[None, :] & (d2 < mind)
-        return rows.at[:, s].set(jnp.where(ok, j, -1)), jnp.where(closer, d2, mind)
 
-    mind0 = jnp.broadcast_to(jnp.where(valid, jnp.inf, 0.0).astype(f64), (n_runs, n_rows))
-    rows, _ = jax.lax.fori_loop(0, k, draw, (jnp.full((n_runs, k), -1, jnp.int32), mind0))
-    return rows
+@functools.partial(jax.jit, static_argnames=("k",))
+def weighted_seeding_margins(
+    race: jax.Array, x: jax.Array, weights: jax.Array, valid: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`weighted_seeding` with what decides each pick, to tell whether lower weights keep it.
+
+    Step ``s`` of run ``r`` picked row ``j = rows[r, s]`` with score
+    ``(w_j * factors[r, s]) * race[r, s, j]`` (in that order of float64 products), where
+    ``factors[r, s]`` is 1 at ``s = 0`` and ``D_j^2`` after; ``runner_up[r, s]`` is the largest
+    score of any other row at that step (0 if none). With weights that are nowhere higher, every
+    other row's score at a step whose earlier picks are kept is at most ``runner_up[r, s]``, so
+    the pick is kept while ``(w'_j * factors[r, s]) * race[r, s, j] > runner_up[r, s]``.
+
+    Args:
+        As `weighted_seeding`.
+
+    Returns:
+        ``(rows, factors, runner_up)``: ``[r, k]`` int32 (as `weighted_seeding`), ``[r, k]``
+        float64 (0 where no seed was picked), ``[r, k]`` float64 non-negative.
+
+    References:
+        Pan et al. Algorithm 1 line 7 and App. I; spec mufc.md 1.6 and 3.7 (exact unlearning).
+    """
+    return _weighted_seeding(race, x, weights, valid, k)
 
 
 @jax.jit

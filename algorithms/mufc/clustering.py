@@ -16,6 +16,7 @@ References:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import operator
 from collections.abc import Mapping, Sequence
@@ -180,12 +181,15 @@ class PaddedPoints:
     passes the weights. ``PaddedPoints(points, min_rows=r).weighted_kmeans(key, weights, k, ...)``
     is ``weighted_kmeans(key, points, weights, k, ..., min_rows=r)`` (the same code).
 
-    Skip rule: the object remembers its last seeding (the race of the key, the weights and every
-    run's seed rows). A later call with the same key and ``k`` whose weights are nowhere higher,
-    and lower only on rows that no run picked as a seed, has the same seeds (each pick is the
-    argmax of scores that are monotone in the weights, `_kernels.weighted_seeding`), so seeding is
-    skipped and Lloyd starts from the remembered seeds: the result is the one a fresh object
-    computes (a removal that hits no seed bin, the common case, costs Lloyd alone).
+    Skip rule: the object remembers its last seeding (the race of the key, the weights, every
+    run's seed rows and what decided each pick, `_kernels.weighted_seeding_margins`). A later
+    call with the same key and ``k`` whose weights are nowhere higher has the same seeds when
+    every lowered row that some run picked still scores above the runner-up of the step that
+    picked it (each pick is the argmax of scores that are monotone in the weights; a lowered row
+    that no run picked keeps every pick). Seeding is then skipped and Lloyd starts from the
+    remembered seeds: the result is the one a fresh object computes (a single-point removal
+    lowers one bin by one, which keeps the seeds unless it takes a pick to its runner-up; then
+    it costs Lloyd alone).
 
     Args:
         points: ``[m, d]`` float64, finite, ``m >= 1`` (copied).
@@ -212,8 +216,7 @@ class PaddedPoints:
         xp[:m] = pts
         self._xp = jnp.asarray(xp)
         self._valid = jnp.asarray(np.arange(self.capacity) < m)
-        # the last seeding: (race, padded weights, seed rows on the host, seed rows on the device)
-        self._seeded: tuple[jax.Array, np.ndarray, np.ndarray, jax.Array] | None = None
+        self._seeded: _Seeding | None = None  # the last seeding
         #: Seedings skipped by the rule above, and seedings computed (for tests and reports).
         self.seedings_skipped = self.seedings_run = 0
 
@@ -245,20 +248,55 @@ class PaddedPoints:
 
     def _seeds(self, race: jax.Array, wp: np.ndarray, k: int) -> jax.Array:
         """Every run's seed rows for padded weights ``wp``: the remembered ones where the skip
-        rule holds, else `_kernels.weighted_seeding` (then remembered)."""
+        rule holds, else `_kernels.weighted_seeding_margins` (then remembered)."""
         if self._seeded is not None:
-            last_race, last_w, last_rows, rows = self._seeded
-            if last_race is race:
-                lowered = wp < last_w
-                # nowhere higher, and lowered only on rows no run picked (-1 marks no seed)
-                if not np.any(wp > last_w) and not np.any(lowered[last_rows[last_rows >= 0]]):
-                    self.seedings_skipped += 1
-                    self._seeded = (race, wp, last_rows, rows)
-                    return rows
-        rows = _kernels.weighted_seeding(race, self._xp, wp, self._valid, k)
+            last = self._seeded
+            if last.race is race and not np.any(wp > last.weights) and last.picks_hold(wp):
+                self.seedings_skipped += 1
+                self._seeded = dataclasses.replace(last, weights=wp)
+                return last.rows
+        rows, factors, runner_up = _kernels.weighted_seeding_margins(race, self._xp, wp, self._valid, k)
         self.seedings_run += 1
-        self._seeded = (race, wp, np.asarray(rows), rows)
+        self._seeded = _Seeding(race, wp, rows, np.asarray(rows), np.asarray(factors), np.asarray(runner_up))
         return rows
+
+
+#: Relative margin by which a lowered pick's recomputed score must beat its step's runner-up: far
+#: above any rounding difference between the host's two float64 products and the kernel's.
+_PICK_MARGIN = 2.0**-40
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seeding:
+    """`PaddedPoints`' last seeding: its race, the weights since (never higher than those it was
+    computed with), the seed rows (device and host) and `_kernels.weighted_seeding_margins`'
+    factors and runner-up scores."""
+
+    race: jax.Array
+    weights: np.ndarray
+    rows: jax.Array
+    rows_host: np.ndarray
+    factors: np.ndarray
+    runner_up: np.ndarray
+
+    def picks_hold(self, wp: np.ndarray) -> bool:
+        """Whether weights ``wp`` (nowhere higher than `weights`) keep every pick: each lowered
+        row that some run picked still scores above its step's runner-up, by `_PICK_MARGIN`.
+
+        Other rows' scores at a step can only have fallen (lower weights, the same earlier seeds
+        by induction over the steps), so the runner-up remembered from the computed seeding
+        bounds them; a lowered row that no run picked cannot overtake a pick either."""
+        lowered = wp < self.weights
+        if not lowered.any():
+            return True
+        picked = self.rows_host >= 0
+        runs, steps = np.nonzero(picked & lowered[np.where(picked, self.rows_host, 0)])
+        if not runs.size:
+            return True
+        rows = self.rows_host[runs, steps]
+        race = np.asarray(self.race)[runs, steps, rows]  # a view of the device buffer on the CPU
+        scores = (wp[rows] * self.factors[runs, steps]) * race
+        return bool(np.all(scores > self.runner_up[runs, steps] * (1.0 + _PICK_MARGIN)))
 
 
 #: Seeding races of recent keys: a server that re-clusters with one key (coupled randomness)

@@ -242,38 +242,73 @@ def test_weighted_kmeans_finds_the_weighted_optimum_and_equals_replicated():
 
 
 def test_padded_points_skip_rule_gives_the_fresh_result():
-    """The seeding skip rule (a removal that lowers only unpicked rows keeps the seeds) returns,
-    after every weight change, exactly what a fresh object (which always seeds) returns; both
-    paths are taken, and lowering a picked row or raising any row re-seeds."""
+    """The seeding skip rule returns, after every weight change, exactly what a fresh object
+    (which always seeds) returns. Raising a row always re-seeds and lowering a row that no run
+    picked always skips; lowering a picked row skips only when the fresh seeding picks the same
+    rows, and both outcomes occur."""
     x, _ = _blobs(21)
     rng = np.random.default_rng(21)
     w = rng.integers(5, 40, size=len(x)).astype(float)
     key = jax.random.key(22)
+    race = clustering._seeding_race(key, 10, 4, 64)
     kept = clustering.PaddedPoints(x, min_rows=64)
     kept.weighted_kmeans(key, w, 4)
-    picked_seen = False
-    for step in range(40):
-        rows = kept._seeded[2]
+    outcomes = collections.Counter()
+    for step in range(60):
+        rows = kept._seeded.rows_host
         picked = np.unique(rows[rows >= 0])
+        w = w.copy()
         if step % 10 == 9:  # raise one row: never skipped
-            w = w.copy()
             w[rng.integers(len(x))] += 3
-            expect_skip = False
-        else:  # lower one row, every fifth time a picked one
-            choices = picked if step % 5 == 4 else np.setdiff1d(np.flatnonzero(w > 1), picked)
-            j = int(rng.choice(choices))
-            w = w.copy()
+            kind = "raise"
+        elif step % 3 == 2 and np.any(w[picked] > 1):  # lower a picked row by 1 or by a lot
+            j = int(rng.choice(picked[w[picked] > 1]))
+            w[j] -= 1 if step % 2 else rng.integers(1, w[j])
+            kind = "picked"
+        else:
+            j = int(rng.choice(np.setdiff1d(np.flatnonzero(w > 1), picked)))
             w[j] -= 1
-            expect_skip = j not in picked
-            picked_seen |= not expect_skip
+            kind = "unpicked"
         before = kept.seedings_skipped
         got = kept.weighted_kmeans(key, w, 4)
         fresh = clustering.PaddedPoints(x, min_rows=64).weighted_kmeans(key, w, 4)
-        assert kept.seedings_skipped - before == int(expect_skip)
         np.testing.assert_array_equal(got[0], fresh[0])
         assert got[1] == fresh[1]
-    # 4 raises and 4 lowered picked rows re-seed (plus the first call); the other 32 skip
-    assert picked_seen and kept.seedings_skipped == 32 and kept.seedings_run == 9
+        skipped = kept.seedings_skipped - before == 1
+        wp = np.zeros(64)
+        wp[: len(x)] = w
+        fresh_rows = np.asarray(_kernels.weighted_seeding(race, kept._xp, wp, kept._valid, 4))
+        if skipped:  # a skip keeps seeds that a fresh seeding draws too
+            np.testing.assert_array_equal(kept._seeded.rows_host, fresh_rows)
+            np.testing.assert_array_equal(rows, fresh_rows)
+        if kind != "picked":
+            assert skipped == (kind == "unpicked")
+        outcomes[kind, skipped] += 1
+    assert outcomes["picked", True] > 0 and outcomes["picked", False] > 0, outcomes
+    assert kept.seedings_run == 1 + outcomes["raise", False] + outcomes["picked", False]
+
+
+def test_seeding_margins_are_the_picks_scores_and_their_runners_up():
+    """`weighted_seeding_margins` picks the rows `weighted_seeding` does; each pick's factor is
+    its D^2 to the run's earlier seeds (1 at the first step), and the runner-up is the largest
+    score of the other rows, both recomputed here in NumPy; the pick scores at least that."""
+    x, _ = _blobs(31)
+    rng = np.random.default_rng(31)
+    wp = np.zeros(64)
+    wp[: len(x)] = rng.integers(1, 30, size=len(x))
+    pad = clustering.PaddedPoints(x, min_rows=64)
+    race = clustering._seeding_race(jax.random.key(32), 10, 4, 64)
+    rows, factors, runner_up = map(np.asarray, _kernels.weighted_seeding_margins(race, pad._xp, wp, pad._valid, 4))
+    np.testing.assert_array_equal(rows, np.asarray(_kernels.weighted_seeding(race, pad._xp, wp, pad._valid, 4)))
+    xp, race_h = np.asarray(pad._xp), np.asarray(race)
+    assert np.all(rows >= 0)
+    for r, s in itertools.product(range(rows.shape[0]), range(4)):
+        d2 = np.min([np.sum((xp - xp[j]) ** 2, axis=1) for j in rows[r, :s]], axis=0) if s else np.ones(64)
+        scores = wp * d2 * race_h[r, s]
+        j = rows[r, s]
+        np.testing.assert_allclose(factors[r, s], d2[j], rtol=1e-12)
+        np.testing.assert_allclose(runner_up[r, s], np.max(np.delete(scores, j)), rtol=1e-12)
+        assert (wp[j] * factors[r, s]) * race_h[r, s, j] >= runner_up[r, s] > 0
 
 
 def test_padded_points_skip_rule_is_needed_for_picked_rows():
