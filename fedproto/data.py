@@ -18,6 +18,7 @@ map to 0) before it is split. Partitions are deterministic given their seed.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -81,7 +82,64 @@ class Dataset:
         return int(self.x.shape[1])
 
 
+#: The file of each bundled set in scikit-learn's ``sklearn/datasets/data`` (what its
+#: ``load_iris``, ``load_wine``, ``load_breast_cancer`` and ``load_digits`` read).
+_BUNDLED_FILES = {
+    "iris": "iris.csv",
+    "wine": "wine_data.csv",
+    "breast_cancer": "breast_cancer.csv",
+    "digits": "digits.csv.gz",
+}
+
+
+def _bundled_file(name: str) -> Path | None:
+    """scikit-learn's file of the bundled set ``name``, found without importing scikit-learn
+    (its import brings scipy.stats: about 2 s of every process that loads a bundled set), or
+    ``None`` when scikit-learn is absent or keeps its data elsewhere."""
+    try:
+        spec = importlib.util.find_spec("sklearn")
+    except (ImportError, ValueError):
+        return None
+    for base in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(base) / "datasets" / "data" / _BUNDLED_FILES[name]
+        if path.is_file():
+            return path
+    return None
+
+
+def _read_bundled_file(name: str, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """The points and labels in scikit-learn's file ``path`` of the set ``name``, read as its
+    loaders read them (``sklearn.datasets._base.load_csv_data``: a header line ``n_samples,
+    n_features,target names...`` then one row of features and an integer label per point;
+    ``digits.csv.gz``: rows of 64 pixels and the label, no header), or ``None`` when the file
+    does not have that layout."""
+    try:
+        if name == "digits":
+            table = np.loadtxt(path, delimiter=",", ndmin=2)  # numpy opens .gz itself
+            expected = (table.shape[0], 8 * 8 + 1)  # rows of 8x8 pixels and the label, no header
+        else:
+            with path.open("r", encoding="utf-8") as handle:
+                header = handle.readline().split(",")
+                expected = (int(header[0]), int(header[1]) + 1)
+                table = np.loadtxt(handle, delimiter=",", ndmin=2)
+    except (OSError, ValueError, IndexError):
+        return None
+    if table.shape != expected or table.shape[1] < 2:
+        return None
+    labels = table[:, -1]
+    if not np.all(labels == np.round(labels)):
+        return None
+    points = table[:, :-1]  # laid out as scikit-learn's: digits a view of the table, the others a copy
+    return (points if name == "digits" else np.ascontiguousarray(points)), labels.astype(np.int64)
+
+
 def _load_bundled(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(x [n, d] float64, y [n] int64)`` of a bundled set: scikit-learn's file read directly
+    (:func:`_read_bundled_file`; the same values as its loader), else its loader."""
+    path = _bundled_file(name)
+    found = _read_bundled_file(name, path) if path is not None else None
+    if found is not None:
+        return found
     from sklearn import datasets
 
     loader = {

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedproto import data
 from fedproto.data import BUNDLED, load_dataset, normalize, partition
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -20,6 +21,34 @@ def test_bundled_sets_load_with_labels(name):
     assert ds.x.ndim == 2 and ds.x.dtype == np.float64
     assert ds.y is not None and ds.y.shape == (ds.n,)
     assert ds.paper_k is not None
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+@pytest.mark.parametrize("direct", [True, False], ids=["file", "loader"])
+def test_bundled_sets_equal_scikit_learns_loaders(monkeypatch, name, direct):
+    """A bundled set is scikit-learn's file read without importing scikit-learn (found where its
+    loaders read it), or, where that file is missing, its loader: the same values either way."""
+    from sklearn import datasets
+
+    if direct:
+        assert data._bundled_file(name) is not None, "scikit-learn's data file not found: sets load through sklearn"
+    else:
+        monkeypatch.setattr(data, "_bundled_file", lambda name: None)
+    bunch = getattr(datasets, f"load_{name}")()
+    ds = load_dataset(name)
+    assert ds.x.dtype == np.float64 and ds.y.dtype == np.int64
+    assert ds.x.tobytes() == np.asarray(bunch.data, dtype=np.float64).tobytes()
+    assert ds.x.flags.c_contiguous == bunch.data.flags.c_contiguous
+    assert np.array_equal(ds.y, bunch.target)
+
+
+def test_a_bundled_file_without_the_expected_layout_is_not_used(tmp_path):
+    bad = tmp_path / "iris.csv"
+    bad.write_text("150,4,setosa,versicolor,virginica\n5.1,3.5,1.4,0.2,0\n")  # one row, not 150
+    assert data._read_bundled_file("iris", bad) is None
+    bad.write_text("2,1,a,b\n1.0,0.5\n2.0,1\n")  # a label that is not an integer
+    assert data._read_bundled_file("iris", bad) is None
+    assert data._read_bundled_file("iris", tmp_path / "missing.csv") is None
 
 
 @pytest.mark.parametrize(
