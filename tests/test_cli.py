@@ -179,7 +179,7 @@ def test_same_seed_same_centroids_and_bytes_over_tcp_processes(tmp_path, memory_
     reference = _reference(memory_runs)
     out = tmp_path / "tcp.json"
     cwd = _shadowing_directory(tmp_path)  # the parties start there too
-    _ok(_run([*FEDPROTO, "run", "fastlloyd", *IRIS_2, "--transport", "tcp", "--report", str(out)], cwd))
+    _ok(_run([*FEDPROTO, "run", "fastlloyd", *IRIS_2, "--transport", "tcp", "--no-plot", "--report", str(out)], cwd))
     report = RunReport.from_json(out.read_text())
     assert report.transport == "tcp"
     assert report.results["centroids"] == reference.results["centroids"]
@@ -199,7 +199,8 @@ def test_same_seed_same_centroids_and_bytes_over_mpi(tmp_path, memory_runs):
         pytest.skip("mpiexec not found (pip install 'fedproto[mpi]')")
     reference = _reference(memory_runs)
     out = tmp_path / "mpi.json"
-    cmd = [mpiexec, "-n", "3", *FEDPROTO, "run", "fastlloyd", *IRIS_2, "--transport", "mpi", "--report", str(out)]
+    cmd = [mpiexec, "-n", "3", *FEDPROTO, "run", "fastlloyd", *IRIS_2, "--transport", "mpi", "--no-plot",
+           "--report", str(out)]
     _ok(_run(cmd, tmp_path))
     report = RunReport.from_json(out.read_text())
     assert report.transport == "mpi"
@@ -217,7 +218,7 @@ def test_every_variant_runs(tmp_path, capsys, variant):
     from fedproto.cli import main
 
     out = tmp_path / "report.json"
-    assert main(["run", "fastlloyd", "--variant", variant, *IRIS_2, "--quiet", "--report", str(out)]) == 0
+    assert main(["run", "fastlloyd", "--variant", variant, *IRIS_2, "--quiet", "--no-plot", "--report", str(out)]) == 0
     assert "Traceback" not in capsys.readouterr().err
     results = RunReport.from_json(out.read_text()).results
     assert results["variant"] == variant
@@ -300,7 +301,7 @@ def test_constant_column_maps_to_zero_and_runs(tmp_path, capsys):
     (tmp_path / "const.txt").write_text("\n".join(rows) + "\n")
     out = tmp_path / "const.json"
     argv = ["run", "fastlloyd", "--data", str(tmp_path / "const.txt"), "--k", "2", "--variant", "lloyd",
-            "--quiet", "--report", str(out)]
+            "--quiet", "--no-plot", "--report", str(out)]
     assert main(argv) == 0, capsys.readouterr().err
     centroids = RunReport.from_json(out.read_text()).results["centroids"]
     # non-private Lloyd: a centroid with points is their mean, and every point is 0 in that feature
@@ -553,7 +554,8 @@ def test_a_protocol_from_a_file_runs_over_memory(tmp_path, capsys, monkeypatch, 
     # FILE:ATTR, a module:ATTR from the working directory, and a hidden alias (same destination)
     monkeypatch.chdir(toy_plugin.parent)
     for spec in (f"{toy_plugin}:OTHER", "toy_sum:PROTOCOL"):
-        assert main(["run", spec, "--iterations", "2", "--clients", "2", "--quiet", "--report", str(out)]) == 0
+        argv = ["run", spec, "--iterations", "2", "--clients", "2", "--quiet", "--no-plot", "--report", str(out)]
+        assert main(argv) == 0
         _check_toy_report(out, transport="memory", rounds=2, clients=2)
     capsys.readouterr()
     assert main(["run", str(toy_plugin), "--iteration", "2"]) == 2
@@ -576,7 +578,7 @@ def test_from_a_directory_with_its_own_packages_list_and_a_file_protocol_over_tc
     done = _run_many({
         "list": [*FEDPROTO, "list"],
         "tcp": [*FEDPROTO, "run", str(relative), "--transport", "tcp", "--clients", "2", "--rounds", "3",
-                "--report", str(out)],
+                "--no-plot", "--report", str(out)],
         # fails in the parties' processes only (the launcher never builds a machine)
         "party fails": [*FEDPROTO, "run", str(relative), "--transport", "tcp", "--hold-s", "-1"],
     }, cwd)

@@ -118,7 +118,7 @@ def _report(path: Path) -> dict:
 
 def test_explicit_dropouts_run_to_the_survivors_result_and_are_reported(dropsum, tmp_path, capsys):
     out = tmp_path / "run.json"
-    argv = ["run", str(dropsum), "--clients", "4", "--rounds", "3", "--quiet", "--report", str(out),
+    argv = ["run", str(dropsum), "--clients", "4", "--rounds", "3", "--quiet", "--no-plot", "--report", str(out),
             "--dropout", "worker-1@answer:1", "--dropout", "worker-3@answer", "--dropout", "worker-0@answer:7"]
     code, stdout, err = _run(argv, capsys)
     assert code == 0, err
@@ -143,7 +143,8 @@ def test_explicit_dropouts_run_to_the_survivors_result_and_are_reported(dropsum,
 
 def test_a_run_without_dropouts_has_no_faults_entry(dropsum, tmp_path, capsys):
     out = tmp_path / "plain.json"
-    code, stdout, err = _run(["run", str(dropsum), "--clients", "2", "--quiet", "--report", str(out)], capsys)
+    argv = ["run", str(dropsum), "--clients", "2", "--quiet", "--no-plot", "--report", str(out)]
+    code, stdout, err = _run(argv, capsys)
     assert code == 0, err
     doc = _report(out)
     assert "faults" not in doc and doc["results"]["n_survivors"] == 2
@@ -155,7 +156,7 @@ def test_a_dropout_rate_run_is_the_same_for_the_same_seed(dropsum, tmp_path, cap
     docs = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.json"
-        argv = ["run", str(dropsum), "--clients", "8", "--rounds", "2", "--quiet", "--report", str(out),
+        argv = ["run", str(dropsum), "--clients", "8", "--rounds", "2", "--quiet", "--no-plot", "--report", str(out),
                 "--dropout-rate", "0.5", "--seed", "11"]
         code, _, err = _run(argv, capsys)
         assert code == 0, err

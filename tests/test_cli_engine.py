@@ -30,7 +30,7 @@ def test_lean_engine_gives_the_task_runtimes_result_and_bytes(tmp_path: Path, ca
         path = tmp_path / f"{engine}.json"
         code, _, err = _run(
             ["run", "fastlloyd", "--data", "iris", "--clients", "6", "--seed", "3", "--engine", engine,
-             "--quiet", "--report", str(path)],
+             "--quiet", "--no-plot", "--report", str(path)],
             capsys,
         )
         assert code == 0, err

@@ -208,7 +208,7 @@ def test_the_tutorial_shows_what_main_prints(tutorial, capsys):
 def test_the_cli_runs_the_tutorial_file(tutorial, transport: str, n_clients: int, tmp_path: Path):
     report_path = tmp_path / "sum.json"
     command = [sys.executable, "-m", "fedproto", "run", "docs/tutorial/secure_sum.py", "--transport", transport]
-    command += ["--clients", str(n_clients), "--d", "8", "--seed", "3", "--report", str(report_path)]
+    command += ["--clients", str(n_clients), "--d", "8", "--seed", "3", "--no-plot", "--report", str(report_path)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(report_path.read_text())

@@ -68,7 +68,7 @@ def _run(tmp_path, name, *extra):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run(
         [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
-         "--report", str(report), *extra],
+         "--no-plot", "--report", str(report), *extra],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -94,7 +94,7 @@ def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(off / "cache")}
     done = subprocess.run(
         [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
-         "--no-compile-cache", "--report", str(report)],
+         "--no-compile-cache", "--no-plot", "--report", str(report)],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr

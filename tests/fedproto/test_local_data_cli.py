@@ -208,12 +208,12 @@ def test_a_party_whose_data_does_not_fit_fails_with_one_line(tmp_path, toy):
 def test_the_tcp_launcher_gives_each_party_only_its_own_part(tmp_path, toy):
     report = tmp_path / "tcp.json"
     done = _run([*FEDPROTO, "run", str(toy), "--data", "iris", "--clients", "2", "--rounds", "2", "--transport", "tcp",
-                 "--report", str(report), "--quiet"], tmp_path, timeout=180)
+                 "--report", str(report), "--no-plot", "--quiet"], tmp_path, timeout=180)
     assert done.returncode == 0, done.stderr
     tcp = RunReport.from_json(report.read_text())
     memory_path = tmp_path / "memory.json"
     done = _run([*FEDPROTO, "run", str(toy), "--data", "iris", "--clients", "2", "--rounds", "2",
-                 "--report", str(memory_path), "--quiet"], tmp_path)
+                 "--report", str(memory_path), "--no-plot", "--quiet"], tmp_path)
     assert done.returncode == 0, done.stderr
     memory = RunReport.from_json(memory_path.read_text())
     np.testing.assert_allclose(tcp.results["final_sum"], _expected_sum(2), rtol=1e-12)

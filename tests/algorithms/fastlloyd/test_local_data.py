@@ -258,7 +258,8 @@ def _cli(argv: list[str], capsys) -> None:
 
 def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_run(tmp_path, capsys):
     run_options = ["--data", "iris", "--clients", "2", "--seed", "1", "--iterations", "3"]
-    _cli(["run", "fastlloyd", *run_options, "--quiet", "--report", str(tmp_path / "memory.json")], capsys)
+    _cli(["run", "fastlloyd", *run_options, "--quiet", "--no-plot", "--report", str(tmp_path / "memory.json")],
+         capsys)
     memory = RunReport.from_json((tmp_path / "memory.json").read_text())
     _cli(["split", "fastlloyd", *run_options, "--out", str(tmp_path / "parts")], capsys)
     manifest = json.loads((tmp_path / "parts" / "split.json").read_text())

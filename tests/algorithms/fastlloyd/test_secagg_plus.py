@@ -152,7 +152,8 @@ def test_the_command_line_run_of_the_issue_survives_two_dropouts(tmp_path, capsy
     out = tmp_path / "run.json"
     code = main([
         "run", "fastlloyd", "--data", "s1", "--clients", "10", "--secagg", "plus",
-        "--dropout", "client-3@masked-input", "--dropout", "client-7@unmask", "--quiet", "--report", str(out),
+        "--dropout", "client-3@masked-input", "--dropout", "client-7@unmask", "--quiet", "--no-plot",
+        "--report", str(out),
     ])
     assert code == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())

@@ -318,8 +318,8 @@ def test_split_files_and_one_party_process_each_over_tcp_match_the_memory_run(tm
     are the memory run's, setup phase included."""
     options = ["--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5", "--inject-outliers", "5", "--normalize",
                "--sub-machines", "1", "--compare", "none", "--seed", "2", "--deadline", "60"]
-    _cli(["run", "kzcenter", "--data", "iris", *options, "--quiet", "--report", str(tmp_path / "memory.json")],
-         tmp_path)
+    _cli(["run", "kzcenter", "--data", "iris", *options, "--quiet", "--no-plot",
+          "--report", str(tmp_path / "memory.json")], tmp_path)
     memory = json.loads((tmp_path / "memory.json").read_text())
     _cli(["split", "kzcenter", "--data", "iris", *[o for o in options if o != "--deadline" and o != "60"],
           "--out", str(tmp_path / "split")], tmp_path)
