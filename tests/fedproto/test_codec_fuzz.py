@@ -17,6 +17,7 @@ The default run fuzzes about 10^4 frames from a fixed seed; the ``slow`` test ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 
 import msgpack
@@ -74,10 +75,15 @@ def _random_plain(rng: np.random.Generator, annotation: object) -> object:
     return 0
 
 
+#: A class's field annotations, evaluated once per class (the modules use postponed annotations,
+#: which typing.get_type_hints compiles and evaluates again on every call).
+_type_hints = functools.cache(typing.get_type_hints)
+
+
 def _random_fields(rng: np.random.Generator, cls: type[Message]) -> dict[str, object]:
     """Random values for every field of ``cls``, sized from one pool so that shapes tend to agree."""
     rows, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields: dict[str, object] = {}
     for f in dataclasses.fields(cls):
         kind = f.metadata.get("kind")
