@@ -63,14 +63,15 @@ def test_default_cache_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
     assert compilation.default_cache_dir().parts[-3:] == (".cache", "fedproto", "jax")
 
 
+def _command(report, *extra):
+    return [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
+            "--no-plot", "--report", str(report), *extra]
+
+
 def _run(tmp_path, name, *extra):
     report = tmp_path / f"{name}.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
-         "--no-plot", "--report", str(report), *extra],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
+    done = subprocess.run(_command(report, *extra), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     doc = json.loads(report.read_text())
     assert doc["device"].startswith("cpu: ") or doc["device"].startswith("gpu: ")
@@ -80,7 +81,21 @@ def _run(tmp_path, name, *extra):
 def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
     """The first run fills the cache; the second compiles less (only tracing and lowering are
     left) and finds the same result; ``--no-compile-cache`` writes nothing."""
-    first = _run(tmp_path, "first")
+    off = tmp_path / "off"
+    off.mkdir()
+    report = off / "report.json"
+    env = {**os.environ, "XDG_CACHE_HOME": str(off / "cache")}
+    # the run without the cache has a cache directory of its own: it runs beside the first run
+    uncached = subprocess.Popen(
+        _command(report, "--no-compile-cache"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        first = _run(tmp_path, "first")
+        _, err = uncached.communicate(timeout=300)
+    finally:
+        uncached.kill()
+        uncached.communicate()
     cache = tmp_path / "cache" / "fedproto" / "jax"
     entries = list(cache.iterdir())
     assert entries and first["compile_s"] > 0
@@ -88,16 +103,7 @@ def test_a_second_run_loads_its_kernels_from_the_cache(tmp_path):
     assert second["compile_s"] < first["compile_s"]
     assert second["results"] == first["results"]
     assert len(list(cache.iterdir())) == len(entries)  # nothing new to compile
-    off = tmp_path / "off"
-    off.mkdir()
-    report = off / "report.json"
-    env = {**os.environ, "XDG_CACHE_HOME": str(off / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "fedproto", "run", "fastlloyd", "--data", "iris", "--clients", "2", "--quiet",
-         "--no-compile-cache", "--no-plot", "--report", str(report)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    assert uncached.returncode == 0, err
     assert not (off / "cache" / "fedproto").exists()
     assert json.loads(report.read_text())["compile_s"] > 0
 
