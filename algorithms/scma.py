@@ -1062,7 +1062,9 @@ def aggregate_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndro
     return sum_packed(shares, p, n_syndromes).tolist()
 
 
-def sum_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int) -> PackedSums:
+def sum_packed(
+    shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: int, *, checked: bool = False
+) -> PackedSums:
     """The sum of packed shares over ``F_p``, ``S_i = sum_l S_i^(l) mod p``, as a `PackedSums`.
 
     Each share is the wire form of a message (`pack_elements`, a packed `bigints_field`), so the
@@ -1077,13 +1079,17 @@ def sum_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: i
         shares: ``L >= 1`` arrays ``uint8 [T, field_width(p)]``, or one ``[L, T, width]`` stack.
         p: field size (>= 2).
         n_syndromes: ``T``.
+        checked: every share already passed `check_packed` (a server that checks each share as
+            it arrives, to name its sender): the range check is not repeated. Shapes and types
+            are still checked; an element outside ``[0, p)`` would only change the residue.
 
     Returns:
         A `PackedSums` of ``T`` elements of ``[0, p)``.
 
     Raises:
-        ValueError: no shares, a share of the wrong shape, or an element outside ``[0, p)``
-            (the share's position is named). TypeError: a share that is not a ``uint8`` array.
+        ValueError: no shares, a share of the wrong shape, or (unless ``checked``) an element
+            outside ``[0, p)`` (the share's position is named). TypeError: a share that is not a
+            ``uint8`` array.
 
     References:
         Pan et al. Algorithm 2, server line 1; spec mufc.md 2.4 step 1.
@@ -1110,12 +1116,13 @@ def sum_packed(shares: Sequence[np.ndarray] | np.ndarray, p: int, n_syndromes: i
         raise ValueError(f"shares must be a uint8 [L, {n_syndromes}, {width}] stack, got {shares.dtype} {list(shares.shape)}")
     if shares.shape[0] == 0:
         raise ValueError("no shares to aggregate")
-    try:
-        _check_below("shares", shares.reshape(-1, width), p)
-    except ValueError:
-        for index in range(shares.shape[0]):  # name the share
-            check_packed(f"shares[{index}]", shares[index], p, n_syndromes)
-        raise
+    if not checked:
+        try:
+            _check_below("shares", shares.reshape(-1, width), p)
+        except ValueError:
+            for index in range(shares.shape[0]):  # name the share
+                check_packed(f"shares[{index}]", shares[index], p, n_syndromes)
+            raise
     limbs = _column_sums_mod(shares, p)
     if limbs is None:
         ints = (_column_sums(shares) % p).tolist()

@@ -408,12 +408,14 @@ class ServerModel:
         self._points: PaddedPoints | None = None
         self._round_keys: tuple[jax.Array, jax.Array] | None = None
 
-    def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray) -> scma.PackedSums:
+    def sum_shares(self, shares: Sequence[np.ndarray] | np.ndarray, *, checked: bool = False) -> scma.PackedSums:
         """The sum of the active clients' packed shares over F_p (the masks cancel).
 
         Args:
             shares: per active client, the ``uint8 [T, width]`` wire form of its
                 :class:`MaskedSyndromes` values (or one ``[L, T, width]`` stack).
+            checked: each share was range-checked on arrival (`MUFCServer` does, to name the
+                sender of a bad one); the sum does not check again (`scma.sum_packed`).
 
         Returns:
             ``[T]`` field elements in ``[0, p)`` as `fedproto.algorithms.scma.PackedSums` (a
@@ -423,7 +425,7 @@ class ServerModel:
         Raises:
             ValueError, TypeError: a share of the wrong shape or type, or outside F_p.
         """
-        self._summed = scma.sum_packed(shares, self.config.prime, self.config.n_syndromes)
+        self._summed = scma.sum_packed(shares, self.config.prime, self.config.n_syndromes, checked=checked)
         return self._summed
 
     def decode(self, sums: Sequence[int], *, n_clients: int, max_total: int, fresh: bool = False) -> dict[int, int]:
@@ -782,7 +784,8 @@ class MUFCServer(ProtocolMachine):
 
     def _aggregate(self) -> list[Outgoing]:
         """SCMA: sum the active clients' shares (the masks cancel) and adopt the sum."""
-        sums = self._model.sum_shares([self._shares[c] for c in self._active])
+        # every share passed scma.check_packed in _on_share
+        sums = self._model.sum_shares([self._shares[c] for c in self._active], checked=True)
         self._shares = {}
         self._attempt = 0
         return self._adopt(sums, self._active)

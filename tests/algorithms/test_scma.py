@@ -1168,6 +1168,28 @@ def test_sum_packed_is_the_integer_sum_as_a_sequence(p):
         scma.sum_packed([np.zeros((t, scma.field_width(p)), np.uint16)], p, t)
 
 
+@pytest.mark.parametrize("p", [13, P69])
+def test_sum_packed_of_checked_shares_skips_only_the_range_check(p):
+    """``checked=True`` (shares the caller range-checked) gives the same sum; it still refuses
+    shares of the wrong shape or type, and an element >= p no longer raises (it is summed as
+    the integer it is, mod p)."""
+    rng = random.Random(p)
+    t = 5
+    packed = [scma.pack_elements([rng.randrange(p) for _ in range(t)], p) for _ in range(4)]
+    assert scma.sum_packed(packed, p, t, checked=True) == scma.sum_packed(packed, p, t)
+    bad = np.array(packed[0])
+    bad[2] = np.frombuffer(p.to_bytes(scma.field_width(p), "big"), np.uint8)  # the element p
+    with pytest.raises(ValueError, match=r"shares\[0\]\[2\]"):
+        scma.sum_packed([bad, *packed[1:]], p, t)
+    got = scma.sum_packed([bad, *packed[1:]], p, t, checked=True)
+    others = [scma.unpack_elements(s) for s in packed[1:]]
+    assert got[2] == sum(column[2] for column in others) % p  # p itself adds 0 mod p
+    with pytest.raises(ValueError, match="shape"):
+        scma.sum_packed([packed[0][:-1], *packed[1:]], p, t, checked=True)
+    with pytest.raises(TypeError):
+        scma.sum_packed([packed[0].astype(np.uint16), *packed[1:]], p, t, checked=True)
+
+
 @pytest.mark.parametrize("p", [P69, _prime_below(40), _prime_below(127)])
 def test_the_range_check_resolves_ties_on_the_leading_bytes(p):
     """Rows are led by four bytes: p - 1 (a tie there) is accepted, p and a row that ties on

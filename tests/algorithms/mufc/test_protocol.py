@@ -320,6 +320,29 @@ def test_bad_removal_streams_are_refused_before_the_run():
             "client-0")
 
 
+def test_a_share_outside_the_field_is_refused_on_arrival_naming_its_sender():
+    """The server range-checks each share as it arrives (its sum then skips the check): an
+    element equal to p from client-0 ends the run with client-0 named, before any sum."""
+    x, ids, parts, config = federation()
+    machines = MUFCParties(parts, config, key=KEY).machines()
+
+    def out_of_field(frame):
+        envelope, message = decode_frame(frame.data)
+        if frame.sender == "client-0" and isinstance(message, MaskedSyndromes):
+            values = scma.unpack_elements(message.values)
+            values[3] = config.prime
+            message = dataclasses.replace(message, values=tuple(values))
+            return encode_frame(message, session=9, round_idx=envelope.round_idx, phase=envelope.phase)
+        return frame.data
+
+    harness = Harness(machines, session=9, tamper=out_of_field)
+    with pytest.raises(RemoteProtocolError, match="client-0 sent a value outside F_p"):
+        harness.run()
+    assert machines[SERVER].failed
+    with pytest.raises(LocalProtocolError):
+        machines[SERVER].result()
+
+
 def test_share_width_is_checked_on_the_wire():
     share = MaskedSyndromes(attempt=0, width=9, values=(1, 2, 3))
     frame = encode_frame(share, session=1, round_idx=0, phase="aggregate")
