@@ -676,8 +676,9 @@ def _decode_small(view: memoryview, max_frame_bytes: int) -> tuple[Envelope, Mes
 
 # --- decoding: the common frame, checked in one pass ----------------------------------------------------
 #
-# Most frames are the canonical encoding of a message whose fields are arrays and plain scalars
-# (or tuples of scalars), tens of bytes to a few KiB long. A frame of at most _FAST_FRAME_BYTES is
+# Most frames are the canonical encoding of a message whose fields are arrays, packed big integers
+# (a uint8 [count, width] view) and plain scalars (or tuples of scalars), tens of bytes to a few
+# KiB long. A frame of at most _FAST_FRAME_BYTES is
 # unpacked in one msgpack call with msgpack's own limits (no container, string or bytes longer
 # than the frame; what it builds is then at most about 100 bytes per frame byte, under 2 MiB)
 # and checked in one pass by the same rules as _check_envelope, _make_array and _make_plain.
@@ -710,9 +711,13 @@ def _envelope(version: int, tag: str, session: int, round_idx: int, phase: str) 
     return envelope
 
 
+_FAST_PLAIN, _FAST_ARRAY, _FAST_PACKED = range(3)
+
+
 def _fast_plan(cls: type) -> tuple[tuple[Any, ...], ...] | None:
-    """``(name, is_array, codes or check, ndim or shape)`` per field of ``cls``, or ``None`` when its
-    frames are left to the general paths (big integers, nested, union or unknown plain types)."""
+    """``(name, kind, codes or check or declared width, ndim or shape or width field)`` per field
+    of ``cls``, or ``None`` when its frames are left to the general paths (big integers decoded
+    to ints, nested, union or unknown plain types)."""
     if cls in _FAST_PLANS:
         return _FAST_PLANS[cls]
     shapes = _plain_shapes(cls)
@@ -720,7 +725,10 @@ def _fast_plan(cls: type) -> tuple[tuple[Any, ...], ...] | None:
     for spec in _plan(cls):
         if spec.kind == _ARRAY:
             codes = {code: dt for code, dt in _DTYPE_CODES.items() if dt in spec.dtypes}
-            fields.append((spec.name, True, codes, spec.ndim))
+            fields.append((spec.name, _FAST_ARRAY, codes, spec.ndim))
+            continue
+        if spec.kind == _BIGINTS and spec.packed:
+            fields.append((spec.name, _FAST_PACKED, spec.width, spec.width_from))
             continue
         if spec.kind != _PLAIN:
             fields = []
@@ -729,7 +737,7 @@ def _fast_plan(cls: type) -> tuple[tuple[Any, ...], ...] | None:
         if shape[0] != "scalar" and not (shape[0] == "seq" and shape[1][0] == "scalar"):
             fields = []
             break
-        fields.append((spec.name, False, spec.check, shape))
+        fields.append((spec.name, _FAST_PLAIN, spec.check, shape))
     plan = tuple(fields) if fields else None
     _FAST_PLANS[cls] = plan
     return plan
@@ -766,11 +774,24 @@ def _canonical(obj: Any, max_frame_bytes: int) -> tuple[Envelope, Message] | Non
             return None
         max_bytes = min(max_frame_bytes, sys.maxsize)
         kwargs = {}
-        for (name, is_array, rule, form), value in zip(plan, body):
-            if not is_array:
+        widths = []
+        for (name, kind, rule, form), value in zip(plan, body):
+            if kind == _FAST_PLAIN:
                 if not rule(value):
                     return None
                 kwargs[name] = value if type(value) is not list else tuple(value)
+                continue
+            if kind == _FAST_PACKED:  # [width, bytes], as _make_bigints checks it
+                if type(value) is not list or len(value) != 2:
+                    return None
+                width, data = value
+                if type(width) is not int or width <= 0 or type(data) is not bytes or len(data) % width:
+                    return None
+                if (rule is not None and width != rule) or (form is not None and form in kwargs and kwargs[form] != width):
+                    return None
+                if form is not None:
+                    widths.append((form, width))
+                kwargs[name] = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)  # a read-only view
                 continue
             if type(value) is not list or len(value) != 3:
                 return None
@@ -787,6 +808,9 @@ def _canonical(obj: Any, max_frame_bytes: int) -> tuple[Envelope, Message] | Non
             if elements > limit or len(data) != math.prod(shape) * dtype.itemsize:
                 return None
             kwargs[name] = np.ndarray(shape, dtype, data)  # a read-only view of data, as np.frombuffer
+        for form, width in widths:  # the width the message states (as _build checks it)
+            if kwargs.get(form) != width:
+                return None
         message = cls(**kwargs)
     except Exception:  # a missing key, an unhashable code, a message's own refusal, ...: the general checks decide
         return None

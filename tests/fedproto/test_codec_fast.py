@@ -1,8 +1,8 @@
 """The codec's one-pass decoding of common frames changes no outcome, only the cost.
 
 ``decode_frame`` first tries ``codec._decode_fast`` on ``bytes`` of at most 16 KiB: the canonical
-frame of a message whose fields are arrays and plain scalars (or tuples of scalars), checked in
-one pass. It must accept only what the general paths (one msgpack call for small frames, the
+frame of a message whose fields are arrays, packed big integers and plain scalars (or tuples of
+scalars), checked in one pass. It must accept only what the general paths (one msgpack call for small frames, the
 streaming reader for any frame) accept, with the same envelope and message, and decline the rest,
 which the general paths then decide. (The small-frame path takes the same one-pass checks on what
 it unpacked, which ``test_codec_fuzz`` compares with the streaming path; here the fast pass is
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from fedproto import codec
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate
+from fedproto.algorithms.mufc.messages import MaskedSyndromes
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
 from fedproto.errors import DecodeError
 from fedproto.messages import registered_tags
@@ -87,7 +88,27 @@ def test_valid_frames_of_most_classes_take_the_fast_pass():
             frame, message = fuzz._seed(rng, cls)
             if message is not None and len(frame) <= codec._FAST_FRAME_BYTES and _agrees(frame):
                 taken.add(tag)
-    assert {MaskedUpdate.TAG} <= taken and len(taken) >= 0.5 * len(registered_tags())
+    assert {MaskedUpdate.TAG, MaskedSyndromes.TAG} <= taken and len(taken) >= 0.5 * len(registered_tags())
+
+
+@pytest.mark.parametrize(
+    "width, data, stated",
+    [(9, bytes(27), 9), (9, bytes(26), 9), (8, bytes(24), 9), (0, b"", 9), (-1, bytes(9), 9), (9.0, bytes(9), 9),
+     (9, "x" * 9, 9), (9, bytes(9), 8), (True, bytes(3), 1), (1, bytes(3), True), (2**62, b"", 2**62)],
+)
+def test_packed_big_integers_are_decided_alike(width, data, stated):
+    """MUFC's shares (big integers kept packed, their width stated by another field) take the
+    fast pass only when the general paths accept the frame with the same view."""
+    frame = encode_frame(MaskedSyndromes(attempt=0, width=9, values=(1, 2, 3)), session=1, round_idx=0, phase="a")
+    obj = msgpack.unpackb(frame)
+    body = obj["b"]
+    index = [f.name for f in dataclasses.fields(MaskedSyndromes)].index("values")
+    body[index] = [width, data]
+    body[[f.name for f in dataclasses.fields(MaskedSyndromes)].index("width")] = stated
+    forged = msgpack.packb(obj, use_bin_type=True)
+    taken = _agrees(forged)
+    assert taken == (_general(forged) is not None)
+    assert taken == ((width, len(data), stated) == (9, 27, 9))
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)
