@@ -30,8 +30,8 @@ describes no data but is refused).
 
 Decoding is bounded: a frame of ``B`` bytes is decoded in time linear in ``B``, and nothing is
 built that the message class does not declare. A ``bytes`` frame of at most 16 KiB is first tried
-in one pass that accepts only the canonical frame of a message whose fields are arrays and plain
-scalars (or tuples of scalars), the common case, checked by the same rules; msgpack's own limits
+in one pass that accepts only the canonical frame of a message whose fields are arrays, packed
+big integers and plain scalars (or tuples of scalars), the common case, checked by the same rules; msgpack's own limits
 (nothing longer than the frame) bound what that pass builds at about 100 bytes per frame byte,
 under 2 MiB, and whatever it does not accept goes to the paths below, which decide (the
 small-frame path runs the same one-pass checks on what it unpacks first). A small frame (containers of at most 16 items, at
