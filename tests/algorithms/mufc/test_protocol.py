@@ -243,25 +243,31 @@ async def test_a_silent_client_ends_the_run_with_a_clear_error(autojump_clock):
         await run_parties(machines, network, config=RuntimeConfig(session=1, deadline_s=5.0))
 
 
-def test_a_corrupted_share_is_detected_never_decoded_into_a_wrong_model():
+def _run_with_client0_element_3(change, error, match=None):
+    """Run a federation in which client-0's shares carry ``change(element 3)``; the run must end
+    with ``error`` and the server failed."""
     x, ids, parts, config = federation()
     machines = MUFCParties(parts, config, key=KEY).machines()
 
-    def corrupt(frame):
+    def tamper(frame):
         envelope, message = decode_frame(frame.data)
         if frame.sender == "client-0" and isinstance(message, MaskedSyndromes):
             values = scma.unpack_elements(message.values)
-            values[3] = (values[3] + 1) % config.prime
+            values[3] = change(values[3], config.prime)
             message = dataclasses.replace(message, values=tuple(values))
             return encode_frame(message, session=9, round_idx=envelope.round_idx, phase=envelope.phase)
         return frame.data
 
-    harness = Harness(machines, session=9, tamper=corrupt)
-    with pytest.raises(scma.SyndromeDecodingError):
+    harness = Harness(machines, session=9, tamper=tamper)
+    with pytest.raises(error, match=match):
         harness.run()
     assert machines[SERVER].failed
     with pytest.raises(LocalProtocolError):
         machines[SERVER].result()
+
+
+def test_a_corrupted_share_is_detected_never_decoded_into_a_wrong_model():
+    _run_with_client0_element_3(lambda value, p: (value + 1) % p, scma.SyndromeDecodingError)
 
 
 def test_a_request_during_a_running_round_is_served_after_it():
@@ -323,24 +329,7 @@ def test_bad_removal_streams_are_refused_before_the_run():
 def test_a_share_outside_the_field_is_refused_on_arrival_naming_its_sender():
     """The server range-checks each share as it arrives (its sum then skips the check): an
     element equal to p from client-0 ends the run with client-0 named, before any sum."""
-    x, ids, parts, config = federation()
-    machines = MUFCParties(parts, config, key=KEY).machines()
-
-    def out_of_field(frame):
-        envelope, message = decode_frame(frame.data)
-        if frame.sender == "client-0" and isinstance(message, MaskedSyndromes):
-            values = scma.unpack_elements(message.values)
-            values[3] = config.prime
-            message = dataclasses.replace(message, values=tuple(values))
-            return encode_frame(message, session=9, round_idx=envelope.round_idx, phase=envelope.phase)
-        return frame.data
-
-    harness = Harness(machines, session=9, tamper=out_of_field)
-    with pytest.raises(RemoteProtocolError, match="client-0 sent a value outside F_p"):
-        harness.run()
-    assert machines[SERVER].failed
-    with pytest.raises(LocalProtocolError):
-        machines[SERVER].result()
+    _run_with_client0_element_3(lambda value, p: p, RemoteProtocolError, "client-0 sent a value outside F_p")
 
 
 def test_share_width_is_checked_on_the_wire():
