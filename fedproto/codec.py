@@ -31,10 +31,10 @@ describes no data but is refused).
 Decoding is bounded: a frame of ``B`` bytes is decoded in time linear in ``B``, and nothing is
 built that the message class does not declare. A ``bytes`` frame of at most 16 KiB is first tried
 in one pass that accepts only the canonical frame of a message whose fields are arrays, packed
-big integers and plain scalars (or tuples of scalars), the common case, checked by the same rules; msgpack's own limits
-(nothing longer than the frame) bound what that pass builds at about 100 bytes per frame byte,
-under 2 MiB, and whatever it does not accept goes to the paths below, which decide (the
-small-frame path runs the same one-pass checks on what it unpacks first). A small frame (containers of at most 16 items, at
+big integers and plain scalars (or tuples of scalars), the common case, checked by the same
+rules; msgpack's own limits (nothing longer than the frame) bound what that pass builds at about
+100 bytes per frame byte, under 2 MiB, and whatever it does not accept goes to the paths below,
+which decide (the small-frame path runs the same one-pass checks on what it unpacks first). A small frame (containers of at most 16 items, at
 most 16 of them, strings of at most 32 bytes) is unpacked in one msgpack call whose limits cap
 what it can build at ``B`` plus about 2 MiB. Any other frame is walked with msgpack's streaming
 ``Unpacker``: each object's type is read from its first byte before it is built, a container
@@ -677,11 +677,11 @@ def _decode_small(view: memoryview, max_frame_bytes: int) -> tuple[Envelope, Mes
 # --- decoding: the common frame, checked in one pass ----------------------------------------------------
 #
 # Most frames are the canonical encoding of a message whose fields are arrays, packed big integers
-# (a uint8 [count, width] view) and plain scalars (or tuples of scalars), tens of bytes to a few
-# KiB long. A frame of at most _FAST_FRAME_BYTES is
-# unpacked in one msgpack call with msgpack's own limits (no container, string or bytes longer
-# than the frame; what it builds is then at most about 100 bytes per frame byte, under 2 MiB)
-# and checked in one pass by the same rules as _check_envelope, _make_array and _make_plain.
+# (a uint8 [count, width] view of the frame's bytes) and plain scalars (or tuples of scalars), tens
+# of bytes to a few KiB long. A frame of at most _FAST_FRAME_BYTES is unpacked in one msgpack call
+# with msgpack's own limits (no container, string or bytes longer than the frame; what it builds
+# is then at most about 100 bytes per frame byte, under 2 MiB) and checked in one pass by the same
+# rules as _check_envelope, _make_array, _make_bigints, _build and _make_plain.
 # Anything unusual (a refusal included) declines the pass and goes to the general paths, which
 # decide and word the error; so this pass changes no outcome, only its cost. It is used only for
 # classes whose plain fields are scalars or tuples of scalars: a frame it accepts is one the
