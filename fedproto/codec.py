@@ -787,10 +787,10 @@ def _canonical(obj: Any, max_frame_bytes: int) -> tuple[Envelope, Message] | Non
                 width, data = value
                 if type(width) is not int or width <= 0 or type(data) is not bytes or len(data) % width:
                     return None
-                if (rule is not None and width != rule) or (form is not None and form in kwargs and kwargs[form] != width):
+                if rule is not None and width != rule:
                     return None
                 if form is not None:
-                    widths.append((form, width))
+                    widths.append((form, width))  # checked once every field is read
                 kwargs[name] = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)  # a read-only view
                 continue
             if type(value) is not list or len(value) != 3:
