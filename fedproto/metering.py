@@ -29,11 +29,24 @@ from typing import Any
 
 from fedproto.compilation import compile_seconds, device_description
 
-__all__ = ["Meter", "LinkRecord", "RunReport", "REPORT_SCHEMA_VERSION", "is_setup_phase", "report_schema"]
+__all__ = [
+    "Meter",
+    "LinkRecord",
+    "RunReport",
+    "REPORT_SCHEMA_VERSION",
+    "RUN_STATUSES",
+    "is_setup_phase",
+    "report_schema",
+]
 
-#: Version of the report layout (bumped when a field is renamed, removed or changes meaning;
-#: :file:`fedproto/report.schema.json` describes this version).
-REPORT_SCHEMA_VERSION = 1
+#: Version of the report layout (bumped when a field is renamed, removed or changes meaning, or a
+#: new field becomes required; :file:`fedproto/report.schema.json` describes this version and the
+#: ones before it). Version 2 added the required ``status``: every version-1 report was written by
+#: a completed run, so one loads with ``status="completed"``.
+REPORT_SCHEMA_VERSION = 2
+
+#: The values of :attr:`RunReport.status`.
+RUN_STATUSES = ("completed", "failed", "interrupted")
 
 #: How many refused frames a :class:`Meter` keeps with their reasons (all are counted).
 MAX_REJECTED_KEPT = 1000
@@ -303,6 +316,23 @@ class RunReport:
             connection was re-dialled and resumed, each as written to the socket (bytes; 0 in
             memory, MPI and the TCP mesh). The re-dials' handshakes are in ``handshake_bytes``;
             a frame written again is counted once in ``payload_bytes``.
+        refused_bytes: bytes the transport wrote to connections it refused (a stranger's or a
+            forger's TLS handshake, the refusal itself) (bytes; 0 in memory and MPI). Kept apart
+            from ``handshake_bytes`` so that an attacker cannot inflate what the honest
+            parties' links cost.
+        status: how the run ended, one of :data:`RUN_STATUSES`: ``"completed"`` (every party
+            finished; ``results`` are whole), ``"failed"`` (a party raised: ``error`` says who
+            and why; the counters hold what was metered up to the failure, ``results`` may be
+            empty) or ``"interrupted"`` (SIGINT or SIGTERM: ``error`` names the signal; the
+            counters hold what was metered until then).
+        error: why a run that did not complete ended, ``None`` for a completed one:
+            ``{"type": exception class name, "message": one line, "party": the party that
+            reported it or None, "culprits": [parties the reporter blames], "round_idx": int or
+            None, "phase": str or None, "signal": "SIGINT"/"SIGTERM" or None}``.
+        privacy: the privacy ledger of a run that adds noise (see :mod:`fedproto.algorithms.dp`
+            and the report schema): mechanism, sensitivity and its norm, the noise scale of each
+            release, epsilon and delta per round and composed, the accountant; empty (and left
+            out of the JSON form) for a run that adds none.
     """
 
     protocol: str
@@ -334,6 +364,16 @@ class RunReport:
     tls_overhead_bytes: int = 0
     relay_overhead_bytes: int = 0
     resumption_overhead_bytes: int = 0
+    refused_bytes: int = 0
+    status: str = "completed"
+    error: dict[str, Any] | None = None
+    privacy: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in RUN_STATUSES:
+            raise ValueError(f"report status must be one of {', '.join(RUN_STATUSES)}, got {self.status!r}")
+        if (self.error is None) != (self.status == "completed"):
+            raise ValueError(f"a {self.status} run's report {'has no' if self.error is None else 'has an'} error")
 
     @staticmethod
     def timestamp(when: datetime.datetime | None = None) -> str:
@@ -409,6 +449,10 @@ class RunReport:
             data[name] = list(data[name])
         if not self.faults:
             del data["faults"]  # only a run with injected faults says so
+        if self.error is None:
+            del data["error"]  # only a run that did not complete says why
+        if not self.privacy:
+            del data["privacy"]  # only a run that adds noise keeps a ledger
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -423,7 +467,8 @@ class RunReport:
         """Inverse of :meth:`to_dict`.
 
         Reports without the fields added after the first layout (``schema_version`` and later)
-        load with their defaults.
+        load with their defaults; a version-1 report (written only by completed runs) loads with
+        ``status="completed"``.
 
         Raises:
             ValueError: a field is missing or malformed, or the report was written in a newer
@@ -442,6 +487,7 @@ class RunReport:
             fields["round_wall_s"] = tuple(data["round_wall_s"])
             if "command" in fields:
                 fields["command"] = tuple(fields["command"])
+            fields["schema_version"] = REPORT_SCHEMA_VERSION
             return cls(**fields)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a run report: {exc}") from exc
@@ -457,7 +503,9 @@ class RunReport:
 
         Links are summed per key; wall time and compile time are the longest; results and paper figures are merged
         in order; options, command and versions are the first report's; ``started_at`` is the
-        earliest and ``finished_at`` the latest of those known.
+        earliest and ``finished_at`` the latest of those known. The status is ``"failed"`` when
+        any process failed, else ``"interrupted"`` when any was, else ``"completed"``; the error
+        is the first of that status's; the privacy ledger is the first non-empty one.
         """
         reports = list(reports)
         if not reports:
@@ -478,6 +526,8 @@ class RunReport:
         starts = [r.started_at for r in reports if r.started_at is not None]
         ends = [r.finished_at for r in reports if r.finished_at is not None]
         first = reports[0]
+        statuses = {r.status for r in reports}
+        status = next(s for s in ("failed", "interrupted", "completed") if s in statuses)
         fields = dict(
             schema_version=first.schema_version,
             fedproto_version=first.fedproto_version,
@@ -495,6 +545,10 @@ class RunReport:
             tls_overhead_bytes=sum(r.tls_overhead_bytes for r in reports),
             relay_overhead_bytes=sum(r.relay_overhead_bytes for r in reports),
             resumption_overhead_bytes=sum(r.resumption_overhead_bytes for r in reports),
+            refused_bytes=sum(r.refused_bytes for r in reports),
+            status=status,
+            error=next((dict(r.error) for r in reports if r.status == status and r.error is not None), None),
+            privacy=next((dict(r.privacy) for r in reports if r.privacy), {}),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

@@ -80,7 +80,7 @@ def test_the_schema_is_valid_draft_2020_12_and_ships_with_the_package():
     # every field of the report, and nothing else, is described; all but the optional ones required
     fields = {f.name for f in dataclasses.fields(RunReport)}
     assert set(schema["properties"]) == fields
-    assert set(schema["required"]) == fields - {"faults"}
+    assert set(schema["required"]) == fields - {"faults", "error", "privacy"}
     assert {f.name for f in dataclasses.fields(LinkRecord)} == set(schema["$defs"]["link"]["required"])
     import importlib.resources
 
@@ -117,6 +117,34 @@ def test_an_old_report_without_the_new_fields_still_loads():
         RunReport.from_dict({**_small_report().to_dict(), "schema_version": 99})
 
 
+def test_a_version_1_report_loads_as_a_completed_run():
+    doc = _small_report().to_dict()
+    for name in ("status", "refused_bytes"):
+        del doc[name]
+    doc["schema_version"] = 1
+    report = RunReport.from_dict(doc)
+    assert report.status == "completed" and report.error is None and report.refused_bytes == 0
+    assert report.schema_version == REPORT_SCHEMA_VERSION and _errors(report.to_dict()) == []
+
+
+def test_a_failed_report_needs_its_error_and_a_completed_one_has_none():
+    error = {"type": "RunAborted", "message": "client-1 stopped answering", "party": "server",
+             "culprits": ["client-1"], "round_idx": 2, "phase": "update", "signal": None}
+    failed = _small_report(status="failed", error=error)
+    assert _errors(failed.to_dict()) == [] and RunReport.from_json(failed.to_json()) == failed
+    doc = failed.to_dict()
+    del doc["error"]
+    assert _errors(doc), "a failed report without its error validated"
+    with pytest.raises(ValueError, match="failed run's report has no error"):
+        _small_report(status="failed")
+    with pytest.raises(ValueError, match="completed run's report has an error"):
+        _small_report(error=error)
+    with pytest.raises(ValueError, match="status must be one of"):
+        _small_report(status="crashed", error=error)
+    merged = RunReport.merge([_small_report(), failed, _small_report(status="interrupted", error={**error, "signal": "SIGTERM"})])
+    assert merged.status == "failed" and merged.error == error
+
+
 @pytest.mark.parametrize(
     ("path", "value", "why"),
     [
@@ -133,7 +161,10 @@ def test_an_old_report_without_the_new_fields_still_loads():
         (("options", "Seed"), 0, "an option key that is not snake_case"),
         (("started_at",), "yesterday", "a timestamp that is not ISO-8601 UTC"),
         (("started_at",), "2024-05-01T12:00:00+02:00", "a timestamp not in UTC"),
-        (("schema_version",), 2, "another layout version"),
+        (("schema_version",), 1, "another layout version"),
+        (("status",), "finished", "a status that is not one of the three"),
+        (("error",), {"type": "X", "message": "m", "party": None, "culprits": [], "round_idx": None,
+                      "phase": None, "signal": None}, "an error in a completed run's report"),
         (("payload_bytes",), -1, "negative bytes"),
         (("unknown_field",), 1, "a field the report does not have"),
     ],
