@@ -35,6 +35,7 @@ __all__ = [
     "RunReport",
     "REPORT_SCHEMA_VERSION",
     "RUN_STATUSES",
+    "error_record",
     "is_setup_phase",
     "report_schema",
 ]
@@ -559,6 +560,50 @@ class RunReport:
         )
         fields.update(overrides)
         return cls.from_links(links=links, **fields)
+
+
+def error_record(
+    exc: BaseException, *, reporter: str | None = None, signal: str | None = None
+) -> dict[str, Any]:
+    """The ``error`` of a failed or interrupted run's report, from the exception that ended it.
+
+    Args:
+        exc: the exception (a :class:`~fedproto.errors.FedProtoError` gives its structured
+            attributes; any other gives its class name and message).
+        reporter: the party whose process saw ``exc`` (``None`` for the launcher or a signal);
+            a :class:`~fedproto.errors.RunAborted` names its own reporter instead, the party
+            that sent the failure notice.
+        signal: ``"SIGINT"`` or ``"SIGTERM"`` for an interrupted run.
+
+    Returns:
+        ``{"type", "message", "party", "culprits", "round_idx", "phase", "signal"}`` (see the
+        report schema): ``culprits`` are the reporter's claim (a notice's culprits, a quorum's
+        missing parties, the peer a remote protocol error names, the reporter itself for a local
+        one), never a verified fact.
+    """
+    from fedproto.errors import FedProtoError, InsufficientParticipants, LocalProtocolError, RunAborted
+
+    party = reporter
+    culprits: tuple[str, ...] = ()
+    if isinstance(exc, RunAborted):
+        party = exc.reporter or reporter
+        culprits = exc.culprits
+    elif isinstance(exc, InsufficientParticipants):
+        culprits = exc.missing
+    elif isinstance(exc, LocalProtocolError):
+        culprits = (reporter,) if reporter else ()
+    elif isinstance(exc, FedProtoError) and exc.party and exc.party != reporter:
+        culprits = (exc.party,)
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return {
+        "type": type(exc).__name__,
+        "message": message,
+        "party": party,
+        "culprits": list(culprits),
+        "round_idx": getattr(exc, "round_idx", None) if isinstance(exc, FedProtoError) else None,
+        "phase": getattr(exc, "phase", None) if isinstance(exc, FedProtoError) else None,
+        "signal": signal,
+    }
 
 
 def report_schema() -> dict[str, Any]:
