@@ -806,6 +806,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
         tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
         relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
         resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
+        refused_bytes=getattr(endpoint, "refused_bytes", 0),
     )
     report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
     doc = _party_json(plan, args.party, result, report)

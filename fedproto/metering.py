@@ -80,6 +80,7 @@ class Meter:
         self.tls_overhead_bytes = 0
         self.relay_overhead_bytes = 0
         self.resumption_overhead_bytes = 0
+        self.refused_bytes = 0
         self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
         self.rejected_frames = 0
         self.rejected_by_cause: Counter[tuple[str, str]] = Counter()
@@ -134,6 +135,7 @@ class Meter:
         tls_overhead_bytes: int = 0,
         relay_overhead_bytes: int = 0,
         resumption_overhead_bytes: int = 0,
+        refused_bytes: int = 0,
     ) -> None:
         """Add what a transport wrote on the wire besides frames (its endpoints' own counts).
 
@@ -148,8 +150,12 @@ class Meter:
             resumption_overhead_bytes: bytes that making links resumable cost (acknowledgements,
                 goodbyes, frames written again after a broken connection was re-dialled), e.g.
                 :attr:`fedproto.transports.tcp.TcpTransport.resumption_overhead_bytes`.
+            refused_bytes: bytes written to connections the transport refused during their
+                handshake (strangers, forged certificates), kept apart from ``handshake_bytes``,
+                e.g. :attr:`fedproto.transports.tcp.TcpTransport.refused_bytes`.
         """
         self.handshake_bytes += handshake_bytes
+        self.refused_bytes += refused_bytes
         self.tls_overhead_bytes += tls_overhead_bytes
         self.relay_overhead_bytes += relay_overhead_bytes
         self.resumption_overhead_bytes += resumption_overhead_bytes
@@ -221,6 +227,7 @@ class Meter:
             tls_overhead_bytes=self.tls_overhead_bytes,
             relay_overhead_bytes=self.relay_overhead_bytes,
             resumption_overhead_bytes=self.resumption_overhead_bytes,
+            refused_bytes=self.refused_bytes,
             wall_time_s=max(finished - started, 0.0),
             round_wall_s=tuple(round_wall),
             rejected_frames=self.rejected_frames,

@@ -145,6 +145,7 @@ def render_report(
                 if report.resumption_overhead_bytes
                 else {}
             ),
+            **({"bytes to refused connections": report.refused_bytes} if report.refused_bytes else {}),
             "rejected frames": report.rejected_frames,
             "wall time s": report.wall_time_s,
             "  of which JAX compile s": report.compile_s,

@@ -133,7 +133,9 @@ Bytes: ``framing_overhead_bytes == 4`` per frame (the length prefix, inside TLS)
 not frames are counted per endpoint, as bytes this endpoint wrote, so summing over the parties
 counts every byte once: :attr:`TcpTransport.handshake_bytes` (the whole TLS handshake and the
 hello or acknowledgement as written to the socket, or the shared-secret handshake's messages
-with their prefixes; every re-dial's too), :attr:`TcpTransport.tls_overhead_bytes` (after the
+with their prefixes; every re-dial's too; a listener's handshakes with connections it refused
+are in :attr:`TcpTransport.refused_bytes` instead, so that strangers cannot inflate the links'
+cost), :attr:`TcpTransport.tls_overhead_bytes` (after the
 handshake, socket bytes minus the plaintext prefixes and frames: TLS record headers, content
 types and AEAD tags, 22 bytes per record of up to 16 KiB; 0 in shared-secret mode),
 :attr:`TcpTransport.relay_overhead_bytes` (the star's relaying: the 8-byte route header of each
@@ -319,6 +321,13 @@ class _HandshakeFailed(Exception):
 
 # What a failed dialer handshake raises (anything else propagates).
 _DIAL_FAILURES = (_HandshakeFailed, trio.TooSlowError, trio.EndOfChannel, FrameTooLarge, TransportBroken)
+
+
+@dataclasses.dataclass(eq=False)
+class _Written:
+    """Bytes one shared-secret handshake wrote so far (kept when the handshake fails midway)."""
+
+    nbytes: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -599,7 +608,11 @@ class TcpTransport(Transport):
         hub: the star's hub (the roster's first party), ``None`` in a mesh.
         uses_tls: whether links are mutual TLS (else the shared-secret handshake).
         handshake_bytes: bytes this endpoint wrote to sockets during handshakes (TLS records or
-            the shared-secret messages, framing included), refused ones included.
+            the shared-secret messages, framing included), those of connections it refused
+            excepted.
+        refused_bytes: bytes this endpoint wrote, as a listener, to connections it refused
+            during their handshake (a stranger's, a forger's, one that timed out or broke): its
+            TLS records and alerts, or its shared-secret messages.
         tls_overhead_bytes: bytes this endpoint wrote to sockets after TLS handshakes beyond the
             plaintext it sent (length prefixes and frames): record headers, content types, AEAD
             tags. 0 without TLS.
@@ -727,6 +740,7 @@ class TcpTransport(Transport):
         self.handshake_timeout_s = float(handshake_timeout_s)
         self.uses_tls = self._tls is not None
         self.handshake_bytes = 0
+        self.refused_bytes = 0
         self.tls_overhead_bytes = 0
         self.relay_overhead_bytes = 0
         self.relayed_frames = 0
@@ -881,33 +895,37 @@ class TcpTransport(Transport):
                 wire = _tls_module().MeteredStream(stream)
                 channel = trio.SSLStream(wire, self._tls.listener, server_side=True, https_compatible=True)
             reader = FrameReader(channel)
+            written = _Written()  # the shared-secret handshake's bytes (TLS ones are the wire's)
+
+            def handshake_written() -> int:
+                return wire.sent_bytes if wire is not None else written.nbytes
+
             try:
                 with trio.fail_after(self.handshake_timeout_s):
                     if wire is None:
-                        peer, admitted = await self._listener_handshake(stream, reader)
+                        peer, admitted = await self._listener_handshake(stream, reader, written)
                     else:
                         peer, admitted = await self._listener_tls_handshake(channel, reader)
             except trio.TooSlowError:
-                self._refuse(peer_address, f"no handshake within {self.handshake_timeout_s} s")
+                self._refuse(peer_address, f"no handshake within {self.handshake_timeout_s} s", handshake_written())
                 return
             except _HandshakeFailed as exc:
-                self._refuse(peer_address, str(exc))
+                self._refuse(peer_address, str(exc), handshake_written())
                 return
             except trio.EndOfChannel:
-                self._refuse(peer_address, "connection closed during the handshake")
+                self._refuse(peer_address, "connection closed during the handshake", handshake_written())
                 return
             except FrameTooLarge as exc:
-                self._refuse(peer_address, f"oversized handshake message ({exc})")
+                self._refuse(peer_address, f"oversized handshake message ({exc})", handshake_written())
                 return
             except TransportBroken as exc:
                 reason = _tls_module().failure_reason(exc) if wire is not None else exc
-                self._refuse(peer_address, f"connection broke during the handshake ({reason})")
+                self._refuse(peer_address, f"connection broke during the handshake ({reason})", handshake_written())
                 return
             except TransportClosed:
+                self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
                 return
-            finally:
-                if wire is not None:
-                    self.handshake_bytes += wire.sent_bytes
+            self.handshake_bytes += handshake_written()
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
             if admitted is not None:
                 link = _Link(stream, channel, wire, reader, counted=wire.sent_bytes if wire is not None else 0)
@@ -923,7 +941,10 @@ class TcpTransport(Transport):
             self._incoming.discard(stream)
             stream.socket.close()
 
-    def _refuse(self, peer_address: str, reason: str) -> None:
+    def _refuse(self, peer_address: str, reason: str, nbytes: int) -> None:
+        # What we wrote to a connection we refused is counted apart from the handshakes of the
+        # run's own links, so that strangers cannot inflate what those cost.
+        self.refused_bytes += nbytes
         if not self._closed:
             host = peer_address.rpartition(":")[0] or peer_address  # every port of a host is one peer
             self._refusals.log(
@@ -958,13 +979,13 @@ class TcpTransport(Transport):
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return
 
-    async def _send_handshake(self, stream: trio.SocketStream, message: list[Any]) -> None:
+    async def _send_handshake(self, stream: trio.SocketStream, message: list[Any], written: _Written) -> None:
         data = _pack(message)
         await send_frame(stream, data)
-        self.handshake_bytes += FRAMING_OVERHEAD_BYTES + len(data)
+        written.nbytes += FRAMING_OVERHEAD_BYTES + len(data)
 
     async def _listener_handshake(
-        self, stream: trio.SocketStream, reader: FrameReader
+        self, stream: trio.SocketStream, reader: FrameReader, written: _Written
     ) -> tuple[str, tuple[_StarPeer, int] | None]:
         hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 6, "hello")
         version, session, roster_hash, dialer, listener, dialer_nonce = hello
@@ -991,7 +1012,7 @@ class TcpTransport(Transport):
             version=version,
         )
         await self._send_handshake(
-            stream, [listener_nonce, handshake_mac(self._secret, "listener", **context)]
+            stream, [listener_nonce, handshake_mac(self._secret, "listener", **context)], written
         )
         # A star client's proof carries its link's resumption fields (see _admit_client).
         proof, *resume = _unpack_list(
@@ -1003,7 +1024,7 @@ class TcpTransport(Transport):
         ack, admitted = ["ok"], None
         if self._is_hub:
             ack, admitted = self._admit_client(dialer, *_resume_fields(*resume, repr(dialer)))
-        await self._send_handshake(stream, ack)
+        await self._send_handshake(stream, ack, written)
         return dialer, admitted
 
     async def _listener_tls_handshake(
@@ -1200,7 +1221,11 @@ class TcpTransport(Transport):
                 with trio.fail_after(self.handshake_timeout_s):
                     if self._tls is None:
                         link.reader = FrameReader(stream)
-                        resume_from = await self._dialer_handshake(stream, dest, link.reader)
+                        written = _Written()
+                        try:
+                            resume_from = await self._dialer_handshake(stream, dest, link.reader, written)
+                        finally:
+                            self.handshake_bytes += written.nbytes
                     else:
                         link.wire = _tls_module().MeteredStream(stream)
                         link.channel = trio.SSLStream(
@@ -1258,11 +1283,13 @@ class TcpTransport(Transport):
             )
         return received
 
-    async def _dialer_handshake(self, stream: trio.SocketStream, dest: str, reader: FrameReader) -> int | None:
+    async def _dialer_handshake(
+        self, stream: trio.SocketStream, dest: str, reader: FrameReader, written: _Written
+    ) -> int | None:
         version = self._hello_version(tls=False)
         dialer_nonce = secrets.token_bytes(_NONCE_BYTES)
         await self._send_handshake(
-            stream, [version, self.session, self._roster_hash, self.party, dest, dialer_nonce]
+            stream, [version, self.session, self._roster_hash, self.party, dest, dialer_nonce], written
         )
         listener_nonce, proof = _unpack_list(
             await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 2, "challenge"
@@ -1280,7 +1307,9 @@ class TcpTransport(Transport):
         )
         if not hmac.compare_digest(proof, handshake_mac(self._secret, "listener", **context)):
             raise _HandshakeFailed(f"the listener failed to prove it is {dest!r} (wrong secret?)")
-        await self._send_handshake(stream, [handshake_mac(self._secret, "dialer", **context), *self._resume_request()])
+        await self._send_handshake(
+            stream, [handshake_mac(self._secret, "dialer", **context), *self._resume_request()], written
+        )
         return self._check_acknowledgement(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES))
 
     async def _dialer_tls_handshake(

@@ -77,6 +77,26 @@ def test_connection_bytes_stay_apart_from_payload_and_merge_by_sum():
     assert RunReport.from_dict(old).tls_overhead_bytes == 0
 
 
+def test_refused_bytes_stay_apart_from_handshakes_and_show_only_when_some_were_written():
+    reports = []
+    for party, refused in (("a", 0), ("s", 1234)):
+        meter = Meter()
+        meter.record_sent(0, "update", party, "a" if party == "s" else "s", "t", 100)
+        meter.record_connection_bytes(handshake_bytes=2900, refused_bytes=refused)
+        reports.append(meter.report(protocol="p", transport="tcp", session=0, parties=["a", "s"]))
+    assert (reports[1].handshake_bytes, reports[1].refused_bytes) == (2900, 1234)
+    merged = RunReport.merge(reports)
+    assert (merged.handshake_bytes, merged.refused_bytes) == (5800, 1234)
+    assert RunReport.from_json(merged.to_json()) == merged
+    shown = {}
+    for name, report in (("clean", reports[0]), ("attacked", merged)):
+        out = io.StringIO()
+        render_report(Console(file=out, width=120), report, lambda p: p[0])
+        shown[name] = out.getvalue()
+    assert "refused" not in shown["clean"]
+    assert "bytes to refused connections" in shown["attacked"] and "1,234" in shown["attacked"]
+
+
 def test_received_frames_fill_in_for_a_single_process():
     meter = Meter()
     meter.record_sent(0, "update", "a", "s", "t", 5)

@@ -5,7 +5,8 @@ are refused and the run completes; when a client's endpoint closes mid-run, ever
 within one deadline naming it; answers that reach a coordinator's socket while its event loop is
 blocked for longer than the deadline are read before the deadline counts (workers in another
 thread, with their own event loop); a flood of refused connections makes a handful of log lines,
-with the count.
+with the count; what a hub writes to a stranger it refuses is counted in ``refused_bytes``, and
+its ``handshake_bytes`` stay those of a clean run.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.testing.toy import SumCoordinator, SumWorker
 from fedproto.testing import DelegatingTransport
-from fedproto.transports._framing import send_frame
-from fedproto.transports.tcp import TcpTransport, open_tcp_network
+from fedproto.transports._framing import FRAMING_OVERHEAD_BYTES, FrameReader, send_frame
+from fedproto.transports.tcp import (
+    STAR_HANDSHAKE_VERSION,
+    TcpTransport,
+    open_tcp_network,
+    roster_digest,
+)
 
 ROSTER = ("c", "w0", "w1")
 SECRET = b"0123456789abcdef-hardening-secret"
@@ -69,6 +75,50 @@ async def test_malformed_frames_from_an_authenticated_peer_are_refused_and_the_r
     assert {r["sender"] for r in meter.rejected} == {"w1"}
 
 
+
+
+async def _stranger_without_the_secret(address) -> None:
+    """Dial the hub with a correct hello but a wrong proof, as one without the run's secret would."""
+    stream = await trio.open_tcp_stream(address.host, address.port)
+    try:
+        hello = [STAR_HANDSHAKE_VERSION, 0, roster_digest(ROSTER), "w0", "c", b"n" * 32]
+        await send_frame(stream, msgpack.packb(hello, use_bin_type=True))
+        await FrameReader(stream).receive_frame(1024)  # the hub's challenge: its nonce and MAC
+        await send_frame(stream, msgpack.packb([b"wrong proof".ljust(32), b"link-id!", 0], use_bin_type=True))
+        try:
+            while await stream.receive_some():  # until the hub closes it: refused
+                pass
+        except trio.BrokenResourceError:
+            pass
+    finally:
+        await stream.aclose()
+
+
+async def _toy_run_over_a_star(stranger: bool) -> tuple[dict[str, TcpTransport], Meter]:
+    meter = Meter(trio.current_time)
+    with trio.fail_after(60):
+        async with open_tcp_network(ROSTER, SECRET, topology="star") as endpoints:
+            if stranger:
+                await _stranger_without_the_secret(endpoints["c"].addresses["c"])
+            results = await run_parties(make(), endpoints, config=RuntimeConfig(deadline_s=20.0), meter=meter)
+    assert results["w0"] == results["w1"] == 3
+    for endpoint in endpoints.values():  # closed: their counts are final
+        meter.record_connection_bytes(handshake_bytes=endpoint.handshake_bytes, refused_bytes=endpoint.refused_bytes)
+    return endpoints, meter
+
+
+async def test_what_a_hub_writes_to_a_refused_stranger_is_refused_bytes_not_handshake_bytes():
+    clean, clean_meter = await _toy_run_over_a_star(stranger=False)
+    attacked, attacked_meter = await _toy_run_over_a_star(stranger=True)
+    # the hub wrote its challenge (a 32-byte nonce and a 32-byte MAC) before the wrong proof came
+    challenge = FRAMING_OVERHEAD_BYTES + len(msgpack.packb([b"n" * 32, b"m" * 32], use_bin_type=True))
+    assert attacked["c"].refused_bytes == challenge
+    assert all(clean[p].refused_bytes == 0 for p in ROSTER)
+    assert all(attacked[p].handshake_bytes == clean[p].handshake_bytes > 0 for p in ROSTER)
+    report = attacked_meter.report(protocol="toy", transport="tcp", session=0, parties=ROSTER)
+    clean_report = clean_meter.report(protocol="toy", transport="tcp", session=0, parties=ROSTER)
+    assert (report.refused_bytes, report.handshake_bytes) == (challenge, clean_report.handshake_bytes)
+    assert clean_report.refused_bytes == 0
 
 
 class ClosesAfter(DelegatingTransport):

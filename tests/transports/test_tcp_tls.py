@@ -207,6 +207,9 @@ async def test_a_rogue_dialer_is_refused_and_logged_while_the_run_completes(
     np.testing.assert_array_equal(results["c"], expected_sums())
     assert results["w0"] == results["w1"] == 3
     assert meter.rejected_frames == 0  # nothing of the rogue's reached a machine
+    if rogue != "plaintext":  # c's TLS records to it (a plaintext hello gets none, it is not TLS)
+        assert endpoints["c"].refused_bytes > 0
+    assert endpoints["w0"].refused_bytes == endpoints["w1"].refused_bytes == 0
     logged = [m for m in warnings_of(caplog) if "refused connection from 127.0.0.1" in m]
     assert len(logged) == 1 and logged[0].startswith("c: ") and ROGUES[rogue] in logged[0], warnings_of(caplog)
 
@@ -225,6 +228,7 @@ async def test_a_hello_for_another_session_roster_or_listener_is_refused(
     async with open_tcp_network(ROSTER, tls=kits) as endpoints:
         address = endpoints["c"].addresses["c"]
         for hello, words in cases.items():
+            refused_before = endpoints["c"].refused_bytes
             stream = await trio.open_tcp_stream(address.host, address.port)
             channel = trio.SSLStream(stream, _client_context(kits["c"].ca, kits["w0"]), server_hostname="c",
                                      https_compatible=True)
@@ -235,6 +239,9 @@ async def test_a_hello_for_another_session_roster_or_listener_is_refused(
             await stream.aclose()
             endpoints["c"]._refusals.flush()  # one line per case, not a count at the end
             assert any(words in m for m in warnings_of(caplog)), (words, warnings_of(caplog))
+            # c's whole TLS handshake (its certificate included) went to a connection it refused
+            assert endpoints["c"].refused_bytes - refused_before > 1000
+        assert endpoints["c"].handshake_bytes == 0  # nobody of the run dialled: no link's handshake
 
 
 async def test_a_silent_dialer_times_out_and_closing_mid_handshake_is_clean(
