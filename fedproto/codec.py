@@ -256,7 +256,9 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
             applies), an array field has the wrong dtype or number of dimensions, or the message
             is not a registered message; the message names ``TAG.field``.
         ValueError: a big integer is negative or wider than its field (or a packed field's rows
-            are not of its width).
+            are not of its width), or an integer in a plain field (or the session or round)
+            lies outside ``-2**63 .. 2**64 - 1``, what msgpack carries (the message names the
+            class, the field and the limit).
     """
     cls = type(message)
     tag = getattr(cls, "TAG", None)
@@ -283,7 +285,11 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
         packer = _PACKERS.packer
     except AttributeError:
         packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
-    encoded = packer.pack(frame)
+    try:
+        encoded = packer.pack(frame)
+    except OverflowError:
+        _PACKERS.packer = msgpack.Packer(use_bin_type=True)  # not one left mid-frame
+        raise _overflow_error(cls, tag, body, session=session, round_idx=round_idx) from None
     if len(encoded) > _PACKER_KEPT_BYTES:
         _PACKERS.packer = msgpack.Packer(use_bin_type=True)  # let the buffer grown for this frame go
     return encoded
@@ -295,6 +301,45 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
 #: more than this many bytes.
 _PACKER_KEPT_BYTES = 1 << 20
 _PACKERS = threading.local()
+
+
+#: The integers msgpack can carry natively (a plain ``int`` field's range): int64 and uint64.
+PLAIN_INT_MIN, PLAIN_INT_MAX = -(2**63), 2**64 - 1
+
+
+def _wide_int(value: Any) -> int | None:
+    """The first integer in ``value`` (nested in lists, tuples and dicts) msgpack cannot carry."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if not PLAIN_INT_MIN <= value <= PLAIN_INT_MAX else None
+    if isinstance(value, list | tuple):
+        items: Any = value
+    elif isinstance(value, dict):
+        items = (*value.keys(), *value.values())
+    else:
+        return None
+    for item in items:
+        wide = _wide_int(item)
+        if wide is not None:
+            return wide
+    return None
+
+
+def _overflow_error(cls: type, tag: str, body: list[Any], **envelope: Any) -> ValueError:
+    """The error for a frame msgpack refused with ``OverflowError``: which field, which limit."""
+    names = [spec.name for spec in _PLANS[cls]]
+    limit = "from -2**63 to 2**64 - 1, what msgpack carries"
+    for where, value in (*zip(names, body), *envelope.items()):
+        wide = _wide_int(value)
+        if wide is None:
+            continue
+        shown = f"2**{wide.bit_length() - 1}" if wide > 0 and wide & (wide - 1) == 0 else _short_repr(wide)
+        if where in envelope:
+            return ValueError(f"{cls.__name__} ({tag}): the frame's {where} {shown} is out of range ({limit})")
+        return ValueError(
+            f"{cls.__name__}.{where} ({tag}): the integer {shown} does not fit a plain int field ({limit}); "
+            f"declare integers wider than 64 bits with bigints_field"
+        )
+    return ValueError(f"{cls.__name__} ({tag}): an integer is out of range ({limit})")
 
 
 def _short_repr(value: Any) -> str:

@@ -162,6 +162,24 @@ def test_encode_refuses_plain_fields_of_the_wrong_type_naming_the_field(field, v
         encode_frame(_sample(**{field: value}), session=0, round_idx=0, phase="p")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [("count", 2**70, r"2\*\*70"), ("count", 2**64, r"2\*\*64"), ("ids", (1, -(2**63) - 1), "-9223372036854775809")],
+)
+def test_an_integer_msgpack_cannot_carry_names_the_class_the_field_and_the_limit(field, value, shown):
+    with pytest.raises(ValueError) as raised:
+        encode_frame(_sample(**{field: value}), session=0, round_idx=0, phase="p")
+    assert type(raised.value) is ValueError  # not msgpack's bare OverflowError
+    assert raised.match(rf"^Sample\.{field} \(test\.sample\): the integer {shown} does not fit a plain int field "
+                        r"\(from -2\*\*63 to 2\*\*64 - 1, what msgpack carries\); .* bigints_field$")
+    # the same encoder still packs the next frame, and the limits themselves travel
+    for edge in (2**64 - 1, -(2**63)):
+        _, decoded = decode_frame(encode_frame(_sample(ids=(edge,)), session=0, round_idx=0, phase="p"))
+        assert decoded.ids == (edge,)
+    with pytest.raises(ValueError, match=r"^Sample \(test\.sample\): the frame's session 2\*\*64 is out of range"):
+        encode_frame(_sample(), session=2**64, round_idx=0, phase="p")
+
+
 def test_encode_accepts_what_decode_accepts():
     # ints where a float is declared, a numpy float64 (a float subclass), lists for tuples
     for message in (_sample(scale=2), _sample(scale=np.float64(0.25)), _sample(ids=[4, 5])):
