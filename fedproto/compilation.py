@@ -11,7 +11,9 @@ Three tools:
   them. Tracing and lowering still run; the backend compilation, the larger part, is skipped.
   The command line turns it on for every run unless ``--no-compile-cache`` is given.
 * :func:`select_device` pins the run's kernels to the CPU or to a GPU (``--device``), and
-  :func:`device_description` names the device they ran on (``RunReport.device``).
+  :func:`device_description` names the device they ran on (``RunReport.device``), once
+  :func:`kernels_compiled` says that this process ran any: a protocol that never calls JAX
+  reports no device, even though the command line imported JAX.
 * :func:`compile_seconds` is the time this process has spent tracing, lowering and compiling
   kernels so far (JAX's own ``/jax/core/compile/*`` duration events), so a run can report its
   compile time apart from its protocol time (``RunReport.compile_s``).
@@ -31,6 +33,7 @@ __all__ = [
     "default_cache_dir",
     "device_description",
     "enable_compile_cache",
+    "kernels_compiled",
     "select_device",
 ]
 
@@ -47,14 +50,16 @@ compilation or loading from the persistent cache)."""
 
 _lock = threading.Lock()
 _total = 0.0
+_events = 0
 _listening = False
 
 
 def _listener(event: str, duration_secs: float, **_: object) -> None:
-    global _total
+    global _total, _events
     if event in COMPILE_EVENTS:
         with _lock:
             _total += float(duration_secs)
+            _events += 1
 
 
 def _listen() -> None:
@@ -85,6 +90,25 @@ def compile_seconds() -> float:
         return _total
 
 
+def kernels_compiled() -> bool:
+    """Whether this process has compiled a JAX kernel since fedproto began counting.
+
+    Every JAX computation, a ``jax.jit`` kernel or an eager ``jax.numpy`` operation, is traced
+    and compiled in the process that first runs it (a persistent cache skips only the backend
+    compilation), so a process that ran none has compiled none. Counting begins when JAX is
+    first seen imported by :func:`select_device`, :func:`enable_compile_cache` or
+    :func:`compile_seconds`; the command line calls the first two before it builds a run. The
+    answer is for the process: once a run in it has used JAX, later runs in it say so too.
+
+    Returns:
+        ``True`` once a compile event was seen; ``False`` without JAX imported (JAX is not
+        imported).
+    """
+    _listen()
+    with _lock:
+        return _events > 0
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/fedproto/jax``, or ``~/.cache/fedproto/jax`` without that variable."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -108,6 +132,7 @@ def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
     """
     import jax
 
+    _listen()
     directory = Path(path) if path is not None else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
@@ -132,6 +157,7 @@ def select_device(kind: str) -> None:
     """
     if kind not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {kind!r}")
+    _listen()  # a protocol's module imported JAX: count its kernels from before the run is built
     if kind != "cpu":
         deterministic_gpu_ops()
     if kind == "auto":
@@ -185,7 +211,10 @@ def deterministic_gpu_ops() -> bool:
 
 def device_description() -> str:
     """The device JAX runs kernels on by default, as ``"<platform>: <kind>"`` (``"cpu: cpu"``,
-    ``"gpu: NVIDIA H100 80GB HBM3"``), or ``""`` when JAX was never imported (no kernel ran)."""
+    ``"gpu: NVIDIA H100 80GB HBM3"``), or ``""`` when JAX was never imported (no kernel ran).
+
+    A report names it only where :func:`kernels_compiled` (see :meth:`fedproto.Meter.report`).
+    """
     if "jax" not in sys.modules:
         return ""
     jax = sys.modules["jax"]

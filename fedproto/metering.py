@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedproto.compilation import compile_seconds, device_description
+from fedproto.compilation import compile_seconds, device_description, kernels_compiled
 
 __all__ = [
     "Meter",
@@ -233,7 +233,7 @@ class Meter:
             rejected_frames=self.rejected_frames,
             results=dict(results or {}),
             compile_s=self.compile_s,
-            device=device_description(),
+            device=device_description() if kernels_compiled() else "",
         )
 
 
@@ -302,7 +302,9 @@ class RunReport:
             ``results`` (same key rules as ``results``); empty when there are none.
         device: the device JAX ran the kernels on, ``"<platform>: <kind>"`` (``"cpu: cpu"``,
             ``"gpu: NVIDIA H100 80GB HBM3"``; `fedproto.compilation.device_description`), the
-            distinct ones joined by ``"; "`` in a merged run; ``""`` when no JAX was loaded.
+            distinct ones joined by ``"; "`` in a merged run; ``""`` when the process compiled
+            no JAX kernel (`fedproto.compilation.kernels_compiled`: a protocol that does not
+            use JAX).
         compile_s: seconds the run's process spent tracing, lowering and compiling JAX kernels
             (`fedproto.compilation.compile_seconds`), part of ``wall_time_s`` and of the
             rounds where it happened; the largest over the processes of a merged run; 0.0 when

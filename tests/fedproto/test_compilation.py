@@ -132,7 +132,25 @@ def test_device_selection_and_its_description(_restore_default_device):
             compilation.select_device("gpu")
 
 
+def test_a_report_names_no_device_until_the_process_has_compiled_a_kernel(monkeypatch):
+    compilation.compile_seconds()  # counting on (JAX is imported)
+    monkeypatch.setattr(compilation, "_events", 0)  # as in a process that ran no JAX yet
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    assert not compilation.kernels_compiled()
+    assert meter.report(protocol="p", transport="memory", session=0, parties=["a"]).device == ""
+    meter = Meter()
+    meter.start()
+    jax.jit(lambda x: x * 3.0)(jnp.arange(5.0)).block_until_ready()  # a new function: traced
+    meter.finish()
+    assert compilation.kernels_compiled()
+    report = meter.report(protocol="p", transport="memory", session=0, parties=["a"])
+    assert report.device == compilation.device_description() != ""
+
+
 def test_reports_name_their_device_and_merge_the_distinct_ones():
+    jax.jit(lambda x: x + 1)(jnp.zeros(2)).block_until_ready()  # this process uses JAX
     meter = Meter()
     meter.start()
     meter.finish()
