@@ -607,7 +607,10 @@ class FastLloydPlugin:
 
 def plot_clusters(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
     """Draw the points (first two principal components) coloured by nearest centroid, with the
-    run's centroids (black crosses) and scikit-learn's (red circles)."""
+    run's centroids (black crosses) and scikit-learn's (black circles), a legend, and a note
+    under it saying whether the run's centroids carry DP noise (so a cross far from every point
+    reads as the noise it is, not as a cluster)."""
+    from matplotlib.lines import Line2D
     from sklearn.decomposition import PCA
 
     centroids = np.asarray(summary["centroids"])
@@ -631,7 +634,20 @@ def plot_clusters(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
     ax.scatter(pc[:, 0], pc[:, 1] if pc.shape[1] > 1 else np.zeros(len(pc)), marker="x", color="black", s=60,
                label=f"{summary.get('variant', 'run')} centroids")
     ax.set_title("clusters" + (" (first two principal components)" if x.shape[1] > 2 else ""))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
+    variant = summary.get("variant", "run")
+    points = Line2D([], [], linestyle="none", marker="o", markersize=6, markerfacecolor=palette(0),
+                    markeredgecolor=palette(1), label=f"points, coloured by nearest {variant} centroid")
+    handles, _ = ax.get_legend_handles_labels()
+    spent = summary.get("epsilon_spent")
+    if spent is not None:
+        note = (f"The {variant} centroids carry DP noise (epsilon = {spent:.3g} over the run):\n"
+                f"a cross far from every point is that noise, not a cluster.")
+    else:
+        note = f"{variant} added no DP noise: its centroids are those of its Lloyd iterations."
+    # the note heads the legend, so the constrained layout keeps both inside the figure
+    legend = ax.legend(handles=[points, *handles], loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=1,
+                       fontsize="small", title=note, title_fontsize="small", frameon=False)
+    legend.get_title().set_multialignment("center")
 
 
 PROTOCOL = FastLloydPlugin()

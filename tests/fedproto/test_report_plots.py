@@ -130,3 +130,29 @@ def test_each_kz_protocol_titles_its_own_plot(plugin_name, title):
         assert ax.get_title().startswith(title + " ")
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize(("epsilon_spent", "words"), [
+    (1.0, "carry DP noise (epsilon = 1 over the run):\na cross far from every point is that noise, not a cluster"),
+    (None, "added no DP noise"),
+])
+def test_the_clusters_panel_has_a_legend_and_says_what_the_noise_does(figure, epsilon_spent, words):
+    import numpy as np
+
+    from fedproto.algorithms.fastlloyd.cli import plot_clusters
+
+    x = np.random.default_rng(0).normal(size=(60, 2))
+    summary = {"variant": "fastlloyd", "epsilon_spent": epsilon_spent,
+               "centroids": [[0.0, 0.0], [5.0, 5.0]],  # the second far from every point
+               "sklearn_centroids": [[-1.0, 0.0], [1.0, 0.0]]}
+    fig = figure(make_report(2), extra=lambda ax: plot_clusters(ax, x, summary))
+    ax = fig.axes[2]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "points, coloured by nearest fastlloyd centroid", "scikit-learn centroids", "fastlloyd centroids"]
+    assert words in legend.get_title().get_text()
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    assert not boxes_overlap(box, ax.get_window_extent(renderer))
+    assert not any(boxes_overlap(box, t.get_window_extent(renderer)) for t in ax.get_xticklabels())
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)  # not cut off
