@@ -89,9 +89,42 @@ def _group(name: str) -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=name)}
 
 
+#: Least similarity (:class:`difflib.SequenceMatcher` ratio) of a suggestion to the name typed.
+SUGGEST_CUTOFF = 0.6
+#: How far below the best suggestion's similarity another may score and still be offered.
+SUGGEST_MARGIN = 0.1
+
+
 def suggest(name: str, choices: list[str] | tuple[str, ...] | set[str]) -> list[str]:
-    """Close matches of ``name`` among ``choices``, best first (for "did you mean")."""
-    return difflib.get_close_matches(name, sorted(choices), n=3, cutoff=0.6)
+    """Close matches of ``name`` among ``choices``, best first (for "did you mean").
+
+    Names are compared without their leading dashes, which every option shares (with them,
+    ``--clinets`` looked like ``--deadline`` and ``--quiet``). A choice is offered when its
+    similarity is at least :data:`SUGGEST_CUTOFF` and within :data:`SUGGEST_MARGIN` of the best
+    one's: the evident fix alone, or the few that are about as close (at most 3). A choice that
+    the name (of 3 characters or more) begins counts as just close enough (options may not be
+    abbreviated, so ``--iter`` is refused, and names ``--iterations``).
+
+    Returns:
+        Up to 3 of ``choices``, most similar first (ties in name order); empty when none is close.
+    """
+    typed = name.lstrip("-")
+    matcher = difflib.SequenceMatcher()
+    matcher.set_seq2(typed)
+    scored = []
+    for choice in sorted(choices):
+        body = choice.lstrip("-")
+        matcher.set_seq1(body)
+        ratio = matcher.ratio()
+        if len(typed) >= 3 and body.startswith(typed):
+            ratio = max(ratio, SUGGEST_CUTOFF)
+        if ratio >= SUGGEST_CUTOFF:
+            scored.append((-ratio, choice))
+    scored.sort()
+    if not scored:
+        return []
+    best = -scored[0][0]
+    return [choice for ratio, choice in scored[:3] if -ratio >= best - SUGGEST_MARGIN]
 
 
 def _did_you_mean(suggestions: list[str]) -> str:

@@ -410,6 +410,8 @@ def _usage_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "misspelt choice": ([*run, "--partition", "idd"], ["--partition", "invalid choice", "did you mean iid"]),
         "misspelt command": (["rnu", "fastlloyd"], ["unknown command 'rnu'", "did you mean run"]),
         "abbreviated option": ([*run, "--epsil", "1"], ["unknown option --epsil", "--epsilon"]),
+        "misspelt option, only the close one": (
+            [*run, "--clinets", "3"], ["unknown option --clinets; did you mean --clients? (see"]),
         "missing protocol file": (["run", str(tmp / "nope.py")], ["no protocol file", "nope.py"]),
     }
 
@@ -427,6 +429,18 @@ def test_usage_errors_exit_2_with_one_line_before_any_work(tmp_path, capfd, fast
         assert word in line, line
     assert fastlloyd_plan_spy == []  # no protocol work started
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_did_you_mean_offers_only_the_close_names():
+    from fedproto import registry
+    from fedproto.cli import _subparser, build_parser
+
+    options = list(_subparser(build_parser(["run", "fastlloyd"]), "run", "fastlloyd")._option_string_actions)
+    assert registry.suggest("--clinets", options) == ["--clients"]  # not --deadline or --quiet
+    assert registry.suggest("--trasport", options) == ["--transport"]  # not --report
+    assert registry.suggest("--iter", options) == ["--iterations"]  # a prefix (no abbreviations)
+    assert registry.suggest("--machines", options) == []  # a kz option: nothing of fastlloyd's is close
+    assert registry.suggest("kzmean", registry.protocol_names()) == ["kzmeans", "kzmedian"]  # as close
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any directory")
