@@ -3,8 +3,9 @@
 Shows the library API end to end: calibrate a run (``make_config``), normalise and split a data
 set over M clients, build one sans-IO machine per party (a ``FastLloydServer`` and M
 ``FastLloydClient`` s), drive them all with ``run_parties`` over a ``MemoryNetwork``, then read
-the centroids, their NICV, and the exact payload bytes per round from the metered report. The
-memory transport encodes every message, so these are the bytes a TCP or MPI run sends.
+the centroids, their NICV (normalised intra-cluster variance), and the exact payload bytes per
+round from the metered report. The memory transport encodes every message, so these are the bytes
+a TCP or MPI run sends.
 
 Run (from the repository root, in the project's environment)::
 

@@ -147,7 +147,8 @@ def memory_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess
 @pytest.mark.parametrize("name, n, d, k, clients", [("iris", 150, 4, 3, 2), ("wine", 178, 13, 3, 4)])
 def test_run_prints_nicv_privacy_and_bytes_and_writes_report_and_plot(memory_runs, name, n, d, k, clients):
     done, path = memory_runs[name]
-    for words in ("NICV", "epsilon spent", "payload bytes", "report written to", "plot written to"):
+    for words in ("NICV, normalised intra-cluster variance (fastlloyd)", "epsilon spent", "payload bytes",
+                  "report written to", "plot written to"):
         assert words in done.stdout, done.stdout
     report = RunReport.from_json(path.read_text())
     assert report.protocol == "fastlloyd" and report.transport == "memory"

@@ -451,7 +451,7 @@ class FastLloydPlugin:
             phases=_phases(options),
             plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
             analytic=analytic,
-            labels={**LABELS, "nicv": f"NICV ({config.variant})"},
+            labels={**LABELS, "nicv": f"NICV, normalised intra-cluster variance ({config.variant})"},
             max_frame_bytes=frame_limit(config, len(clients), plus),
             dropout_stages=secagg_plus.STAGES if plus is not None else (),
             dropout_unsupported="" if plus is not None else _NO_DROPOUT,
