@@ -229,6 +229,9 @@ def _common_arguments(
     """The options every protocol shares (``needs_data=False``: no data options; a plugin may
     name its own ``--partition`` schemes and default, e.g. a paper's own split).
 
+    The help texts show the defaults through ``%(default)s``, so a plugin that changes one in
+    ``add_arguments`` (``parser.set_defaults(clients=5)``) sees ``--help`` show its own.
+
     ``party`` with ``local_data`` (a plugin with ``split`` and ``plan_party``): ``--data`` is the
     party's own file and the options that cut a whole data set (``--clients``, ``--partition``)
     are absent. ``split``: the options of ``fedproto split`` (the data, how it is cut, ``--out``).
@@ -246,15 +249,15 @@ def _common_arguments(
             "a party that holds no data (the hub) gives none",
         )
     if whole_data:
-        group.add_argument("--clients", type=_int_at_least(1), default=2, help="number of clients (default 2)")
+        group.add_argument("--clients", type=_int_at_least(1), default=2, help="number of clients (default %(default)s)")
     group.add_argument(
         "--seed", type=_int_at_least(0, "a non-negative integer"), default=0,
-        help="seed of the split, initialisation and noise (default 0)",
+        help="seed of the split, initialisation and noise (default %(default)s)",
     )
     if needs_data and whole_data:
         group.add_argument(
             "--partition", choices=tuple(partitions), default=default_partition,
-            help=f"how data is split over clients (default {default_partition})",
+            help="how data is split over clients (default %(default)s)",
         )
     if split:
         group.add_argument(
@@ -265,7 +268,7 @@ def _common_arguments(
         _global_arguments(parser, top=False)
         return
     group.add_argument(
-        "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default 60)"
+        "--deadline", type=_positive_seconds, default=60.0, help="seconds a phase may wait for a party (default %(default)g)"
     )
     group.add_argument(
         "--device", choices=DEVICES, default="auto",

@@ -3,7 +3,8 @@
 A protocol plugin is an object with:
 
 * ``name`` and ``description`` (one line, shown by ``fedproto list``);
-* ``add_arguments(parser)``: its own command-line options (optional);
+* ``add_arguments(parser)``: its own command-line options (optional); it may also change the
+  default of a common option (``parser.set_defaults(clients=5)``), which ``--help`` then shows;
 * ``plan(args, dataset) -> RunPlan``: the roster, how to build each party's machine, and how to
   turn results into JSON and a summary;
 * optionally ``needs_data = False``: a protocol without data (a secure sum, gossip); the CLI then
@@ -130,7 +131,7 @@ class ProtocolPlugin(Protocol):
     description: str
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """Add the protocol's own options."""
+        """Add the protocol's own options (and change common defaults with ``parser.set_defaults``)."""
 
     def plan(self, args: argparse.Namespace, dataset: Dataset | None) -> RunPlan:
         """Build the run plan (``dataset`` is ``None`` for a plugin with ``needs_data = False``).

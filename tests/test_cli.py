@@ -555,6 +555,25 @@ def _check_toy_report(path: Path, *, transport: str, rounds: int, clients: int) 
     return report
 
 
+def test_help_shows_the_defaults_a_plugin_sets(tmp_path, capsys, monkeypatch):
+    from fedproto.cli import main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading a file puts its folder on the path
+    path = tmp_path / "toy_defaults.py"
+    path.write_text(TOY_PLUGIN.replace(
+        '        group = parser.add_argument_group("toysum")\n',
+        '        group = parser.add_argument_group("toysum")\n'
+        '        parser.set_defaults(clients=5, seed=7, deadline=12.5)\n',
+    ))
+    assert main(["run", str(path), "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help lines
+    for words in ("number of clients (default 5)", "noise (default 7)", "wait for a party (default 12.5)"):
+        assert words in shown, shown
+    assert main(["run", "kzcenter", "--help"]) == 0  # the command line's own defaults otherwise
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "number of clients (default 2)" in shown and "wait for a party (default 60)" in shown, shown
+
+
 def test_a_protocol_from_a_file_runs_over_memory(tmp_path, capsys, monkeypatch, toy_plugin):
     from fedproto.cli import main
 
