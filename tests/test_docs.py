@@ -315,3 +315,21 @@ def test_the_report_page_lists_every_field_of_the_schema():
 
     assert first_column(fields) == set(schema["properties"])
     assert first_column(links) == set(schema["$defs"]["link"]["properties"])
+
+
+def test_the_tutorials_messages_without_fields_and_with_plain_ints_work_as_it_says():
+    import dataclasses
+
+    from fedproto import Message, decode_frame
+
+    text = (DOCS / "tutorial.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```\n", text, re.S) if "class Ready(Message)" in b)
+    space: dict = {"dataclasses": dataclasses, "Message": Message}
+    exec(compile(block, "tutorial.md", "exec"), space)  # noqa: S102 - the page's own example
+    ready, progress = space["Ready"](), space["Progress"](rows_done=2**64 - 1, party_ids=(-(2**63),))
+    for message in (ready, progress):
+        assert decode_frame(encode_frame(message, session=0, round_idx=0, phase="p"))[1] == message
+    with pytest.raises(ValueError) as raised:
+        encode_frame(space["Progress"](rows_done=2**70), session=0, round_idx=0, phase="p")
+    quoted = re.search(r"`(Progress\.rows_done \(tutorial\.progress\): [^`]*?) \.\.\.`", text.replace("\n", " "))
+    assert quoted is not None and str(raised.value).startswith(quoted[1])
