@@ -1198,7 +1198,12 @@ def _command_split(args: argparse.Namespace) -> int:
     without = [p for p in plan.roster if p not in parts]
     print(
         f"{out / 'split.json'}: the split of {dataset.name} ({dataset.n} points) over {len(entries)} parties; "
-        + (f"{_names(without)} hold no data (start them without --data)" if without else "every party holds data")
+        + (
+            f"{_names(without)} {'holds' if len(without) == 1 else 'hold'} no data "
+            f"(start {'it' if len(without) == 1 else 'them'} without --data)"
+            if without
+            else "every party holds data"
+        )
     )
     return 0
 

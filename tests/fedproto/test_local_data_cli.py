@@ -120,7 +120,7 @@ def test_split_writes_the_runs_split_one_file_per_party(tmp_path, toy):
         np.testing.assert_array_equal(mine.x, whole.x[idx])
         np.testing.assert_array_equal(mine.y, whole.y[idx])
         assert manifest["files"][i]["n_points"] == len(idx)
-    assert "coordinator hold no data" in done.stdout
+    assert "coordinator holds no data (start it without --data)" in done.stdout
 
 
 @pytest.mark.parametrize(
