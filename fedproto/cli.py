@@ -940,7 +940,7 @@ def _print_run(
     report: RunReport,
     console: Any,
 ) -> None:
-    from fedproto.report import plot_report, render_report, render_summary
+    from fedproto.report import plot_report, render_privacy, render_report, render_summary
 
     shown = {_label(plan, k): v for k, v in summary.items() if not isinstance(v, list | dict)}
     # the analytic costs beside the measured ones, in a table of their own so that a long
@@ -964,6 +964,8 @@ def _print_run(
             for d in report.faults["dropouts"]
         }
         render_summary(console, "Dropouts injected", dropped, full=args.full)
+    if report.privacy:
+        render_privacy(console, report.privacy, full=args.full)
     if not args.quiet:
         render_report(console, report, plan.role_of, phases=plan.phases, full=args.full)
     if args.report:
@@ -1100,10 +1102,12 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise ValueError(f"transport {args.transport!r} has no runner in this CLI")
         summary = dict(plan.summarize(results))
     paper = summary.pop("paper") if isinstance(summary.get("paper"), dict) else {}
+    privacy = summary.pop("privacy") if isinstance(summary.get("privacy"), dict) else report.privacy
     report = dataclasses.replace(
         report,
         results=summary,
         paper={**report.paper, **paper},
+        privacy=privacy,
         options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
         command=("fedproto", *argv),
         started_at=_timestamp(started_s),

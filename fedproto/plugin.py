@@ -67,7 +67,10 @@ class RunPlan:
         summarize: ``{party: result json} -> dict`` of metrics to print and store (may run other
             computations, e.g. baselines, reporting them with
             :func:`fedproto.progress.progress_task`). An entry ``"paper"`` (a dict) holds
-            figures from the paper; the CLI moves it to the report's ``paper``.
+            figures from the paper; the CLI moves it to the report's ``paper``. An entry
+            ``"privacy"`` (a dict) holds the privacy ledger of a run that adds noise
+            (:func:`fedproto.algorithms.dp.privacy_ledger`); the CLI moves it to the report's
+            ``privacy``.
         role_of: party name -> role name (for bytes per role).
         iterations: algorithm rounds expected (for progress bars).
         analytic: analytic costs to print beside the measured ones, e.g. bytes per iteration.

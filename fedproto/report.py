@@ -17,7 +17,7 @@ from rich.table import Table
 
 from fedproto.metering import RunReport, is_setup_phase
 
-__all__ = ["render_report", "render_summary", "plot_report", "format_value", "MAX_TABLE_ROWS"]
+__all__ = ["render_privacy", "render_report", "render_summary", "plot_report", "format_value", "MAX_TABLE_ROWS"]
 
 
 #: Tables with more rows than this are summarised (first rows, a count of the rest, the totals)
@@ -106,6 +106,56 @@ def render_summary(console: Console, title: str, rows: Mapping[str, Any], *, ful
     table.add_column("", justify="right")
     body = [(name, format_value(value, integer=_counts_something(name))) for name, value in rows.items()]
     _add_rows(table, body, full=full)
+    console.print(table)
+
+
+def render_privacy(console: Console, ledger: Mapping[str, Any], *, full: bool = False) -> None:
+    """Print a run's privacy ledger (the report's ``privacy``) as the table "Privacy ledger".
+
+    One row per noisy release (round, what is released and its shape, sensitivity, noise scale,
+    epsilon and, for Gaussian releases, the GDP mu), then the composed total; the title names
+    the mechanism, the accountant and the delta every epsilon is stated at, the caption the
+    guarantee. Epsilons are in natural-log units.
+
+    Args:
+        console: where to print.
+        ledger: the ledger dict (layout of the report schema's ``privacy``).
+        full: print every release even when there are more than :data:`MAX_TABLE_ROWS`.
+    """
+    releases = ledger["releases"]
+    gaussian = "gdp_mu" in ledger
+    mechanisms = ", ".join(dict.fromkeys(r["mechanism"] for r in releases))
+    norms = "/".join(dict.fromkeys(r["sensitivity_norm"].upper() for r in releases))
+    accountant = {"gdp": "GDP"}.get(ledger["accountant"], ledger["accountant"].replace("_", " "))
+    title = f"Privacy ledger: {mechanisms} noise, {accountant} accountant"
+    if ledger["delta"]:
+        title += f", epsilons at delta {format_value(ledger['delta'])}"
+    table = Table(title=title, title_justify="left", caption=ledger["definition"], caption_justify="left")
+    columns = ["round", "release", f"{norms} sensitivity", "noise std" if gaussian else "noise scale b", "epsilon"]
+    for name in columns:
+        table.add_column(name, justify="left" if name == "release" else "right")
+    if gaussian:
+        table.add_column("GDP mu", justify="right")
+    rows = []
+    for release in releases:
+        shape = "×".join(str(n) for n in release["shape"])
+        row = [
+            format_value(release["round_idx"]),
+            f"{release['name']} [{shape}]" if shape else release["name"],
+            format_value(release["sensitivity"]),
+            format_value(release["noise_scale"]),
+            format_value(release["epsilon"]),
+        ]
+        if gaussian:
+            row.append(format_value(release["gdp_mu"]))
+        rows.append(row)
+    total = ["all", "composed", "", "", format_value(ledger["epsilon"])]
+    if gaussian:
+        total.append(format_value(ledger["gdp_mu"]))
+    _add_rows(table, rows, full=full, total=total)
+    if full or len(rows) <= MAX_TABLE_ROWS:  # else _add_rows put the total below the first rows
+        table.add_section()
+        table.add_row(*total, style="bold")
     console.print(table)
 
 

@@ -315,6 +315,10 @@ def test_the_report_page_lists_every_field_of_the_schema():
 
     assert first_column(fields) == set(schema["properties"])
     assert first_column(links) == set(schema["$defs"]["link"]["properties"])
+    ledger = text.split("## Privacy ledger", 1)[1].split("\n## ", 1)[0]
+    assert first_column(ledger) == set(schema["properties"]["privacy"]["properties"]) | set(
+        schema["$defs"]["privacy_release"]["properties"]
+    )
 
 
 def test_the_tutorials_messages_without_fields_and_with_plain_ints_work_as_it_says():

@@ -145,6 +145,46 @@ def test_a_failed_report_needs_its_error_and_a_completed_one_has_none():
     assert merged.status == "failed" and merged.error == error
 
 
+def _ledger(mechanism: str = "gaussian") -> dict:
+    from fedproto.algorithms import dp
+
+    releases = [dp.Release(t, name, shape, mechanism, sensitivity, 4.0)
+                for t in range(2) for name, shape, sensitivity in (("sums", (3, 2), 1.5), ("counts", (3,), 1.0))]
+    return dp.privacy_ledger(releases, 1e-5 if mechanism == "gaussian" else None)
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_a_report_with_a_privacy_ledger_validates_round_trips_and_merges(mechanism):
+    report = _small_report(privacy=_ledger(mechanism))
+    doc = _strict_json(report.to_json())
+    assert _errors(doc) == [] and doc["privacy"] == report.privacy
+    assert RunReport.from_json(report.to_json()) == report
+    assert "privacy" not in _small_report().to_dict()  # a run without noise has no ledger
+    assert RunReport.merge([_small_report(), report]).privacy == report.privacy
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda p: p.pop("accountant"), "a ledger without its accountant"),
+        (lambda p: p.pop("gdp_mu"), "a GDP ledger without its mu"),
+        (lambda p: p.update(accountant="rdp"), "an accountant the layout does not know"),
+        (lambda p: p.update(epsilon="1.0"), "a number as text"),
+        (lambda p: p.update(delta=1.0), "a delta of 1"),
+        (lambda p: p.update(extra=1), "an undescribed key"),
+        (lambda p: p["releases"][0].pop("noise_scale"), "a release without its noise scale"),
+        (lambda p: p["releases"][0].update(noise_scale=0.0), "a release without noise"),
+        (lambda p: p["releases"][0].update(sensitivity_norm="linf"), "a norm no mechanism uses"),
+        (lambda p: p["releases"][0].update(name="Sums"), "a release name that is not snake_case"),
+        (lambda p: p["per_round"][0].pop("delta"), "a round without its delta"),
+    ],
+)
+def test_the_schema_rejects_a_malformed_ledger(change, why):
+    doc = _small_report(privacy=_ledger()).to_dict()
+    change(doc["privacy"])
+    assert _errors(doc), f"the schema accepted {why}"
+
+
 @pytest.mark.parametrize(
     ("path", "value", "why"),
     [
@@ -227,6 +267,8 @@ def test_every_protocol_writes_a_report_that_validates(protocol, tmp_path, capsy
 
     doc = _strict_json(Path(path).read_text())
     assert _errors(doc) == [], f"{protocol}: the report does not fit the schema"
+    # only a protocol that adds noise keeps a privacy ledger (of the installed ones, FastLloyd)
+    assert ("privacy" in doc) == (protocol == "fastlloyd"), f"{protocol}: privacy ledger"
     assert doc["protocol"] == protocol and doc["transport"] == "memory"
     assert doc["schema_version"] == REPORT_SCHEMA_VERSION
     # the options of the run, seed included, and the command line that started it

@@ -45,6 +45,10 @@ Result keys of the report (``results``; :data:`LABELS` gives the table labels):
 ``survivors_final``               SecAgg+ only: clients whose updates the last aggregate holds
 ================================  =================================================================
 
+The report's ``privacy`` field holds the run's privacy ledger (:func:`privacy_ledger`: each
+iteration's sums and counts release with its mechanism, sensitivity and noise scale, and epsilon
+and delta per release, per iteration and composed); ``lloyd`` and ``--no-noise`` runs have none.
+
 A party's own result (``fedproto party ... --party-report``): a client's ``centroids`` ``[k, d]``,
 ``unassigned`` ``[T]`` (its points outside the radius per iteration) and ``noisy_counts``
 ``[T, k]``; the server's ``iterations``, ``n_points`` (N) and ``d`` agreed in ``setup.data``, and
@@ -59,7 +63,6 @@ memory transport); the default ``msa`` reproduces the paper.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -101,6 +104,7 @@ __all__ = [
     "LABELS",
     "PROTOCOL",
     "FastLloydPlugin",
+    "privacy_ledger",
     "privacy_spent",
     "centralised_lloyd",
     "frame_limit",
@@ -150,37 +154,45 @@ def client_name(i: int) -> str:
     return f"client-{i}"
 
 
+def privacy_ledger(config: FastLloydConfig) -> dict[str, Any]:
+    """The privacy ledger of a run at ``config`` (the report's ``privacy`` field).
+
+    Built from the releases the server's noise kernel draws (:meth:`FastLloydConfig.privacy_releases`:
+    per iteration, the ``[k, d]`` sums and the ``[k]`` counts with their sensitivities and noise
+    scales) by :func:`fedproto.algorithms.dp.privacy_ledger`: GDP accounting for FastLloyd and
+    GLloyd, basic composition of Laplace releases for SuLloyd.
+
+    Returns:
+        The ledger dict (layout in :func:`fedproto.algorithms.dp.privacy_ledger` and
+        docs/report.md), or ``{}`` when the run adds no noise (``lloyd``, ``--no-noise``).
+    """
+    releases = config.privacy_releases()
+    if not releases:
+        return {}
+    return dp.privacy_ledger(releases, config.delta)
+
+
 def privacy_spent(config: FastLloydConfig) -> dict[str, Any]:
     """The privacy a configuration spends, recomputed from its noise scales.
 
-    Gaussian variants: compose the per-iteration releases in GDP (sums with sensitivity = the
-    iteration's radius for relative sums, sqrt(d) B for absolute sums; counts with sensitivity 1)
-    and convert to epsilon at the configured delta. SuLloyd: basic composition of the Laplace
-    releases (L1 sensitivities d B and 1). Non-private: no guarantee, ``epsilon_spent`` is
-    ``None`` (JSON ``null``; infinity is not valid JSON).
+    The composed total of :func:`privacy_ledger`: Gaussian variants compose the per-iteration
+    releases in GDP (sums with sensitivity = the iteration's radius for relative sums, sqrt(d) B
+    for absolute sums; counts with sensitivity 1) and convert to epsilon at the configured
+    delta; SuLloyd composes its Laplace releases (L1 sensitivities d B and 1) by basic
+    composition. Non-private: no guarantee, ``epsilon_spent`` is ``None`` (JSON ``null``;
+    infinity is not valid JSON).
 
     Returns:
         ``{"epsilon_spent": float | None, "delta": float | None, "iterations": int}`` and, for
         the Gaussian variants, ``"gdp_mu"``.
     """
-    if config.noise == "none":
+    ledger = privacy_ledger(config)
+    if not ledger:
         return {"epsilon_spent": None, "delta": None, "iterations": config.iterations}
-    t = config.iterations
-    if config.noise == "laplace":
-        eps = sum(config.d * config.bound / s for s in config.noise_sum) + sum(1 / s for s in config.noise_count)
-        return {"epsilon_spent": eps, "delta": 0.0, "iterations": t}
-    if config.relative:
-        sens = [min(r, 2 * math.sqrt(config.d) * config.bound) for r in config.radii]
-    else:
-        sens = [math.sqrt(config.d) * config.bound] * t
-    mu = dp.composed_mu(sens, config.noise_sum, config.noise_count)
-    assert config.delta is not None
-    return {
-        "epsilon_spent": dp.spent_epsilon(mu, config.delta),
-        "delta": config.delta,
-        "gdp_mu": mu,
-        "iterations": t,
-    }
+    spent = {"epsilon_spent": ledger["epsilon"], "delta": ledger["delta"], "iterations": config.iterations}
+    if "gdp_mu" in ledger:
+        spent["gdp_mu"] = ledger["gdp_mu"]
+    return spent
 
 
 def setup_data_bytes(n_clients: int, d: int) -> int:
@@ -421,6 +433,9 @@ class FastLloydPlugin:
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             summary = self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed)
             summary["secagg"] = options.secagg
+            ledger = privacy_ledger(config)
+            if ledger:
+                summary["privacy"] = ledger  # the CLI moves it to the report's privacy ledger
             if plus is not None:
                 server = results.get(SERVER, {})
                 summary["secagg_degree"] = plus.degree

@@ -112,6 +112,44 @@ class FastLloydConfig:
         """Raw ring-element bytes of one iteration: ``2 M k (d+1) w/8`` (spec oracle 11)."""
         return 2 * n_clients * self.k * (self.d + 1) * self.element_bytes
 
+    def privacy_releases(self) -> tuple[dp.Release, ...]:
+        """The noisy releases of a run at this configuration, with the noise the server draws.
+
+        Each iteration t releases the ``[k, d]`` sums with noise ``noise_sum[t]`` and the ``[k]``
+        counts with noise ``noise_count[t]``, exactly the standard deviations (Gaussian) or
+        scales (Laplace) the server's noise kernel is called with. The sensitivities under
+        add/remove-one adjacency are those the protocol enforces: one point changes one
+        cluster's count by 1 (L1 = L2 = 1) and its sum by ``x - mu_prev`` (relative sums, L2 at
+        most the iteration's radius, never more than the domain diagonal ``2 sqrt(d) B``) or by
+        ``x`` (absolute sums, L2 at most ``sqrt(d) B``, L1 at most ``d B``); a Laplace release of
+        relative sums is bounded in L1 by ``sqrt(d)`` times their L2 sensitivity.
+
+        Returns:
+            ``2 T`` :class:`~fedproto.algorithms.dp.Release` (sums then counts, per iteration),
+            or ``()`` when the run adds no noise (``noise == "none"``).
+
+        References:
+            FastLloyd Thm 5.1 (relative sums' sensitivity), App. B.1 (GLloyd); Su et al. 2016
+            (SuLloyd); spec fastlloyd.md sections 2.3, 3.2 and 3.3.
+        """
+        if self.noise == "none":
+            return ()
+        diagonal = 2.0 * math.sqrt(self.d) * self.bound
+        releases = []
+        for t in range(self.iterations):
+            if self.relative:
+                l2 = min(self.radii[t], diagonal)
+                l1 = math.sqrt(self.d) * l2
+            else:
+                l2 = math.sqrt(self.d) * self.bound
+                l1 = self.d * self.bound
+            releases.append(
+                dp.Release(t, "sums", (self.k, self.d), self.noise, l2 if self.noise == "gaussian" else l1,
+                           self.noise_sum[t])
+            )
+            releases.append(dp.Release(t, "counts", (self.k,), self.noise, 1.0, self.noise_count[t]))
+        return tuple(releases)
+
     def aggregate_bound(self, n: int) -> float:
         """A public bound on ``|aggregate sum coordinate|`` (data plus a noise margin).
 

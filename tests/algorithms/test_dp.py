@@ -620,3 +620,59 @@ def test_error_messages_name_the_argument():
         dp.radius_schedule("frac_stay", 3, 2, 2)
     with pytest.raises(ValueError, match="alpha"):
         dp.steady_radius(3, 2, alpha=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The privacy ledger (issue 30): one layout for any sequence of Gaussian or Laplace releases
+
+
+def _release(round_idx, name, mechanism, sensitivity, scale):
+    return dp.Release(round_idx, name, (2,), mechanism, sensitivity, scale)
+
+
+def test_ledger_of_gaussian_releases_composes_in_gdp():
+    releases = [_release(1, "b", "gaussian", 1.0, 4.0), _release(0, "a", "gaussian", 2.0, 4.0),
+                _release(1, "c", "gaussian", 0.0, 1.0)]  # sensitivity 0: reveals nothing
+    ledger = dp.privacy_ledger(releases, 1e-5)
+    assert [(r["round_idx"], r["name"]) for r in ledger["releases"]] == [(0, "a"), (1, "b"), (1, "c")]
+    assert [r["gdp_mu"] for r in ledger["releases"]] == [0.5, 0.25, 0.0]
+    assert ledger["releases"][2]["epsilon"] == 0.0
+    assert ledger["gdp_mu"] == pytest.approx(math.sqrt(0.5**2 + 0.25**2), rel=1e-15)
+    assert ledger["epsilon"] == pytest.approx(dp.spent_epsilon(ledger["gdp_mu"], 1e-5), rel=1e-15)
+    assert [r["gdp_mu"] for r in ledger["per_round"]] == [0.5, 0.25]
+    assert ledger["rounds"] == 2 and ledger["accountant"] == "gdp" and ledger["delta"] == 1e-5
+    assert {r["sensitivity_norm"] for r in ledger["releases"]} == {"l2"}
+    # the total matches dp_accounting's PLD for the same three Gaussian mechanisms
+    accountant = pld.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(2.0),
+                                                      dp_accounting.GaussianDpEvent(4.0)]))
+    assert accountant.get_epsilon(1e-5) == pytest.approx(ledger["epsilon"], abs=2e-4)
+
+
+def test_ledger_of_laplace_releases_adds_up_epsilons():
+    ledger = dp.privacy_ledger([_release(0, "a", "laplace", 2.0, 4.0), _release(0, "b", "laplace", 1.0, 4.0),
+                                _release(1, "a", "laplace", 2.0, 8.0)])
+    assert [r["epsilon"] for r in ledger["per_round"]] == [0.75, 0.25]
+    assert ledger["epsilon"] == 1.0 and ledger["delta"] == 0.0 and "gdp_mu" not in ledger
+    assert ledger["accountant"] == "basic_composition"
+    assert {r["sensitivity_norm"] for r in ledger["releases"]} == {"l1"}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: dp.privacy_ledger([]), "at least one release"),
+        (lambda: dp.privacy_ledger([_release(0, "a", "gaussian", 1.0, 1.0)]), "needs the run's delta"),
+        (lambda: dp.privacy_ledger([_release(0, "a", "gaussian", 1.0, 1.0)], 1.0), r"delta .*\(0, 1\)"),
+        (lambda: dp.privacy_ledger([_release(0, "a", "laplace", 1.0, 1.0)], 1e-5), "pure epsilon-DP"),
+        (lambda: dp.privacy_ledger([_release(0, "a", "laplace", 1.0, 1.0), _release(0, "b", "gaussian", 1.0, 1.0)],
+                                   1e-5), "one mechanism"),
+        (lambda: _release(0, "a", "exponential", 1.0, 1.0), "unknown mechanism 'exponential'"),
+        (lambda: _release(0, "a", "gaussian", 1.0, 0.0), "noise_scale"),
+        (lambda: _release(0, "a", "gaussian", -1.0, 1.0), "sensitivity"),
+        (lambda: _release(-1, "a", "gaussian", 1.0, 1.0), "round_idx"),
+    ],
+)
+def test_ledger_refuses_what_it_cannot_account(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
