@@ -19,13 +19,13 @@ from fedproto.algorithms.deletion.cli import (
     prepare,
     summary_labels,
 )
-from fedproto.data import Dataset, load_dataset
+from fedproto.data import Dataset, find_data_file, load_dataset
 from fedproto.metering import Meter
 from fedproto.progress import use_display
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transports.memory import MemoryNetwork
 
-CELLTYPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "celltype.npz"
+CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
 def parse(plugin, argv):
