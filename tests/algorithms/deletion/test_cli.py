@@ -203,6 +203,13 @@ def test_celltype_client_split_becomes_the_leaves():
     np.testing.assert_array_equal(np.bincount(leaves, minlength=100), sizes)
 
 
+@pytest.mark.skipif(not CELLTYPE.exists(), reason="celltype.npz is not available")
+def test_leaves_file_finds_celltype_by_name():
+    """``--data celltype --leaves file``: the bare name finds the registered file's client split."""
+    plan = DCKMEANS.plan(parse(DCKMEANS, ["--data", "celltype", "--k", "4", "--leaves", "file"]), load_dataset("celltype"))
+    assert plan.roster == ("root", *(f"leaf-{j}" for j in range(100)))
+
+
 def test_qkmeans_plugin_federated_equals_the_centralised_run(mixture):
     dataset = blobs(mixture, (45, 175, 175, 175))
     args = parse(QKMEANS, ["--k", "4", "--removals", "6", "--clients", "3", "--lattice-step", "0.03125",
