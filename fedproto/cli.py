@@ -1410,8 +1410,10 @@ def _data_list() -> int:
         else:
             if found is not None:
                 where = f"{found[1]}: {found[0]}"
+            elif entry.url is None:
+                where = f"not fetched (mirror only: fedproto data fetch {name} says why)"
             else:
-                where = "not fetched" + (" (mirror only: fedproto data fetch " + name + " says why)" if entry.url is None else "")
+                where = "not fetched"
         rows.append((name, f"{entry.rows} x {entry.cols}", str(entry.k), entry.used_by, entry.licence, where))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:

@@ -75,7 +75,9 @@ class RegisteredDataset:
         url: the address :func:`fetch` downloads from, or ``None`` for a mirror-only set (then
             ``mirror_only`` says why and where the upstream copy is).
         sha256: hex sha256 of the file; a copy with another hash is refused.
-        licence: the licence it is distributed under (SPDX identifier where there is one).
+        licence: the licence it is distributed under (SPDX identifier where there is one): the
+            distributing repository's (Apache-2.0 for D-Diaa/privateclustering as the project's
+            data mirror states it; MIT for thupchnsky/mufc, from its LICENSE file).
         citation: what to cite: the set's origin and the paper that uses it.
         rows: number of points n.
         cols: number of features d.
@@ -109,6 +111,8 @@ def _privateclustering(
 ) -> RegisteredDataset:
     file_name = f"{name}.txt"
     where = f"github.com/{PRIVATECLUSTERING} at commit {PRIVATECLUSTERING_COMMIT[:12]}, data/{file_name}"
+    # The licence is the one the project's mirror README gives for that repository; no LICENSE
+    # file of it was readable from fedproto's side to confirm it.
     if confirmed:
         provenance = f"{where} (the FastLloyd authors' earlier code)."
     else:

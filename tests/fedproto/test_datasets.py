@@ -276,6 +276,10 @@ def test_cli_list_shows_where_each_set_is(places, capsys):
     assert lines["lsun"].endswith(f"mirror: {mirror / 'lsun.txt'}") and "400 x 2" in lines["lsun"]
     assert lines["s1"].endswith("not fetched") and "Apache-2.0" in lines["s1"] and "fastlloyd" in lines["s1"]
     assert "mirror only" in lines["celltype"]
+    (mirror / "s1.txt").write_bytes(b"1 2\n")
+    assert main(["data", "list"]) == 0
+    s1_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("s1 "))
+    assert s1_line.endswith(f"refused (sha256 differs): {mirror / 's1.txt'}")
 
 
 def test_cli_path_prints_the_verified_path_or_fails_in_one_line(places, capsys):

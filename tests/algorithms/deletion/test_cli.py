@@ -206,7 +206,8 @@ def test_celltype_client_split_becomes_the_leaves():
 @pytest.mark.skipif(not CELLTYPE.exists(), reason="celltype.npz is not available")
 def test_leaves_file_finds_celltype_by_name():
     """``--data celltype --leaves file``: the bare name finds the registered file's client split."""
-    plan = DCKMEANS.plan(parse(DCKMEANS, ["--data", "celltype", "--k", "4", "--leaves", "file"]), load_dataset("celltype"))
+    args = parse(DCKMEANS, ["--data", "celltype", "--k", "4", "--leaves", "file"])
+    plan = DCKMEANS.plan(args, load_dataset("celltype"))
     assert plan.roster == ("root", *(f"leaf-{j}" for j in range(100)))
 
 
