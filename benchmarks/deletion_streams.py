@@ -23,7 +23,7 @@ of a Xeon E5-2640v4, ours is jitted (which is why our speedups are smaller). The
 shows loss ratio (to k-means++ with Lloyd's to convergence, same key), silhouette (on at most
 10,000 points) and NMI (arithmetic mean) of the *trained* models, next to the paper's.
 
-Data sets: Celltype (``../shared/data/celltype.npz``, already in [0, 1]); the paper's Gaussian
+Data sets: Celltype (``celltype.npz`` in a ``FEDPROTO_DATA`` directory, already in [0, 1]); the paper's Gaussian
 recipe (5 components, d = 25, variance 0.8, min-max scaled; n = 100,000; ``--quick`` runs this set
 alone, with n = 500, unless ``--data`` names others);
 scikit-learn's digits divided by 16 (pixels in [0, 1]) as the offline stand-in for MNIST (the
@@ -63,16 +63,18 @@ from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig, default_width
 from fedproto.algorithms.deletion.qkmeans import QKMeansConfig, default_epsilon
 from fedproto.data import load_dataset
+from fedproto.datasets import DatasetError, dataset_path
 from rich.table import Table
-
-ROOT = Path(__file__).resolve().parents[1]
-CELLTYPE = ROOT.parent / "shared" / "data" / "celltype.npz"
 
 
 def load(name: str, quick: bool) -> tuple[np.ndarray, np.ndarray, int, str]:
     """``(x in [0, 1]^d, labels, k, paper row)``."""
     if name == "celltype":
-        with np.load(CELLTYPE, allow_pickle=False) as archive:
+        try:
+            path = dataset_path("celltype")
+        except DatasetError as exc:
+            raise SystemExit(str(exc)) from None
+        with np.load(path, allow_pickle=False) as archive:
             return np.asarray(archive["X"], dtype=np.float64), archive["y"].astype(np.int64), 4, "celltype"
     if name == "gaussian":  # the builder behind ``fedproto run ... --data gaussian`` / ``gaussian-small``
         ds = streams.gaussian_dataset(0, 100 if quick else 20_000)

@@ -5,7 +5,8 @@ What it measures
 ----------------
 Two data sets, each with 10% of n outliers injected by the spec's recipe and split at random
 over m machines (issue 15): the spec's synthetic Gaussian mixture (``gmm``, 4,000 points in
-d = 5) and a 4,000-point sample of S1 (``s1``, d = 2, from ``../shared/data/s1.txt``). For each z
+d = 5) and a 4,000-point sample of S1 (``s1``, d = 2, from ``FEDPROTO_DATA`` or the cache of
+``fedproto data fetch s1``). For each z
 from 0 to the number injected (0, 50, 100, 200, 400), in the same run:
 
 * ``dist-kzc`` (Guo & Li, this project's protocol, eps = 0.1): the default (``probe`` search:
@@ -131,7 +132,7 @@ def s1_instance(n: int, outliers: int, seed: int) -> Dataset:
     """A sample of ``n`` points of S1 (without replacement) plus ``outliers`` injected ones."""
     path = find_data_file("s1")
     if path is None:
-        raise SystemExit("s1.txt not found in the data directories (../shared/data)")
+        raise SystemExit("s1 is in no FEDPROTO_DATA directory nor fetched (fedproto data fetch s1)")
     full = load_dataset(str(path))
     rng = np.random.default_rng(seed)
     idx = np.sort(rng.choice(full.x.shape[0], size=min(n, full.x.shape[0]), replace=False))

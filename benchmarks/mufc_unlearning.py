@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-For Celltype (``../shared/data/celltype.npz``, its own 100-client non-i.i.d. split, K = 4) and the
+For Celltype (``celltype.npz`` in a ``FEDPROTO_DATA`` directory, its own 100-client non-i.i.d. split, K = 4) and the
 paper's Gaussian set (10 components in [0, 1]^10, variance 0.5, 3,000 points each; split over 100
 clients non-i.i.d. with K' = 4 clusters per client; K = 10), per replicate r (5; 1 with
 ``--quick``) with key ``PRNGKey(r)``:
@@ -83,8 +83,8 @@ from fedproto.algorithms.mufc.clustering import reference_loss
 from fedproto.algorithms.mufc.data import client_split, file_clients, gaussian_mixture
 from fedproto.algorithms.mufc.protocol import make_config
 from fedproto.algorithms.mufc.replay import replay, warm_up_requests
+from fedproto.data import find_data_file
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 #: Mean ms per removal the project aims at (issue 13), per (data set, unlearning mode).
 TARGET_REMOVAL_MS = {("celltype", "exact"): 3.0, ("gaussian", "exact"): 8.0, ("celltype", "lazy"): 1.0}
 
@@ -92,15 +92,15 @@ TARGET_REMOVAL_MS = {("celltype", "exact"): 3.0, ("gaussian", "exact"): 8.0, ("c
 def datasets(quick: bool):
     """(name, x, client rows, K, K_client); ``quick``: a small Gaussian set over 10 clients only."""
     out = []
-    path = DATA / "celltype.npz"
+    path = None if quick else find_data_file("celltype")
     if quick:
         pass
-    elif path.is_file():
+    elif path is not None:
         with np.load(path, allow_pickle=False) as archive:
             x = np.asarray(archive["X"], dtype=np.float64)
         out.append(("celltype", x, file_clients(path, x), 4, 4))
     else:
-        print(f"(celltype skipped: {path} not found)")
+        print("(celltype skipped: celltype.npz is in no FEDPROTO_DATA directory)")
     gauss = gaussian_mixture(0, n_per=50 if quick else 3000)
     rows = client_split(gauss.x, 10 if quick else 100, k=10, k_prime=4, seed=0)
     out.append(("gaussian", gauss.x, rows, 10, 10))

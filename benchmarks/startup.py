@@ -18,8 +18,9 @@ during the run) and ``wall_time_s`` (the run itself). Ratios are cold / warm (ho
 sooner the warm run gets there). ``--repeats R`` takes the median of R cold/warm pairs, each
 pair in its own cache directory.
 
-The data default is the paper's s1 from ``../shared/data`` (5,000 points, d = 2, k = 15), or the
-bundled iris when it is absent and with ``--quick``.
+The data default is the paper's s1 (5,000 points, d = 2, k = 15) where ``--data s1`` finds it (a
+``FEDPROTO_DATA`` directory or the cache of ``fedproto data fetch s1``), or the bundled iris when
+it is absent and with ``--quick``.
 
 Run::
 
@@ -46,10 +47,10 @@ import time
 from pathlib import Path
 
 from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
+from fedproto.data import find_data_file
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-S1 = ROOT.parent / "shared" / "data" / "s1.txt"
 
 # Runs the command line with the meter's first round-0 frame time-stamped (wall clock), printed
 # on stderr as "FIRST_ROUND <seconds since the epoch>".
@@ -94,10 +95,12 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_arguments(parser, quick="iris, one repeat")
-    parser.add_argument("--data", default=None, help="data set (default: ../shared/data/s1.txt, else iris)")
+    parser.add_argument("--data", default=None, help="data set (default: s1 where found, else iris)")
     parser.add_argument("--repeats", type=int, default=None, help="cold/warm pairs, median kept (default 3; 1 quick)")
     args = parse_args(parser, argv)
-    data = args.data or ("iris" if args.quick or not S1.exists() else str(S1))
+    # A path, not the name: each run has its own XDG_CACHE_HOME, where a fetched s1 is not.
+    s1 = None if args.quick else find_data_file("s1")
+    data = args.data or ("iris" if s1 is None else str(s1))
     repeats = args.repeats or (1 if args.quick else 3)
     console = make_console()
     print_machine_facts(console, "fedproto run start-up: cold compile cache, warm, and no cache", {

@@ -35,8 +35,9 @@ Over memory and TCP the meter sees every party; over MPI it is the server's own 
 its frames), which sees the same round-to-round period. The load average is printed at the start
 and the end: the CPU may be shared.
 
-Data: LSun (k = 3) and S1 (k = 15) from ``shared/data`` (``FEDPROTO_DATA`` or a ``shared/data``
-above the working directory; a missing file is skipped with a note), and a 100k-point
+Data: LSun (k = 3) and S1 (k = 15) by name (found in a ``FEDPROTO_DATA`` directory, e.g.
+``FEDPROTO_DATA=../shared/data``, or fetched by ``fedproto data fetch lsun s1``; a missing set is
+skipped with a note), and a 100k-point
 TimeSynth-like set (k = 5, d = 2, :func:`fastlloyd_timing.timesynth`), all min-max normalised.
 
 Run::
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.data_sets:
         x = load(name, args.seed)
         if x is None:
-            console.print(f"{name}: data file not found (shared/data or FEDPROTO_DATA); skipped")
+            console.print(f"{name}: not in FEDPROTO_DATA nor fetched (fedproto data fetch {name}); skipped")
         else:
             data[name] = x
     args.data_sets = list(data)

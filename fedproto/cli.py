@@ -27,6 +27,9 @@ Commands:
   (:mod:`fedproto.provision`); in the default star only the hub (the first party) has an address.
 * ``fedproto list``: installed protocols and transports, one line each (a plugin that cannot be
   imported is listed as broken, with the reason).
+* ``fedproto data list|fetch NAME... [--all]|path NAME``: the papers' registered data sets
+  (:mod:`fedproto.datasets`): a table of them and where each is found, download and verify them
+  into the user's cache, print one's verified path.
 
 ``PROTOCOL`` is an installed protocol's name, a Python file ``path/to/proto.py[:ATTR]`` or a
 module ``package.module:ATTR`` (``ATTR`` defaults to ``PROTOCOL``); only that plugin is imported.
@@ -61,9 +64,9 @@ from typing import Any
 
 import trio
 
-from fedproto import __version__, registry
+from fedproto import __version__, datasets, registry
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
-from fedproto.data import PARTITIONS, Dataset, load_dataset, save_dataset, session_id
+from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
@@ -75,7 +78,7 @@ from fedproto.runtime import RuntimeConfig, run_parties, run_party
 
 __all__ = ["main", "build_parser"]
 
-COMMANDS = ("run", "party", "split", "provision", "list")
+COMMANDS = ("run", "party", "split", "provision", "list", "data")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
 _LAUNCHER_OPTIONS = {
@@ -448,6 +451,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             "to OUT/ca/ca.key only.",
         )
     )
+    _data_arguments(commands)
     plugins: dict[str, Any] = {}
     if argv is None:
         for name in registry.protocol_names():
@@ -1352,6 +1356,84 @@ def _command_list() -> int:
     return 0
 
 
+# --- fedproto data ---------------------------------------------------------------------------------------
+
+
+def _data_arguments(commands: Any) -> None:
+    """The ``fedproto data`` command and its actions ``list``, ``fetch`` and ``path``."""
+    data = commands.add_parser(
+        "data", help="list, fetch and locate the papers' data sets",
+        description="The papers' data sets by name. --data NAME looks in the directories of FEDPROTO_DATA "
+        "(os.pathsep-separated, an offline mirror), then in the user's cache, where `fedproto data fetch` "
+        "downloads; every copy is checked against its pinned sha256.",
+    )
+    actions = data.add_subparsers(dest="data_action", required=True, parser_class=_Parser, metavar="ACTION")
+    listing = actions.add_parser("list", help="the registered sets and where each is found now")
+    fetch = actions.add_parser(
+        "fetch", help="download sets into the cache and verify them (a set in a mirror is verified, not copied)"
+    )
+    fetch.add_argument("names", nargs="*", metavar="NAME", help="registered set names (fedproto data list)")
+    fetch.add_argument("--all", action="store_true", help="every registered set")
+    path = actions.add_parser("path", help="print the verified path of a set (no download)")
+    path.add_argument("name", metavar="NAME", help="a registered set name")
+    for action in (listing, fetch, path):
+        _global_arguments(action, top=False)
+
+
+def _registered(name: str, prog: str) -> str:
+    """``name`` if it is a registered set, else a usage error with "did you mean"."""
+    if name in datasets.REGISTRY:
+        return name
+    if name in BUNDLED:
+        raise UsageError(f"{name!r} is scikit-learn's bundled set: --data {name} needs no fetch", prog=prog)
+    hint = _did_you_mean(registry.suggest(name, list(datasets.REGISTRY)))
+    raise UsageError(f"unknown data set {name!r}{hint} (registered: {', '.join(datasets.REGISTRY)})", prog=prog)
+
+
+def _command_data(args: argparse.Namespace) -> int:
+    prog = f"fedproto data {args.data_action}"
+    if args.data_action == "list":
+        return _data_list()
+    if args.data_action == "path":
+        print(datasets.dataset_path(_registered(args.name, prog)))
+        return 0
+    if args.all == bool(args.names):
+        raise UsageError("name the sets to fetch, or give --all (not both)", prog=prog)
+    names = list(datasets.REGISTRY) if args.all else [_registered(name, prog) for name in args.names]
+    failed = 0
+    for name in dict.fromkeys(names):
+        try:
+            result = datasets.fetch(name)
+        except (datasets.DatasetError, OSError) as exc:
+            print(f"fedproto: error: {_one_line(exc)}", file=sys.stderr)
+            failed += 1
+            continue
+        said = {"mirror": "verified in the mirror", "cache": "already in the cache", "downloaded": "downloaded to"}
+        print(f"{name}: {said[result.where]} {result.path}")
+    return 1 if failed else 0
+
+
+def _data_list() -> int:
+    rows = [("name", "shape", "k", "used by", "licence", "found")]
+    for name, entry in datasets.REGISTRY.items():
+        try:
+            found = datasets.locate(name)
+        except datasets.DatasetCorrupted as exc:
+            where = f"refused (sha256 differs): {exc.path}"
+        else:
+            if found is not None:
+                where = f"{found[1]}: {found[0]}"
+            elif entry.url is None:
+                where = f"not fetched (mirror only: fedproto data fetch {name} says why)"
+            else:
+                where = "not fetched"
+        rows.append((name, f"{entry.rows} x {entry.cols}", str(entry.k), entry.used_by, entry.licence, where))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
 @contextmanager
 def _logging_to_stderr(verbose: int, level_name: str | None) -> Iterator[None]:
     """Log fedproto's messages to stderr at the level ``-v``/``--log-level`` ask for (nothing is
@@ -1384,6 +1466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log.debug("fedproto %s: %s", __version__, " ".join(argv))
             if args.command == "list":
                 return _command_list()
+            if args.command == "data":
+                return _command_data(args)
             if args.command == "party":
                 return _command_party(args)
             if args.command == "provision":

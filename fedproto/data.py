@@ -3,13 +3,15 @@
 Sources:
 
 * scikit-learn's bundled sets by name: ``iris``, ``wine``, ``breast_cancer``, ``digits``;
-* a file in a data directory by its stem (``celltype``, ``s1``, ...): the directories named in
-  ``FEDPROTO_DATA`` (``os.pathsep``-separated), then ``shared/data`` in the working directory and
-  in each of its parents (the project's ``../shared/data`` beside a checkout);
+* the papers' registered sets by name (``s1``, ``lsun``, ``celltype``, ...: :mod:`fedproto.datasets`),
+  found in the directories named in ``FEDPROTO_DATA`` (``os.pathsep``-separated: an offline
+  mirror), then in the user's cache directory where ``fedproto data fetch NAME`` puts them, and
+  checked against their pinned sha256;
+* another file in a ``FEDPROTO_DATA`` directory by its stem;
 * any file by path: whitespace-separated or CSV text (one point per line; non-numeric lines
   before the first row, e.g. a header, are skipped), ``.npy`` (a 2-D array) or ``.npz`` (array ``X``, optional ``y``, and the ``name`` and
   ``paper_k`` that :func:`save_dataset` records: ``fedproto split`` writes each party's file so).
-  The FastLloyd files in ``../shared/data`` (``s1.txt``, ``lsun.txt``, ...) load this way.
+  The FastLloyd text files (``s1.txt``, ``lsun.txt``, ...) load this way too.
 
 Every set is min-max normalised per feature to ``[-B, B]`` (FastLloyd spec 2.2; constant features
 map to 0) before it is split. Partitions are deterministic given their seed.
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedproto import datasets
 
 __all__ = [
     "Dataset",
@@ -181,17 +185,22 @@ DATA_SUFFIXES = (".npz", ".npy", ".txt", ".csv")
 
 
 def find_data_file(name: str) -> Path | None:
-    """The data file for a bare name (``celltype`` -> ``.../shared/data/celltype.npz``), or ``None``.
+    """The data file for a bare name (``celltype`` -> ``.../celltype.npz``), or ``None``.
 
-    Looks in the directories of ``FEDPROTO_DATA`` (``os.pathsep``-separated), then in
-    ``shared/data`` under the working directory and under each of its parents.
+    A registered set (:data:`fedproto.datasets.REGISTRY`) is looked for in the directories of
+    ``FEDPROTO_DATA`` (``os.pathsep``-separated), then in the cache that ``fedproto data fetch``
+    fills, and verified against its sha256 (:func:`fedproto.datasets.locate`). Any other name is
+    the stem of a ``.npz``, ``.npy``, ``.txt`` or ``.csv`` file in a ``FEDPROTO_DATA`` directory.
+
+    Raises:
+        fedproto.datasets.DatasetCorrupted: the registered set's copy has another sha256.
     """
     if not name or any(sep in name for sep in ("/", "\\", os.sep)) or name.startswith("."):
         return None
-    dirs = [Path(p) for p in os.environ.get("FEDPROTO_DATA", "").split(os.pathsep) if p]
-    here = Path.cwd()
-    dirs += [base / "shared" / "data" for base in (here, *here.parents)]
-    for directory in dirs:
+    if name in datasets.REGISTRY:
+        found = datasets.locate(name)
+        return None if found is None else found[0]
+    for directory in datasets.mirror_dirs():
         for suffix in DATA_SUFFIXES:
             candidate = directory / f"{name}{suffix}"
             if candidate.is_file():
@@ -204,12 +213,16 @@ def load_dataset(source: str) -> Dataset:
 
     Args:
         source: ``iris``, ``wine``, ``breast_cancer``, ``digits``, the stem of a file in a data
-            directory (see :func:`find_data_file`), or a path to a text, ``.npy`` or ``.npz`` file.
+            directory or a registered set (see :func:`find_data_file`), or a path to a text,
+            ``.npy`` or ``.npz`` file.
 
     Returns:
         The :class:`Dataset` with raw values.
 
     Raises:
+        fedproto.datasets.DatasetNotFound: a registered set that is not fetched (a ``ValueError``
+            whose one line names the directories searched and ``fedproto data fetch NAME``).
+        fedproto.datasets.DatasetCorrupted: a registered set's copy has another sha256.
         ValueError: unknown name, unreadable or malformed file, not 2-D, empty, or NaN/inf values.
     """
     paper_k: int | None = None
@@ -221,8 +234,11 @@ def load_dataset(source: str) -> Dataset:
         if not path.is_file():
             path = find_data_file(source) or path
         if not path.is_file():
+            if source in datasets.REGISTRY:
+                datasets.dataset_path(source)  # raises: where it looked and how to fetch it
             raise ValueError(
-                f"data set {source!r} is neither a bundled name ({', '.join(BUNDLED)}) nor a readable file"
+                f"data set {source!r} is neither a bundled name ({', '.join(BUNDLED)}), a registered set "
+                f"({', '.join(datasets.REGISTRY)}; fedproto data list) nor a readable file"
             )
         name = path.stem
         y = None

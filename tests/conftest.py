@@ -1,8 +1,13 @@
-"""Session-wide test set-up: compiled JAX kernels are cached in a temporary directory.
+"""Session-wide test set-up: compiled JAX kernels are cached in a temporary directory, and the
+papers' data sets come from the offline mirror.
 
-``fedproto run`` keeps compiled kernels in the user's cache directory (``$XDG_CACHE_HOME``); the
-tests run the command line in this process and in subprocesses, so they point that variable at
-a directory of their own, removed at the end, and never touch the user's cache.
+``fedproto run`` keeps compiled kernels and fetched data sets in the user's cache directory
+(``$XDG_CACHE_HOME``); the tests run the command line in this process and in subprocesses, so they
+point that variable at a directory of their own, removed at the end, and never touch the user's
+cache. Data sets by name (``--data s1``) are read from ``FEDPROTO_DATA``: the project's
+``../shared/data`` beside the checkout unless the variable is already set (a worktree elsewhere
+sets it to the mirror). Set here at import, so subprocesses inherit both; no test touches the
+network.
 """
 
 from __future__ import annotations
@@ -10,9 +15,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 _CACHE_HOME = tempfile.mkdtemp(prefix="fedproto-test-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+os.environ.setdefault("FEDPROTO_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
 def pytest_unconfigure(config):

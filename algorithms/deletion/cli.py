@@ -1,6 +1,6 @@
 """The ``qkmeans`` and ``dckmeans`` plugins of the ``fedproto`` command line.
 
-``fedproto run dckmeans --data ../shared/data/celltype.npz --removals 1000 --seed 0`` builds the
+``fedproto run dckmeans --data celltype --removals 1000 --seed 0`` builds the
 DC tree as parties (the root coordinates the stream, leaves hold the data), runs training and the
 deletion stream over the chosen transport, and prints the run report (bytes per round show the
 zero bytes of parties off each deletion's path) with a summary: whether the final model equals
@@ -104,7 +104,7 @@ from fedproto.algorithms.deletion.federated import (
     training_payload_bytes,
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
-from fedproto.data import Dataset, partition, session_id
+from fedproto.data import Dataset, find_data_file, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_task
@@ -754,9 +754,10 @@ class DCKMeansPlugin:
         if args.leaves == "file":
             if args.height != 1:
                 raise ValueError("--leaves file needs --height 1")
-            if not Path(args.data).suffix == ".npz":
+            path = Path(args.data) if Path(args.data).is_file() else find_data_file(args.data)  # celltype by name
+            if path is None or path.suffix != ".npz":
                 raise ValueError("--leaves file needs an .npz data file with client_X and client_sizes")
-            leaf_of = file_partition(args.data, dataset.x)  # matched on the raw values
+            leaf_of = file_partition(str(path), dataset.x)  # matched on the raw values
             return leaf_of, int(leaf_of.max()) + 1
         if args.width is None and args.height != 1:
             raise ValueError("--height above 1 needs --width")

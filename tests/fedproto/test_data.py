@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,8 +9,6 @@ from hypothesis import strategies as st
 
 from fedproto import data
 from fedproto.data import BUNDLED, load_dataset, normalize, partition
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.mark.parametrize("name", BUNDLED)
@@ -56,9 +52,9 @@ def test_a_bundled_file_without_the_expected_layout_is_not_used(tmp_path):
     [("iris", (150, 4), 3), ("lsun", (400, 2), 3), ("s1", (5000, 2), 15), ("house", (1837, 3), 3)],
 )
 def test_shared_text_files_load_by_path(name, shape, k):
-    path = SHARED / f"{name}.txt"
-    if not path.exists():
-        pytest.skip(f"{path} is not present")
+    path = data.find_data_file(name)  # the FEDPROTO_DATA mirror (tests/conftest.py)
+    if path is None:
+        pytest.skip(f"{name}.txt is in no FEDPROTO_DATA directory")
     ds = load_dataset(str(path))
     assert ds.x.shape == shape and ds.paper_k == k and ds.y is None
 

@@ -19,13 +19,13 @@ from fedproto.algorithms.deletion.cli import (
     prepare,
     summary_labels,
 )
-from fedproto.data import Dataset, load_dataset
+from fedproto.data import Dataset, find_data_file, load_dataset
 from fedproto.metering import Meter
 from fedproto.progress import use_display
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transports.memory import MemoryNetwork
 
-CELLTYPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "celltype.npz"
+CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
 def parse(plugin, argv):
@@ -201,6 +201,14 @@ def test_celltype_client_split_becomes_the_leaves():
     with np.load(CELLTYPE) as archive:
         sizes = archive["client_sizes"]
     np.testing.assert_array_equal(np.bincount(leaves, minlength=100), sizes)
+
+
+@pytest.mark.skipif(not CELLTYPE.exists(), reason="celltype.npz is not available")
+def test_leaves_file_finds_celltype_by_name():
+    """``--data celltype --leaves file``: the bare name finds the registered file's client split."""
+    args = parse(DCKMEANS, ["--data", "celltype", "--k", "4", "--leaves", "file"])
+    plan = DCKMEANS.plan(args, load_dataset("celltype"))
+    assert plan.roster == ("root", *(f"leaf-{j}" for j in range(100)))
 
 
 def test_qkmeans_plugin_federated_equals_the_centralised_run(mixture):

@@ -148,7 +148,7 @@ def test_the_command_line_run_of_the_issue_survives_two_dropouts(tmp_path, capsy
     from fedproto.metering import report_schema
 
     if find_data_file("s1") is None:
-        pytest.skip("the S1 data set is not in shared/data")
+        pytest.skip("s1.txt is in no FEDPROTO_DATA directory")
     out = tmp_path / "run.json"
     code = main([
         "run", "fastlloyd", "--data", "s1", "--clients", "10", "--secagg", "plus",

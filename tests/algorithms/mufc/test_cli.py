@@ -14,13 +14,13 @@ import trio
 
 from fedproto.algorithms.mufc.cli import LABELS, PAPER_MEAN_SPEEDUP, PROTOCOL, paper_figures, removal_stream, unit_box
 from fedproto.cli import main
-from fedproto.data import load_dataset
+from fedproto.data import find_data_file, load_dataset
 from fedproto.metering import Meter
 from fedproto.progress import use_display
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transports.memory import MemoryNetwork
 
-CELLTYPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "celltype.npz"
+CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
 def parse(argv):
@@ -185,7 +185,7 @@ def test_unit_box_keeps_unit_data_and_scales_the_rest():
     assert y.min() == 0.0 and y.max() == 1.0 and np.all(y[:, 1] == 0.0)
 
 
-@pytest.mark.skipif(not CELLTYPE.is_file(), reason="needs ../shared/data/celltype.npz")
+@pytest.mark.skipif(not CELLTYPE.is_file(), reason="needs celltype.npz in a FEDPROTO_DATA directory")
 def test_celltype_uses_its_own_hundred_client_split():
     args = parse(["--data", str(CELLTYPE), "--removals", "0"])
     plan = PROTOCOL.plan(args, load_dataset(str(CELLTYPE)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +30,7 @@ from fedproto.algorithms.mufc.clustering import (
 )
 from fedproto.algorithms.mufc.quantize import make_grid
 from fedproto.algorithms.mufc.seeding import LocalSeeding
-
-DATA = Path(__file__).parents[3].parent / "shared" / "data"
+from fedproto.data import find_data_file
 
 
 # ------------------------------------------------------------------ server data
@@ -444,9 +442,9 @@ def test_federated_loss_validation_and_kmeans_cost_reference():
 @pytest.mark.slow
 def test_celltype_loss_ratio_is_near_the_paper():
     """Oracle 15 on the shipped Celltype split: the paper reports 1.14 +- 0.03 (Table 1)."""
-    path = DATA / "celltype.npz"
-    if not path.is_file():
-        pytest.skip(f"{path} not available")
+    path = find_data_file("celltype")  # the FEDPROTO_DATA mirror (tests/conftest.py)
+    if path is None:
+        pytest.skip("celltype.npz is in no FEDPROTO_DATA directory")
     from fedproto.algorithms.mufc.data import file_clients
 
     with np.load(path) as archive:

@@ -9,9 +9,9 @@ import pytest
 import threadpoolctl
 
 from fedproto.algorithms.mufc.data import client_split, cluster_labels, file_clients, gaussian_mixture
+from fedproto.data import find_data_file
 
-DATA = Path(__file__).parents[3].parent / "shared" / "data"
-CELLTYPE = DATA / "celltype.npz"
+CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
 @pytest.fixture(autouse=True)
