@@ -50,6 +50,7 @@ import math
 import os
 import random
 import re
+import signal
 import sys
 import time
 import tempfile
@@ -62,12 +63,13 @@ from typing import Any
 import trio
 
 from fedproto import __version__, registry
+from fedproto._interrupt import Interrupted, SignalGuard, exit_by_signal, signal_name, write_json
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
-from fedproto.metering import Meter, RunReport
+from fedproto.metering import Meter, RunReport, error_record
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_display, progress_task
 from fedproto.roster import Roster, _check_address
@@ -778,6 +780,76 @@ def _party_roster(args: argparse.Namespace) -> Roster:
 
 
 def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | None = None) -> int:
+    """Run this process's party of a TCP run and leave its party report however the run ends.
+
+    Completed: the report (and result) go to ``--party-report``, else a summary line to stdout;
+    exit 0. Failed: the report says ``failed`` with the error, which is raised again (the CLI's
+    one error line, exit 1). SIGINT/SIGTERM: the run is cancelled, its endpoint closed (pending
+    refusal counts are logged), the report says ``interrupted``, one line names the signal and the
+    file, and the process ends as the signal asks (killed by SIGTERM; 130 for SIGINT). Every
+    report holds what was metered up to the end, the endpoint's connection bytes included.
+    """
+    meter = Meter(trio.current_time)
+    hosted: dict[str, Any] = {}
+    result: Any = None
+    failure: Exception | None = None
+    with SignalGuard() as guard:
+        try:
+            result = _serve_party_tcp(plan, args, roster, meter, hosted, guard)
+        except Interrupted:
+            pass  # guard.signum says which
+        except Exception as exc:  # recorded in the report, then raised again
+            failure = exc
+        guard.hold()
+        signum = guard.signum if failure is None else None
+        endpoint = hosted.get(args.party)
+        if endpoint is not None:  # closed by now (or never served): its counts are final
+            meter.record_connection_bytes(
+                handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
+                tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
+                relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
+                resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
+            )
+        report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
+        if failure is not None:
+            leaf = _single_leaf(failure) if isinstance(failure, BaseExceptionGroup) else failure
+            report = dataclasses.replace(report, status="failed", error=error_record(leaf or failure, reporter=args.party))
+        elif signum is not None:
+            stopped = Interrupted(signum, f"{args.party} interrupted by {signal_name(signum)}")
+            report = dataclasses.replace(
+                report, status="interrupted", error=error_record(stopped, signal=stopped.signal_name)
+            )
+        completed = report.status == "completed"
+        doc = {
+            "party": args.party,
+            "result": plan.result_to_json(args.party, result) if completed else None,
+            "report": report.to_dict(),
+        }
+        if args.party_report:
+            write_json(args.party_report, doc)
+        elif completed:
+            print(json.dumps({"party": args.party, "result": doc["result"], "payload_bytes": report.payload_bytes}))
+        if failure is not None:
+            raise failure
+        if signum is not None:
+            written = f"; party report written to {args.party_report}" if args.party_report else ""
+            print(f"fedproto: {args.party} interrupted by {signal_name(signum)}{written}", file=sys.stderr)
+        late = guard.signum  # a signal that came while the record was written still ends the process
+    if late is not None:
+        return exit_by_signal(late)
+    return 0
+
+
+def _serve_party_tcp(
+    plan: RunPlan, args: argparse.Namespace, roster: Roster | None, meter: Meter, hosted: dict[str, Any],
+    guard: SignalGuard,
+) -> Any:
+    """Build this party's machine and endpoint and run it; the endpoint is put in ``hosted`` so
+    its byte counts can be read after it closed, however the run ends.
+
+    Raises:
+        Interrupted: a signal arrived (before the event loop, or during it: the run was cancelled).
+    """
     if roster is None:
         roster = _party_roster(args)
     roster.check_matches(plan.roster, plan.session, source=f"roster {args.roster}")
@@ -791,29 +863,20 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
     )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
-    meter = Meter(trio.current_time)
-    hosted: dict[str, Any] = {}
 
-    async def go() -> Any:
+    async def body() -> Any:
         async with network.endpoints(plan.roster, [args.party]) as endpoints:
             hosted.update(endpoints)
-            return await run_party(machine, endpoints[args.party], config=config, meter=meter)
+            try:
+                return await run_party(machine, endpoints[args.party], config=config, meter=meter)
+            finally:
+                if meter.started_s is not None and meter.finished_s is None:
+                    meter.finish()  # the run ended early: its wall time runs to here
 
-    result = trio.run(go)
-    endpoint = hosted[args.party]  # closed now: its counts are final
-    meter.record_connection_bytes(
-        handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
-        tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
-        relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
-        resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
-    )
-    report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
-    doc = _party_json(plan, args.party, result, report)
-    if args.party_report:
-        Path(args.party_report).write_text(json.dumps(doc))
-    else:
-        print(json.dumps({"party": args.party, "result": doc["result"], "payload_bytes": report.payload_bytes}))
-    return 0
+    result = trio.run(guard.run, body)
+    if guard.cancelled:
+        raise Interrupted(guard.signum or signal.SIGTERM)
+    return result
 
 
 def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
