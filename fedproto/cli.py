@@ -700,6 +700,15 @@ def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAU
 def _run_tcp_launcher(
     plan: RunPlan, args: argparse.Namespace, argv: Sequence[str], plugin: Any, dataset: Any
 ) -> tuple[dict[str, Any], RunReport]:
+    """Run every party as its own process over TCP and merge their reports.
+
+    Raises:
+        LaunchError: a party failed or the run timed out; LaunchInterrupted: SIGINT/SIGTERM. With
+            ``--report``, the run's report (``failed`` or ``interrupted``, merged from the party
+            reports that exist: :func:`_failed_tcp_report`) is written first and the message
+            says where.
+    """
+    started_s = time.time()
     local = holds_local_data(plugin)
     strip = {**_LAUNCHER_OPTIONS, **_WHOLE_DATA_OPTIONS} if local else _LAUNCHER_OPTIONS
     base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol), strip)
@@ -726,14 +735,77 @@ def _run_tcp_launcher(
                 outcomes = launch_local(
                     plan.roster, command, timeout_s=timeout_s, session=plan.session, topology=topology
                 )
-            except LaunchError as exc:
-                _forward_party_logs(exc.outcomes)
-                raise
+            except (LaunchError, LaunchInterrupted) as exc:
+                if isinstance(exc, LaunchError):
+                    _forward_party_logs(exc.outcomes)
+                if not args.report:
+                    raise
+                report = dataclasses.replace(
+                    _failed_tcp_report(plan, args, exc, Path(tmp)),
+                    options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
+                    command=("fedproto", *argv),
+                    started_at=_timestamp(started_s),
+                    finished_at=_timestamp(time.time()),
+                )
+                report.to_json(args.report)
+                note = f"; report written to {args.report}"
+                if isinstance(exc, LaunchInterrupted):
+                    raise LaunchInterrupted(exc.signum, note=note) from None
+                raise LaunchError(
+                    f"{exc}{note}", outcomes=exc.outcomes, party=exc.party, timed_out=exc.timed_out
+                ) from None
         _forward_party_logs(outcomes)
         docs = {p: json.loads((Path(tmp) / f"{p}.json").read_text()) for p in plan.roster}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     report = RunReport.merge(reports, transport="tcp")
     return {p: doc["result"] for p, doc in docs.items()}, report
+
+
+def _failed_tcp_report(
+    plan: RunPlan, args: argparse.Namespace, exc: LaunchError | LaunchInterrupted, directory: Path
+) -> RunReport:
+    """The report of a TCP run that failed or was interrupted, from the party reports in
+    ``directory`` (``PARTY.json``, as ``fedproto party --party-report`` writes them).
+
+    The reports that exist are merged (:meth:`RunReport.merge`), the failing party's first, so
+    the counters hold what every reporting party metered up to its end. A failed launch is
+    ``failed`` with the failing party's own error when its report has one, else another party's
+    failure, else the launcher's (a party killed, a timeout); an interrupted launch is
+    ``interrupted`` with the signal the launcher received. Parties whose report is missing or
+    unreadable (killed, crashed before their run) are named in the error's message.
+    """
+    docs: dict[str, RunReport] = {}
+    missing: list[str] = []
+    for party in plan.roster:
+        try:
+            docs[party] = RunReport.from_dict(json.loads((directory / f"{party}.json").read_text())["report"])
+        except (OSError, ValueError, KeyError, TypeError):
+            missing.append(party)
+    first = exc.party if isinstance(exc, LaunchError) else None
+    order = sorted(docs, key=lambda p: p != first)  # stable: roster order after the failing party
+    if order:
+        report = RunReport.merge([docs[p] for p in order], transport="tcp")
+    else:
+        report = Meter().report(
+            protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster
+        )
+    if isinstance(exc, LaunchInterrupted):
+        stopped = Interrupted(exc.signum, str(exc))
+        status, error = "interrupted", error_record(stopped, signal=stopped.signal_name)
+    elif first in docs and docs[first].status == "failed":
+        status, error = "failed", dict(docs[first].error or {})
+    elif report.status == "failed":
+        status, error = "failed", dict(report.error or {})
+    else:
+        status, error = "failed", error_record(exc)
+    if missing:
+        outcomes = exc.outcomes if isinstance(exc, LaunchError) else {}
+        last = {
+            p: o.last_line().removeprefix("fedproto: error: ").removeprefix("fedproto: ") for p, o in outcomes.items()
+        }
+        named = [f"{p} ({last[p]})" if p in last else p for p in missing]
+        error["message"] = f"{error['message']}; no party report from {', '.join(named)}"
+    return dataclasses.replace(report, status=status, error=error)
 
 
 def _forward_party_logs(outcomes: Mapping[str, Any]) -> None:
