@@ -865,15 +865,15 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
     hosted: dict[str, Any] = {}
     result: Any = None
     failure: Exception | None = None
+    interrupted = False
     with SignalGuard() as guard:
         try:
             result = _serve_party_tcp(plan, args, roster, meter, hosted, guard)
         except Interrupted:
-            pass  # guard.signum says which
+            interrupted = True  # guard.signum says by which signal
         except Exception as exc:  # recorded in the report, then raised again
             failure = exc
         guard.hold()
-        signum = guard.signum if failure is None else None
         endpoint = hosted.get(args.party)
         if endpoint is not None:  # closed by now (or never served): its counts are final
             meter.record_connection_bytes(
@@ -886,7 +886,8 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
         if failure is not None:
             leaf = _single_leaf(failure) if isinstance(failure, BaseExceptionGroup) else failure
             report = dataclasses.replace(report, status="failed", error=error_record(leaf or failure, reporter=args.party))
-        elif signum is not None:
+        elif interrupted:
+            signum = guard.signum or signal.SIGTERM
             stopped = Interrupted(signum, f"{args.party} interrupted by {signal_name(signum)}")
             report = dataclasses.replace(
                 report, status="interrupted", error=error_record(stopped, signal=stopped.signal_name)
@@ -903,12 +904,14 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
             print(json.dumps({"party": args.party, "result": doc["result"], "payload_bytes": report.payload_bytes}))
         if failure is not None:
             raise failure
+        # A signal that came after this party's own run completed (a hub lingering for its
+        # clients) or while the record was written still ends the process, with the same line.
+        signum = guard.signum
         if signum is not None:
             written = f"; party report written to {args.party_report}" if args.party_report else ""
             print(f"fedproto: {args.party} interrupted by {signal_name(signum)}{written}", file=sys.stderr)
-        late = guard.signum  # a signal that came while the record was written still ends the process
-    if late is not None:
-        return exit_by_signal(late)
+    if signum is not None:
+        return exit_by_signal(signum)
     return 0
 
 
@@ -919,8 +922,13 @@ def _serve_party_tcp(
     """Build this party's machine and endpoint and run it; the endpoint is put in ``hosted`` so
     its byte counts can be read after it closed, however the run ends.
 
+    Returns:
+        The party's result, also when a signal came after it (while a hub lingered for its
+        clients: the run of this party had completed).
+
     Raises:
-        Interrupted: a signal arrived (before the event loop, or during it: the run was cancelled).
+        Interrupted: a signal arrived before the party's run completed (before the event loop,
+            or during it: the run was cancelled).
     """
     if roster is None:
         roster = _party_roster(args)
@@ -936,19 +944,21 @@ def _serve_party_tcp(
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
 
-    async def body() -> Any:
+    done: dict[str, Any] = {}
+
+    async def body() -> None:
         async with network.endpoints(plan.roster, [args.party]) as endpoints:
             hosted.update(endpoints)
             try:
-                return await run_party(machine, endpoints[args.party], config=config, meter=meter)
+                done["result"] = await run_party(machine, endpoints[args.party], config=config, meter=meter)
             finally:
                 if meter.started_s is not None and meter.finished_s is None:
                     meter.finish()  # the run ended early: its wall time runs to here
 
-    result = trio.run(guard.run, body)
-    if guard.cancelled:
+    trio.run(guard.run, body)
+    if "result" not in done:  # cancelled by a signal (an error would have been raised)
         raise Interrupted(guard.signum or signal.SIGTERM)
-    return result
+    return done["result"]
 
 
 def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
