@@ -53,6 +53,7 @@ import math
 import os
 import random
 import re
+import signal
 import sys
 import time
 import tempfile
@@ -65,12 +66,13 @@ from typing import Any
 import trio
 
 from fedproto import __version__, datasets, registry
+from fedproto._interrupt import Interrupted, SignalGuard, exit_by_signal, signal_name, write_json
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
-from fedproto.metering import Meter, RunReport
+from fedproto.metering import Meter, RunReport, error_record
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_display, progress_task
 from fedproto.roster import Roster, _check_address
@@ -705,6 +707,15 @@ def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAU
 def _run_tcp_launcher(
     plan: RunPlan, args: argparse.Namespace, argv: Sequence[str], plugin: Any, dataset: Any
 ) -> tuple[dict[str, Any], RunReport]:
+    """Run every party as its own process over TCP and merge their reports.
+
+    Raises:
+        LaunchError: a party failed or the run timed out; LaunchInterrupted: SIGINT/SIGTERM. With
+            ``--report``, the run's report (``failed`` or ``interrupted``, merged from the party
+            reports that exist: :func:`_failed_tcp_report`) is written first and the message
+            says where.
+    """
+    started_s = time.time()
     local = holds_local_data(plugin)
     strip = {**_LAUNCHER_OPTIONS, **_WHOLE_DATA_OPTIONS} if local else _LAUNCHER_OPTIONS
     base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol), strip)
@@ -731,14 +742,77 @@ def _run_tcp_launcher(
                 outcomes = launch_local(
                     plan.roster, command, timeout_s=timeout_s, session=plan.session, topology=topology
                 )
-            except LaunchError as exc:
-                _forward_party_logs(exc.outcomes)
-                raise
+            except (LaunchError, LaunchInterrupted) as exc:
+                if isinstance(exc, LaunchError):
+                    _forward_party_logs(exc.outcomes)
+                if not args.report:
+                    raise
+                report = dataclasses.replace(
+                    _failed_tcp_report(plan, args, exc, Path(tmp)),
+                    options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
+                    command=("fedproto", *argv),
+                    started_at=_timestamp(started_s),
+                    finished_at=_timestamp(time.time()),
+                )
+                report.to_json(args.report)
+                note = f"; report written to {args.report}"
+                if isinstance(exc, LaunchInterrupted):
+                    raise LaunchInterrupted(exc.signum, note=note) from None
+                raise LaunchError(
+                    f"{exc}{note}", outcomes=exc.outcomes, party=exc.party, timed_out=exc.timed_out
+                ) from None
         _forward_party_logs(outcomes)
         docs = {p: json.loads((Path(tmp) / f"{p}.json").read_text()) for p in plan.roster}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     report = RunReport.merge(reports, transport="tcp")
     return {p: doc["result"] for p, doc in docs.items()}, report
+
+
+def _failed_tcp_report(
+    plan: RunPlan, args: argparse.Namespace, exc: LaunchError | LaunchInterrupted, directory: Path
+) -> RunReport:
+    """The report of a TCP run that failed or was interrupted, from the party reports in
+    ``directory`` (``PARTY.json``, as ``fedproto party --party-report`` writes them).
+
+    The reports that exist are merged (:meth:`RunReport.merge`), the failing party's first, so
+    the counters hold what every reporting party metered up to its end. A failed launch is
+    ``failed`` with the failing party's own error when its report has one, else another party's
+    failure, else the launcher's (a party killed, a timeout); an interrupted launch is
+    ``interrupted`` with the signal the launcher received. Parties whose report is missing or
+    unreadable (killed, crashed before their run) are named in the error's message.
+    """
+    docs: dict[str, RunReport] = {}
+    missing: list[str] = []
+    for party in plan.roster:
+        try:
+            docs[party] = RunReport.from_dict(json.loads((directory / f"{party}.json").read_text())["report"])
+        except (OSError, ValueError, KeyError, TypeError):
+            missing.append(party)
+    first = exc.party if isinstance(exc, LaunchError) else None
+    order = sorted(docs, key=lambda p: p != first)  # stable: roster order after the failing party
+    if order:
+        report = RunReport.merge([docs[p] for p in order], transport="tcp")
+    else:
+        report = Meter().report(
+            protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster
+        )
+    if isinstance(exc, LaunchInterrupted):
+        stopped = Interrupted(exc.signum, str(exc))
+        status, error = "interrupted", error_record(stopped, signal=stopped.signal_name)
+    elif first in docs and docs[first].status == "failed":
+        status, error = "failed", dict(docs[first].error or {})
+    elif report.status == "failed":
+        status, error = "failed", dict(report.error or {})
+    else:
+        status, error = "failed", error_record(exc)
+    if missing:
+        outcomes = exc.outcomes if isinstance(exc, LaunchError) else {}
+        last = {
+            p: o.last_line().removeprefix("fedproto: error: ").removeprefix("fedproto: ") for p, o in outcomes.items()
+        }
+        named = [f"{p} ({last[p]})" if p in last else p for p in missing]
+        error["message"] = f"{error['message']}; no party report from {', '.join(named)}"
+    return dataclasses.replace(report, status=status, error=error)
 
 
 def _forward_party_logs(outcomes: Mapping[str, Any]) -> None:
@@ -785,6 +859,85 @@ def _party_roster(args: argparse.Namespace) -> Roster:
 
 
 def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | None = None) -> int:
+    """Run this process's party of a TCP run and leave its party report however the run ends.
+
+    Completed: the report (and result) go to ``--party-report``, else a summary line to stdout;
+    exit 0. Failed: the report says ``failed`` with the error, which is raised again (the CLI's
+    one error line, exit 1). SIGINT/SIGTERM: the run is cancelled, its endpoint closed (pending
+    refusal counts are logged), the report says ``interrupted``, one line names the signal and the
+    file, and the process ends as the signal asks (killed by SIGTERM; 130 for SIGINT). Every
+    report holds what was metered up to the end, the endpoint's connection bytes included.
+    """
+    meter = Meter(trio.current_time)
+    hosted: dict[str, Any] = {}
+    result: Any = None
+    failure: Exception | None = None
+    interrupted = False
+    with SignalGuard() as guard:
+        try:
+            result = _serve_party_tcp(plan, args, roster, meter, hosted, guard)
+        except Interrupted:
+            interrupted = True  # guard.signum says by which signal
+        except Exception as exc:  # recorded in the report, then raised again
+            failure = exc
+        guard.hold()
+        endpoint = hosted.get(args.party)
+        if endpoint is not None:  # closed by now (or never served): its counts are final
+            meter.record_connection_bytes(
+                handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
+                tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
+                relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
+                resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
+                refused_bytes=getattr(endpoint, "refused_bytes", 0),
+            )
+        report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
+        if failure is not None:
+            leaf = _single_leaf(failure) if isinstance(failure, BaseExceptionGroup) else failure
+            report = dataclasses.replace(report, status="failed", error=error_record(leaf or failure, reporter=args.party))
+        elif interrupted:
+            signum = guard.signum or signal.SIGTERM
+            stopped = Interrupted(signum, f"{args.party} interrupted by {signal_name(signum)}")
+            report = dataclasses.replace(
+                report, status="interrupted", error=error_record(stopped, signal=stopped.signal_name)
+            )
+        completed = report.status == "completed"
+        doc = {
+            "party": args.party,
+            "result": plan.result_to_json(args.party, result) if completed else None,
+            "report": report.to_dict(),
+        }
+        if args.party_report:
+            write_json(args.party_report, doc)
+        elif completed:
+            print(json.dumps({"party": args.party, "result": doc["result"], "payload_bytes": report.payload_bytes}))
+        if failure is not None:
+            raise failure
+        # A signal that came after this party's own run completed (a hub lingering for its
+        # clients) or while the record was written still ends the process, with the same line.
+        signum = guard.signum
+        if signum is not None:
+            written = f"; party report written to {args.party_report}" if args.party_report else ""
+            print(f"fedproto: {args.party} interrupted by {signal_name(signum)}{written}", file=sys.stderr)
+    if signum is not None:
+        return exit_by_signal(signum)
+    return 0
+
+
+def _serve_party_tcp(
+    plan: RunPlan, args: argparse.Namespace, roster: Roster | None, meter: Meter, hosted: dict[str, Any],
+    guard: SignalGuard,
+) -> Any:
+    """Build this party's machine and endpoint and run it; the endpoint is put in ``hosted`` so
+    its byte counts can be read after it closed, however the run ends.
+
+    Returns:
+        The party's result, also when a signal came after it (while a hub lingered for its
+        clients: the run of this party had completed).
+
+    Raises:
+        Interrupted: a signal arrived before the party's run completed (before the event loop,
+            or during it: the run was cancelled).
+    """
     if roster is None:
         roster = _party_roster(args)
     roster.check_matches(plan.roster, plan.session, source=f"roster {args.roster}")
@@ -798,30 +951,22 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
     )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
-    meter = Meter(trio.current_time)
-    hosted: dict[str, Any] = {}
 
-    async def go() -> Any:
+    done: dict[str, Any] = {}
+
+    async def body() -> None:
         async with network.endpoints(plan.roster, [args.party]) as endpoints:
             hosted.update(endpoints)
-            return await run_party(machine, endpoints[args.party], config=config, meter=meter)
+            try:
+                done["result"] = await run_party(machine, endpoints[args.party], config=config, meter=meter)
+            finally:
+                if meter.started_s is not None and meter.finished_s is None:
+                    meter.finish()  # the run ended early: its wall time runs to here
 
-    result = trio.run(go)
-    endpoint = hosted[args.party]  # closed now: its counts are final
-    meter.record_connection_bytes(
-        handshake_bytes=getattr(endpoint, "handshake_bytes", 0),
-        tls_overhead_bytes=getattr(endpoint, "tls_overhead_bytes", 0),
-        relay_overhead_bytes=getattr(endpoint, "relay_overhead_bytes", 0),
-        resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
-        refused_bytes=getattr(endpoint, "refused_bytes", 0),
-    )
-    report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
-    doc = _party_json(plan, args.party, result, report)
-    if args.party_report:
-        Path(args.party_report).write_text(json.dumps(doc))
-    else:
-        print(json.dumps({"party": args.party, "result": doc["result"], "payload_bytes": report.payload_bytes}))
-    return 0
+    trio.run(guard.run, body)
+    if "result" not in done:  # cancelled by a signal (an error would have been raised)
+        raise Interrupted(guard.signum or signal.SIGTERM)
+    return done["result"]
 
 
 def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:

@@ -140,13 +140,17 @@ class LaunchError(FedProtoError):
 class LaunchInterrupted(Exception):
     """SIGINT or SIGTERM reached the launcher; every party was stopped.
 
+    Args:
+        signum: the signal received.
+        note: added to the message (e.g. ``"; report written to run.json"``).
+
     Attributes:
         signum: the signal received.
     """
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, *, note: str = "") -> None:
         self.signum = signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}; every party was stopped")
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; every party was stopped{note}")
 
 
 # --- children die with the launcher ---------------------------------------------------------------
