@@ -36,7 +36,10 @@ messages go to stderr).
 
 Exit status: 0 success; 1 the run failed (unreadable data, k > n, a silent party...); 2 a usage
 error (unknown protocol or option, a bad option value, a report path that cannot be written),
-found before any protocol work starts. Either way stderr gets one line, without a traceback.
+found before any protocol work starts; 130 SIGINT, 143 SIGTERM. Either way stderr gets one line,
+without a traceback. ``fedproto run --report`` writes the report of a run that failed or was
+interrupted once its parties started too (``status`` ``failed`` or ``interrupted``, see
+``docs/cli.md``), and says where after that line.
 """
 
 from __future__ import annotations
