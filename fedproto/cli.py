@@ -39,7 +39,10 @@ messages go to stderr).
 
 Exit status: 0 success; 1 the run failed (unreadable data, k > n, a silent party...); 2 a usage
 error (unknown protocol or option, a bad option value, a report path that cannot be written),
-found before any protocol work starts. Either way stderr gets one line, without a traceback.
+found before any protocol work starts; 130 SIGINT, 143 SIGTERM. Either way stderr gets one line,
+without a traceback. ``fedproto run --report`` writes the report of a run that failed or was
+interrupted once its parties started too (``status`` ``failed`` or ``interrupted``, see
+``docs/cli.md``), and says where after that line.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import time
 import tempfile
 import time
@@ -69,7 +73,7 @@ from fedproto import __version__, datasets, registry
 from fedproto._interrupt import Interrupted, SignalGuard, exit_by_signal, signal_name, write_json
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
-from fedproto.errors import FedProtoError
+from fedproto.errors import FedProtoError, LocalProtocolError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
 from fedproto.metering import Meter, RunReport, error_record
@@ -550,6 +554,86 @@ def _party_json(plan: RunPlan, party: str, result: Any, report: RunReport) -> di
     return {"party": party, "result": plan.result_to_json(party, result), "report": report.to_dict()}
 
 
+def _unfinished_report(
+    meter: Meter, exc: BaseException, *, reporter: str | None, signal_name: str | None = None, **fields: Any
+) -> RunReport:
+    """The report of a run, or of one party's share of a run, that ended early.
+
+    Everything ``meter`` counted until ``exc`` ended the run, with ``status`` ``"interrupted"``
+    (a signal: ``signal_name``, or SIGINT for a ``KeyboardInterrupt``) or ``"failed"``, and the
+    ``error`` that :func:`fedproto.metering.error_record` makes of ``exc``; ``results`` empty.
+
+    Args:
+        meter: the run's counters. Call its :meth:`~fedproto.metering.Meter.finish` where the
+            run ended (inside Trio for a Trio clock): its wall time ends there.
+        exc: the exception that ended the run.
+        reporter: the party whose process saw ``exc`` (``None`` for an interrupt, which no party
+            reports).
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"`` when a signal ended the run.
+        **fields: :meth:`~fedproto.metering.Meter.report`'s keyword arguments (``protocol``,
+            ``transport``, ``session``, ``parties``, ...).
+
+    Returns:
+        The report, ``status`` ``"failed"`` or ``"interrupted"``.
+    """
+    if signal_name is None and isinstance(exc, KeyboardInterrupt):
+        signal_name = "SIGINT"
+    report = meter.report(**fields)
+    return dataclasses.replace(
+        report,
+        status="interrupted" if signal_name else "failed",
+        error=error_record(exc, reporter=None if signal_name else reporter, signal=signal_name),
+    )
+
+
+def _failing_party(machines: Mapping[str, Any], exc: BaseException) -> str | None:
+    """The party of an in-process run whose process saw ``exc``: the one whose machine failed with
+    it (the runtime and the lean engine raise a machine's own error), else the party a
+    :class:`~fedproto.errors.LocalProtocolError` names (a message its machine could not encode),
+    else ``None``."""
+    for party, machine in machines.items():
+        if machine.error is exc:
+            return party
+    return exc.party if isinstance(exc, LocalProtocolError) else None
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM interrupted ``fedproto run`` (exit status 128 + SIGTERM, as a shell reports a
+    process that SIGTERM killed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _sigterm_interrupts(received: list[int]) -> Iterator[None]:
+    """While inside, SIGTERM interrupts as SIGINT does and is appended to ``received``.
+
+    The handler passes the signal on to SIGINT's handler, so inside ``trio.run`` Trio raises the
+    ``KeyboardInterrupt`` where it is safe to (never inside its own bookkeeping), and outside it
+    Python's default handler raises it at once. The previous handler is restored on the way out.
+    Only the main thread can install handlers; elsewhere nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a background job): SIGTERM still ends the run
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _frame_limit(plan: RunPlan, args: argparse.Namespace) -> int:
     """The frame limit in force for every party: ``--max-frame-bytes``, lowered to the largest
     frame the plan's protocol sends (:attr:`RunPlan.max_frame_bytes`) where the plan states one,
@@ -628,8 +712,20 @@ def _dropouts(plan: RunPlan, args: argparse.Namespace) -> list[_Dropout]:
 
 
 def _run_memory(
-    plan: RunPlan, args: argparse.Namespace, console: Any, dropouts: Sequence[_Dropout] = ()
-) -> tuple[dict[str, Any], RunReport]:
+    plan: RunPlan,
+    args: argparse.Namespace,
+    console: Any,
+    dropouts: Sequence[_Dropout] = (),
+    received: Sequence[int] = (),
+) -> tuple[dict[str, Any], RunReport, BaseException | None]:
+    """Run every party in this process (``--engine tasks`` or ``lean``).
+
+    Returns:
+        ``(results as JSON, report, error)``: ``error`` is ``None`` for a completed run, else the
+        exception that ended it (a party's failure, or ``KeyboardInterrupt``), with ``results``
+        empty and the report ``failed`` or ``interrupted`` (by the first signal in ``received``,
+        else SIGINT), holding what was metered until then.
+    """
     from fedproto.testing.faults import CrashPoint, Faults
 
     network_cls = registry.load_transport("memory")
@@ -643,8 +739,11 @@ def _run_memory(
         network = network_cls(plan.roster, max_frame_bytes=limit)
     machines = {p: plan.make_machine(p) for p in plan.roster}
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
-    meter = Meter(trio.current_time)
+    lean = getattr(args, "engine", "tasks") == "lean"
+    meter = Meter(time.perf_counter) if lean else Meter(trio.current_time)
     coordinator = plan.roster[0]
+    results: dict[str, Any] = {}
+    error: BaseException | None = None
     with progress_task(f"{args.protocol_name} rounds", total=plan.iterations) as advance:
         rounds_done = 0
 
@@ -655,21 +754,40 @@ def _run_memory(
                 rounds_done = min(round_idx, plan.iterations)
 
         async def go() -> dict[str, Any]:
-            return await run_parties(machines, network, config=config, meter=meter, observer=observer)
+            try:
+                return await run_parties(machines, network, config=config, meter=meter, observer=observer)
+            except BaseException:
+                meter.finish()  # an interrupt leaves run_parties before it marks the end
+                raise
 
-        if getattr(args, "engine", "tasks") == "lean":
-            from fedproto.simulation import simulate
+        try:
+            if lean:
+                from fedproto.simulation import simulate
 
-            meter = Meter(time.perf_counter)
-            results = simulate(machines, config=config, meter=meter, observer=observer)
-        else:
-            results = trio.run(go)
-    report = meter.report(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
+                try:
+                    results = simulate(machines, config=config, meter=meter, observer=observer)
+                except BaseException:
+                    meter.finish()
+                    raise
+            else:
+                results = trio.run(go)
+        except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+            leaf = _single_leaf(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            error = leaf if leaf is not None else exc
+    fields = dict(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
+    if error is None:
+        report = meter.report(**fields)
+    else:
+        signal_name = signal.Signals(received[0]).name if received and isinstance(error, KeyboardInterrupt) else None
+        report = _unfinished_report(
+            meter, error, reporter=_failing_party(machines, error), signal_name=signal_name, **fields
+        )
+        results = {}
     if dropouts:
         crashed = getattr(network, "crashed", {})
         report = dataclasses.replace(report, faults={"dropouts": [d.record(d.party in crashed) for d in dropouts]})
     # a party that dropped out has no result: the plan's summary gets the survivors'
-    return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
+    return {p: plan.result_to_json(p, r) for p, r in results.items()}, report, error
 
 
 def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAUNCHER_OPTIONS) -> list[str]:
@@ -987,7 +1105,21 @@ def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
     return None
 
 
-def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], RunReport] | None:
+def _run_mpi(
+    plan: RunPlan, args: argparse.Namespace
+) -> tuple[dict[str, Any], RunReport, BaseException | None] | None:
+    """Run this rank's party; every rank's report (up to its failure, if it failed) is gathered
+    at rank 0 and merged.
+
+    Returns:
+        At rank 0, ``(results as JSON, merged report, error)``: ``error`` is ``None`` when every
+        rank completed, else one naming the failed party (one that failed on its own rather than
+        one told of a failure), with ``results`` empty and the report ``failed``. ``None`` at the
+        other ranks.
+
+    Raises:
+        _QuietExit: at a rank other than 0 whose party failed (rank 0 reports it).
+    """
     network = registry.load_transport("mpi")(max_frame_bytes=_frame_limit(plan, args))
     from mpi4py import MPI
 
@@ -1002,25 +1134,31 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
     party = plan.roster[comm.Get_rank()]
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=_frame_limit(plan, args))
     meter = Meter(trio.current_time)
-    error: str | None = None
+    error: BaseException | None = None
 
     async def go() -> Any:
         async with network.endpoints(plan.roster) as endpoints:
-            return await run_party(plan.make_machine(party), endpoints[party], config=config, meter=meter)
+            try:
+                return await run_party(plan.make_machine(party), endpoints[party], config=config, meter=meter)
+            except BaseException:
+                meter.finish()  # run_party marks the end only of a run that completes
+                raise
 
     try:
         result = trio.run(go)
-        report = meter.report(protocol=args.protocol_name, transport="mpi", session=plan.session, parties=plan.roster)
-        doc = _party_json(plan, party, result, report)
     except (FedProtoError, ValueError) as exc:
-        error = str(exc)
-        doc = {"party": party, "error": error}
+        error = exc
     except BaseExceptionGroup as group:
         leaf = _single_leaf(group)
         if not isinstance(leaf, FedProtoError | ValueError):
             raise
-        error = str(leaf)
-        doc = {"party": party, "error": error}
+        error = leaf
+    fields = dict(protocol=args.protocol_name, transport="mpi", session=plan.session, parties=plan.roster)
+    if error is None:
+        doc = _party_json(plan, party, result, meter.report(**fields))
+    else:
+        report = _unfinished_report(meter, error, reporter=party, **fields)
+        doc = {"party": party, "error": str(error), "report": report.to_dict()}
     docs = _mpi_gather(comm, json.dumps(doc).encode())
     if docs is None:
         if error:
@@ -1028,10 +1166,18 @@ def _run_mpi(plan: RunPlan, args: argparse.Namespace) -> tuple[dict[str, Any], R
         return None
     parsed = [json.loads(d) for d in docs]
     errors = [d for d in parsed if "error" in d]
-    if errors:
-        raise FedProtoError(f"party {errors[0]['party']} failed: {errors[0]['error']}", party=errors[0]["party"])
-    report = RunReport.merge([RunReport.from_dict(d["report"]) for d in parsed], transport="mpi")
-    return {d["party"]: d["result"] for d in parsed}, report
+    reports = [RunReport.from_dict(d["report"]) for d in parsed]
+    if not errors:
+        report = RunReport.merge(reports, transport="mpi")
+        return {d["party"]: d["result"] for d in parsed}, report, None
+    # The merged error is the first failed report's: a party that failed on its own goes before
+    # those it told (RunAborted), whatever their ranks.
+    def told(r: RunReport) -> bool:
+        return r.error is None or r.error["type"] == "RunAborted"
+
+    report = RunReport.merge(sorted(reports, key=told), transport="mpi")
+    first = next((d for d, r in zip(parsed, reports) if "error" in d and not told(r)), errors[0])
+    return {}, report, FedProtoError(f"party {first['party']} failed: {first['error']}", party=first["party"])
 
 
 def _check_mpi_installed() -> None:
@@ -1222,7 +1368,11 @@ def _load_transport(args: argparse.Namespace) -> Any:
 # --- commands ----------------------------------------------------------------------------------------------
 
 
-def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[str]) -> int:
+    """``fedproto run``. A run that fails or is interrupted once its parties have started writes
+    its ``--report`` too (``failed`` or ``interrupted``, no plot), says where in ``epilogue``
+    (printed after the error line) and raises what ended it; SIGTERM acts as SIGINT meanwhile and
+    ends in :class:`_Terminated`."""
     from rich.console import Console
 
     plugin = registry.load_protocol(args.protocol)
@@ -1235,33 +1385,46 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     started_s = time.time()
     console = Console()
     show_progress = not args.quiet and (args.transport != "mpi" or _mpi_rank_from_environment() == 0)
-    with progress_display(Console(stderr=True), enabled=show_progress):
-        dataset = _dataset(plugin, args)
-        plan = plugin.plan(args, dataset)
-        if args.transport == "memory":
-            results, report = _run_memory(plan, args, console, _dropouts(plan, args))
-        elif args.transport == "tcp":
-            results, report = _run_tcp_launcher(plan, args, argv, plugin, dataset)
-        elif args.transport == "mpi":
-            outcome = _run_mpi(plan, args)
-            if outcome is None:
-                return 0
-            results, report = outcome
-        else:
-            raise ValueError(f"transport {args.transport!r} has no runner in this CLI")
-        summary = dict(plan.summarize(results))
-    paper = summary.pop("paper") if isinstance(summary.get("paper"), dict) else {}
-    privacy = summary.pop("privacy") if isinstance(summary.get("privacy"), dict) else report.privacy
-    report = dataclasses.replace(
-        report,
-        results=summary,
-        paper={**report.paper, **paper},
-        privacy=privacy,
-        options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
-        command=("fedproto", *argv),
-        started_at=_timestamp(started_s),
-        finished_at=_timestamp(time.time()),
-    )
+    received: list[int] = []
+    try:
+        with _sigterm_interrupts(received), progress_display(Console(stderr=True), enabled=show_progress):
+            dataset = _dataset(plugin, args)
+            plan = plugin.plan(args, dataset)
+            error: BaseException | None = None
+            if args.transport == "memory":
+                results, report, error = _run_memory(plan, args, console, _dropouts(plan, args), received)
+            elif args.transport == "tcp":
+                results, report = _run_tcp_launcher(plan, args, argv, plugin, dataset)
+            elif args.transport == "mpi":
+                outcome = _run_mpi(plan, args)
+                if outcome is None:
+                    return 0
+                results, report, error = outcome
+            else:
+                raise ValueError(f"transport {args.transport!r} has no runner in this CLI")
+            # the plan's summary is for whole results: a run that ended early has none
+            summary = dict(plan.summarize(results)) if error is None else {}
+        paper = summary.pop("paper") if isinstance(summary.get("paper"), dict) else {}
+        privacy = summary.pop("privacy") if isinstance(summary.get("privacy"), dict) else report.privacy
+        report = dataclasses.replace(
+            report,
+            results=summary,
+            paper={**report.paper, **paper},
+            privacy=privacy,
+            options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
+            command=("fedproto", *argv),
+            started_at=_timestamp(started_s),
+            finished_at=_timestamp(time.time()),
+        )
+        if error is not None:
+            if args.report:
+                report.to_json(args.report)
+                epilogue.append(f"report written to {args.report}")
+            raise error
+    except KeyboardInterrupt as exc:
+        if received and not isinstance(exc, _Terminated):
+            raise _Terminated(received[0]) from exc
+        raise
     _print_run(plan, args, summary, report, console)
     return 0
 
@@ -1601,8 +1764,18 @@ def _logging_to_stderr(verbose: int, level_name: str | None) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 1 run error, 2 usage error)."""
+    """Run the command line; returns the exit code (0 ok, 1 run error, 2 usage error, 130 SIGINT,
+    143 SIGTERM)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    epilogue: list[str] = []  # what follows a run's error line: where its report went
+    try:
+        return _main(argv, epilogue)
+    finally:
+        for line in epilogue:
+            print(line, flush=True)
+
+
+def _main(argv: list[str], epilogue: list[str]) -> int:
     try:
         args = _parse(argv)
         if args.command in ("run", "party", "split"):
@@ -1620,7 +1793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "split":
                 args.argv = argv
                 return _command_split(args)
-            return _command_run(args, argv)
+            return _command_run(args, argv, epilogue)
     except _QuietExit as exc:
         return exc.code
     except UsageError as exc:
@@ -1630,6 +1803,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     except LaunchInterrupted as exc:
         print(f"fedproto: {exc}", file=sys.stderr)
+        return 128 + exc.signum
+    except _Terminated as exc:
+        print(f"fedproto: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:
         print("fedproto: interrupted", file=sys.stderr)
