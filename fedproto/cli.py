@@ -578,6 +578,8 @@ def _unfinished_report(
     """
     if signal_name is None and isinstance(exc, KeyboardInterrupt):
         signal_name = "SIGINT"
+    if signal_name is not None:  # the same error type whichever command or transport was stopped
+        exc = Interrupted(signal.Signals[signal_name])
     report = meter.report(**fields)
     return dataclasses.replace(
         report,
@@ -1106,19 +1108,25 @@ def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
 
 
 def _run_mpi(
-    plan: RunPlan, args: argparse.Namespace
+    plan: RunPlan, args: argparse.Namespace, received: Sequence[int] = ()
 ) -> tuple[dict[str, Any], RunReport, BaseException | None] | None:
-    """Run this rank's party; every rank's report (up to its failure, if it failed) is gathered
-    at rank 0 and merged.
+    """Run this rank's party; every rank's report (up to its failure or interruption, if it did
+    not complete) is gathered at rank 0 and merged.
+
+    An interrupt reaches every rank at once (``mpiexec`` passes SIGINT and SIGTERM on to all of
+    them), so each rank stops its party, and the ranks still meet in the gather: the merged report
+    is ``interrupted``.
 
     Returns:
         At rank 0, ``(results as JSON, merged report, error)``: ``error`` is ``None`` when every
-        rank completed, else one naming the failed party (one that failed on its own rather than
-        one told of a failure), with ``results`` empty and the report ``failed``. ``None`` at the
-        other ranks.
+        rank completed; the ``KeyboardInterrupt`` when a signal stopped the run (the report
+        ``interrupted`` by the first signal in ``received``, else SIGINT); else one naming the
+        failed party (one that failed on its own rather than one told of a failure), with
+        ``results`` empty and the report ``failed``. ``None`` at the other ranks.
 
     Raises:
-        _QuietExit: at a rank other than 0 whose party failed (rank 0 reports it).
+        _QuietExit: at a rank other than 0 whose party failed or was interrupted (rank 0
+            reports it).
     """
     network = registry.load_transport("mpi")(max_frame_bytes=_frame_limit(plan, args))
     from mpi4py import MPI
@@ -1144,27 +1152,43 @@ def _run_mpi(
                 meter.finish()  # run_party marks the end only of a run that completes
                 raise
 
+    interrupt: KeyboardInterrupt | None = None
     try:
         result = trio.run(go)
+    except KeyboardInterrupt as exc:
+        interrupt = exc
     except (FedProtoError, ValueError) as exc:
         error = exc
     except BaseExceptionGroup as group:
         leaf = _single_leaf(group)
-        if not isinstance(leaf, FedProtoError | ValueError):
+        if isinstance(leaf, KeyboardInterrupt):
+            interrupt = leaf
+        elif isinstance(leaf, FedProtoError | ValueError):
+            error = leaf
+        else:
             raise
-        error = leaf
     fields = dict(protocol=args.protocol_name, transport="mpi", session=plan.session, parties=plan.roster)
-    if error is None:
+    signal_name = signal.Signals(received[0]).name if received else "SIGINT"
+    if interrupt is not None:
+        report = _unfinished_report(meter, interrupt, reporter=party, signal_name=signal_name, **fields)
+        doc = {"party": party, "interrupted": signal_name, "report": report.to_dict()}
+    elif error is None:
         doc = _party_json(plan, party, result, meter.report(**fields))
     else:
         report = _unfinished_report(meter, error, reporter=party, **fields)
         doc = {"party": party, "error": str(error), "report": report.to_dict()}
     docs = _mpi_gather(comm, json.dumps(doc).encode())
     if docs is None:
+        if interrupt is not None:
+            raise _QuietExit(143 if signal_name == "SIGTERM" else 130)  # rank 0 says so, once
         if error:
             raise _QuietExit(1)  # rank 0 reports every rank's error
         return None
     parsed = [json.loads(d) for d in docs]
+    if any("interrupted" in d for d in parsed):
+        # A party that completed before the signal came still counts what it metered.
+        report = RunReport.merge([RunReport.from_dict(d["report"]) for d in parsed], transport="mpi")
+        return {}, report, interrupt if interrupt is not None else KeyboardInterrupt()
     errors = [d for d in parsed if "error" in d]
     reports = [RunReport.from_dict(d["report"]) for d in parsed]
     if not errors:
@@ -1396,7 +1420,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
             elif args.transport == "tcp":
                 results, report = _run_tcp_launcher(plan, args, argv, plugin, dataset)
             elif args.transport == "mpi":
-                outcome = _run_mpi(plan, args)
+                outcome = _run_mpi(plan, args, received)
                 if outcome is None:
                     return 0
                 results, report, error = outcome

@@ -276,7 +276,36 @@ def test_a_signal_to_an_in_process_run_writes_an_interrupted_report(signum, code
     report = _validated(out)
     assert report.status == "interrupted"
     assert report.error["signal"] == signal.Signals(signum).name
-    assert report.error["type"] == "KeyboardInterrupt" and report.error["party"] is None
+    assert report.error["type"] == "Interrupted" and report.error["party"] is None
     assert report.results == {}
     assert report.bytes_by_round()[0] > 0  # round 0 was metered before the signal came
     assert report.options["rounds"] == 10**9 and report.finished_at is not None
+
+
+@pytest.mark.mpi
+def test_a_signal_to_an_mpi_run_writes_an_interrupted_report_merged_from_every_rank(protocol_file, tmp_path):
+    mpiexec = _mpiexec()
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        pytest.skip("needs mpi4py and mpiexec (pip install 'fedproto[mpi]')")
+    out = tmp_path / "mpi-interrupted.json"
+    cmd = [mpiexec, "-n", "3", sys.executable, "-m", "fedproto", "run", str(protocol_file), "--transport", "mpi",
+           "--rounds", str(10**9), "--announce", "--quiet", "--report", str(out)]
+    proc = _start(cmd, tmp_path)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
+        assert ready, "the run did not start round 1"
+        assert proc.stdout.readline() == "round 1 started\n", proc.communicate()
+        proc.send_signal(signal.SIGTERM)  # mpiexec passes it on to every rank
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        _kill(proc)
+    assert proc.returncode != 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "fedproto: interrupted by SIGTERM" in stderr
+    assert f"report written to {out}" in stdout + stderr
+    report = _validated(out)
+    assert report.status == "interrupted" and report.transport == "mpi"
+    assert report.error["signal"] == "SIGTERM" and report.error["type"] == "Interrupted"
+    # every rank's share is there: the coordinator's queries and each worker's answers
+    senders = {link.sender for link in report.links}
+    assert senders == {"coordinator", "worker-0", "worker-1"}, senders
