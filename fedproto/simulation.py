@@ -56,7 +56,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedproto.codec import decode_frame
@@ -205,15 +205,7 @@ def _simulate(
                 queue.append(_Frame(machine.party, tuple(known), frame))
 
     def stepped(party: str, machine: ProtocolMachine) -> None:
-        if machine.failed:
-            raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
-        now_progress = (machine.round_idx, machine.state)
-        if now_progress != progress[party]:
-            progress[party] = now_progress
-            if not machine.done:
-                arm(party, machine)
-            if observer is not None:
-                observer(party, machine.round_idx, machine.state.name)
+        _after_step(party, machine, progress, arm, observer)
 
     meter.start()
     for party, machine in machines.items():
@@ -350,15 +342,7 @@ def _simulate_linked(
                 sim.send(handler, dest, len(item.frame), action.round_idx, action.phase, item)
 
     def stepped(party: str, machine: ProtocolMachine) -> None:
-        if machine.failed:
-            raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
-        now_progress = (machine.round_idx, machine.state)
-        if now_progress != progress[party]:
-            progress[party] = now_progress
-            if not machine.done:
-                arm(party, machine)
-            if observer is not None:
-                observer(party, machine.round_idx, machine.state.name)
+        _after_step(party, machine, progress, arm, observer)
 
     meter.start()
     for party, machine in machines.items():
@@ -446,6 +430,26 @@ def _simulate_linked(
     meter.finish()
     meter.prediction = sim.prediction()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _after_step(
+    party: str,
+    machine: ProtocolMachine,
+    progress: dict[str, tuple[int, Any]],
+    arm: Callable[[str, ProtocolMachine], None],
+    observer: Observer | None,
+) -> None:
+    """After ``machine`` handled something: raise its failure, or, when its round or state moved,
+    note the move, re-arm its deadline (unless it is done) and tell the observer."""
+    if machine.failed:
+        raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
+    now_progress = (machine.round_idx, machine.state)
+    if now_progress != progress[party]:
+        progress[party] = now_progress
+        if not machine.done:
+            arm(party, machine)
+        if observer is not None:
+            observer(party, machine.round_idx, machine.state.name)
 
 
 def _stalled(machines: Mapping[str, ProtocolMachine], when: str) -> SimulationStalled:
