@@ -115,3 +115,31 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
             sock.settimeout(10)
             assert sock.recv(1) == b""
     assert threading.active_count() == threads_before
+
+
+@pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
+def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
+    netns_star = _load("_netns_star")
+    reason = netns_star.netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    network_model = _load("network_model")
+    case = network_model.CASES[0]
+    assert (case.protocol, case.data) == ("fastlloyd", "s1")
+    latency_s = 0.025
+    (tmp_path / "tcp").mkdir()
+    try:
+        run = netns_star.run_tcp_star(case.protocol, data=case.data, clients=10, options=case.options,
+                                      split_options=case.split_options, latency_s=latency_s,
+                                      workdir=tmp_path / "tcp")
+    except netns_star.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    assert run.report.status == "completed" and len(run.parties) == 11
+    assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
+    network = network_model.star_network(tmp_path / "net.json", latency_s)
+    argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
+    lean = network_model.predict(argv, network, tmp_path)
+    assert lean["messages"] == run.report.messages  # the same run, frame for frame
+    predicted = lean["prediction"]["wall_time_s"]
+    print(f"predicted {predicted:.3f} s, measured {run.wall_time_s:.3f} s, ratio {predicted / run.wall_time_s:.3f}")
+    assert abs(predicted / run.wall_time_s - 1) <= 0.15, (predicted, run.wall_time_s)
