@@ -69,6 +69,9 @@ class Meter:
             "cause"}`` dicts in arrival order.
         rejected_frames: how many frames were refused in all.
         rejected_by_cause: refused frames per ``(sender, cause)``.
+        prediction: the link model's prediction of the run's wall time, set by
+            :func:`fedproto.simulation.simulate` with ``network=`` when the run completes (the
+            report's ``prediction``, see :mod:`fedproto.netmodel`); empty otherwise.
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
@@ -89,6 +92,7 @@ class Meter:
         self.finished_s: float | None = None
         self._compile_started = 0.0
         self._compile_finished: float | None = None
+        self.prediction: dict[str, Any] = {}
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else 0.0
@@ -234,6 +238,7 @@ class Meter:
             results=dict(results or {}),
             compile_s=self.compile_s,
             device=device_description() if kernels_compiled() else "",
+            prediction=dict(self.prediction),
         )
 
 
@@ -343,6 +348,11 @@ class RunReport:
             and the report schema): mechanism, sensitivity and its norm, the noise scale of each
             release, epsilon and delta per round and composed, the accountant; empty (and left
             out of the JSON form) for a run that adds none.
+        prediction: the link model's prediction of the run's wall time between real sites
+            (``fedproto run --engine lean --network ...``, :mod:`fedproto.netmodel`): predicted
+            wall time and its critical-path split into network, compute and deadline waiting
+            (seconds, shares), latency hops, per round, per phase, and a per-party timeline;
+            empty (and left out of the JSON form) when no model ran.
     """
 
     protocol: str
@@ -378,6 +388,7 @@ class RunReport:
     status: str = "completed"
     error: dict[str, Any] | None = None
     privacy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prediction: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in RUN_STATUSES:
@@ -463,6 +474,8 @@ class RunReport:
             del data["error"]  # only a run that did not complete says why
         if not self.privacy:
             del data["privacy"]  # only a run that adds noise keeps a ledger
+        if not self.prediction:
+            del data["prediction"]  # only a run with a link model predicts its time
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -515,7 +528,7 @@ class RunReport:
         in order; options, command and versions are the first report's; ``started_at`` is the
         earliest and ``finished_at`` the latest of those known. The status is ``"failed"`` when
         any process failed, else ``"interrupted"`` when any was, else ``"completed"``; the error
-        is the first of that status's; the privacy ledger is the first non-empty one.
+        is the first of that status's; the privacy ledger and the link model's prediction are the first non-empty ones.
         """
         reports = list(reports)
         if not reports:
@@ -559,6 +572,7 @@ class RunReport:
             status=status,
             error=next((dict(r.error) for r in reports if r.status == status and r.error is not None), None),
             privacy=next((dict(r.privacy) for r in reports if r.privacy), {}),
+            prediction=next((dict(r.prediction) for r in reports if r.prediction), {}),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

@@ -29,6 +29,11 @@ can host 10^5 to 10^6 clients:
   ``receive`` each), where a role may compute what its receivers share, or what vectorises
   across them, once (FastLloyd's clients: the next centroids and every client's statistics in one
   NumPy pass). ``batch=False`` turns it off.
+* **A link model** (``network=``, :mod:`fedproto.netmodel`) predicts the run's wall time between
+  real sites: frames are then delivered in the order they would arrive over the modelled links
+  (deterministic for a given compute trace), deadlines fire on the model's clock, and the
+  prediction is left on the meter (:attr:`~fedproto.metering.Meter.prediction`). That loop is a
+  separate function, so a run without a model runs the loop above unchanged.
 * **Failures end the run at once:** the first machine that fails raises its error here (the
   runtime's abort notices are not sent: every party is in this process). A machine that sends to
   a party without a machine gets :class:`~fedproto.messages.SendFailed`, as a transport's
@@ -47,7 +52,9 @@ from __future__ import annotations
 
 import collections
 import gc
+import heapq
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +64,7 @@ from fedproto.errors import DecodeError, FedProtoError, LocalProtocolError, Tran
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
+from fedproto.netmodel import LinkModel, LinkSimulator, parse_compute
 from fedproto.runtime import Observer, RuntimeConfig, _encode
 
 __all__ = ["simulate", "SimulationStalled"]
@@ -98,6 +106,8 @@ def simulate(
     observer: Observer | None = None,
     batch: bool = True,
     pause_gc: bool = True,
+    network: LinkModel | None = None,
+    compute: str | float | None = "measured",
 ) -> dict[str, Any]:
     """Run ``machines`` to completion in this thread and return their results.
 
@@ -120,12 +130,20 @@ def simulate(
             machines and their meter entries) again and again: measured with 50,000 FastLloyd
             clients, full collections took 16 to 37% of a round, found nothing to free, and
             pausing left the peak memory unchanged.
+        network: a link model (:mod:`fedproto.netmodel`) whose prediction of the run's wall time
+            is left in ``meter.prediction`` when the run completes (the report's ``prediction``);
+            ``None`` (the default) models nothing and delivers first in, first out. Results,
+            frames and bytes are the same either way.
+        compute: with ``network``, each handler's compute time: ``"measured"`` (its
+            ``time.perf_counter`` span here, a broadcast batch's split evenly among its
+            receivers) or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions); see
+            :func:`fedproto.netmodel.parse_compute`.
 
     Returns:
         ``{party: result}`` for every machine.
 
     Raises:
-        ValueError: a machine's ``party`` differs from its key.
+        ValueError: a machine's ``party`` differs from its key, or ``compute`` is malformed.
         LocalProtocolError: a machine made a message that cannot be encoded (names the field).
         FedProtoError: the first failure of any machine (a peer broke the protocol, a deadline
             passed with parties silent, ...), raised as itself.
@@ -134,7 +152,10 @@ def simulate(
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
+    compute_s = parse_compute(compute)
     try:
+        if network is not None:
+            return _simulate_linked(machines, config or RuntimeConfig(), meter, observer, batch, network, compute_s)
         return _simulate(machines, config or RuntimeConfig(), meter, observer, batch)
     finally:
         if paused:
@@ -255,6 +276,175 @@ def _simulate(
                 if machine.done:
                     remaining -= 1
     meter.finish()
+    return {party: machine.result() for party, machine in machines.items()}
+
+
+class _TimedFrame(_Frame):
+    """A frame in flight through the link model; its decoding time is kept for every receiver."""
+
+    __slots__ = ("decode_s",)
+
+    def __init__(self, sender: str, dests: tuple[str, ...], frame: bytes) -> None:
+        super().__init__(sender, dests, frame)
+        self.decode_s = 0.0
+
+
+def _simulate_linked(
+    machines: Mapping[str, ProtocolMachine],
+    config: RuntimeConfig,
+    meter: Meter | None,
+    observer: Observer | None,
+    batch: bool,
+    network: LinkModel,
+    compute_s: float | None,
+) -> dict[str, Any]:
+    """:func:`_simulate` with frames moved through the link model (:mod:`fedproto.netmodel`).
+
+    The same machines, frames and meter calls; what differs is the order of delivery (arrival
+    time on the model's clock instead of first in, first out) and the clock deadlines run on.
+    Each handler is timed: a frame's decoding (once per frame, charged to each of its receivers,
+    as each would decode its own copy), the machine's ``receive`` (a batch's time split evenly
+    among its receivers) and the encoding of what it sends.
+    """
+    meter = meter if meter is not None else Meter(time.perf_counter)
+    for party, machine in machines.items():
+        if machine.party != party:
+            raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+    sim = LinkSimulator(network, list(machines), compute_s)
+    clock = time.perf_counter
+    order = {party: i for i, party in enumerate(machines)}
+    progress: dict[str, tuple[int, Any]] = {}
+    deadline_of: dict[str, float] = {}
+    deadlines: list[tuple[float, int, str]] = []  # a heap; entries no longer in deadline_of are stale
+    session, max_frame = config.session, config.max_frame_bytes
+    record_received = config.record_received
+
+    def arm(party: str, machine: ProtocolMachine) -> None:
+        when = sim.clock[party] + config.deadline_s * machine.DEADLINE_FACTOR
+        deadline_of[party] = when
+        heapq.heappush(deadlines, (when, order[party], party))
+
+    def encoded(machine: ProtocolMachine, outgoing: list[Outgoing]) -> list[tuple[Outgoing, _TimedFrame]]:
+        sends = []
+        pending = list(outgoing)
+        while pending:
+            action = pending.pop(0)
+            frame = _encode(machine, action, session)
+            dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
+            known = []
+            tag = type(action.message).TAG
+            for dest in dests:
+                if dest not in machines:
+                    error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
+                    pending.extend(machine.handle(SendFailed(dest, error)))
+                    continue
+                meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, len(frame))
+                known.append(dest)
+            if known:
+                sends.append((action, _TimedFrame(machine.party, tuple(known), frame)))
+        return sends
+
+    def dispatch(handler: int, sends: list[tuple[Outgoing, _TimedFrame]]) -> None:
+        for action, item in sends:
+            for dest in item.dests:
+                sim.send(handler, dest, len(item.frame), action.round_idx, action.phase, item)
+
+    def stepped(party: str, machine: ProtocolMachine) -> None:
+        if machine.failed:
+            raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
+        now_progress = (machine.round_idx, machine.state)
+        if now_progress != progress[party]:
+            progress[party] = now_progress
+            if not machine.done:
+                arm(party, machine)
+            if observer is not None:
+                observer(party, machine.round_idx, machine.state.name)
+
+    meter.start()
+    for party, machine in machines.items():
+        progress[party] = (machine.round_idx, machine.state)
+        arm(party, machine)
+        began = clock()
+        sends = encoded(machine, machine.start())
+        handler = sim.handled(party, machine.round_idx, 0.0, clock() - began)
+        dispatch(handler, sends)
+        stepped(party, machine)
+    remaining = sum(1 for m in machines.values() if not m.done)
+    idle_deadlines = 0
+    while remaining:
+        arrival = sim.next_time()
+        while deadlines and (
+            deadline_of.get(deadlines[0][2]) != deadlines[0][0] or machines[deadlines[0][2]].done
+        ):
+            heapq.heappop(deadlines)
+        due_at = deadlines[0][0] if deadlines else math.inf
+        if due_at < arrival:
+            due = []
+            while deadlines and deadlines[0][0] == due_at:
+                _, _, party = heapq.heappop(deadlines)
+                if deadline_of.get(party) == due_at and not machines[party].done:
+                    del deadline_of[party]
+                    due.append(party)
+            moved = sent = False
+            for party in due:
+                machine = machines[party]
+                round_idx = machine.round_idx
+                began = clock()
+                outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
+                sends = encoded(machine, outgoing)
+                dispatch(sim.handled(party, round_idx, due_at, clock() - began), sends)
+                sent = sent or bool(sends)
+                moved = (machine.round_idx, machine.state) != progress[party] or moved
+                stepped(party, machine)
+                if not machine.done and party not in deadline_of:
+                    arm(party, machine)
+            idle_deadlines = 0 if (moved or sent) else idle_deadlines + 1
+            if idle_deadlines > _IDLE_DEADLINES:
+                raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
+            remaining = sum(1 for m in machines.values() if not m.done)
+            continue
+        if math.isinf(arrival):
+            raise _stalled(machines, "")
+        idle_deadlines = 0
+        when, item, group = sim.next_arrivals()
+        decoded = item.decoded
+        if decoded is None:
+            began = clock()
+            try:
+                decoded = item.decoded = decode_frame(item.frame, max_frame_bytes=max_frame)
+            except DecodeError as exc:
+                for _ in group:
+                    meter.record_rejected(item.sender, str(exc), "undecodable frame")
+                log.warning("a frame from %s was refused: %s", item.sender, exc)
+                continue
+            item.decode_s = clock() - began
+        envelope, message = decoded
+        sender = item.sender
+        # A finished party's endpoint is read by nobody: frames to it are dropped.
+        receivers = [(dest, machines[dest], delivery) for dest, delivery in group if not machines[dest].done]
+        if record_received:
+            for dest, _, _ in receivers:
+                meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
+        runs = _same_class_runs(receivers) if batch else [[r] for r in receivers]  # type: ignore[arg-type]
+        for run in runs:
+            began = clock()
+            if len(run) == 1:
+                outgoing_lists = [run[0][1].receive(sender, message, round_idx=envelope.round_idx)]
+            else:
+                outgoing_lists = type(run[0][1]).receive_batch(
+                    [m for _, m, _ in run], sender, message, round_idx=envelope.round_idx
+                )
+            share = (clock() - began) / len(run)
+            for (dest, machine, delivery), outgoing in zip(run, outgoing_lists, strict=True):
+                began = clock()
+                sends = encoded(machine, outgoing)
+                spent = item.decode_s + share + clock() - began
+                dispatch(sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery), sends)
+                stepped(dest, machine)
+                if machine.done:
+                    remaining -= 1
+    meter.finish()
+    meter.prediction = sim.prediction()
     return {party: machine.result() for party, machine in machines.items()}
 
 
