@@ -95,7 +95,7 @@ _LAUNCHER_OPTIONS = {
 #: gives it ``--data FILE`` instead): the whole data set and how it is cut.
 _WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
-_INTERNAL_KEYS = {"command", "protocol_name", "argv"}
+_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model"}
 #: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 _log = logging.getLogger("fedproto.cli")
@@ -156,6 +156,17 @@ def _positive_seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
     return value
+
+
+def _compute_spec(text: str) -> str:
+    """``--compute``: ``measured`` or ``fixed:SECONDS`` (kept as text; checked here)."""
+    from fedproto.netmodel import parse_compute
+
+    try:
+        parse_compute(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +332,17 @@ def _common_arguments(
             help="with --transport memory: tasks (default: one trio task per party, the runtime TCP and MPI "
             "parties run) or lean (fedproto.simulation: every party driven from one loop, the same frames and "
             "bytes, deadlines on a virtual clock; for 10^4 to 10^6 clients; no fault injection)",
+        )
+        group.add_argument(
+            "--network", default="none", metavar="none|lan|wan|cross-region|PATH",
+            help="with --engine lean: predict the run's wall time over modelled links (fedproto.netmodel): a "
+            "preset or a JSON/TOML link file; the prediction goes in the report and a timeline figure beside "
+            "the plot (default none)",
+        )
+        group.add_argument(
+            "--compute", type=_compute_spec, default=None, metavar="measured|fixed:SECONDS",
+            help="with --network: each handler's compute time, measured on this process (default) or the "
+            "same fixed seconds for every handler (repeatable predictions)",
         )
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
         plots = group.add_mutually_exclusive_group()
@@ -765,7 +787,10 @@ def _run_memory(
                 from fedproto.simulation import simulate
 
                 try:
-                    results = simulate(machines, config=config, meter=meter, observer=observer)
+                    results = simulate(
+                        machines, config=config, meter=meter, observer=observer,
+                        network=getattr(args, "network_model", None), compute=getattr(args, "compute", None),
+                    )
                 except BaseException:
                     meter.finish()
                     raise
@@ -1224,6 +1249,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: _json_ready(v) for k, v in sorted(vars(args).items()) if k not in _INTERNAL_KEYS}
 
 
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The link model's resolved parameters for the report's options (none without a model)."""
+    model = getattr(args, "network_model", None)
+    return {} if model is None else {"network_model": model.to_dict()}
+
+
 def _timestamp(seconds: float) -> str:
     return RunReport.timestamp(datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc))
 
@@ -1261,6 +1292,8 @@ def _print_run(
         render_summary(console, "Dropouts injected", dropped, full=args.full)
     if report.privacy:
         render_privacy(console, report.privacy, full=args.full)
+    if report.prediction:
+        render_summary(console, "Predicted time (link model)", _prediction_rows(report, args), full=args.full)
     if not args.quiet:
         render_report(console, report, plan.role_of, phases=plan.phases, full=args.full)
     if args.report:
@@ -1272,6 +1305,34 @@ def _print_run(
         extra = (lambda ax: plan.plot_results(ax, summary)) if plan.plot_results else None
         plot_report(report, plot_path, phases=plan.phases, extra=extra)
         console.print(f"plot written to {plot_path}")
+        if report.prediction:
+            from fedproto.netmodel import plot_timeline
+
+            timeline_path = Path(plot_path).with_suffix(".timeline" + Path(plot_path).suffix)
+            plot_timeline(report.prediction, timeline_path, title=f"{args.protocol_name} over {args.network}")
+            console.print(f"timeline written to {timeline_path}")
+
+
+def _prediction_rows(report: RunReport, args: argparse.Namespace) -> dict[str, Any]:
+    """The CLI's table of the link model's prediction: the whole run, then each round."""
+    p = report.prediction
+    model = report.options.get("network_model", {})
+    rows: dict[str, Any] = {
+        "network model": f"{model.get('name', args.network)} ({model.get('topology', 'star')})",
+        "compute per handler": args.compute or "measured",
+        "predicted wall time (s)": p["wall_time_s"],
+        "network on the critical path (s)": p["network_s"],
+        "compute on the critical path (s)": p["compute_s"],
+        "network share": f"{p['network_share']:.1%}",
+        "latency hops on the critical path": p["latency_hops"],
+    }
+    if p.get("timeout_wait_s"):
+        rows["deadlines waited for (s)"] = p["timeout_wait_s"]
+    for entry in p["rounds"]:
+        rows[f"round {entry['round_idx']} (s, critical party)"] = (
+            f"{entry['wall_time_s']:.6g} ({entry['critical_party']})"
+        )
+    return rows
 
 
 def _dataset(plugin: Any, args: argparse.Namespace) -> Any:
@@ -1331,8 +1392,27 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
         _check_dropout_options(args, prog)
         if args.topology is not None and args.transport != "tcp":
             raise UsageError(f"argument --topology: applies to --transport tcp, not {args.transport}", prog=prog)
+        _check_network_options(args, prog)
     elif args.party_report:
         _check_output_path("--party-report", args.party_report, prog=prog)
+
+
+def _check_network_options(args: argparse.Namespace, prog: str) -> None:
+    """``--network`` (lean engine only; the preset or file is read here and kept in
+    ``args.network_model``) and ``--compute`` (only with a model)."""
+    from fedproto.netmodel import LinkModel
+
+    args.network_model = None
+    if args.network == "none":
+        if args.compute is not None:
+            raise UsageError("argument --compute: applies with --network, not --network none", prog=prog)
+        return
+    if getattr(args, "engine", "tasks") != "lean":
+        raise UsageError("argument --network: the link model runs on --engine lean only", prog=prog)
+    try:
+        args.network_model = LinkModel.parse(args.network)
+    except ValueError as exc:
+        raise UsageError(f"argument --network: {exc}", prog=prog) from None
 
 
 def _check_dropout_options(args: argparse.Namespace, prog: str) -> None:
@@ -1411,7 +1491,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
             results=summary,
             paper={**report.paper, **paper},
             privacy=privacy,
-            options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args)},
+            options={**_options(args), "max_frame_bytes_in_force": _frame_limit(plan, args), **_model_options(args)},
             command=("fedproto", *argv),
             started_at=_timestamp(started_s),
             finished_at=_timestamp(time.time()),
