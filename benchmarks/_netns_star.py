@@ -159,12 +159,16 @@ class TcpRun:
         parties: each party's own report.
         results: each party's result.
         relay_bytes: bytes the relay forwarded, both directions, all links.
+        traces: per party, wall-clock seconds since "go" of its meter's ``start``, its
+            ``first_sent`` and ``first_received`` frame and its ``finish`` (from
+            :mod:`_party_at_go`'s ``TRACE`` line; ``None`` where it did not happen).
     """
 
     report: RunReport
     parties: dict[str, RunReport]
     results: dict[str, Any]
     relay_bytes: int
+    traces: dict[str, dict[str, float | None]]
 
     @property
     def wall_time_s(self) -> float:
@@ -274,4 +278,13 @@ def run_tcp_star(
     docs = {p: json.loads((workdir / f"{p}.json").read_text()) for p in parties}
     reports = {p: RunReport.from_dict(doc["report"]) for p, doc in docs.items()}
     merged = RunReport.merge(list(reports.values()), transport="tcp")
-    return TcpRun(merged, reports, {p: doc["result"] for p, doc in docs.items()}, relay_bytes)
+    traces = {p: _trace((workdir / f"{p}.err").read_text()) for p in parties}
+    go = min(t["go"] for t in traces.values() if t.get("go") is not None)
+    since_go = {p: {k: None if v is None else v - go for k, v in t.items()} for p, t in traces.items()}
+    return TcpRun(merged, reports, {p: doc["result"] for p, doc in docs.items()}, relay_bytes, since_go)
+
+
+def _trace(stderr: str) -> dict[str, float | None]:
+    """The ``TRACE k=v ...`` line of a party's stderr as ``{k: seconds or None}``."""
+    line = next((x for x in reversed(stderr.splitlines()) if x.startswith("TRACE ")), "TRACE")
+    return {k: None if v == "None" else float(v) for k, v in (item.split("=") for item in line.split()[1:])}

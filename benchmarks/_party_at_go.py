@@ -7,6 +7,11 @@ wrapper imports what the run needs (fedproto's command line, JAX, the protocol's
 ``ready``, blocks until a line arrives on stdin, then runs ``fedproto ARGS`` in this process, so
 the harness starts every party within milliseconds of the others.
 
+After the run it prints one line on stderr, ``TRACE go=T start=T first_sent=T first_received=T
+finish=T`` (wall-clock seconds since the epoch: "go" read, the meter's start, the first frame
+sent and received, the meter's last finish), from which the harness tells how the measured
+wall time splits (:attr:`_netns_star.TcpRun.traces`).
+
 ``--listen HOST:PORT`` (the hub): bind and listen there first and hand the socket to the party as
 ``--listen-fd``, so the hub listens on an address the roster does not name (the relay's target)
 and dialled connections wait in its backlog until it serves.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 
 
 def main(argv: list[str]) -> int:
@@ -47,10 +53,39 @@ def main(argv: list[str]) -> int:
 
     registry.load_protocol(args[1])  # the protocol's plug-in, imported now
     registry.load_transport("tcp")
+    trace = _trace_meter()
     print("ready", flush=True)
     if not sys.stdin.readline():
         return 3  # the harness went away before saying go
-    return fedproto_main(args)
+    trace["go"] = time.time()
+    try:
+        return fedproto_main(args)
+    finally:
+        print("TRACE " + " ".join(f"{k}={v!r}" for k, v in trace.items()), file=sys.stderr, flush=True)
+
+
+def _trace_meter() -> dict[str, float | None]:
+    """Wrap :class:`fedproto.metering.Meter` to note (wall clock) its start, first frames and finish."""
+    from fedproto import metering
+
+    trace: dict[str, float | None] = dict.fromkeys(("go", "start", "first_sent", "first_received", "finish"))
+    meter = metering.Meter
+
+    def wrap(name: str, key: str, first: bool = True):
+        original = getattr(meter, name)
+
+        def wrapped(self, *a, **k):
+            if not first or trace[key] is None:
+                trace[key] = time.time()
+            return original(self, *a, **k)
+
+        setattr(meter, name, wrapped)
+
+    wrap("start", "start")
+    wrap("record_sent", "first_sent")
+    wrap("record_received", "first_received")
+    wrap("finish", "finish", first=False)
+    return trace
 
 
 if __name__ == "__main__":

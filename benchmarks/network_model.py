@@ -16,13 +16,23 @@ What it measures
   the hub's or a client's);
 * ``ratio`` = predicted / measured and whether it is within 15% (0.85 to 1.15).
 
+A second table says where the time goes: round 0 (key agreement and the first update, with the
+kernels' first compilation or cache load) and the steady rounds (median of the middle rounds),
+predicted (the prediction's per-round wall times) against measured (the hub's ``round_wall_s``:
+its first frame of a round to its first of the next); the measured parties' start skew (first to
+last meter start after "go": the command line's own start-up in eleven processes on the same
+cores) and the measured run after the last party started (to the last finish); and the lean
+run's ``compile_s``.
+
 The measured side needs root and ``ip netns``; without them its columns say why and only the
 predictions are printed.
 
 **The FastLloyd paper's Table 3, LAN rows**: M = 2 clients, epsilon = 0.1, ``--network lan``
 (the paper's code: 0.125 ms slept before each gather and each broadcast), ``--compute measured``;
 ``predicted ms/iter`` = the predicted wall time / T (the paper's method: the whole protocol call
-over T), beside the paper's FastLloyd ms (an M2 Max with 30 cores, 3 MPI ranks; here a 2-core VM)
+over T; here it includes the kernels' compilation or compile-cache load, ``compile s``, which the
+paper's warm MPI ranks did not pay), and ``steady round ms`` (the median predicted round after
+the first), beside the paper's FastLloyd ms (an M2 Max with 30 cores, 3 MPI ranks; here a 2-core VM)
 and their ratio. TimeSynth is not a data set fedproto ships or fetches: the rows use the
 TimeSynth-like stand-in of ``benchmarks/fastlloyd_timing.py`` (:func:`fastlloyd_timing.timesynth`:
 k equal Gaussian clusters, nearest centres 22.2 stds apart, in place of R's clusterGeneration
@@ -36,9 +46,12 @@ Run::
 
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
 ``clients``, ``latency_ms``, ``predicted_s``, ``measured_s`` (``null`` where it could not be
-measured), ``ratio``, ``within_15_percent``, ``latency_hops``) and table ``network_model_paper``
+measured, as every ``measured_*``), ``ratio``, ``within_15_percent``, ``latency_hops``,
+``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
+``measured_start_skew_s``, ``measured_after_last_start_s``, ``measured_round0_s``,
+``measured_steady_round_ms``, ``lean_compile_s``) and table ``network_model_paper``
 (``data_set``, ``n_points``, ``k``, ``d``, ``iterations``, ``predicted_ms_per_iteration``,
-``paper_ms_per_iteration``, ``ratio``).
+``paper_ms_per_iteration``, ``ratio``, ``predicted_steady_round_ms``, ``compile_s``).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +74,8 @@ from rich.table import Table
 from fedproto.data import Dataset, find_data_file, save_dataset
 
 TITLE = "Link model: predicted against measured wall time (TCP parties in namespaces, delaying relay)"
+SPLIT_TITLE = ("Where the time goes: rounds (the hub's, first frame to first frame; steady = median of the middle "
+               "rounds), start skew of the parties, the run after the last party started")
 PAPER_TITLE = "FastLloyd paper, Table 3 LAN rows (M = 2, 0.125 ms per gather and per broadcast): ms per iteration"
 CLIENTS = 10
 TOLERANCE = 0.15
@@ -128,6 +144,10 @@ def star_network(path: Path, latency_s: float) -> str:
     return str(path)
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], console: Any) -> list[dict[str, Any]]:
     """Predict and measure every case at every latency (see the module docstring)."""
     rows = []
@@ -141,23 +161,43 @@ def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], console
                 argv = [case.protocol, "--data", case.data, "--clients", str(CLIENTS), *case.split_options,
                         *case.options]
                 lean = predict(argv, network, work)
-                measured: float | None = None
+                run = None
                 if skip is None:
                     (work / "tcp").mkdir()
                     try:
                         run = run_tcp_star(case.protocol, data=case.data, clients=CLIENTS, options=case.options,
-                                           split_options=case.split_options, latency_s=latency_s, workdir=work / "tcp")
-                        measured = run.wall_time_s
+                                           split_options=case.split_options, latency_s=latency_s,
+                                           workdir=work / "tcp")
                     except NetnsUnavailable as exc:
                         skip = str(exc)
-            predicted = float(lean["prediction"]["wall_time_s"])
-            ratio = predicted / measured if measured else None
-            rows.append(dict(
+            prediction = lean["prediction"]
+            predicted = float(prediction["wall_time_s"])
+            rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
+            row = dict(
                 protocol=case.protocol, data_set=case.data, clients=CLIENTS, latency_ms=latency_ms,
-                predicted_s=predicted, measured_s=measured, ratio=ratio,
-                within_15_percent=None if ratio is None else abs(ratio - 1) <= TOLERANCE,
-                latency_hops=lean["prediction"].get("latency_hops"), not_measured=skip,
-            ))
+                predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
+                latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
+                predicted_round0_s=rounds[0] if rounds else None,
+                predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
+                measured_start_skew_s=None, measured_after_last_start_s=None, measured_round0_s=None,
+                measured_steady_round_ms=None, lean_compile_s=lean.get("compile_s"), not_measured=skip,
+            )
+            if run is not None:
+                hub = run.report.parties[0]
+                starts = [t["start"] for t in run.traces.values() if t.get("start") is not None]
+                ends = [t["finish"] for t in run.traces.values() if t.get("finish") is not None]
+                hub_rounds = list(run.parties[hub].round_wall_s)
+                ratio = predicted / run.wall_time_s
+                row.update(
+                    measured_s=run.wall_time_s, ratio=ratio, within_15_percent=abs(ratio - 1) <= TOLERANCE,
+                    measured_start_skew_s=max(starts) - min(starts) if starts else None,
+                    measured_after_last_start_s=max(ends) - max(starts) if starts and ends else None,
+                    # the hub's rounds: from its first frame of a round to its first of the next
+                    measured_round0_s=hub_rounds[0] if hub_rounds else None,
+                    measured_steady_round_ms=None if len(hub_rounds) < 3 else 1000 * _median(hub_rounds[1:-1]),
+                )
+            rows.append(row)
+            measured = row["measured_s"]
             console.print(f"  {case.protocol} on {case.data}, {latency_ms:g} ms: predicted {predicted:.3f} s, "
                           f"measured {'-' if measured is None else f'{measured:.3f} s'}", highlight=False)
     return rows
@@ -176,12 +216,20 @@ def paper_rows(keys: tuple[tuple[str, int, int, int], ...]) -> list[dict[str, An
             doc = predict(["fastlloyd", "--data", data, "--clients", "2", "--k", str(k), "--epsilon", "0.1",
                            "--seed", "0"], "lan", work)
         iterations = int(doc["results"]["iterations"])
-        per_iteration_ms = 1000 * float(doc["prediction"]["wall_time_s"]) / iterations
+        prediction = doc["prediction"]
+        per_iteration_ms = 1000 * float(prediction["wall_time_s"]) / iterations
+        rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
         paper = PAPER_ROWS[(name, n, k, d)]
         rows.append(dict(data_set=name, n_points=n, k=k, d=d, iterations=iterations,
                          predicted_ms_per_iteration=per_iteration_ms, paper_ms_per_iteration=paper,
-                         ratio=per_iteration_ms / paper))
+                         ratio=per_iteration_ms / paper,
+                         predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
+                         compile_s=doc.get("compile_s")))
     return rows
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,23 +251,32 @@ def main(argv: list[str] | None = None) -> int:
     for column in ("protocol", "data", "latency", "hops", "predicted s", "measured s", "ratio", "within 15%"):
         table.add_column(column, justify="left" if column in ("protocol", "data") else "right")
     for row in check:
-        measured = "-" if row["measured_s"] is None else f"{row['measured_s']:.3f}"
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
         ok = "-" if row["within_15_percent"] is None else ("yes" if row["within_15_percent"] else "NO")
         table.add_row(row["protocol"], row["data_set"], f"{row['latency_ms']:g} ms", str(row["latency_hops"]),
-                      f"{row['predicted_s']:.3f}", measured, ratio, ok)
+                      _fmt(row["predicted_s"]), _fmt(row["measured_s"]), _fmt(row["ratio"]), ok)
+    console.print(table)
+    table = Table(title=SPLIT_TITLE, title_justify="left")
+    for column in ("protocol", "latency", "pred. round 0 s", "meas. round 0 s", "pred. steady ms", "meas. steady ms",
+                   "meas. start skew s", "meas. after last start s", "lean compile s"):
+        table.add_column(column, justify="left" if column == "protocol" else "right")
+    for row in check:
+        table.add_row(row["protocol"], f"{row['latency_ms']:g} ms", _fmt(row["predicted_round0_s"]),
+                      _fmt(row["measured_round0_s"]), _fmt(row["predicted_steady_round_ms"], 1),
+                      _fmt(row["measured_steady_round_ms"], 1), _fmt(row["measured_start_skew_s"]),
+                      _fmt(row["measured_after_last_start_s"]), _fmt(row["lean_compile_s"]))
     console.print(table)
     if any(row["not_measured"] for row in check):
         console.print(f"not measured: {check[0]['not_measured']}", highlight=False)
 
     paper = paper_rows(QUICK_PAPER_ROWS if args.quick else tuple(PAPER_ROWS))
     table = Table(title=PAPER_TITLE, title_justify="left")
-    for column in ("data", "N", "k", "d", "T", "predicted ms/iter", "paper ms/iter", "ratio"):
+    for column in ("data", "N", "k", "d", "T", "predicted ms/iter", "paper ms/iter", "ratio", "steady round ms",
+                   "compile s"):
         table.add_column(column, justify="left" if column == "data" else "right")
     for row in paper:
         table.add_row(row["data_set"], f"{row['n_points']:,}", str(row["k"]), str(row["d"]), str(row["iterations"]),
                       f"{row['predicted_ms_per_iteration']:.2f}", f"{row['paper_ms_per_iteration']:.2f}",
-                      f"{row['ratio']:.2f}")
+                      f"{row['ratio']:.2f}", _fmt(row["predicted_steady_round_ms"], 2), _fmt(row["compile_s"]))
     console.print(table)
     console.print(
         "The paper ran 3 MPI ranks on an Apple M2 Max (30 cores); this is a 2-core VM, one process driving "

@@ -7,7 +7,9 @@
 * slow, root only: FastLloyd on S1 with 10 clients as TLS parties in network namespaces whose
   client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``): the lean
   engine's predicted wall time (``--network`` with the same link, ``--compute measured``) is
-  within 15% of the measured one. Skipped where namespaces cannot be made.
+  within 15% of the measured one. Skipped where namespaces cannot be made. It does not hold on
+  this 2-core machine (strict ``xfail`` with the figures, so that it fails once the model closes
+  the gap and the marker must go).
 """
 
 from __future__ import annotations
@@ -118,6 +120,13 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
 
 
 @pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 31: the model misses by about 40% here (predicted/measured 0.61 at 25 ms on this 2-core VM): "
+    "eleven party processes share two cores (the model runs every party on its own CPU), the parties' own "
+    "start-up skews their starts by about 0.26 s, and each steady round costs about 14 ms more than predicted "
+    "(TLS, sockets and scheduling per frame); see benchmarks/network_model.py",
+)
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
     reason = netns_star.netns_unavailable_reason()
