@@ -158,7 +158,7 @@ class TcpRun:
         report: the parties' reports merged (``RunReport.merge``, transport ``tcp``).
         parties: each party's own report.
         results: each party's result.
-        relay_bytes: bytes the relay forwarded, both directions, all links.
+        relay_bytes: bytes the relay forwarded, both directions, all links (0 without one).
         traces: per party, wall-clock seconds since "go" of its meter's ``start``, its
             ``first_sent`` and ``first_received`` frame and its ``finish`` (from
             :mod:`_party_at_go`'s ``TRACE`` line; ``None`` where it did not happen).
@@ -204,7 +204,7 @@ def _wait_ready(procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
 
 
 def run_tcp_star(
-    protocol: str, *, data: str, clients: int, options: Sequence[str], latency_s: float, workdir: Path,
+    protocol: str, *, data: str, clients: int, options: Sequence[str], latency_s: float | None, workdir: Path,
     split_options: Sequence[str] = (), bandwidth_bytes_per_s: float | None = None, timeout_s: float = 600,
 ) -> TcpRun:
     """Run ``protocol`` as a TLS star over delayed links, one process per party, and measure it.
@@ -215,7 +215,8 @@ def run_tcp_star(
         clients: number of clients (plus the hub).
         options: protocol options given to every party and to ``fedproto split`` (e.g. ``--seed 0``).
         split_options: options of ``fedproto split`` alone (how the data is cut: ``--partition iid``).
-        latency_s: one-way latency of every client-hub link (seconds).
+        latency_s: one-way latency of every client-hub link (seconds); ``None``: no relay, the hub
+            listens on the roster's address itself (the veths alone: a profile of the relay's cost).
         workdir: an empty directory for the split, the kits, the party reports and logs.
         bandwidth_bytes_per_s: each link direction's rate (``None``: unlimited).
         timeout_s: how long the parties may take, from "go".
@@ -235,20 +236,25 @@ def run_tcp_star(
     logs: list[Any] = []
     try:
         with star_namespaces(parties) as hosts:
-            relay_log = open(workdir / "relay.err", "w")  # noqa: SIM115 (closed below)
-            logs.append(relay_log)
-            relay = hosts.start(hub, [
-                sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
-                "--target", f"{HUB_INNER[0]}:{HUB_INNER[1]}", "--latency-s", repr(latency_s),
-                *([] if bandwidth_bytes_per_s is None else ["--bandwidth-bytes-per-s", repr(bandwidth_bytes_per_s)]),
-            ], workdir, relay_log)
-            line = relay.stdout.readline()
-            if not line.startswith("ready"):
-                raise RuntimeError(f"the relay did not start: {(workdir / 'relay.err').read_text()[-2000:]}")
+            relay = None
+            hub_listens = HUB_ADDRESS
+            if latency_s is not None:
+                hub_listens = f"{HUB_INNER[0]}:{HUB_INNER[1]}"
+                relay_log = open(workdir / "relay.err", "w")  # noqa: SIM115 (closed below)
+                logs.append(relay_log)
+                bandwidth = [] if bandwidth_bytes_per_s is None else ["--bandwidth-bytes-per-s",
+                                                                      repr(bandwidth_bytes_per_s)]
+                relay = hosts.start(hub, [
+                    sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
+                    "--target", hub_listens, "--latency-s", repr(latency_s), *bandwidth,
+                ], workdir, relay_log)
+                line = relay.stdout.readline()
+                if not line.startswith("ready"):
+                    raise RuntimeError(f"the relay did not start: {(workdir / 'relay.err').read_text()[-2000:]}")
             procs: dict[str, subprocess.Popen] = {}
             for party in parties:
                 own = [*split["resolved_options"]] if party == hub else ["--data", str(parts / f"{party}.npz")]
-                listen = ["--listen", f"{HUB_INNER[0]}:{HUB_INNER[1]}"] if party == hub else []
+                listen = ["--listen", hub_listens] if party == hub else []
                 err = open(workdir / f"{party}.err", "w")  # noqa: SIM115 (closed below)
                 logs.append(err)
                 procs[party] = hosts.start(party, [
@@ -268,10 +274,12 @@ def run_tcp_star(
                     raise RuntimeError(f"{party} did not finish within {timeout_s} s") from None
                 if code != 0:
                     raise RuntimeError(f"{party} exited {code}: {(workdir / f'{party}.err').read_text()[-2000:]}")
-            relay.send_signal(signal.SIGTERM)
-            out, _ = relay.communicate(timeout=30)
-            forwarded = [line for line in out.splitlines() if line.startswith("forwarded")]
-            relay_bytes = int(forwarded[-1].split()[3]) if forwarded else 0
+            relay_bytes = 0
+            if relay is not None:
+                relay.send_signal(signal.SIGTERM)
+                out, _ = relay.communicate(timeout=30)
+                forwarded = [line for line in out.splitlines() if line.startswith("forwarded")]
+                relay_bytes = int(forwarded[-1].split()[3]) if forwarded else 0
     finally:
         for log in logs:
             log.close()

@@ -42,14 +42,21 @@ Run::
 
     python benchmarks/network_model.py            # both protocols x 1 and 25 ms; Table 3's LAN rows
     python benchmarks/network_model.py --quick    # FastLloyd only (1 and 25 ms); LSun, S1, TimeSynth 10K k=5 d=2
+    python benchmarks/network_model.py --profile  # also: FastLloyd without the relay, the relay at 0 ms, 2 clients
     python benchmarks/network_model.py --json nm.json
 
+``--profile`` adds FastLloyd rows that tell the model's misses apart: the veths alone (no relay;
+the hub listens on the roster's address) and the relay at 0 ms, both against the model at 0 ms
+(the relay's own cost), and 2 clients against 10 at 1 ms (three processes on the two cores
+against eleven).
+
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
-``clients``, ``latency_ms``, ``predicted_s``, ``measured_s`` (``null`` where it could not be
+``clients``, ``latency_ms``, ``relay``, ``predicted_s``, ``measured_s`` (``null`` where it could not be
 measured, as every ``measured_*``), ``ratio``, ``within_15_percent``, ``latency_hops``,
 ``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
 ``measured_start_skew_s``, ``measured_after_last_start_s``, ``measured_round0_s``,
-``measured_steady_round_ms``, ``lean_compile_s``) and table ``network_model_paper``
+``measured_steady_round_ms``, ``lean_compile_s``), with ``--profile`` table
+``network_model_profile`` (the same keys), and table ``network_model_paper``
 (``data_set``, ``n_points``, ``k``, ``d``, ``iterations``, ``predicted_ms_per_iteration``,
 ``paper_ms_per_iteration``, ``ratio``, ``predicted_steady_round_ms``, ``compile_s``).
 """
@@ -76,6 +83,8 @@ from fedproto.data import Dataset, find_data_file, save_dataset
 TITLE = "Link model: predicted against measured wall time (TCP parties in namespaces, delaying relay)"
 SPLIT_TITLE = ("Where the time goes: rounds (the hub's, first frame to first frame; steady = median of the middle "
                "rounds), start skew of the parties, the run after the last party started")
+PROFILE_TITLE = ("Profile (--profile), FastLloyd on S1: the veths alone (no relay), the relay at 0 ms, "
+                 "2 clients (3 processes on the 2 cores) and 10 clients at 1 ms")
 PAPER_TITLE = "FastLloyd paper, Table 3 LAN rows (M = 2, 0.125 ms per gather and per broadcast): ms per iteration"
 CLIENTS = 10
 TOLERANCE = 0.15
@@ -148,59 +157,72 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], console: Any) -> list[dict[str, Any]]:
+def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, relay: bool = True) -> dict[str, Any]:
+    """Predict and (unless ``skip`` says why not) measure ``case`` with ``clients`` clients at one
+    latency; ``relay=False`` (latency 0 only): the hub listens itself, no relay (a profile)."""
+    latency_s = latency_ms / 1000
+    with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
+        work = Path(tmp)
+        network = star_network(work / "net.json", latency_s)
+        argv = [case.protocol, "--data", case.data, "--clients", str(clients), *case.split_options, *case.options]
+        lean = predict(argv, network, work)
+        run = None
+        if skip is None:
+            (work / "tcp").mkdir()
+            try:
+                run = run_tcp_star(case.protocol, data=case.data, clients=clients, options=case.options,
+                                   split_options=case.split_options, latency_s=latency_s if relay else None,
+                                   workdir=work / "tcp")
+            except NetnsUnavailable as exc:
+                skip = str(exc)
+    prediction = lean["prediction"]
+    predicted = float(prediction["wall_time_s"])
+    rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
+    row = dict(
+        protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
+        predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
+        latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
+        predicted_round0_s=rounds[0] if rounds else None,
+        predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
+        measured_start_skew_s=None, measured_after_last_start_s=None, measured_round0_s=None,
+        measured_steady_round_ms=None, lean_compile_s=lean.get("compile_s"), not_measured=skip,
+    )
+    if run is not None:
+        hub = run.report.parties[0]
+        starts = [t["start"] for t in run.traces.values() if t.get("start") is not None]
+        ends = [t["finish"] for t in run.traces.values() if t.get("finish") is not None]
+        hub_rounds = list(run.parties[hub].round_wall_s)
+        ratio = predicted / run.wall_time_s
+        row.update(
+            measured_s=run.wall_time_s, ratio=ratio, within_15_percent=abs(ratio - 1) <= TOLERANCE,
+            measured_start_skew_s=max(starts) - min(starts) if starts else None,
+            measured_after_last_start_s=max(ends) - max(starts) if starts and ends else None,
+            # the hub's rounds: from its first frame of a round to its first of the next
+            measured_round0_s=hub_rounds[0] if hub_rounds else None,
+            measured_steady_round_ms=None if len(hub_rounds) < 3 else 1000 * _median(hub_rounds[1:-1]),
+        )
+    measured = row["measured_s"]
+    print(f"  {case.protocol} on {case.data}, {clients} clients, {latency_ms:g} ms{'' if relay else ', no relay'}: "
+          f"predicted {predicted:.3f} s, measured {'-' if measured is None else f'{measured:.3f} s'}", flush=True)
+    return row
+
+
+def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...]) -> list[dict[str, Any]]:
     """Predict and measure every case at every latency (see the module docstring)."""
-    rows = []
-    skip = netns_unavailable_reason()
+    rows: list[dict[str, Any]] = []
     for case in cases:
         for latency_ms in latencies_ms:
-            latency_s = latency_ms / 1000
-            with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
-                work = Path(tmp)
-                network = star_network(work / "net.json", latency_s)
-                argv = [case.protocol, "--data", case.data, "--clients", str(CLIENTS), *case.split_options,
-                        *case.options]
-                lean = predict(argv, network, work)
-                run = None
-                if skip is None:
-                    (work / "tcp").mkdir()
-                    try:
-                        run = run_tcp_star(case.protocol, data=case.data, clients=CLIENTS, options=case.options,
-                                           split_options=case.split_options, latency_s=latency_s,
-                                           workdir=work / "tcp")
-                    except NetnsUnavailable as exc:
-                        skip = str(exc)
-            prediction = lean["prediction"]
-            predicted = float(prediction["wall_time_s"])
-            rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
-            row = dict(
-                protocol=case.protocol, data_set=case.data, clients=CLIENTS, latency_ms=latency_ms,
-                predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
-                latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
-                predicted_round0_s=rounds[0] if rounds else None,
-                predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
-                measured_start_skew_s=None, measured_after_last_start_s=None, measured_round0_s=None,
-                measured_steady_round_ms=None, lean_compile_s=lean.get("compile_s"), not_measured=skip,
-            )
-            if run is not None:
-                hub = run.report.parties[0]
-                starts = [t["start"] for t in run.traces.values() if t.get("start") is not None]
-                ends = [t["finish"] for t in run.traces.values() if t.get("finish") is not None]
-                hub_rounds = list(run.parties[hub].round_wall_s)
-                ratio = predicted / run.wall_time_s
-                row.update(
-                    measured_s=run.wall_time_s, ratio=ratio, within_15_percent=abs(ratio - 1) <= TOLERANCE,
-                    measured_start_skew_s=max(starts) - min(starts) if starts else None,
-                    measured_after_last_start_s=max(ends) - max(starts) if starts and ends else None,
-                    # the hub's rounds: from its first frame of a round to its first of the next
-                    measured_round0_s=hub_rounds[0] if hub_rounds else None,
-                    measured_steady_round_ms=None if len(hub_rounds) < 3 else 1000 * _median(hub_rounds[1:-1]),
-                )
-            rows.append(row)
-            measured = row["measured_s"]
-            console.print(f"  {case.protocol} on {case.data}, {latency_ms:g} ms: predicted {predicted:.3f} s, "
-                          f"measured {'-' if measured is None else f'{measured:.3f} s'}", highlight=False)
+            skip = rows[-1]["not_measured"] if rows else netns_unavailable_reason()
+            rows.append(one_row(case, CLIENTS, latency_ms, skip))
     return rows
+
+
+def profile_rows() -> list[dict[str, Any]]:
+    """FastLloyd on S1 (``--profile``): without the relay, the relay at 0 ms, 2 clients at 1 ms."""
+    skip = netns_unavailable_reason()
+    case = CASES[0]
+    return [one_row(case, CLIENTS, 0.0, skip, relay=False), one_row(case, CLIENTS, 0.0, skip),
+            one_row(case, 2, 1.0, skip), one_row(case, CLIENTS, 1.0, skip)]
 
 
 def paper_rows(keys: tuple[tuple[str, int, int, int], ...]) -> list[dict[str, Any]]:
@@ -228,6 +250,23 @@ def paper_rows(keys: tuple[tuple[str, int, int, int], ...]) -> list[dict[str, An
     return rows
 
 
+def print_split(console: Any, title: str, rows: list[dict[str, Any]]) -> None:
+    """The "where the time goes" table of ``rows``."""
+    table = Table(title=title, title_justify="left")
+    for column in ("protocol", "clients", "latency", "pred. s", "meas. s", "ratio", "pred. round 0 s",
+                   "meas. round 0 s", "pred. steady ms", "meas. steady ms", "meas. start skew s",
+                   "meas. after last start s", "lean compile s"):
+        table.add_column(column, justify="left" if column == "protocol" else "right")
+    for row in rows:
+        latency = f"{row['latency_ms']:g} ms" + ("" if row["relay"] else " (no relay)")
+        table.add_row(row["protocol"], str(row["clients"]), latency, _fmt(row["predicted_s"]),
+                      _fmt(row["measured_s"]), _fmt(row["ratio"]), _fmt(row["predicted_round0_s"]),
+                      _fmt(row["measured_round0_s"]), _fmt(row["predicted_steady_round_ms"], 1),
+                      _fmt(row["measured_steady_round_ms"], 1), _fmt(row["measured_start_skew_s"]),
+                      _fmt(row["measured_after_last_start_s"]), _fmt(row["lean_compile_s"]))
+    console.print(table)
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -235,6 +274,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_arguments(parser, quick="FastLloyd only in the check; three of Table 3's rows")
+    parser.add_argument("--profile", action="store_true",
+                        help="also FastLloyd without the relay, the relay at 0 ms, and 2 clients at 1 ms")
     args = parse_args(parser, argv)
     cases = CASES[:1] if args.quick else CASES
     missing = [name for name in {c.data for c in cases} | {"lsun", "s1"} if find_data_file(name) is None]
@@ -246,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": CLIENTS, "latencies (one way, each client-hub link)": ", ".join(f"{x:g} ms" for x in LATENCIES_MS),
         "measured side": netns_unavailable_reason() or "TLS parties in network namespaces, delaying relay",
     })
-    check = check_rows(cases, LATENCIES_MS, console)
+    check = check_rows(cases, LATENCIES_MS)
     table = Table(title=TITLE, title_justify="left")
     for column in ("protocol", "data", "latency", "hops", "predicted s", "measured s", "ratio", "within 15%"):
         table.add_column(column, justify="left" if column in ("protocol", "data") else "right")
@@ -255,18 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(row["protocol"], row["data_set"], f"{row['latency_ms']:g} ms", str(row["latency_hops"]),
                       _fmt(row["predicted_s"]), _fmt(row["measured_s"]), _fmt(row["ratio"]), ok)
     console.print(table)
-    table = Table(title=SPLIT_TITLE, title_justify="left")
-    for column in ("protocol", "latency", "pred. round 0 s", "meas. round 0 s", "pred. steady ms", "meas. steady ms",
-                   "meas. start skew s", "meas. after last start s", "lean compile s"):
-        table.add_column(column, justify="left" if column == "protocol" else "right")
-    for row in check:
-        table.add_row(row["protocol"], f"{row['latency_ms']:g} ms", _fmt(row["predicted_round0_s"]),
-                      _fmt(row["measured_round0_s"]), _fmt(row["predicted_steady_round_ms"], 1),
-                      _fmt(row["measured_steady_round_ms"], 1), _fmt(row["measured_start_skew_s"]),
-                      _fmt(row["measured_after_last_start_s"]), _fmt(row["lean_compile_s"]))
-    console.print(table)
+    print_split(console, SPLIT_TITLE, check)
     if any(row["not_measured"] for row in check):
         console.print(f"not measured: {check[0]['not_measured']}", highlight=False)
+    profile = profile_rows() if args.profile else []
+    if profile:
+        print_split(console, PROFILE_TITLE, profile)
 
     paper = paper_rows(QUICK_PAPER_ROWS if args.quick else tuple(PAPER_ROWS))
     table = Table(title=PAPER_TITLE, title_justify="left")
@@ -284,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         "neither ships nor fetches TimeSynth).", highlight=False,
     )
     records = [record("network_model", **{k: v for k, v in row.items() if k != "not_measured"}) for row in check]
+    records += [record("network_model_profile", **{k: v for k, v in row.items() if k != "not_measured"})
+                for row in profile]
     records += [record("network_model_paper", **row) for row in paper]
     write_records(args.json, records, console)
     return 0
