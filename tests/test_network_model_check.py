@@ -128,57 +128,6 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
     "by 0.1-0.3 s, and a steady FastLloyd round costs 11-15 ms more than predicted; see "
     "benchmarks/network_model.py --profile",
 )
-def test_the_relay_delivers_every_byte_in_order_and_late_by_its_latency(latency_s, bandwidth):
-    threads_before = threading.active_count()
-    echo = Echo()
-    relay = delay_relay.DelayRelay(("127.0.0.1", 0), echo.address, latency_s, bandwidth)
-    with relay:
-        with socket.create_connection(relay.address) as sock:
-            payload = bytes(range(256)) * 40  # 10,240 bytes
-            rounds = 3
-            started = time.monotonic()
-            for i in range(rounds):
-                message = bytes([i]) + payload
-                sock.sendall(message)
-                assert _recv_exactly(sock, len(message)) == message
-            elapsed = time.monotonic() - started
-            sock.shutdown(socket.SHUT_WR)
-            assert sock.recv(1) == b""  # the echo's half-close came back through the relay
-    echo.close()
-    # each round trip crosses the relay twice: two latencies at least, and with a bandwidth,
-    # the message's bytes at that rate in each direction
-    per_trip = 2 * latency_s + (2 * (len(payload) + 1) / bandwidth if bandwidth else 0.0)
-    assert elapsed >= rounds * per_trip
-    assert relay.bytes == 2 * rounds * (len(payload) + 1)
-    assert threading.active_count() == threads_before  # every relay thread ended
-
-
-def test_the_relay_refuses_a_negative_latency_and_a_zero_bandwidth():
-    with pytest.raises(ValueError, match="latency_s"):
-        delay_relay.DelayRelay(("127.0.0.1", 0), ("127.0.0.1", 1), -0.001)
-    with pytest.raises(ValueError, match="bandwidth"):
-        delay_relay.DelayRelay(("127.0.0.1", 0), ("127.0.0.1", 1), 0.001, 0.0)
-
-
-def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
-    with socket.create_server(("127.0.0.1", 0)) as placeholder:
-        dead = placeholder.getsockname()[:2]  # a port nobody listens on once this closes
-    threads_before = threading.active_count()
-    with delay_relay.DelayRelay(("127.0.0.1", 0), dead, 0.001) as relay:
-        with socket.create_connection(relay.address) as sock:
-            sock.settimeout(10)
-            assert sock.recv(1) == b""
-    assert threading.active_count() == threads_before
-
-
-@pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 31: the model misses by about 40% here (predicted/measured 0.61 at 25 ms on this 2-core VM): "
-    "eleven party processes share two cores (the model runs every party on its own CPU), the parties' own "
-    "start-up skews their starts by about 0.26 s, and each steady round costs about 14 ms more than predicted "
-    "(TLS, sockets and scheduling per frame); see benchmarks/network_model.py",
-)
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
     reason = netns_star.netns_unavailable_reason()
