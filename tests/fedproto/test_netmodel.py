@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import numpy as np
 import pytest
 
 from fedproto.messages import PhaseTimedOut
-from fedproto.metering import Meter
+from fedproto.metering import Meter, RunReport, report_schema
 from fedproto.netmodel import Link, LinkModel, LinkSimulator, parse_compute, plot_timeline
 from fedproto.runtime import RuntimeConfig
 from fedproto.simulation import simulate
@@ -218,7 +219,12 @@ def test_the_model_changes_neither_results_nor_bytes_and_predicts_the_hand_compu
     assert p["wall_time_s"] == pytest.approx(5 * 0.025 + 0.010)
     assert p["compute_s"] == pytest.approx(0.010) and p["timeout_wait_s"] == 0.0
     assert sum(r["wall_time_s"] for r in p["rounds"]) == pytest.approx(p["wall_time_s"])
-    assert linked.report(protocol="toy", transport="memory", session=SESSION, parties=()).prediction == p
+    report = linked.report(protocol="toy", transport="memory", session=SESSION, parties=())
+    assert report.prediction == p
+    jsonschema.validate(report.to_dict(), report_schema())
+    assert RunReport.from_json(report.to_json()).prediction == p
+    without = plain.report(protocol="toy", transport="memory", session=SESSION, parties=())
+    assert RunReport.merge([without, report]).prediction == p  # the first non-empty one
 
 
 def test_fixed_compute_gives_bit_for_bit_equal_predictions_and_batching_changes_nothing():
