@@ -37,6 +37,9 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "scma.py": ("SCMA decoding time as the support m = K*L grows", {"scma_decoding", "scma_upload"}),
     "mufc_unlearning.py": ("Unlearning: mean ms per random single-point removal", {"mufc_quality", "mufc_unlearning"}),
     "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup"}),
+    "network_model.py": (
+        "Link model: predicted against measured wall time", {"network_model", "network_model_paper"}
+    ),
     "secagg.py": (
         "Bytes per client per stage (sent + received, mean over the n clients)",
         {"secagg_bytes", "secagg_time", "secagg_growth"},
@@ -50,8 +53,11 @@ SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"]}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
 #: MPI ranks that each import JAX), startup (three fresh ``fedproto run`` processes, about
-#: 15 s) and scale (three fresh processes, each importing JAX): run with ``-m slow``.
-SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py", "scale.py"}
+#: 15 s), scale (three fresh processes, each importing JAX) and network_model (five fresh lean
+#: runs and, as root, two namespaced federations of eleven processes: about 90 s): run with
+#: ``-m slow``.
+SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py", "scale.py",
+        "network_model.py"}
 
 
 def _load_common():

@@ -1,0 +1,298 @@
+"""A real TCP star federation whose every client-hub link goes through a delaying relay.
+
+For the link-model check (issue 31, part 3), not part of fedproto. One Linux network namespace
+per host: the hub's, and one per client, each client joined to the hub's namespace by its own
+veth pair (its own /24, its default route through it), as in ``tests/transports/test_netns.py``.
+In the hub's namespace a :mod:`_delay_relay` process listens on the roster's hub address
+(``10.214.0.1:7000``) and forwards every connection to the hub, which listens on
+``127.0.0.1:7000`` (``fedproto party --listen-fd``, see :mod:`_party_at_go`). Every frame
+between a client and the hub therefore crosses a veth and waits ``latency_s`` in the relay, once
+each way; a frame from one client to another crosses two such links through the hub.
+
+:func:`run_tcp_star` splits the data (``fedproto split``), provisions TLS kits (``fedproto
+provision``), starts the relay, then every party warm (:mod:`_party_at_go`) and, once all are
+ready, lets them go together; it merges the parties' reports (``--party-report``) into the run's
+report, whose ``wall_time_s`` is the measured wall time (the longest party's run).
+
+Needs root and iproute2; :class:`NetnsUnavailable` says why not otherwise. Every namespace (with
+its veth ends) and every process started here is removed on the way out, on failure too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedproto.metering import RunReport
+
+BENCHMARKS = Path(__file__).resolve().parent
+FEDPROTO = [sys.executable, "-m", "fedproto"]
+#: Client i's link is 10.214.i.0/24: the hub's end .1, the client's .2.
+SUBNET = "10.214.{}"
+#: The roster's hub address (the relay listens there) and where the hub itself listens.
+#: The hub's port is the roster's (the transport checks that a handed-over socket's port is the
+#: roster's); only its host differs: loopback, which the clients' namespaces cannot reach.
+RELAY_PORT = 7000
+HUB_ADDRESS = f"{SUBNET.format(0)}.1:{RELAY_PORT}"
+HUB_INNER = ("127.0.0.1", RELAY_PORT)
+
+
+class NetnsUnavailable(RuntimeError):
+    """Network namespaces cannot be made here (not root, no ``ip``, permission denied)."""
+
+
+def _run(argv: Sequence[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          **kwargs)
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why namespaces cannot be made here, or ``None`` when they probably can (root and ``ip``)."""
+    if os.geteuid() != 0:
+        return f"network namespaces need root; this runs as uid {os.geteuid()}"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2) to make network namespaces"
+    return None
+
+
+@dataclasses.dataclass
+class StarHosts:
+    """The namespaces of a star: ``namespace[party]`` (the hub is ``parties[0]``)."""
+
+    parties: tuple[str, ...]
+    namespace: dict[str, str]
+    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+    def start(self, party: str, argv: Sequence[str], cwd: Path, stderr: Any) -> subprocess.Popen:
+        """Run ``argv`` in ``party``'s namespace, its own process group (killed on the way out);
+        stdin and stdout are pipes."""
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace[party], *argv], cwd=cwd, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+        )
+        self.processes.append(proc)
+        return proc
+
+
+def _ip(namespace: str, *args: str) -> None:
+    done = _run(["ip", "-n", namespace, *args])
+    if done.returncode != 0:
+        raise RuntimeError(f"ip -n {namespace} {' '.join(args)}: {done.stderr.strip()}")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+@contextlib.contextmanager
+def star_namespaces(parties: Sequence[str]) -> Iterator[StarHosts]:
+    """One namespace per party, each non-hub party linked to the hub's (``parties[0]``) by a veth.
+
+    Raises:
+        NetnsUnavailable: not root, no ``ip``, or the kernel refused a namespace or a veth pair.
+        RuntimeError: a later ``ip`` command failed.
+    """
+    reason = netns_unavailable_reason()
+    if reason is not None:
+        raise NetnsUnavailable(reason)
+    tag = f"nc{os.getpid() % 10000}{secrets.token_hex(2)}"  # device names stay under 16 characters
+    namespace = {party: f"{tag}-{i}" for i, party in enumerate(parties)}
+    hosts = StarHosts(tuple(parties), namespace)
+    made: list[str] = []
+    try:
+        for name in namespace.values():
+            done = _run(["ip", "netns", "add", name])
+            if done.returncode != 0:
+                raise NetnsUnavailable(f"cannot make network namespaces here: ip netns add: {done.stderr.strip()}")
+            made.append(name)
+            _ip(name, "link", "set", "lo", "up")
+        hub = namespace[parties[0]]
+        for i, client in enumerate(parties[1:]):
+            hub_end, client_end = f"{tag}h{i}", f"{tag}c{i}"
+            done = _run(["ip", "link", "add", hub_end, "netns", hub, "type", "veth", "peer", "name", client_end,
+                         "netns", namespace[client]])
+            if done.returncode != 0:
+                raise NetnsUnavailable(f"cannot make veth pairs here: ip link add: {done.stderr.strip()}")
+            subnet = SUBNET.format(i)
+            _ip(hub, "addr", "add", f"{subnet}.1/24", "dev", hub_end)
+            _ip(hub, "link", "set", hub_end, "up")
+            _ip(namespace[client], "addr", "add", f"{subnet}.2/24", "dev", client_end)
+            _ip(namespace[client], "link", "set", client_end, "up")
+            _ip(namespace[client], "route", "add", "default", "via", f"{subnet}.1")  # to the relay on link 0's address
+        yield hosts
+    finally:
+        for proc in hosts.processes:
+            _kill(proc)
+        for name in reversed(made):  # its veth ends go with it
+            _run(["ip", "netns", "del", name])
+        left = _run(["ip", "netns", "list"]).stdout
+        leftover = [name for name in made if name in left]
+        if leftover:
+            raise RuntimeError(f"namespaces left behind: {leftover}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TcpRun:
+    """One measured star run.
+
+    Attributes:
+        report: the parties' reports merged (``RunReport.merge``, transport ``tcp``).
+        parties: each party's own report.
+        results: each party's result.
+        relay_bytes: bytes the relay forwarded, both directions, all links (0 without one).
+        traces: per party, wall-clock seconds since "go" of its meter's ``start``, its
+            ``first_sent`` and ``first_received`` frame and its ``finish`` (from
+            :mod:`_party_at_go`'s ``TRACE`` line; ``None`` where it did not happen).
+    """
+
+    report: RunReport
+    parties: dict[str, RunReport]
+    results: dict[str, Any]
+    relay_bytes: int
+    traces: dict[str, dict[str, float | None]]
+
+    @property
+    def wall_time_s(self) -> float:
+        """The measured wall time: the merged report's (the longest party run), seconds."""
+        return self.report.wall_time_s
+
+
+def _fedproto(argv: Sequence[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = _run([*FEDPROTO, *argv], timeout=600, cwd=cwd, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"fedproto {' '.join(argv[:2])}: {done.stderr.strip()[-2000:]}")
+    return done
+
+
+def _wait_ready(procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
+    """Wait for every process's ``ready`` line (or raise naming the first that ended or lagged)."""
+    waiting = dict(procs)
+    with selectors.DefaultSelector() as selector:
+        for party, proc in procs.items():
+            selector.register(proc.stdout, selectors.EVENT_READ, party)
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"parties not ready within {timeout_s} s: {sorted(waiting)}")
+            for key, _ in selector.select(left):
+                party = key.data
+                line = key.fileobj.readline()
+                if line.strip() != "ready":
+                    raise RuntimeError(f"{party} ended before it was ready (exit {procs[party].wait()}): {line!r}")
+                selector.unregister(key.fileobj)
+                del waiting[party]
+
+
+def run_tcp_star(
+    protocol: str, *, data: str, clients: int, options: Sequence[str], latency_s: float | None, workdir: Path,
+    split_options: Sequence[str] = (), bandwidth_bytes_per_s: float | None = None, timeout_s: float = 600,
+) -> TcpRun:
+    """Run ``protocol`` as a TLS star over delayed links, one process per party, and measure it.
+
+    Args:
+        protocol: a protocol name (``fastlloyd``, ``mufc``).
+        data: the data set (a registered name; ``FEDPROTO_DATA`` is passed on).
+        clients: number of clients (plus the hub).
+        options: protocol options given to every party and to ``fedproto split`` (e.g. ``--seed 0``).
+        split_options: options of ``fedproto split`` alone (how the data is cut: ``--partition iid``).
+        latency_s: one-way latency of every client-hub link (seconds); ``None``: no relay, the hub
+            listens on the roster's address itself (the veths alone: a profile of the relay's cost).
+        workdir: an empty directory for the split, the kits, the party reports and logs.
+        bandwidth_bytes_per_s: each link direction's rate (``None``: unlimited).
+        timeout_s: how long the parties may take, from "go".
+
+    Raises:
+        NetnsUnavailable: namespaces cannot be made here.
+        RuntimeError: a step failed (its message names it, with the party's error output).
+    """
+    env = dict(os.environ)
+    parts, kits = workdir / "parts", workdir / "kits"
+    _fedproto(["split", protocol, "--data", data, "--clients", str(clients), *split_options, *options,
+               "--out", str(parts)], workdir, env)
+    split = json.loads((parts / "split.json").read_text())
+    parties: list[str] = split["parties"]
+    hub = parties[0]
+    _fedproto(["provision", "--parties", ",".join(parties), "--hub", HUB_ADDRESS, "--out", str(kits)], workdir, env)
+    logs: list[Any] = []
+    try:
+        with star_namespaces(parties) as hosts:
+            relay = None
+            hub_listens = HUB_ADDRESS
+            if latency_s is not None:
+                hub_listens = f"{HUB_INNER[0]}:{HUB_INNER[1]}"
+                relay_log = open(workdir / "relay.err", "w")  # noqa: SIM115 (closed below)
+                logs.append(relay_log)
+                bandwidth = [] if bandwidth_bytes_per_s is None else ["--bandwidth-bytes-per-s",
+                                                                      repr(bandwidth_bytes_per_s)]
+                relay = hosts.start(hub, [
+                    sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
+                    "--target", hub_listens, "--latency-s", repr(latency_s), *bandwidth,
+                ], workdir, relay_log)
+                line = relay.stdout.readline()
+                if not line.startswith("ready"):
+                    raise RuntimeError(f"the relay did not start: {(workdir / 'relay.err').read_text()[-2000:]}")
+            procs: dict[str, subprocess.Popen] = {}
+            for party in parties:
+                own = [*split["resolved_options"]] if party == hub else ["--data", str(parts / f"{party}.npz")]
+                listen = ["--listen", hub_listens] if party == hub else []
+                err = open(workdir / f"{party}.err", "w")  # noqa: SIM115 (closed below)
+                logs.append(err)
+                procs[party] = hosts.start(party, [
+                    sys.executable, str(BENCHMARKS / "_party_at_go.py"), *listen, "--",
+                    "party", protocol, *options, *own, "--party", party, "--roster", str(kits / party / "roster.json"),
+                    "--party-report", str(workdir / f"{party}.json"), "--deadline", "60",
+                ], workdir, err)
+            _wait_ready(procs, timeout_s=300)
+            for proc in procs.values():  # go: all within a few milliseconds
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            deadline = time.monotonic() + timeout_s
+            for party, proc in procs.items():
+                try:
+                    code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"{party} did not finish within {timeout_s} s") from None
+                if code != 0:
+                    raise RuntimeError(f"{party} exited {code}: {(workdir / f'{party}.err').read_text()[-2000:]}")
+            relay_bytes = 0
+            if relay is not None:
+                relay.send_signal(signal.SIGTERM)
+                out, _ = relay.communicate(timeout=30)
+                forwarded = [line for line in out.splitlines() if line.startswith("forwarded")]
+                relay_bytes = int(forwarded[-1].split()[3]) if forwarded else 0
+    finally:
+        for log in logs:
+            log.close()
+    docs = {p: json.loads((workdir / f"{p}.json").read_text()) for p in parties}
+    reports = {p: RunReport.from_dict(doc["report"]) for p, doc in docs.items()}
+    merged = RunReport.merge(list(reports.values()), transport="tcp")
+    traces = {p: _trace((workdir / f"{p}.err").read_text()) for p in parties}
+    go = min(t["go"] for t in traces.values() if t.get("go") is not None)
+    since_go = {p: {k: None if v is None else v - go for k, v in t.items()} for p, t in traces.items()}
+    return TcpRun(merged, reports, {p: doc["result"] for p, doc in docs.items()}, relay_bytes, since_go)
+
+
+def _trace(stderr: str) -> dict[str, float | None]:
+    """The ``TRACE k=v ...`` line of a party's stderr as ``{k: seconds or None}``."""
+    line = next((x for x in reversed(stderr.splitlines()) if x.startswith("TRACE ")), "TRACE")
+    return {k: None if v == "None" else float(v) for k, v in (item.split("=") for item in line.split()[1:])}

@@ -1,0 +1,92 @@
+"""Start a ``fedproto party`` process warm, then wait for the harness's "go" before running it.
+
+For the link-model check (issue 31, part 3), not part of fedproto. A party's report measures its
+run from its own start; eleven processes importing JAX on a two-core machine come up seconds
+apart, and the hub's report would then time the slowest import rather than the protocol. This
+wrapper imports what the run needs (fedproto's command line, JAX, the protocol's plug-in), prints
+``ready``, blocks until a line arrives on stdin, then runs ``fedproto ARGS`` in this process, so
+the harness starts every party within milliseconds of the others.
+
+After the run it prints one line on stderr, ``TRACE go=T start=T first_sent=T first_received=T
+finish=T`` (wall-clock seconds since the epoch: "go" read, the meter's start, the first frame
+sent and received, the meter's last finish), from which the harness tells how the measured
+wall time splits (:attr:`_netns_star.TcpRun.traces`).
+
+``--listen HOST:PORT`` (the hub): bind and listen there first and hand the socket to the party as
+``--listen-fd``, so the hub listens on an address the roster does not name (the relay's target)
+and dialled connections wait in its backlog until it serves.
+
+Usage::
+
+    python benchmarks/_party_at_go.py [--listen HOST:PORT] -- party PROTOCOL ... --party NAME ...
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print("_party_at_go: error: expected [--listen HOST:PORT] -- FEDPROTO-ARGS", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    own, args = argv[:split], argv[split + 1:]
+    if own[:1] == ["--listen"] and len(own) == 2:
+        host, _, port = own[1].rpartition(":")
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, int(port)))
+        listener.listen(128)
+        listener.set_inheritable(True)
+        args = [*args, "--listen-fd", str(listener.fileno())]
+    elif own:
+        print(f"_party_at_go: error: unknown options {own}", file=sys.stderr)
+        return 2
+
+    import jax  # noqa: F401  (the import the parties would otherwise make after "go")
+
+    from fedproto import registry
+    from fedproto.cli import main as fedproto_main
+
+    registry.load_protocol(args[1])  # the protocol's plug-in, imported now
+    registry.load_transport("tcp")
+    trace = _trace_meter()
+    print("ready", flush=True)
+    if not sys.stdin.readline():
+        return 3  # the harness went away before saying go
+    trace["go"] = time.time()
+    try:
+        return fedproto_main(args)
+    finally:
+        print("TRACE " + " ".join(f"{k}={v!r}" for k, v in trace.items()), file=sys.stderr, flush=True)
+
+
+def _trace_meter() -> dict[str, float | None]:
+    """Wrap :class:`fedproto.metering.Meter` to note (wall clock) its start, first frames and finish."""
+    from fedproto import metering
+
+    trace: dict[str, float | None] = dict.fromkeys(("go", "start", "first_sent", "first_received", "finish"))
+    meter = metering.Meter
+
+    def wrap(name: str, key: str, first: bool = True):
+        original = getattr(meter, name)
+
+        def wrapped(self, *a, **k):
+            if not first or trace[key] is None:
+                trace[key] = time.time()
+            return original(self, *a, **k)
+
+        setattr(meter, name, wrapped)
+
+    wrap("start", "start")
+    wrap("record_sent", "first_sent")
+    wrap("record_received", "first_received")
+    wrap("finish", "finish", first=False)
+    return trace
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

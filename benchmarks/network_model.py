@@ -1,0 +1,330 @@
+"""The link model's predicted wall time against a real network, and against the FastLloyd paper.
+
+What it measures
+----------------
+**Predicted against measured** (issue 31, part 3). For FastLloyd on S1 and MUFC on Celltype
+(``--partition iid``), 10 clients each, fixed seeds, at a one-way link latency of 1 ms and 25 ms:
+
+* ``predicted s``: ``fedproto run PROTOCOL ... --engine lean --network NET.json --compute
+  measured``, the report's ``prediction.wall_time_s``, with ``NET.json`` = ``{"topology":
+  "star", "default": {"latency_s": L, "bandwidth_bytes_per_s": null}}``;
+* ``measured s``: the same run as 11 TLS parties, one process each, each in its own network
+  namespace, every client-hub link through a user-space relay that delays every chunk by L each
+  way (``benchmarks/_netns_star.py``, ``benchmarks/_delay_relay.py``; this kernel has no ``tc
+  netem``); the parties are started warm (imports done) and let go together
+  (``benchmarks/_party_at_go.py``); the merged report's ``wall_time_s`` (the longest party run,
+  the hub's or a client's);
+* ``ratio`` = predicted / measured and whether it is within 15% (0.85 to 1.15).
+
+A second table says where the time goes: round 0 (key agreement and the first update, with the
+kernels' first compilation or cache load) and the steady rounds (median of the middle rounds),
+predicted (the prediction's per-round wall times) against measured (the hub's ``round_wall_s``:
+its first frame of a round to its first of the next); the measured parties' start skew (first to
+last meter start after "go": the command line's own start-up in eleven processes on the same
+cores) and the measured run after the last party started (to the last finish); and the lean
+run's ``compile_s``.
+
+The measured side needs root and ``ip netns``; without them its columns say why and only the
+predictions are printed.
+
+**The FastLloyd paper's Table 3, LAN rows**: M = 2 clients, epsilon = 0.1, ``--network lan``
+(the paper's code: 0.125 ms slept before each gather and each broadcast), ``--compute measured``;
+``predicted ms/iter`` = the predicted wall time / T (the paper's method: the whole protocol call
+over T; here it includes the kernels' compilation or compile-cache load, ``compile s``, which the
+paper's warm MPI ranks did not pay), and ``steady round ms`` (the median predicted round after
+the first), beside the paper's FastLloyd ms (an M2 Max with 30 cores, 3 MPI ranks; here a 2-core VM)
+and their ratio. TimeSynth is not a data set fedproto ships or fetches: the rows use the
+TimeSynth-like stand-in of ``benchmarks/fastlloyd_timing.py`` (:func:`fastlloyd_timing.timesynth`:
+k equal Gaussian clusters, nearest centres 22.2 stds apart, in place of R's clusterGeneration
+with sepVal 0.70), written to an ``.npz`` that ``--data`` reads.
+
+Run::
+
+    python benchmarks/network_model.py            # both protocols x 1 and 25 ms; Table 3's LAN rows
+    python benchmarks/network_model.py --quick    # FastLloyd only (1 and 25 ms); LSun, S1, TimeSynth 10K k=5 d=2
+    python benchmarks/network_model.py --profile  # also: FastLloyd without the relay, the relay at 0 ms, 2 clients
+    python benchmarks/network_model.py --json nm.json
+
+``--profile`` adds FastLloyd rows that tell the model's misses apart: the veths alone (no relay;
+the hub listens on the roster's address) and the relay at 0 ms, both against the model at 0 ms
+(the relay's own cost), and 2 clients against 10 at 1 ms (three processes on the two cores
+against eleven).
+
+``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
+``clients``, ``latency_ms``, ``relay``, ``predicted_s``, ``measured_s`` (``null`` where it could not be
+measured, as every ``measured_*``), ``ratio``, ``within_15_percent``, ``latency_hops``,
+``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
+``measured_start_skew_s``, ``measured_after_last_start_s``, ``measured_round0_s``,
+``measured_steady_round_ms``, ``lean_compile_s``), with ``--profile`` table
+``network_model_profile`` (the same keys), and table ``network_model_paper``
+(``data_set``, ``n_points``, ``k``, ``d``, ``iterations``, ``predicted_ms_per_iteration``,
+``paper_ms_per_iteration``, ``ratio``, ``predicted_steady_round_ms``, ``compile_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _common import add_common_arguments, make_console, parse_args, print_machine_facts, record, write_records
+from _netns_star import NetnsUnavailable, netns_unavailable_reason, run_tcp_star
+from fastlloyd_timing import timesynth
+from rich.table import Table
+
+from fedproto.data import Dataset, find_data_file, save_dataset
+
+TITLE = "Link model: predicted against measured wall time (TCP parties in namespaces, delaying relay)"
+SPLIT_TITLE = ("Where the time goes: rounds (the hub's, first frame to first frame; steady = median of the middle "
+               "rounds), start skew of the parties, the run after the last party started")
+PROFILE_TITLE = ("Profile (--profile), FastLloyd on S1: the veths alone (no relay), the relay at 0 ms, "
+                 "2 clients (3 processes on the 2 cores) and 10 clients at 1 ms")
+PAPER_TITLE = "FastLloyd paper, Table 3 LAN rows (M = 2, 0.125 ms per gather and per broadcast): ms per iteration"
+CLIENTS = 10
+TOLERANCE = 0.15
+LATENCIES_MS = (1.0, 25.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A protocol run to predict and measure."""
+
+    protocol: str
+    data: str
+    options: tuple[str, ...]
+    split_options: tuple[str, ...] = ()
+
+
+#: FastLloyd with its defaults on S1; MUFC cut to a few seconds of compute (2 removals, one
+#: retraining, 2 k-means++ restarts, no baselines) with an iid split into 10 clients (the
+#: default split of Celltype is its own 100 clients).
+CASES = (
+    Case("fastlloyd", "s1", ("--seed", "0")),
+    Case("mufc", "celltype", ("--seed", "0", "--removals", "2", "--retrains", "1", "--n-init", "2", "--no-baselines"),
+         ("--partition", "iid")),
+)
+#: Table 3's FastLloyd LAN rows: (data set, N, k, d) -> paper ms per iteration.
+PAPER_ROWS: dict[tuple[str, int, int, int], float] = {
+    ("lsun", 400, 3, 2): 2.6,
+    ("s1", 5000, 15, 2): 5.81,
+    ("timesynth", 10_000, 2, 2): 3.03,
+    ("timesynth", 10_000, 2, 5): 3.24,
+    ("timesynth", 10_000, 5, 2): 4.32,
+    ("timesynth", 10_000, 5, 5): 4.95,
+    ("timesynth", 100_000, 2, 2): 12.57,
+    ("timesynth", 100_000, 2, 5): 13.17,
+    ("timesynth", 100_000, 5, 2): 22.05,
+    ("timesynth", 100_000, 5, 5): 22.56,
+}
+QUICK_PAPER_ROWS = (("lsun", 400, 3, 2), ("s1", 5000, 15, 2), ("timesynth", 10_000, 5, 2))
+
+
+def predict(argv: list[str], network: str, workdir: Path) -> dict[str, Any]:
+    """The lean engine's report for ``fedproto run ARGV --engine lean --network NETWORK
+    --compute measured`` (a fresh process).
+
+    Raises:
+        RuntimeError: the run failed (its last error line) or its report has no prediction.
+    """
+    report = workdir / "lean.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "fedproto", "run", *argv, "--engine", "lean", "--network", network,
+         "--compute", "measured", "--quiet", "--no-plot", "--report", str(report)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"fedproto run {' '.join(argv)} --engine lean: {done.stderr.strip()[-1000:]}")
+    doc = json.loads(report.read_text())
+    if not doc.get("prediction"):
+        raise RuntimeError(f"fedproto run {' '.join(argv)} --engine lean --network: the report has no prediction")
+    return doc
+
+
+def star_network(path: Path, latency_s: float) -> str:
+    """Write the star link file of one latency; returns its path."""
+    doc = {"topology": "star", "default": {"latency_s": latency_s, "bandwidth_bytes_per_s": None}}
+    path.write_text(json.dumps(doc) + "\n")
+    return str(path)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, relay: bool = True) -> dict[str, Any]:
+    """Predict and (unless ``skip`` says why not) measure ``case`` with ``clients`` clients at one
+    latency; ``relay=False`` (latency 0 only): the hub listens itself, no relay (a profile)."""
+    latency_s = latency_ms / 1000
+    with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
+        work = Path(tmp)
+        network = star_network(work / "net.json", latency_s)
+        argv = [case.protocol, "--data", case.data, "--clients", str(clients), *case.split_options, *case.options]
+        lean = predict(argv, network, work)
+        run = None
+        if skip is None:
+            (work / "tcp").mkdir()
+            try:
+                run = run_tcp_star(case.protocol, data=case.data, clients=clients, options=case.options,
+                                   split_options=case.split_options, latency_s=latency_s if relay else None,
+                                   workdir=work / "tcp")
+            except NetnsUnavailable as exc:
+                skip = str(exc)
+    prediction = lean["prediction"]
+    predicted = float(prediction["wall_time_s"])
+    rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
+    row = dict(
+        protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
+        predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
+        latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
+        predicted_round0_s=rounds[0] if rounds else None,
+        predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
+        measured_start_skew_s=None, measured_after_last_start_s=None, measured_round0_s=None,
+        measured_steady_round_ms=None, lean_compile_s=lean.get("compile_s"), not_measured=skip,
+    )
+    if run is not None:
+        hub = run.report.parties[0]
+        starts = [t["start"] for t in run.traces.values() if t.get("start") is not None]
+        ends = [t["finish"] for t in run.traces.values() if t.get("finish") is not None]
+        hub_rounds = list(run.parties[hub].round_wall_s)
+        ratio = predicted / run.wall_time_s
+        row.update(
+            measured_s=run.wall_time_s, ratio=ratio, within_15_percent=abs(ratio - 1) <= TOLERANCE,
+            measured_start_skew_s=max(starts) - min(starts) if starts else None,
+            measured_after_last_start_s=max(ends) - max(starts) if starts and ends else None,
+            # the hub's rounds: from its first frame of a round to its first of the next
+            measured_round0_s=hub_rounds[0] if hub_rounds else None,
+            measured_steady_round_ms=None if len(hub_rounds) < 3 else 1000 * _median(hub_rounds[1:-1]),
+        )
+    measured = row["measured_s"]
+    print(f"  {case.protocol} on {case.data}, {clients} clients, {latency_ms:g} ms{'' if relay else ', no relay'}: "
+          f"predicted {predicted:.3f} s, measured {'-' if measured is None else f'{measured:.3f} s'}", flush=True)
+    return row
+
+
+def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...]) -> list[dict[str, Any]]:
+    """Predict and measure every case at every latency (see the module docstring)."""
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        for latency_ms in latencies_ms:
+            skip = rows[-1]["not_measured"] if rows else netns_unavailable_reason()
+            rows.append(one_row(case, CLIENTS, latency_ms, skip))
+    return rows
+
+
+def profile_rows() -> list[dict[str, Any]]:
+    """FastLloyd on S1 (``--profile``): without the relay, the relay at 0 ms, 2 clients at 1 ms."""
+    skip = netns_unavailable_reason()
+    case = CASES[0]
+    return [one_row(case, CLIENTS, 0.0, skip, relay=False), one_row(case, CLIENTS, 0.0, skip),
+            one_row(case, 2, 1.0, skip), one_row(case, CLIENTS, 1.0, skip)]
+
+
+def paper_rows(keys: tuple[tuple[str, int, int, int], ...]) -> list[dict[str, Any]]:
+    """Table 3's LAN rows predicted with ``--network lan`` (see the module docstring)."""
+    rows = []
+    for name, n, k, d in keys:
+        with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
+            work = Path(tmp)
+            data = name
+            if name == "timesynth":
+                x = timesynth(n, k, d, seed=0)
+                data = str(save_dataset(work / f"timesynth_{n}_{k}_{d}.npz", Dataset("timesynth", x, None, k)))
+            doc = predict(["fastlloyd", "--data", data, "--clients", "2", "--k", str(k), "--epsilon", "0.1",
+                           "--seed", "0"], "lan", work)
+        iterations = int(doc["results"]["iterations"])
+        prediction = doc["prediction"]
+        per_iteration_ms = 1000 * float(prediction["wall_time_s"]) / iterations
+        rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
+        paper = PAPER_ROWS[(name, n, k, d)]
+        rows.append(dict(data_set=name, n_points=n, k=k, d=d, iterations=iterations,
+                         predicted_ms_per_iteration=per_iteration_ms, paper_ms_per_iteration=paper,
+                         ratio=per_iteration_ms / paper,
+                         predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
+                         compile_s=doc.get("compile_s")))
+    return rows
+
+
+def print_split(console: Any, title: str, rows: list[dict[str, Any]]) -> None:
+    """The "where the time goes" table of ``rows``."""
+    table = Table(title=title, title_justify="left")
+    for column in ("protocol", "clients", "latency", "pred. s", "meas. s", "ratio", "pred. round 0 s",
+                   "meas. round 0 s", "pred. steady ms", "meas. steady ms", "meas. start skew s",
+                   "meas. after last start s", "lean compile s"):
+        table.add_column(column, justify="left" if column == "protocol" else "right")
+    for row in rows:
+        latency = f"{row['latency_ms']:g} ms" + ("" if row["relay"] else " (no relay)")
+        table.add_row(row["protocol"], str(row["clients"]), latency, _fmt(row["predicted_s"]),
+                      _fmt(row["measured_s"]), _fmt(row["ratio"]), _fmt(row["predicted_round0_s"]),
+                      _fmt(row["measured_round0_s"]), _fmt(row["predicted_steady_round_ms"], 1),
+                      _fmt(row["measured_steady_round_ms"], 1), _fmt(row["measured_start_skew_s"]),
+                      _fmt(row["measured_after_last_start_s"]), _fmt(row["lean_compile_s"]))
+    console.print(table)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(parser, quick="FastLloyd only in the check; three of Table 3's rows")
+    parser.add_argument("--profile", action="store_true",
+                        help="also FastLloyd without the relay, the relay at 0 ms, and 2 clients at 1 ms")
+    args = parse_args(parser, argv)
+    cases = CASES[:1] if args.quick else CASES
+    missing = [name for name in {c.data for c in cases} | {"lsun", "s1"} if find_data_file(name) is None]
+    if missing:
+        parser.error(f"data sets not found: {', '.join(sorted(missing))} (set FEDPROTO_DATA to their directory "
+                     "or run fedproto data fetch NAME)")
+    console = make_console()
+    print_machine_facts(console, TITLE, {
+        "clients": CLIENTS, "latencies (one way, each client-hub link)": ", ".join(f"{x:g} ms" for x in LATENCIES_MS),
+        "measured side": netns_unavailable_reason() or "TLS parties in network namespaces, delaying relay",
+    })
+    check = check_rows(cases, LATENCIES_MS)
+    table = Table(title=TITLE, title_justify="left")
+    for column in ("protocol", "data", "latency", "hops", "predicted s", "measured s", "ratio", "within 15%"):
+        table.add_column(column, justify="left" if column in ("protocol", "data") else "right")
+    for row in check:
+        ok = "-" if row["within_15_percent"] is None else ("yes" if row["within_15_percent"] else "NO")
+        table.add_row(row["protocol"], row["data_set"], f"{row['latency_ms']:g} ms", str(row["latency_hops"]),
+                      _fmt(row["predicted_s"]), _fmt(row["measured_s"]), _fmt(row["ratio"]), ok)
+    console.print(table)
+    print_split(console, SPLIT_TITLE, check)
+    if any(row["not_measured"] for row in check):
+        console.print(f"not measured: {check[0]['not_measured']}", highlight=False)
+    profile = profile_rows() if args.profile else []
+    if profile:
+        print_split(console, PROFILE_TITLE, profile)
+
+    paper = paper_rows(QUICK_PAPER_ROWS if args.quick else tuple(PAPER_ROWS))
+    table = Table(title=PAPER_TITLE, title_justify="left")
+    for column in ("data", "N", "k", "d", "T", "predicted ms/iter", "paper ms/iter", "ratio", "steady round ms",
+                   "compile s"):
+        table.add_column(column, justify="left" if column == "data" else "right")
+    for row in paper:
+        table.add_row(row["data_set"], f"{row['n_points']:,}", str(row["k"]), str(row["d"]), str(row["iterations"]),
+                      f"{row['predicted_ms_per_iteration']:.2f}", f"{row['paper_ms_per_iteration']:.2f}",
+                      f"{row['ratio']:.2f}", _fmt(row["predicted_steady_round_ms"], 2), _fmt(row["compile_s"]))
+    console.print(table)
+    console.print(
+        "The paper ran 3 MPI ranks on an Apple M2 Max (30 cores); this is a 2-core VM, one process driving "
+        "every party. TimeSynth here is the TimeSynth-like stand-in of benchmarks/fastlloyd_timing.py (fedproto "
+        "neither ships nor fetches TimeSynth).", highlight=False,
+    )
+    records = [record("network_model", **{k: v for k, v in row.items() if k != "not_measured"}) for row in check]
+    records += [record("network_model_profile", **{k: v for k, v in row.items() if k != "not_measured"})
+                for row in profile]
+    records += [record("network_model_paper", **row) for row in paper]
+    write_records(args.json, records, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

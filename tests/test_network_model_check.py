@@ -1,0 +1,155 @@
+"""The link model checked against a real network (issue 31, part 3).
+
+* the delaying relay of ``benchmarks/_delay_relay.py``, on loopback: bytes arrive whole and in
+  order both ways, every chunk at least its latency late (a lower bound: a late scheduler can
+  only add to it), with a bandwidth at least bytes / bandwidth late, a half-close is forwarded,
+  and stopping it ends every thread it started;
+* slow, root only: FastLloyd on S1 with 10 clients as TLS parties in network namespaces whose
+  client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``): the lean
+  engine's predicted wall time (``--network`` with the same link, ``--compute measured``) is
+  within 15% of the measured one. Skipped where namespaces cannot be made. It does not hold on
+  this 2-core machine (strict ``xfail`` with the figures, so that it fails once the model closes
+  the gap and the marker must go).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"netcheck_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+delay_relay = _load("_delay_relay")
+
+
+class Echo:
+    """A loopback TCP server that sends back what it reads, then half-closes when its peer does."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listener.getsockname()[:2]
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+            conn.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.thread.join(10)
+        self.listener.close()
+        assert not self.thread.is_alive()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, f"connection ended after {len(out)} of {n} bytes"
+        out += chunk
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("latency_s", "bandwidth"), [(0.02, None), (0.0, 200_000.0)])
+def test_the_relay_delivers_every_byte_in_order_and_late_by_its_latency(latency_s, bandwidth):
+    threads_before = threading.active_count()
+    echo = Echo()
+    relay = delay_relay.DelayRelay(("127.0.0.1", 0), echo.address, latency_s, bandwidth)
+    with relay:
+        with socket.create_connection(relay.address) as sock:
+            payload = bytes(range(256)) * 40  # 10,240 bytes
+            rounds = 3
+            started = time.monotonic()
+            for i in range(rounds):
+                message = bytes([i]) + payload
+                sock.sendall(message)
+                assert _recv_exactly(sock, len(message)) == message
+            elapsed = time.monotonic() - started
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(1) == b""  # the echo's half-close came back through the relay
+    echo.close()
+    # each round trip crosses the relay twice: two latencies at least, and with a bandwidth,
+    # the message's bytes at that rate in each direction
+    per_trip = 2 * latency_s + (2 * (len(payload) + 1) / bandwidth if bandwidth else 0.0)
+    assert elapsed >= rounds * per_trip
+    assert relay.bytes == 2 * rounds * (len(payload) + 1)
+    assert threading.active_count() == threads_before  # every relay thread ended
+
+
+def test_the_relay_refuses_a_negative_latency_and_a_zero_bandwidth():
+    with pytest.raises(ValueError, match="latency_s"):
+        delay_relay.DelayRelay(("127.0.0.1", 0), ("127.0.0.1", 1), -0.001)
+    with pytest.raises(ValueError, match="bandwidth"):
+        delay_relay.DelayRelay(("127.0.0.1", 0), ("127.0.0.1", 1), 0.001, 0.0)
+
+
+def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
+    with socket.create_server(("127.0.0.1", 0)) as placeholder:
+        dead = placeholder.getsockname()[:2]  # a port nobody listens on once this closes
+    threads_before = threading.active_count()
+    with delay_relay.DelayRelay(("127.0.0.1", 0), dead, 0.001) as relay:
+        with socket.create_connection(relay.address) as sock:
+            sock.settimeout(10)
+            assert sock.recv(1) == b""
+    assert threading.active_count() == threads_before
+
+
+@pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 31: the model misses here: predicted/measured 0.28 (1 ms) and 0.66 (25 ms) for FastLloyd, 0.14 "
+    "and 0.55 for MUFC on this 2-core VM. Eleven party processes share two cores (the model gives every party its "
+    "own CPU), each process compiles its own kernels (the lean run once), the parties' start-up skews their starts "
+    "by 0.1-0.3 s, and a steady FastLloyd round costs 11-15 ms more than predicted; see "
+    "benchmarks/network_model.py --profile",
+)
+def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
+    netns_star = _load("_netns_star")
+    reason = netns_star.netns_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    network_model = _load("network_model")
+    case = network_model.CASES[0]
+    assert (case.protocol, case.data) == ("fastlloyd", "s1")
+    latency_s = 0.025
+    (tmp_path / "tcp").mkdir()
+    try:
+        run = netns_star.run_tcp_star(case.protocol, data=case.data, clients=10, options=case.options,
+                                      split_options=case.split_options, latency_s=latency_s,
+                                      workdir=tmp_path / "tcp")
+    except netns_star.NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    assert run.report.status == "completed" and len(run.parties) == 11
+    assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
+    network = network_model.star_network(tmp_path / "net.json", latency_s)
+    argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
+    lean = network_model.predict(argv, network, tmp_path)
+    assert lean["messages"] == run.report.messages  # the same run, frame for frame
+    predicted = lean["prediction"]["wall_time_s"]
+    print(f"predicted {predicted:.3f} s, measured {run.wall_time_s:.3f} s, ratio {predicted / run.wall_time_s:.3f}")
+    assert abs(predicted / run.wall_time_s - 1) <= 0.15, (predicted, run.wall_time_s)
