@@ -20,8 +20,13 @@ Then :func:`exit_by_signal` ends the process as the signal would have: SIGTERM's
 restored and the signal raised again, so a parent still sees "killed by SIGTERM" (exit status -15
 from :mod:`subprocess`); SIGINT gives 130, the status the CLI gives a ``KeyboardInterrupt``.
 
-Only the main thread can handle signals; in any other thread the guard installs nothing and
-signals keep their usual effect.
+``fedproto run`` of an in-process or MPI run takes the other road, :func:`sigterm_interrupts`:
+SIGTERM is passed on to SIGINT's handler, so Trio (or Python outside Trio) raises
+``KeyboardInterrupt`` at a safe point and the run's caller writes the ``interrupted`` report from
+the meter as it stands; :class:`Terminated` then carries the exit status 128 + SIGTERM.
+
+Only the main thread can handle signals; in any other thread nothing is installed and signals
+keep their usual effect.
 """
 
 from __future__ import annotations
@@ -32,14 +37,23 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 import trio
 
-__all__ = ["Interrupted", "SignalGuard", "exit_by_signal", "signal_name", "write_json"]
+__all__ = [
+    "Interrupted",
+    "SignalGuard",
+    "Terminated",
+    "exit_by_signal",
+    "signal_name",
+    "sigterm_interrupts",
+    "write_json",
+]
 
 #: The signals that interrupt a run.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -149,6 +163,43 @@ class SignalGuard:
         if error is not None:
             raise error
         return result
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM interrupted ``fedproto run`` (exit status 128 + SIGTERM, as a shell reports a
+    process that SIGTERM killed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_interrupts(received: list[int]) -> Iterator[None]:
+    """While inside, SIGTERM interrupts as SIGINT does and is appended to ``received``.
+
+    The handler passes the signal on to SIGINT's handler, so inside ``trio.run`` Trio raises the
+    ``KeyboardInterrupt`` where it is safe to (never inside its own bookkeeping), and outside it
+    Python's default handler raises it at once. The previous handler is restored on the way out.
+    Only the main thread can install handlers; elsewhere nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a background job): SIGTERM still ends the run
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_by_signal(signum: int) -> int:

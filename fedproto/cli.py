@@ -58,10 +58,8 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,7 +68,15 @@ from typing import Any
 import trio
 
 from fedproto import __version__, datasets, registry
-from fedproto._interrupt import Interrupted, SignalGuard, exit_by_signal, signal_name, write_json
+from fedproto._interrupt import (
+    Interrupted,
+    SignalGuard,
+    Terminated,
+    exit_by_signal,
+    signal_name,
+    sigterm_interrupts,
+    write_json,
+)
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError, LocalProtocolError
@@ -619,43 +625,6 @@ def _failing_party(machines: Mapping[str, Any], exc: BaseException) -> str | Non
         if machine.error is exc:
             return party
     return exc.party if isinstance(exc, LocalProtocolError) else None
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM interrupted ``fedproto run`` (exit status 128 + SIGTERM, as a shell reports a
-    process that SIGTERM killed)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextmanager
-def _sigterm_interrupts(received: list[int]) -> Iterator[None]:
-    """While inside, SIGTERM interrupts as SIGINT does and is appended to ``received``.
-
-    The handler passes the signal on to SIGINT's handler, so inside ``trio.run`` Trio raises the
-    ``KeyboardInterrupt`` where it is safe to (never inside its own bookkeeping), and outside it
-    Python's default handler raises it at once. The previous handler is restored on the way out.
-    Only the main thread can install handlers; elsewhere nothing is installed.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(signum)
-        interrupt = signal.getsignal(signal.SIGINT)
-        if callable(interrupt):
-            interrupt(signal.SIGINT, frame)
-        else:  # SIGINT ignored (a background job): SIGTERM still ends the run
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _frame_limit(plan: RunPlan, args: argparse.Namespace) -> int:
@@ -1476,7 +1445,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
     """``fedproto run``. A run that fails or is interrupted once its parties have started writes
     its ``--report`` too (``failed`` or ``interrupted``, no plot), says where in ``epilogue``
     (printed after the error line) and raises what ended it; SIGTERM acts as SIGINT meanwhile and
-    ends in :class:`_Terminated`."""
+    ends in :class:`Terminated`."""
     from rich.console import Console
 
     plugin = registry.load_protocol(args.protocol)
@@ -1491,7 +1460,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
     show_progress = not args.quiet and (args.transport != "mpi" or _mpi_rank_from_environment() == 0)
     received: list[int] = []
     try:
-        with _sigterm_interrupts(received), progress_display(Console(stderr=True), enabled=show_progress):
+        with sigterm_interrupts(received), progress_display(Console(stderr=True), enabled=show_progress):
             dataset = _dataset(plugin, args)
             plan = plugin.plan(args, dataset)
             error: BaseException | None = None
@@ -1526,8 +1495,8 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
                 epilogue.append(f"report written to {args.report}")
             raise error
     except KeyboardInterrupt as exc:
-        if received and not isinstance(exc, _Terminated):
-            raise _Terminated(received[0]) from exc
+        if received and not isinstance(exc, Terminated):
+            raise Terminated(received[0]) from exc
         raise
     _print_run(plan, args, summary, report, console)
     return 0
@@ -1908,7 +1877,7 @@ def _main(argv: list[str], epilogue: list[str]) -> int:
     except LaunchInterrupted as exc:
         print(f"fedproto: {exc}", file=sys.stderr)
         return 128 + exc.signum
-    except _Terminated as exc:
+    except Terminated as exc:
         print(f"fedproto: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:
