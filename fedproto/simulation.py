@@ -350,7 +350,7 @@ def _simulate_linked(
         arm(party, machine)
         began = clock()
         sends = encoded(machine, machine.start())
-        handler = sim.handled(party, machine.round_idx, 0.0, clock() - began)
+        handler = sim.handled(party, machine.round_idx, 0.0, clock() - began, frames_out=_deliveries(sends))
         dispatch(handler, sends)
         stepped(party, machine)
     remaining = sum(1 for m in machines.values() if not m.done)
@@ -376,7 +376,7 @@ def _simulate_linked(
                 began = clock()
                 outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
                 sends = encoded(machine, outgoing)
-                dispatch(sim.handled(party, round_idx, due_at, clock() - began), sends)
+                dispatch(sim.handled(party, round_idx, due_at, clock() - began, frames_out=_deliveries(sends)), sends)
                 sent = sent or bool(sends)
                 moved = (machine.round_idx, machine.state) != progress[party] or moved
                 stepped(party, machine)
@@ -423,13 +423,21 @@ def _simulate_linked(
                 began = clock()
                 sends = encoded(machine, outgoing)
                 spent = item.decode_s + share + clock() - began
-                dispatch(sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery), sends)
+                handler = sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery,
+                                      frames_out=_deliveries(sends))
+                dispatch(handler, sends)
                 stepped(dest, machine)
                 if machine.done:
                     remaining -= 1
     meter.finish()
     meter.prediction = sim.prediction()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _deliveries(sends: list[tuple[Outgoing, _TimedFrame]]) -> int:
+    """How many deliveries ``sends`` makes (a broadcast one per receiver: each goes over its own
+    connection, at the link model's per-frame cost)."""
+    return sum(len(item.dests) for _, item in sends)
 
 
 def _after_step(
