@@ -39,6 +39,16 @@ The model:
   each goes over its own connection). On the star, the hub forwards a frame between two other
   parties at ``2 * per_frame_s`` of its own CPU (receiving and sending it again): a handler of the
   hub's (it occupies the hub's clock and a core) that the frame waits for between its two links.
+* **Compilation per party** (``compile``: ``"once"``, the default, or ``"per_party"``). The lean
+  engine runs every party in one process, which traces and compiles (or loads from the
+  persistent cache) each JAX kernel once, in the first handler that uses it; a deployment runs
+  each party in its own process, which pays that for its own kernels. With ``"per_party"`` and
+  measured compute, the engine reports each handler's compile seconds (JAX's own compile events,
+  :func:`fedproto.compilation.compile_seconds`) under a key (the machine's class, the round, and
+  what triggered it); a party's first handler of a key is charged the largest compile seconds
+  seen for that key, less what its own measured time already holds (a broadcast batch's compile
+  counts whole for each receiver: each process would compile its own). With fixed compute
+  nothing is added.
 * **Deadlines** (:class:`~fedproto.messages.PhaseTimedOut`) fire on the same clock: a party's
   deadline is armed at its clock when it makes progress, and fires when the model's time reaches
   it before a frame for that party does.
@@ -126,7 +136,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 _LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s")
-_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s")
+_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile")
+#: What a model file's ``compile`` may say (see the module docstring).
+COMPILE_MODES = ("once", "per_party")
 _HOST_KEYS = ("cores", "parties")
 
 
@@ -169,6 +181,8 @@ class LinkModel:
             docstring); a party no host names has a host and a core of its own.
         per_frame_s: CPU seconds a frame costs its sender and its receiver each (>= 0; the hub
             twice for a frame it forwards), see the module docstring.
+        compile: ``"once"`` (the lean process's compilation as measured) or ``"per_party"``
+            (every party's process compiles its own kernels), see the module docstring.
     """
 
     name: str = "custom"
@@ -178,6 +192,7 @@ class LinkModel:
     links: Mapping[tuple[str, str], Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     hosts: Mapping[str, Host] = dataclasses.field(default_factory=dict)
     per_frame_s: float = 0.0
+    compile: str = "once"
 
     @classmethod
     def preset(cls, name: str) -> "LinkModel":
@@ -196,7 +211,7 @@ class LinkModel:
 
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
         B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
-        {"cores": 2, "parties": "*"}}, "per_frame_s": s}``, every key optional; a bandwidth of
+        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party"}``, every key optional; a bandwidth of
         ``null`` (JSON) or an absent one is unlimited; a host's ``parties`` is a list of names or
         ``"*"`` (every party no other host names; at most one host says so).
 
@@ -265,6 +280,9 @@ class LinkModel:
         if isinstance(per_frame, bool) or not isinstance(per_frame, int | float) or not math.isfinite(per_frame) \
                 or per_frame < 0:
             raise ValueError(f"{where}: per_frame_s: expected a finite number of seconds >= 0, got {per_frame!r}")
+        compile_mode = data.get("compile", "once")
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"{where}: compile must be once or per_party, got {compile_mode!r}")
         return cls(
             name=name,
             topology=topology,
@@ -273,6 +291,7 @@ class LinkModel:
             links=links,
             hosts=hosts,
             per_frame_s=float(per_frame),
+            compile=compile_mode,
         )
 
     def placement(self, roster: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -313,6 +332,7 @@ class LinkModel:
             "links": {f"{s}->{r}": dict(e) for (s, r), e in self.links.items()},
             "hosts": {h: host.to_dict() for h, host in self.hosts.items()},
             "per_frame_s": self.per_frame_s,
+            "compile": self.compile,
         }
 
 
@@ -430,6 +450,9 @@ class LinkSimulator:
         self.compute_s = compute_s
         self.clock: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.per_frame_s = model.per_frame_s
+        self.compile_per_party = model.compile == "per_party"
+        self._kernel_s: dict[Any, float] = {}  # kernel key -> the largest compile seconds seen
+        self._paid: set[tuple[str, Any]] = set()  # (party, kernel key) already charged
         placement = model.placement(self.parties)
         self._host = {party: host for party, (host, _) in placement.items()}
         # per host: a heap of (free time, core number, the handler that last held it)
@@ -474,6 +497,7 @@ class LinkSimulator:
 
     def handled(
         self, party: str, round_idx: int, ready_s: float, compute_s: float, trigger: int = -1, frames_out: int = 0,
+        kernels: tuple[Any, float, float] | None = None,
     ) -> int:
         """Record a handler of ``party``, place it on a core of its host and advance its clock.
 
@@ -485,11 +509,21 @@ class LinkSimulator:
             trigger: the delivery that triggered it (:meth:`next_arrivals`), -1 for none.
             frames_out: deliveries it sends (each costs the model's ``per_frame_s``, as does the
                 frame that triggered it).
+            kernels: ``(key, compile_s, included_s)``: what the handler is (any hashable: its
+                machine's class, round and trigger), the compile seconds the lean process spent
+                in it (a batch's whole), and how much of them ``compute_s`` holds; used with the
+                model's ``compile`` ``"per_party"`` and measured compute (see the module docstring).
 
         Returns:
             The handler's id (for :meth:`send`).
         """
         compute = self.compute_s if self.compute_s is not None else compute_s
+        if kernels is not None and self.compile_per_party and self.compute_s is None:
+            key, compiled, included = kernels
+            self._kernel_s[key] = max(self._kernel_s.get(key, 0.0), compiled)
+            if (party, key) not in self._paid:
+                self._paid.add((party, key))
+                compute += max(self._kernel_s[key] - included, 0.0)
         compute += self.per_frame_s * (frames_out + (1 if trigger >= 0 else 0))
         return self._run(party, round_idx, ready_s, compute, trigger)
 

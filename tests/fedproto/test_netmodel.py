@@ -207,6 +207,28 @@ def test_the_hub_forwards_a_frame_between_clients_at_twice_the_per_frame_cost_on
     assert p["timeline"]["hub"][0]["compute_s"] == pytest.approx(0.004)
 
 
+def test_per_party_compilation_charges_each_partys_first_handler_of_a_kernel_what_the_lean_process_paid():
+    per_party = LinkModel.from_mapping({"topology": "mesh", "compile": "per_party"})
+    sim = LinkSimulator(per_party, ["s", "a", "b", "c"])
+    query = ("Worker", 0, "query")
+    # a compiled the kernel (0.2 s of its 0.3 s); b ran it compiled (0.1 s) but its own process
+    # would have compiled it: 0.1 + 0.2; a's second handler of the key pays nothing more
+    assert sim.clock["a"] == 0.0
+    sim.handled("a", 0, 0.0, 0.3, kernels=(query, 0.2, 0.2))
+    sim.handled("b", 0, 0.0, 0.1, kernels=(query, 0.0, 0.0))
+    sim.handled("a", 0, 0.0, 0.1, kernels=(query, 0.0, 0.0))
+    assert (sim.clock["a"], sim.clock["b"]) == (pytest.approx(0.4), pytest.approx(0.3))
+    # a batch compiled 0.4 s of another key, of which c's measured time holds its share 0.1
+    sim.handled("c", 0, 0.0, 0.15, kernels=(("Worker", 0, "update"), 0.4, 0.1))
+    assert sim.clock["c"] == pytest.approx(0.45)
+    # compiled once (the default), or fixed compute: nothing added
+    once = LinkSimulator(LinkModel(topology="mesh"), ["s", "b"])
+    once.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.0))
+    fixed = LinkSimulator(per_party, ["s", "b"], compute_s=0.001)
+    fixed.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.0))
+    assert (once.clock["b"], fixed.clock["b"]) == (pytest.approx(0.1), 0.001)
+
+
 # --- models and their files --------------------------------------------------------------------------
 
 
@@ -255,6 +277,7 @@ def test_presets_and_files(tmp_path):
         ({"hosts": {"x": {"parties": "a"}}}, "hosts.x.parties: expected a list of party names"),
         ({"hosts": {"x": {"ram": 4}}}, "hosts.x: unknown key 'ram'"),
         ({"per_frame_s": -0.001}, "per_frame_s: expected a finite number of seconds >= 0"),
+        ({"compile": "twice"}, "compile must be once or per_party"),
     ],
 )
 def test_a_malformed_model_names_the_key(data, message):
@@ -270,7 +293,7 @@ def test_hosts_place_named_parties_the_star_takes_the_rest_and_others_have_their
     assert LinkModel.from_mapping({"hosts": {"site": {"parties": ["server"]}}}).placement(["server", "c0"]) == {
         "server": ("host:site", 1), "c0": ("party:c0", 1)}
     assert m.to_dict()["hosts"] == {"site": {"cores": 4, "parties": ["server"]}, "vm": {"cores": 2, "parties": "*"}}
-    assert m.to_dict()["per_frame_s"] == 0.0001
+    assert m.to_dict()["per_frame_s"] == 0.0001 and m.to_dict()["compile"] == "once"
     for name in ("lan", "wan", "cross-region"):  # presets: a host each, no per-frame cost
         assert (LinkModel.preset(name).hosts, LinkModel.preset(name).per_frame_s) == ({}, 0.0)
 
