@@ -211,9 +211,10 @@ class LinkModel:
 
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
         B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
-        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party"}``, every key optional; a bandwidth of
-        ``null`` (JSON) or an absent one is unlimited; a host's ``parties`` is a list of names or
-        ``"*"`` (every party no other host names; at most one host says so).
+        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party"}``, every
+        key optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited; a host's
+        ``parties`` is a list of names or ``"*"`` (every party no other host names; at most one
+        host says so).
 
         Raises:
             ValueError: the file cannot be read or parsed, or a key or value is wrong (names it).

@@ -123,6 +123,7 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
 @pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,  # a broken harness is an error, not the expected miss
     reason="issue 31: the model misses here: predicted/measured 0.28 (1 ms) and 0.66 (25 ms) for FastLloyd, 0.14 "
     "and 0.55 for MUFC on this 2-core VM. Eleven party processes share two cores (the model gives every party its "
     "own CPU), each process compiles its own kernels (the lean run once), the parties' start-up skews their starts "
@@ -152,7 +153,7 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
                                          per_frame_s=per_frame_s)
     argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
-    lean = network_model.predict(argv, network, tmp_path, warm=True)
+    lean = network_model.predict(argv, network, tmp_path, warm=True, runs=network_model.PREDICTION_RUNS)
     assert lean["messages"] == run.report.messages  # the same run, frame for frame
     predicted = lean["prediction"]["wall_time_s"]
     measured = network_model.measured_span(run)
