@@ -10,7 +10,9 @@
   (``--network`` with the same link, every party on this machine's cores, the per-frame cost
   measured here as ``benchmarks/network_model.py`` does, ``--compute measured``, after an unused
   lean run) is within 15% of the measured span (the last party's start to the last finish).
-  Skipped where namespaces cannot be made.
+  Skipped where namespaces cannot be made. It does not hold yet on this 2-core machine (strict
+  ``xfail`` with the figures, so that it fails once the model closes the gap and the marker must
+  go; only an ``AssertionError`` counts as the expected miss).
 """
 
 from __future__ import annotations
@@ -120,15 +122,15 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
     assert threading.active_count() == threads_before
 
 
-@pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
+@pytest.mark.slow  # two runs of eleven processes starting JAX, then four lean runs: about 2 minutes
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,  # a broken harness is an error, not the expected miss
-    reason="issue 31: the model misses here: predicted/measured 0.28 (1 ms) and 0.66 (25 ms) for FastLloyd, 0.14 "
-    "and 0.55 for MUFC on this 2-core VM. Eleven party processes share two cores (the model gives every party its "
-    "own CPU), each process compiles its own kernels (the lean run once), the parties' start-up skews their starts "
-    "by 0.1-0.3 s, and a steady FastLloyd round costs 11-15 ms more than predicted; see "
-    "benchmarks/network_model.py --profile",
+    reason="issue 31: with hosts (2 cores), the measured per-frame cost, per-party compilation and the span from "
+    "the last party's start, the 1 ms cases came within 15% in one full run (FastLloyd 0.855, MUFC 1.138) but the "
+    "25 ms cases did not (FastLloyd 0.691 and 0.797, MUFC 0.750): steady rounds cost 9-12 ms more than predicted "
+    "(FastLloyd 66.0 against 57.3 ms, MUFC 120.1 against 108.5 ms), and the TLS connection set-up through the relay "
+    "(3 to 4 one-way latencies before the first frame) is not modelled; see benchmarks/network_model.py",
 )
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
