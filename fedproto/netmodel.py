@@ -25,6 +25,30 @@ The model:
   encoding what it sends) is either ``fixed`` (every handler, the start of each party and each
   timeout included, costs the same seconds: bit-for-bit repeatable predictions) or ``measured``
   on this process with ``time.perf_counter`` (see :func:`parse_compute`).
+* **Hosts and cores.** Parties may share a host with a number of cores (``hosts``): on a host,
+  at most ``cores`` handlers run at once. A handler takes the host's core that frees first and
+  starts at ``max(its ready time, the core's free time)``; handlers take cores in the order the
+  model runs them (arrival order, ties by sequence number), and a core's idle gap before a
+  handler already placed on it is not filled, so a prediction stays deterministic for a given
+  compute trace. A party no host names is on a host of its own with one core (a party runs one
+  handler at a time anyway): the default, every party on its own machine.
+* **Per-frame cost** (``per_frame_s``, 0 by default): CPU seconds each frame costs its sender and
+  its receiver beyond what the lean engine measures (the transport: framing, TLS, system calls,
+  the runtime's loop). A handler's compute grows by ``per_frame_s`` for the frame that triggered
+  it and by ``per_frame_s`` for each delivery it sends (a broadcast to ``n`` parties costs ``n``:
+  each goes over its own connection). On the star, the hub forwards a frame between two other
+  parties at ``2 * per_frame_s`` of its own CPU (receiving and sending it again): a handler of the
+  hub's (it occupies the hub's clock and a core) that the frame waits for between its two links.
+* **Compilation per party** (``compile``: ``"once"``, the default, or ``"per_party"``). The lean
+  engine runs every party in one process, which traces and compiles (or loads from the
+  persistent cache) each JAX kernel once, in the first handler that uses it; a deployment runs
+  each party in its own process, which pays that for its own kernels. With ``"per_party"`` and
+  measured compute, the engine reports each handler's compile seconds (JAX's own compile events,
+  :func:`fedproto.compilation.compile_seconds`) under a key (the machine's class, the round, and
+  what triggered it); a party's first handler of a key is charged the largest compile seconds
+  seen for that key, less what its own measured time already holds (a broadcast batch's compile
+  counts whole for each receiver: each process would compile its own). With fixed compute
+  nothing is added.
 * **Deadlines** (:class:`~fedproto.messages.PhaseTimedOut`) fire on the same clock: a party's
   deadline is armed at its clock when it makes progress, and fires when the model's time reaches
   it before a frame for that party does.
@@ -33,8 +57,10 @@ The prediction (:meth:`LinkSimulator.prediction`, the report's ``prediction`` fi
 predicted wall time (first party start, 0, to the last handler's end), its split along the
 critical path into network, compute and deadline waiting, per round and per phase, and a per-party
 timeline of compute and waiting. The critical path is walked back from the handler that ends last:
-from a handler to the frame that triggered it (and on to the handler that sent that frame) or to
-the same party's previous handler, whichever ended later (the one the handler waited for).
+from a handler to the frame that triggered it (and on to the handler that sent that frame, or
+that forwarded it), to the same party's previous handler, or to the handler that held the core it
+waited for, whichever it waited for last (a frame first on ties, then the party's previous
+handler).
 
 Example::
 
@@ -55,7 +81,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Link", "LinkModel", "LinkSimulator", "PRESETS", "parse_compute", "plot_timeline"]
+__all__ = ["Host", "Link", "LinkModel", "LinkSimulator", "PRESETS", "parse_compute", "plot_timeline"]
 
 #: Topologies a model file may name.
 TOPOLOGIES = ("star", "mesh")
@@ -110,7 +136,27 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 _LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s")
-_TOP_KEYS = ("topology", "default", "parties", "links")
+_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile")
+#: What a model file's ``compile`` may say (see the module docstring).
+COMPILE_MODES = ("once", "per_party")
+_HOST_KEYS = ("cores", "parties")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """Parties that share a machine, and its cores.
+
+    Attributes:
+        cores: how many handlers may run at once on it (>= 1).
+        parties: the parties on it, or ``"*"``: every party no other host names.
+    """
+
+    cores: int = 1
+    parties: tuple[str, ...] | str = "*"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"cores", "parties"}`` (``"*"`` or a list of names)."""
+        return {"cores": self.cores, "parties": self.parties if self.parties == "*" else list(self.parties)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +177,12 @@ class LinkModel:
             bandwidth when absent).
         parties: ``{party: {key: value}}`` (partial link parameters).
         links: ``{(sender, receiver): {key: value}}`` (partial link parameters).
+        hosts: ``{host: Host}``, which parties share a machine and its cores (see the module
+            docstring); a party no host names has a host and a core of its own.
+        per_frame_s: CPU seconds a frame costs its sender and its receiver each (>= 0; the hub
+            twice for a frame it forwards), see the module docstring.
+        compile: ``"once"`` (the lean process's compilation as measured) or ``"per_party"``
+            (every party's process compiles its own kernels), see the module docstring.
     """
 
     name: str = "custom"
@@ -138,6 +190,9 @@ class LinkModel:
     default: Link = Link()
     parties: Mapping[str, Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
     links: Mapping[tuple[str, str], Mapping[str, float | None]] = dataclasses.field(default_factory=dict)
+    hosts: Mapping[str, Host] = dataclasses.field(default_factory=dict)
+    per_frame_s: float = 0.0
+    compile: str = "once"
 
     @classmethod
     def preset(cls, name: str) -> "LinkModel":
@@ -155,8 +210,11 @@ class LinkModel:
         """Read a model file: JSON, or TOML when the name ends in ``.toml``.
 
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
-        B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}}``, every key
-        optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited.
+        B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
+        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party"}``, every
+        key optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited; a host's
+        ``parties`` is a list of names or ``"*"`` (every party no other host names; at most one
+        host says so).
 
         Raises:
             ValueError: the file cannot be read or parsed, or a key or value is wrong (names it).
@@ -193,8 +251,10 @@ class LinkModel:
         """Build a model from the file layout (see :meth:`load`).
 
         Raises:
-            ValueError: an unknown key, a wrong type, a negative latency or a non-positive bandwidth
-                (the message names the key, e.g. ``links.server->client-0.latency_s``).
+            ValueError: an unknown key, a wrong type, a negative latency or a non-positive bandwidth,
+                a host without a whole number of cores >= 1, a party on two hosts, two hosts of
+                ``"*"``, a negative ``per_frame_s`` (the message names the key, e.g.
+                ``links.server->client-0.latency_s``).
         """
         where = f"network model {name}"
         if not isinstance(data, Mapping):
@@ -216,13 +276,35 @@ class LinkModel:
             if not arrow or not sender.strip() or not receiver.strip():
                 raise ValueError(f"{where}: links.{key}: a link is named SENDER->RECEIVER")
             links[(sender.strip(), receiver.strip())] = _link_entry(entry, f"{where}: links.{key}")
+        hosts = _hosts(data.get("hosts", {}), f"{where}: hosts")
+        per_frame = data.get("per_frame_s", 0.0)
+        if isinstance(per_frame, bool) or not isinstance(per_frame, int | float) or not math.isfinite(per_frame) \
+                or per_frame < 0:
+            raise ValueError(f"{where}: per_frame_s: expected a finite number of seconds >= 0, got {per_frame!r}")
+        compile_mode = data.get("compile", "once")
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"{where}: compile must be once or per_party, got {compile_mode!r}")
         return cls(
             name=name,
             topology=topology,
             default=Link(default.get("latency_s") or 0.0, default.get("bandwidth_bytes_per_s")),
             parties=parties,
             links=links,
+            hosts=hosts,
+            per_frame_s=float(per_frame),
+            compile=compile_mode,
         )
+
+    def placement(self, roster: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """``{party: (host key, cores)}`` for every party of ``roster``: its host's name and cores,
+        or a host of its own (key ``"party:NAME"``) with one core."""
+        named = {p: h for h, host in self.hosts.items() if host.parties != "*" for p in host.parties}
+        star = next((h for h, host in self.hosts.items() if host.parties == "*"), None)
+        out: dict[str, tuple[str, int]] = {}
+        for party in roster:
+            host = named.get(party, star)
+            out[party] = (f"party:{party}", 1) if host is None else (f"host:{host}", self.hosts[host].cores)
+        return out
 
     def link(self, sender: str, receiver: str) -> Link:
         """The resolved parameters of the directed link ``sender -> receiver`` (see the class)."""
@@ -249,6 +331,9 @@ class LinkModel:
             "default": self.default.to_dict(),
             "parties": {p: dict(e) for p, e in self.parties.items()},
             "links": {f"{s}->{r}": dict(e) for (s, r), e in self.links.items()},
+            "hosts": {h: host.to_dict() for h, host in self.hosts.items()},
+            "per_frame_s": self.per_frame_s,
+            "compile": self.compile,
         }
 
 
@@ -256,6 +341,38 @@ def _table(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected a table, got {type(value).__name__}")
     return value
+
+
+def _hosts(value: Any, where: str) -> dict[str, Host]:
+    """The ``hosts`` table, checked: cores a whole number >= 1, parties a list of names or ``"*"``,
+    no party on two hosts, at most one ``"*"``."""
+    out: dict[str, Host] = {}
+    seen: dict[str, str] = {}
+    star = None
+    for name, entry in _table(value, where).items():
+        entry = _table(entry, f"{where}.{name}")
+        for key in entry:
+            if key not in _HOST_KEYS:
+                raise ValueError(f"{where}.{name}: unknown key {key!r} (expected cores, parties)")
+        cores = entry.get("cores", 1)
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"{where}.{name}.cores: expected a whole number >= 1, got {cores!r}")
+        parties = entry.get("parties", "*")
+        if parties == "*":
+            if star is not None:
+                raise ValueError(f"{where}.{name}.parties: only one host may take the rest (\"*\"); {star} does")
+            star = name
+            placed: tuple[str, ...] | str = "*"
+        elif isinstance(parties, list) and all(isinstance(p, str) and p for p in parties):
+            for party in parties:
+                if party in seen:
+                    raise ValueError(f"{where}.{name}.parties: {party} is already on host {seen[party]}")
+                seen[party] = name
+            placed = tuple(parties)
+        else:
+            raise ValueError(f"{where}.{name}.parties: expected a list of party names or \"*\", got {parties!r}")
+        out[str(name)] = Host(cores, placed)
+    return out
 
 
 def _link_entry(value: Any, where: str) -> dict[str, float | None]:
@@ -308,8 +425,9 @@ def parse_compute(spec: str | float | None) -> float | None:
     return seconds
 
 
-# Event kinds in the simulator's heap: a frame entering a link, and a frame arriving at a party.
-_ENTER, _ARRIVE = 0, 1
+# Event kinds in the simulator's heap: a frame entering a link, a frame reaching the star's hub to
+# be forwarded (only with a per-frame cost), and a frame arriving at a party.
+_ENTER, _FORWARD, _ARRIVE = 0, 1, 2
 
 
 class LinkSimulator:
@@ -332,6 +450,16 @@ class LinkSimulator:
         self.hub = self.parties[0] if self.parties else ""
         self.compute_s = compute_s
         self.clock: dict[str, float] = dict.fromkeys(self.parties, 0.0)
+        self.per_frame_s = model.per_frame_s
+        self.compile_per_party = model.compile == "per_party"
+        self._kernel_s: dict[Any, float] = {}  # kernel key -> the largest compile seconds seen
+        self._paid: set[tuple[str, Any]] = set()  # (party, kernel key) already charged
+        placement = model.placement(self.parties)
+        self._host = {party: host for party, (host, _) in placement.items()}
+        # per host: a heap of (free time, core number, the handler that last held it)
+        self._cores: dict[str, list[tuple[float, int, int]]] = {}
+        for host, cores in placement.values():
+            self._cores.setdefault(host, [(0.0, core, -1) for core in range(cores)])
         self._links: dict[tuple[str, str], Link] = {}
         self._free: dict[tuple[str, str], float] = defaultdict(float)
         self._heap: list[tuple[float, int, int, Any]] = []
@@ -345,6 +473,8 @@ class LinkSimulator:
         self.h_compute: list[float] = []
         self.h_trigger: list[int] = []
         self.h_prev: list[int] = []
+        self.h_ready: list[float] = []
+        self.h_core: list[int] = []  # the handler that held its core before it, -1 for none
         # deliveries (one per frame and receiver): sending handler, send time, arrival, latency
         # hops, round, phase, the handler it triggered
         self.d_handler: list[int] = []
@@ -354,6 +484,7 @@ class LinkSimulator:
         self.d_round: list[int] = []
         self.d_phase: list[str] = []
         self.d_handled: list[int] = []
+        self.d_forward: dict[int, int] = {}  # delivery -> the hub's forwarding handler (star, per-frame cost)
 
     def _link(self, sender: str, receiver: str) -> Link:
         link = self._links.get((sender, receiver))
@@ -365,8 +496,11 @@ class LinkSimulator:
         heapq.heappush(self._heap, (when, self._seq, kind, payload))
         self._seq += 1
 
-    def handled(self, party: str, round_idx: int, ready_s: float, compute_s: float, trigger: int = -1) -> int:
-        """Record a handler of ``party`` and advance its clock.
+    def handled(
+        self, party: str, round_idx: int, ready_s: float, compute_s: float, trigger: int = -1, frames_out: int = 0,
+        kernels: tuple[Any, float, float] | None = None,
+    ) -> int:
+        """Record a handler of ``party``, place it on a core of its host and advance its clock.
 
         Args:
             party: who handled.
@@ -374,13 +508,35 @@ class LinkSimulator:
             ready_s: when its input was there: 0 at the start, a frame's arrival, a deadline.
             compute_s: the measured seconds (replaced by the fixed figure when there is one).
             trigger: the delivery that triggered it (:meth:`next_arrivals`), -1 for none.
+            frames_out: deliveries it sends (each costs the model's ``per_frame_s``, as does the
+                frame that triggered it).
+            kernels: ``(key, compile_s, included_s)``: what the handler is (any hashable: its
+                machine's class, round and trigger), the compile seconds the lean process spent
+                in it (a batch's whole), and how much of them ``compute_s`` holds; used with the
+                model's ``compile`` ``"per_party"`` and measured compute (see the module docstring).
 
         Returns:
             The handler's id (for :meth:`send`).
         """
         compute = self.compute_s if self.compute_s is not None else compute_s
-        start = max(self.clock[party], ready_s)
+        if kernels is not None and self.compile_per_party and self.compute_s is None:
+            key, compiled, included = kernels
+            self._kernel_s[key] = max(self._kernel_s.get(key, 0.0), compiled)
+            if (party, key) not in self._paid:
+                self._paid.add((party, key))
+                compute += max(self._kernel_s[key] - included, 0.0)
+        compute += self.per_frame_s * (frames_out + (1 if trigger >= 0 else 0))
+        return self._run(party, round_idx, ready_s, compute, trigger)
+
+    def _run(self, party: str, round_idx: int, ready_s: float, compute: float, trigger: int,
+             forward: bool = False) -> int:
+        """A handler of ``compute`` seconds on ``party``'s clock and the first free core of its host."""
+        cores = self._cores[self._host[party]]
+        free, core, holder = heapq.heappop(cores)
+        start = max(self.clock[party], ready_s, free)
         end = start + compute
+        handler = len(self.h_party)
+        heapq.heappush(cores, (end, core, handler))
         self.clock[party] = end
         handler = len(self.h_party)
         self.h_party.append(party)
@@ -390,8 +546,10 @@ class LinkSimulator:
         self.h_compute.append(compute)
         self.h_trigger.append(trigger)
         self.h_prev.append(self._last.get(party, -1))
+        self.h_ready.append(ready_s)
+        self.h_core.append(holder)
         self._last[party] = handler
-        if trigger >= 0:
+        if trigger >= 0 and not forward:
             self.d_handled[trigger] = handler
         return handler
 
@@ -418,8 +576,15 @@ class LinkSimulator:
         """When the next frame arrives (``math.inf`` when none is in flight). Moves frames along
         their links up to then."""
         heap = self._heap
-        while heap and heap[0][2] == _ENTER:
-            when, _, _, (route, hop, nbytes, delivery, frame) = heapq.heappop(heap)
+        while heap and heap[0][2] != _ARRIVE:
+            when, _, kind, (route, hop, nbytes, delivery, frame) = heapq.heappop(heap)
+            if kind == _FORWARD:
+                # the hub receives the frame and sends it on: its CPU, its clock, one of its cores
+                forward = self._run(route[hop], self.d_round[delivery], when, 2 * self.per_frame_s, delivery,
+                                    forward=True)
+                self.d_forward[delivery] = forward
+                self._push(self.h_end[forward], _ENTER, (route, hop, nbytes, delivery, frame))
+                continue
             link = self._link(route[hop], route[hop + 1])
             if link.bandwidth_bytes_per_s is None:
                 done = when
@@ -429,7 +594,8 @@ class LinkSimulator:
                 self._free[key] = done
             arrival = done + link.latency_s
             if hop + 2 < len(route):
-                self._push(arrival, _ENTER, (route, hop + 1, nbytes, delivery, frame))
+                kind = _FORWARD if self.per_frame_s > 0 else _ENTER
+                self._push(arrival, kind, (route, hop + 1, nbytes, delivery, frame))
             else:
                 self._push(arrival, _ARRIVE, (route[-1], delivery, frame))
         return heap[0][0] if heap else math.inf
@@ -477,16 +643,28 @@ class LinkSimulator:
                 entry["critical_party"] = self.h_party[handler]  # the handler that ends the round's path
             compute += self.h_compute[handler]
             entry["compute_s"] += self.h_compute[handler]
-            prev, trigger = self.h_prev[handler], self.h_trigger[handler]
+            prev, trigger, holder = self.h_prev[handler], self.h_trigger[handler], self.h_core[handler]
             prev_end = ends[prev] if prev >= 0 else 0.0
-            if trigger >= 0 and self.d_arrival[trigger] >= prev_end:
-                spent = self.d_arrival[trigger] - self.d_sent[trigger]
+            core_end = ends[holder] if holder >= 0 else 0.0
+            if trigger >= 0 and self.h_ready[handler] >= max(prev_end, core_end):
+                # the frame it waited for: from the handler that sent it, or from the hub's
+                # forwarding of it (a forwarding handler goes on to the sender, one hop)
+                forward = self.d_forward.get(trigger, -1)
+                if forward == handler:  # the hub's forwarding: the frame's first link
+                    source, sent, hop_count = self.d_handler[trigger], self.d_sent[trigger], 1
+                elif forward >= 0:
+                    source, sent, hop_count = forward, ends[forward], 1
+                else:
+                    source, sent, hop_count = self.d_handler[trigger], self.d_sent[trigger], self.d_hops[trigger]
+                spent = self.h_ready[handler] - sent
                 frame_row = row(self.d_round[trigger])
                 frame_row["network_s"] += spent
-                frame_row["latency_hops"] += self.d_hops[trigger]
+                frame_row["latency_hops"] += hop_count
                 network += spent
-                hops += self.d_hops[trigger]
-                handler = self.d_handler[trigger]
+                hops += hop_count
+                handler = source
+            elif holder >= 0 and core_end > max(prev_end, self.h_ready[handler]):
+                handler = holder  # it waited for a core of its host, held by that handler
             else:
                 gap = self.h_start[handler] - prev_end  # a deadline waited for (0 otherwise)
                 waited += gap

@@ -60,6 +60,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedproto.codec import decode_frame
+from fedproto.compilation import compile_seconds
 from fedproto.errors import DecodeError, FedProtoError, LocalProtocolError, TransportError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
@@ -304,6 +305,8 @@ def _simulate_linked(
             raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
     sim = LinkSimulator(network, list(machines), compute_s)
     clock = time.perf_counter
+    # each handler's compile seconds, for a model that charges every party its own compilation
+    compiled = compile_seconds if network.compile == "per_party" and compute_s is None else (lambda: 0.0)
     order = {party: i for i, party in enumerate(machines)}
     progress: dict[str, tuple[int, Any]] = {}
     deadline_of: dict[str, float] = {}
@@ -348,9 +351,11 @@ def _simulate_linked(
     for party, machine in machines.items():
         progress[party] = (machine.round_idx, machine.state)
         arm(party, machine)
-        began = clock()
+        began, kernel_began = clock(), compiled()
         sends = encoded(machine, machine.start())
-        handler = sim.handled(party, machine.round_idx, 0.0, clock() - began)
+        kernel_s = compiled() - kernel_began
+        handler = sim.handled(party, machine.round_idx, 0.0, clock() - began, frames_out=_deliveries(sends),
+                              kernels=((type(machine).__name__, machine.round_idx, "start"), kernel_s, kernel_s))
         dispatch(handler, sends)
         stepped(party, machine)
     remaining = sum(1 for m in machines.values() if not m.done)
@@ -373,10 +378,13 @@ def _simulate_linked(
             for party in due:
                 machine = machines[party]
                 round_idx = machine.round_idx
-                began = clock()
+                began, kernel_began = clock(), compiled()
                 outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
                 sends = encoded(machine, outgoing)
-                dispatch(sim.handled(party, round_idx, due_at, clock() - began), sends)
+                kernel_s = compiled() - kernel_began
+                kernels = ((type(machine).__name__, round_idx, "timeout"), kernel_s, kernel_s)
+                dispatch(sim.handled(party, round_idx, due_at, clock() - began, frames_out=_deliveries(sends),
+                                     kernels=kernels), sends)
                 sent = sent or bool(sends)
                 moved = (machine.round_idx, machine.state) != progress[party] or moved
                 stepped(party, machine)
@@ -411,7 +419,7 @@ def _simulate_linked(
                 meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
         runs = _same_class_runs(receivers) if batch else [[r] for r in receivers]  # type: ignore[arg-type]
         for run in runs:
-            began = clock()
+            began, kernel_began = clock(), compiled()
             if len(run) == 1:
                 outgoing_lists = [run[0][1].receive(sender, message, round_idx=envelope.round_idx)]
             else:
@@ -419,17 +427,31 @@ def _simulate_linked(
                     [m for _, m, _ in run], sender, message, round_idx=envelope.round_idx
                 )
             share = (clock() - began) / len(run)
+            batch_kernel_s = compiled() - kernel_began
             for (dest, machine, delivery), outgoing in zip(run, outgoing_lists, strict=True):
-                began = clock()
+                began, kernel_began = clock(), compiled()
                 sends = encoded(machine, outgoing)
                 spent = item.decode_s + share + clock() - began
-                dispatch(sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery), sends)
+                own_kernel_s = compiled() - kernel_began
+                # a batch's compilation counts whole for each receiver (its own process would
+                # compile it); what its measured time holds is its share
+                kernels = ((type(machine).__name__, envelope.round_idx, envelope.tag),
+                           batch_kernel_s + own_kernel_s, batch_kernel_s / len(run) + own_kernel_s)
+                handler = sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery,
+                                      frames_out=_deliveries(sends), kernels=kernels)
+                dispatch(handler, sends)
                 stepped(dest, machine)
                 if machine.done:
                     remaining -= 1
     meter.finish()
     meter.prediction = sim.prediction()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _deliveries(sends: list[tuple[Outgoing, _TimedFrame]]) -> int:
+    """How many deliveries ``sends`` makes (a broadcast one per receiver: each goes over its own
+    connection, at the link model's per-frame cost)."""
+    return sum(len(item.dests) for _, item in sends)
 
 
 def _after_step(

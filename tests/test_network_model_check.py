@@ -5,11 +5,14 @@
   only add to it), with a bandwidth at least bytes / bandwidth late, a half-close is forwarded,
   and stopping it ends every thread it started;
 * slow, root only: FastLloyd on S1 with 10 clients as TLS parties in network namespaces whose
-  client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``): the lean
-  engine's predicted wall time (``--network`` with the same link, ``--compute measured``) is
-  within 15% of the measured one. Skipped where namespaces cannot be made. It does not hold on
-  this 2-core machine (strict ``xfail`` with the figures, so that it fails once the model closes
-  the gap and the marker must go).
+  client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``), after one
+  unmeasured run that fills the compile cache: the lean engine's predicted wall time
+  (``--network`` with the same link, every party on this machine's cores, the per-frame cost
+  measured here as ``benchmarks/network_model.py`` does, ``--compute measured``, after an unused
+  lean run) is within 15% of the measured span (the last party's start to the last finish).
+  Skipped where namespaces cannot be made. It does not hold yet on this 2-core machine (strict
+  ``xfail`` with the figures, so that it fails once the model closes the gap and the marker must
+  go; only an ``AssertionError`` counts as the expected miss).
 """
 
 from __future__ import annotations
@@ -119,14 +122,15 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
     assert threading.active_count() == threads_before
 
 
-@pytest.mark.slow  # eleven processes start JAX, then the lean engine's run: about 40 s
+@pytest.mark.slow  # two runs of eleven processes starting JAX, then four lean runs: about 2 minutes
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 31: the model misses here: predicted/measured 0.28 (1 ms) and 0.66 (25 ms) for FastLloyd, 0.14 "
-    "and 0.55 for MUFC on this 2-core VM. Eleven party processes share two cores (the model gives every party its "
-    "own CPU), each process compiles its own kernels (the lean run once), the parties' start-up skews their starts "
-    "by 0.1-0.3 s, and a steady FastLloyd round costs 11-15 ms more than predicted; see "
-    "benchmarks/network_model.py --profile",
+    raises=AssertionError,  # a broken harness is an error, not the expected miss
+    reason="issue 31: with hosts (2 cores), the measured per-frame cost, per-party compilation and the span from "
+    "the last party's start, the 1 ms cases came within 15% in one full run (FastLloyd 0.855, MUFC 1.138) but the "
+    "25 ms cases did not (FastLloyd 0.691 and 0.797, MUFC 0.750): steady rounds cost 9-12 ms more than predicted "
+    "(FastLloyd 66.0 against 57.3 ms, MUFC 120.1 against 108.5 ms), and the TLS connection set-up through the relay "
+    "(3 to 4 one-way latencies before the first frame) is not modelled; see benchmarks/network_model.py",
 )
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
@@ -138,7 +142,9 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     assert (case.protocol, case.data) == ("fastlloyd", "s1")
     latency_s = 0.025
     (tmp_path / "tcp").mkdir()
+    per_frame_s = network_model.measure_per_frame_s()
     try:
+        network_model.warm_up(case, 10, 1000 * latency_s)
         run = netns_star.run_tcp_star(case.protocol, data=case.data, clients=10, options=case.options,
                                       split_options=case.split_options, latency_s=latency_s,
                                       workdir=tmp_path / "tcp")
@@ -146,10 +152,13 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
         pytest.skip(str(exc))
     assert run.report.status == "completed" and len(run.parties) == 11
     assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
-    network = network_model.star_network(tmp_path / "net.json", latency_s)
+    network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
+                                         per_frame_s=per_frame_s)
     argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
-    lean = network_model.predict(argv, network, tmp_path)
+    lean = network_model.predict(argv, network, tmp_path, warm=True, runs=network_model.PREDICTION_RUNS)
     assert lean["messages"] == run.report.messages  # the same run, frame for frame
     predicted = lean["prediction"]["wall_time_s"]
-    print(f"predicted {predicted:.3f} s, measured {run.wall_time_s:.3f} s, ratio {predicted / run.wall_time_s:.3f}")
-    assert abs(predicted / run.wall_time_s - 1) <= 0.15, (predicted, run.wall_time_s)
+    measured = network_model.measured_span(run)
+    assert measured <= run.wall_time_s  # the span from the last start is within the longest party run
+    print(f"predicted {predicted:.3f} s, measured {measured:.3f} s, ratio {predicted / measured:.3f}")
+    assert abs(predicted / measured - 1) <= 0.15, (predicted, measured)

@@ -131,6 +131,105 @@ def test_the_critical_path_walks_back_through_frames_and_the_partys_previous_han
         assert sum(r["compute_s"] + r["wait_s"] for r in rows) == pytest.approx(0.024)
 
 
+def _answer_round(sim, senders=("a", "b"), work=0.05):
+    """s (no compute) sends to each of ``senders``; each works ``work`` s and answers; s takes the
+    answers (no compute). Returns the prediction."""
+    start = sim.handled("s", 0, 0.0, 0.0)
+    for dest in senders:
+        sim.send(start, dest, 8, 0, "query", "q")
+    while sim.next_time() != float("inf"):
+        when, _, group = sim.next_arrivals()
+        for dest, delivery in group:
+            handler = sim.handled(dest, 0, when, 0.0 if dest == "s" else work, trigger=delivery,
+                                  frames_out=0 if dest == "s" else 1)
+            if dest != "s":
+                sim.send(handler, "s", 8, 0, "answer", dest)
+    return sim.prediction()
+
+
+def test_parties_on_a_host_with_one_core_take_turns_and_the_path_goes_through_the_core():
+    # mesh, 10 ms: a and b get the query at 0.01. Own hosts (the default): both work 0.01..0.06,
+    # answers arrive at 0.07. On one core: a works 0.01..0.06, b waits for the core and works
+    # 0.06..0.11, its answer arrives at 0.12. The path: s's start, the query (10 ms), a's 50 ms,
+    # b's 50 ms (it waited for a's core), b's answer (10 ms).
+    two_hosts = _answer_round(LinkSimulator(model(0.01, None, "mesh"), ["s", "a", "b"]))
+    assert two_hosts["wall_time_s"] == pytest.approx(0.07)
+    shared = LinkModel.from_mapping({"topology": "mesh", "default": {"latency_s": 0.01},
+                                     "hosts": {"vm": {"cores": 1, "parties": ["a", "b"]}}})
+    sim = LinkSimulator(shared, ["s", "a", "b"])
+    p = _answer_round(sim)
+    assert p["wall_time_s"] == pytest.approx(0.12)
+    assert (p["network_s"], p["compute_s"], p["timeout_wait_s"]) == (pytest.approx(0.02), pytest.approx(0.10), 0.0)
+    assert p["latency_hops"] == 2 and p["rounds"][0]["critical_party"] == "s"
+    starts = [(sim.h_party[h], sim.h_start[h]) for h in (1, 2)]
+    assert starts == [("a", pytest.approx(0.01)), ("b", pytest.approx(0.06))]
+    # two cores on that host: no waiting, as with a host each
+    wide = LinkModel.from_mapping({"topology": "mesh", "default": {"latency_s": 0.01},
+                                   "hosts": {"vm": {"cores": 2, "parties": "*"}}})
+    assert _answer_round(LinkSimulator(wide, ["s", "a", "b"]))["wall_time_s"] == pytest.approx(0.07)
+
+
+def test_a_frame_costs_its_sender_and_its_receiver_the_per_frame_seconds():
+    # mesh, 10 ms, 2 ms a frame. s starts (sends 2: 4 ms), a and b get the query at 0.014 and work
+    # 50 ms + 2 ms (received) + 2 ms (their answer) until 0.068; the answers arrive at 0.078; s
+    # takes them one after the other, 2 ms each (received): 0.080, then 0.082.
+    costly = LinkModel.from_mapping({"topology": "mesh", "default": {"latency_s": 0.01}, "per_frame_s": 0.002})
+    sim = LinkSimulator(costly, ["s", "a", "b"])
+    start = sim.handled("s", 0, 0.0, 0.0, frames_out=2)
+    assert sim.clock["s"] == pytest.approx(0.004)
+    for dest in ("a", "b"):
+        sim.send(start, dest, 8, 0, "query", "q")
+    while sim.next_time() != float("inf"):
+        when, _, group = sim.next_arrivals()
+        for dest, delivery in group:
+            handler = sim.handled(dest, 0, when, 0.0 if dest == "s" else 0.05, trigger=delivery,
+                                  frames_out=0 if dest == "s" else 1)
+            if dest != "s":
+                sim.send(handler, "s", 8, 0, "answer", dest)
+    p = sim.prediction()
+    assert p["wall_time_s"] == pytest.approx(0.082)
+    assert p["network_s"] == pytest.approx(0.02) and p["compute_s"] == pytest.approx(0.062)
+
+
+def test_the_hub_forwards_a_frame_between_clients_at_twice_the_per_frame_cost_on_its_own_clock():
+    # star, 10 ms, 2 ms a frame: a's start sends to b (2 ms); the frame reaches the hub at 0.012,
+    # the hub forwards it 0.012..0.016 (receive and send), it reaches b at 0.026, b takes it
+    # (2 ms): 0.028. The path: 2 hops (20 ms), a's 2 ms, the hub's 4 ms, b's 2 ms.
+    costly = LinkModel.from_mapping({"default": {"latency_s": 0.01}, "per_frame_s": 0.002})
+    sim = LinkSimulator(costly, ["hub", "a", "b"], compute_s=0.0)
+    sim.send(sim.handled("a", 0, 0.0, 0.0, frames_out=1), "b", 8, 0, "p", "f")
+    assert sim.next_time() == pytest.approx(0.026)
+    assert sim.clock["hub"] == pytest.approx(0.016)
+    when, _, group = sim.next_arrivals()
+    sim.handled("b", 0, when, 0.0, trigger=group[0][1])
+    p = sim.prediction()
+    assert p["wall_time_s"] == pytest.approx(0.028)
+    assert (p["network_s"], p["compute_s"], p["latency_hops"]) == (pytest.approx(0.02), pytest.approx(0.008), 2)
+    assert p["timeline"]["hub"][0]["compute_s"] == pytest.approx(0.004)
+
+
+def test_per_party_compilation_charges_each_partys_first_handler_of_a_kernel_what_the_lean_process_paid():
+    per_party = LinkModel.from_mapping({"topology": "mesh", "compile": "per_party"})
+    sim = LinkSimulator(per_party, ["s", "a", "b", "c"])
+    query = ("Worker", 0, "query")
+    # a compiled the kernel (0.2 s of its 0.3 s); b ran it compiled (0.1 s) but its own process
+    # would have compiled it: 0.1 + 0.2; a's second handler of the key pays nothing more
+    assert sim.clock["a"] == 0.0
+    sim.handled("a", 0, 0.0, 0.3, kernels=(query, 0.2, 0.2))
+    sim.handled("b", 0, 0.0, 0.1, kernels=(query, 0.0, 0.0))
+    sim.handled("a", 0, 0.0, 0.1, kernels=(query, 0.0, 0.0))
+    assert (sim.clock["a"], sim.clock["b"]) == (pytest.approx(0.4), pytest.approx(0.3))
+    # a batch compiled 0.4 s of another key, of which c's measured time holds its share 0.1
+    sim.handled("c", 0, 0.0, 0.15, kernels=(("Worker", 0, "update"), 0.4, 0.1))
+    assert sim.clock["c"] == pytest.approx(0.45)
+    # compiled once (the default), or fixed compute: nothing added
+    once = LinkSimulator(LinkModel(topology="mesh"), ["s", "b"])
+    once.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.0))
+    fixed = LinkSimulator(per_party, ["s", "b"], compute_s=0.001)
+    fixed.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.0))
+    assert (once.clock["b"], fixed.clock["b"]) == (pytest.approx(0.1), 0.001)
+
+
 # --- models and their files --------------------------------------------------------------------------
 
 
@@ -172,11 +271,32 @@ def test_presets_and_files(tmp_path):
         ({"topology": "ring"}, "topology must be star or mesh"),
         ({"speed": 1}, "unknown key 'speed'"),
         ({"default": {"latency_s": "fast"}}, "default.latency_s: expected a finite number"),
+        ({"hosts": {"vm": {"cores": 0}}}, "hosts.vm.cores: expected a whole number >= 1"),
+        ({"hosts": {"vm": {"cores": 1.5}}}, "hosts.vm.cores: expected a whole number >= 1"),
+        ({"hosts": {"x": {"parties": ["a"]}, "y": {"parties": ["b", "a"]}}}, "hosts.y.parties: a is already on host x"),
+        ({"hosts": {"x": {}, "y": {"parties": "*"}}}, "hosts.y.parties: only one host may take the rest"),
+        ({"hosts": {"x": {"parties": "a"}}}, "hosts.x.parties: expected a list of party names"),
+        ({"hosts": {"x": {"ram": 4}}}, "hosts.x: unknown key 'ram'"),
+        ({"per_frame_s": -0.001}, "per_frame_s: expected a finite number of seconds >= 0"),
+        ({"compile": "twice"}, "compile must be once or per_party"),
     ],
 )
 def test_a_malformed_model_names_the_key(data, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
         LinkModel.from_mapping(data, name="t")
+
+
+def test_hosts_place_named_parties_the_star_takes_the_rest_and_others_have_their_own():
+    m = LinkModel.from_mapping({"hosts": {"site": {"cores": 4, "parties": ["server"]},
+                                          "vm": {"cores": 2, "parties": "*"}}, "per_frame_s": 0.0001})
+    assert m.placement(["server", "c0", "c1"]) == {"server": ("host:site", 4), "c0": ("host:vm", 2),
+                                                  "c1": ("host:vm", 2)}
+    assert LinkModel.from_mapping({"hosts": {"site": {"parties": ["server"]}}}).placement(["server", "c0"]) == {
+        "server": ("host:site", 1), "c0": ("party:c0", 1)}
+    assert m.to_dict()["hosts"] == {"site": {"cores": 4, "parties": ["server"]}, "vm": {"cores": 2, "parties": "*"}}
+    assert m.to_dict()["per_frame_s"] == 0.0001 and m.to_dict()["compile"] == "once"
+    for name in ("lan", "wan", "cross-region"):  # presets: a host each, no per-frame cost
+        assert (LinkModel.preset(name).hosts, LinkModel.preset(name).per_frame_s) == ({}, 0.0)
 
 
 def test_unknown_presets_and_unreadable_files_are_refused(tmp_path):
@@ -225,6 +345,24 @@ def test_the_model_changes_neither_results_nor_bytes_and_predicts_the_hand_compu
     assert RunReport.from_json(report.to_json()).prediction == p
     without = plain.report(protocol="toy", transport="memory", session=SESSION, parties=())
     assert RunReport.merge([without, report]).prediction == p  # the first non-empty one
+
+
+def test_the_engine_on_one_core_without_latency_predicts_every_handler_one_after_another():
+    # every party on one single-core host, links without latency or bandwidth limit: nothing
+    # overlaps, so the wall time is the sum of all handlers (1 ms each, plus 0.5 ms a frame end)
+    plain, linked = Meter(), Meter()
+    spread = simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=plain, network=model(0.0),
+                      compute="fixed:0.001")
+    one_core = LinkModel.from_mapping({"hosts": {"box": {"cores": 1, "parties": "*"}}, "per_frame_s": 0.0005})
+    ours = simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=linked, network=one_core,
+                    compute="fixed:0.001")
+    np.testing.assert_array_equal(ours["coord"], spread["coord"])
+    assert dict(plain.sent) == dict(linked.sent)
+    p = linked.prediction
+    handlers_compute = sum(row["compute_s"] for rows in p["timeline"].values() for row in rows)
+    assert p["wall_time_s"] == pytest.approx(handlers_compute)
+    assert p["wall_time_s"] > plain.prediction["wall_time_s"]
+    assert sum(r["wall_time_s"] for r in p["rounds"]) == pytest.approx(p["wall_time_s"])
 
 
 def test_fixed_compute_gives_bit_for_bit_equal_predictions_and_batching_changes_nothing():
