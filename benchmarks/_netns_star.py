@@ -162,6 +162,9 @@ class TcpRun:
         traces: per party, wall-clock seconds since "go" of its meter's ``start``, its
             ``first_sent`` and ``first_received`` frame and its ``finish`` (from
             :mod:`_party_at_go`'s ``TRACE`` line; ``None`` where it did not happen).
+        frames: per party, every frame its meter counted, ``[seconds since "go", "sent" or
+            "received", round, phase, sender, receiver, tag]`` (only when the parties ran with
+            ``FEDPROTO_NETCHECK_FRAMES=1``; empty otherwise).
     """
 
     report: RunReport
@@ -169,6 +172,7 @@ class TcpRun:
     results: dict[str, Any]
     relay_bytes: int
     traces: dict[str, dict[str, float | None]]
+    frames: dict[str, list[list[Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def wall_time_s(self) -> float:
@@ -289,10 +293,17 @@ def run_tcp_star(
     traces = {p: _trace((workdir / f"{p}.err").read_text()) for p in parties}
     go = min(t["go"] for t in traces.values() if t.get("go") is not None)
     since_go = {p: {k: None if v is None else v - go for k, v in t.items()} for p, t in traces.items()}
-    return TcpRun(merged, reports, {p: doc["result"] for p, doc in docs.items()}, relay_bytes, since_go)
+    frames = {p: [[t - go, *rest] for t, *rest in _frames((workdir / f"{p}.err").read_text())] for p in parties}
+    return TcpRun(merged, reports, {p: doc["result"] for p, doc in docs.items()}, relay_bytes, since_go, frames)
 
 
 def _trace(stderr: str) -> dict[str, float | None]:
     """The ``TRACE k=v ...`` line of a party's stderr as ``{k: seconds or None}``."""
     line = next((x for x in reversed(stderr.splitlines()) if x.startswith("TRACE ")), "TRACE")
     return {k: None if v == "None" else float(v) for k, v in (item.split("=") for item in line.split()[1:])}
+
+
+def _frames(stderr: str) -> list[list[Any]]:
+    """The ``FRAMES [...]`` line of a party's stderr (empty without one)."""
+    line = next((x for x in reversed(stderr.splitlines()) if x.startswith("FRAMES ")), None)
+    return [] if line is None else json.loads(line[len("FRAMES "):])

@@ -23,6 +23,8 @@ Usage::
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
 import time
@@ -62,6 +64,14 @@ def main(argv: list[str]) -> int:
         return fedproto_main(args)
     finally:
         print("TRACE " + " ".join(f"{k}={v!r}" for k, v in trace.items()), file=sys.stderr, flush=True)
+        if FRAMES:
+            print("FRAMES " + json.dumps(FRAMES), file=sys.stderr, flush=True)
+
+
+#: With ``FEDPROTO_NETCHECK_FRAMES=1`` in the environment: every frame the meter counts, as
+#: ``[wall-clock s, "sent" or "received", round, phase, sender, receiver, tag]``, printed as one
+#: ``FRAMES [...]`` line on stderr after the run (the trace of ``network_model.py --trace``).
+FRAMES: list[list] = []
 
 
 def _trace_meter() -> dict[str, float | None]:
@@ -81,6 +91,15 @@ def _trace_meter() -> dict[str, float | None]:
 
         setattr(meter, name, wrapped)
 
+    if os.environ.get("FEDPROTO_NETCHECK_FRAMES") == "1":
+        for name, kind in (("record_sent", "sent"), ("record_received", "received")):
+            original = getattr(meter, name)
+
+            def noted(self, round_idx, phase, sender, receiver, tag, *a, _original=original, _kind=kind, **k):
+                FRAMES.append([time.time(), _kind, round_idx, phase, sender, receiver, tag])
+                return _original(self, round_idx, phase, sender, receiver, tag, *a, **k)
+
+            setattr(meter, name, noted)
     wrap("start", "start")
     wrap("record_sent", "first_sent")
     wrap("record_received", "first_received")

@@ -12,7 +12,10 @@ What it measures
   F, "compile": "per_party"}``: every party on this machine's C cores (``os.cpu_count()``), F the
   per-frame cost measured here (below), and every party's process paying its own kernels'
   compilation or cache loading (as the lean process measured it for the first party that ran
-  each kernel). One unused lean run first fills JAX's persistent compile cache, so both sides
+  each kernel), and a client's connection able to carry its first frame only after
+  ``connect_trips`` = 3 one-way latencies (:data:`CONNECT_TRIPS`: what remains of TCP, TLS 1.3
+  and fedproto's hello in this harness, where the relay ends TCP locally and the hub starts
+  last with the clients' ClientHellos waiting). One unused lean run first fills JAX's persistent compile cache, so both sides
   load compiled kernels instead of compiling; then the median prediction of 3 lean runs (measured
   compute varies with whatever else the cores run);
 * ``measured s``: the same run as 11 TLS parties, one process each, each in its own network
@@ -70,6 +73,10 @@ Run::
 the hub listens on the roster's address) and the relay at 0 ms, both against the model at 0 ms
 (the relay's own cost), and 2 clients against 10 at 1 ms (three processes on the two cores
 against eleven).
+
+With ``FEDPROTO_NETCHECK_FRAMES=1`` in the environment the measured parties also note every
+frame's send and receive time (:mod:`_party_at_go`; :attr:`_netns_star.TcpRun.frames`), for
+tracing where a run's time goes against the prediction's phases.
 
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
 ``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``predicted_s``, ``measured_s``
@@ -219,12 +226,23 @@ def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRA
     return trio.run(best) / round_trips / 4
 
 
-def star_network(path: Path, latency_s: float, *, cores: int | None = None, per_frame_s: float = 0.0) -> str:
+#: One-way trips of connection set-up before a client's first frame, in this harness (stated
+#: from the handshake, not fitted; docs/transports.md "Connection set-up"): the relay ends TCP
+#: locally (its SYN is not delayed) and the hub starts last, the clients' TLS ClientHellos
+#: already in its backlog; then the hub's TLS 1.3 flight (1), the client's Finished with
+#: fedproto's hello (2) and the hub's ["ok"] (3). A cold start over real links adds TCP's SYN,
+#: SYN-ACK and the ClientHello: 6.
+CONNECT_TRIPS = 3
+
+
+def star_network(path: Path, latency_s: float, *, cores: int | None = None, per_frame_s: float = 0.0,
+                 connect_trips: int = CONNECT_TRIPS) -> str:
     """Write the star link file of one latency, every party on one host of ``cores`` cores (a
-    host each when ``None``), the per-frame cost, and every party compiling its own kernels (as
-    the measured parties, one process each, do); returns its path."""
+    host each when ``None``), the per-frame cost, every party compiling its own kernels (as
+    the measured parties, one process each, do) and ``connect_trips`` one-way trips of
+    connection set-up; returns its path."""
     doc: dict[str, Any] = {"topology": "star", "default": {"latency_s": latency_s, "bandwidth_bytes_per_s": None},
-                           "per_frame_s": per_frame_s, "compile": "per_party"}
+                           "per_frame_s": per_frame_s, "compile": "per_party", "connect_trips": connect_trips}
     if cores is not None:
         doc["hosts"] = {"vm": {"cores": cores, "parties": "*"}}
     path.write_text(json.dumps(doc) + "\n")
@@ -399,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         "measured side": netns_unavailable_reason() or "TLS parties in network namespaces, delaying relay",
     })
     per_frame_s = measure_per_frame_s()
+    console.print(f"connection set-up: {CONNECT_TRIPS} one-way latencies before a client's first frame (TLS 1.3 "
+                  "server flight, client Finished + fedproto hello, hub ok; the relay ends TCP locally and the "
+                  "hub starts last)", highlight=False)
     console.print(f"per-frame cost, measured here: {1e6 * per_frame_s:.1f} us (the best full-runtime round trip of "
                   f"a 24 B payload over a loopback TLS star, {FRAME_REPEATS} runs of {FRAME_ROUND_TRIPS:,}, over 4); "
                   f"hosts: every party on this machine's {CORES} cores", highlight=False)

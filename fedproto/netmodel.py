@@ -49,6 +49,15 @@ The model:
   seen for that key, less what its own measured time already holds (a broadcast batch's compile
   counts whole for each receiver: each process would compile its own). With fixed compute
   nothing is added.
+* **Connection set-up** (``connect_trips``, 0 by default): a link carries no frame before
+  ``connect_trips`` of its one-way latencies have passed since the run's start (time 0): a frame
+  entering it earlier starts transmitting then. It stands for the round trips a connection needs
+  before its first frame (TCP's, TLS's, the transport's own hello), stated from the deployment's
+  handshake, not fitted: over fedproto's TLS star a client writes its first frame after TCP's
+  SYN and SYN-ACK, TLS 1.3's ClientHello and server flight, its Finished with fedproto's hello,
+  and the hub's ``["ok"]``: 6 one-way trips from a cold start (see docs/transports.md). Both
+  directions of a link share the figure (the hub never writes to a client before that client's
+  connection is up).
 * **Deadlines** (:class:`~fedproto.messages.PhaseTimedOut`) fire on the same clock: a party's
   deadline is armed at its clock when it makes progress, and fires when the model's time reaches
   it before a frame for that party does.
@@ -136,7 +145,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 _LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s")
-_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile")
+_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile", "connect_trips")
 #: What a model file's ``compile`` may say (see the module docstring).
 COMPILE_MODES = ("once", "per_party")
 _HOST_KEYS = ("cores", "parties")
@@ -183,6 +192,8 @@ class LinkModel:
             twice for a frame it forwards), see the module docstring.
         compile: ``"once"`` (the lean process's compilation as measured) or ``"per_party"``
             (every party's process compiles its own kernels), see the module docstring.
+        connect_trips: one-way latencies of connection set-up before a link's first frame may
+            leave (a whole number >= 0), see the module docstring.
     """
 
     name: str = "custom"
@@ -193,6 +204,7 @@ class LinkModel:
     hosts: Mapping[str, Host] = dataclasses.field(default_factory=dict)
     per_frame_s: float = 0.0
     compile: str = "once"
+    connect_trips: int = 0
 
     @classmethod
     def preset(cls, name: str) -> "LinkModel":
@@ -211,7 +223,8 @@ class LinkModel:
 
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
         B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
-        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party"}``, every
+        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party", "connect_trips":
+        n}``, every
         key optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited; a host's
         ``parties`` is a list of names or ``"*"`` (every party no other host names; at most one
         host says so).
@@ -253,7 +266,8 @@ class LinkModel:
         Raises:
             ValueError: an unknown key, a wrong type, a negative latency or a non-positive bandwidth,
                 a host without a whole number of cores >= 1, a party on two hosts, two hosts of
-                ``"*"``, a negative ``per_frame_s`` (the message names the key, e.g.
+                ``"*"``, a negative ``per_frame_s``, a ``connect_trips`` that is not a whole
+                number >= 0 (the message names the key, e.g.
                 ``links.server->client-0.latency_s``).
         """
         where = f"network model {name}"
@@ -284,6 +298,9 @@ class LinkModel:
         compile_mode = data.get("compile", "once")
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"{where}: compile must be once or per_party, got {compile_mode!r}")
+        trips = data.get("connect_trips", 0)
+        if isinstance(trips, bool) or not isinstance(trips, int) or trips < 0:
+            raise ValueError(f"{where}: connect_trips: expected a whole number >= 0, got {trips!r}")
         return cls(
             name=name,
             topology=topology,
@@ -293,6 +310,7 @@ class LinkModel:
             hosts=hosts,
             per_frame_s=float(per_frame),
             compile=compile_mode,
+            connect_trips=trips,
         )
 
     def placement(self, roster: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -334,6 +352,7 @@ class LinkModel:
             "hosts": {h: host.to_dict() for h, host in self.hosts.items()},
             "per_frame_s": self.per_frame_s,
             "compile": self.compile,
+            "connect_trips": self.connect_trips,
         }
 
 
@@ -586,6 +605,8 @@ class LinkSimulator:
                 self._push(self.h_end[forward], _ENTER, (route, hop, nbytes, delivery, frame))
                 continue
             link = self._link(route[hop], route[hop + 1])
+            # connection set-up: nothing leaves before the link's handshake trips are over
+            when = max(when, self.model.connect_trips * link.latency_s)
             if link.bandwidth_bytes_per_s is None:
                 done = when
             else:

@@ -191,6 +191,31 @@ def test_a_frame_costs_its_sender_and_its_receiver_the_per_frame_seconds():
     assert p["network_s"] == pytest.approx(0.02) and p["compute_s"] == pytest.approx(0.062)
 
 
+def test_no_frame_leaves_a_link_before_its_connection_set_up_trips():
+    # star, 10 ms, connect_trips 3: a's frame to the hub, sent at 0, leaves at 0.03 and arrives
+    # at 0.04; a frame a sends to b at 0.1 crosses a -> hub (set up long ago: 0.11) and hub -> b
+    # (0.12). Without set-up trips the first frame arrives at 0.01.
+    slow = LinkModel.from_mapping({"default": {"latency_s": 0.01}, "connect_trips": 3})
+    sim = LinkSimulator(slow, ["hub", "a", "b"], compute_s=0.0)
+    sim.send(sim.handled("a", 0, 0.0, 0.0), "hub", 8, 0, "p", "first")
+    sim.send(sim.handled("a", 0, 0.1, 0.0), "b", 8, 0, "p", "late")
+    arrivals = []
+    while sim.next_time() != float("inf"):
+        when, frame, _ = sim.next_arrivals()
+        arrivals.append((frame, when))
+    assert arrivals == [("first", pytest.approx(0.04)), ("late", pytest.approx(0.12))]
+    # with a bandwidth the transmission starts after the set-up: 100 B at 1000 B/s, 0.03..0.13, 0.14
+    sim = LinkSimulator(LinkModel.from_mapping({"default": {"latency_s": 0.01, "bandwidth_bytes_per_s": 1000},
+                                                "connect_trips": 3}), ["hub", "a"], compute_s=0.0)
+    sim.send(sim.handled("a", 0, 0.0, 0.0), "hub", 100, 0, "p", "f")
+    assert sim.next_time() == pytest.approx(0.14)
+    # the critical path counts the set-up as network time: all of the 0.14 s run
+    sim.handled("hub", 0, sim.next_arrivals()[0], 0.0, trigger=0)
+    assert sim.prediction()["network_s"] == pytest.approx(0.14)
+    assert LinkModel().connect_trips == 0 and LinkModel.preset("wan").connect_trips == 0
+    assert LinkModel.from_mapping({"connect_trips": 6}).to_dict()["connect_trips"] == 6
+
+
 def test_the_hub_forwards_a_frame_between_clients_at_twice_the_per_frame_cost_on_its_own_clock():
     # star, 10 ms, 2 ms a frame: a's start sends to b (2 ms); the frame reaches the hub at 0.012,
     # the hub forwards it 0.012..0.016 (receive and send), it reaches b at 0.026, b takes it
@@ -279,6 +304,9 @@ def test_presets_and_files(tmp_path):
         ({"hosts": {"x": {"ram": 4}}}, "hosts.x: unknown key 'ram'"),
         ({"per_frame_s": -0.001}, "per_frame_s: expected a finite number of seconds >= 0"),
         ({"compile": "twice"}, "compile must be once or per_party"),
+        ({"connect_trips": -1}, "connect_trips: expected a whole number >= 0"),
+        ({"connect_trips": 2.5}, "connect_trips: expected a whole number >= 0"),
+        ({"connect_trips": True}, "connect_trips: expected a whole number >= 0"),
     ],
 )
 def test_a_malformed_model_names_the_key(data, message):
