@@ -583,13 +583,15 @@ def _party_json(plan: RunPlan, party: str, result: Any, report: RunReport) -> di
 
 
 def _unfinished_report(
-    meter: Meter, exc: BaseException, *, reporter: str | None, signal_name: str | None = None, **fields: Any
+    meter: Meter, exc: BaseException, *, reporter: str | None, stopped_by: str | None = None, **fields: Any
 ) -> RunReport:
     """The report of a run, or of one party's share of a run, that ended early.
 
     Everything ``meter`` counted until ``exc`` ended the run, with ``status`` ``"interrupted"``
-    (a signal: ``signal_name``, or SIGINT for a ``KeyboardInterrupt``) or ``"failed"``, and the
-    ``error`` that :func:`fedproto.metering.error_record` makes of ``exc``; ``results`` empty.
+    (a signal: ``stopped_by``, or SIGINT for a ``KeyboardInterrupt``) or ``"failed"``, and the
+    ``error`` that :func:`fedproto.metering.error_record` makes of ``exc`` (of an
+    :class:`~fedproto._interrupt.Interrupted` for a signal: ``exc`` itself when it is one, whose
+    message is kept); ``results`` empty.
 
     Args:
         meter: the run's counters. Call its :meth:`~fedproto.metering.Meter.finish` where the
@@ -597,22 +599,22 @@ def _unfinished_report(
         exc: the exception that ended the run.
         reporter: the party whose process saw ``exc`` (``None`` for an interrupt, which no party
             reports).
-        signal_name: ``"SIGINT"`` or ``"SIGTERM"`` when a signal ended the run.
+        stopped_by: ``"SIGINT"`` or ``"SIGTERM"`` when a signal ended the run.
         **fields: :meth:`~fedproto.metering.Meter.report`'s keyword arguments (``protocol``,
             ``transport``, ``session``, ``parties``, ...).
 
     Returns:
         The report, ``status`` ``"failed"`` or ``"interrupted"``.
     """
-    if signal_name is None and isinstance(exc, KeyboardInterrupt):
-        signal_name = "SIGINT"
-    if signal_name is not None:  # the same error type whichever command or transport was stopped
-        exc = Interrupted(signal.Signals[signal_name])
+    if stopped_by is None and isinstance(exc, KeyboardInterrupt):
+        stopped_by = "SIGINT"
+    if stopped_by is not None and not isinstance(exc, Interrupted):
+        exc = Interrupted(signal.Signals[stopped_by])  # the same error type whatever was stopped
     report = meter.report(**fields)
     return dataclasses.replace(
         report,
-        status="interrupted" if signal_name else "failed",
-        error=error_record(exc, reporter=None if signal_name else reporter, signal=signal_name),
+        status="interrupted" if stopped_by else "failed",
+        error=error_record(exc, reporter=None if stopped_by else reporter, signal=stopped_by),
     )
 
 
@@ -774,9 +776,9 @@ def _run_memory(
     if error is None:
         report = meter.report(**fields)
     else:
-        signal_name = signal.Signals(received[0]).name if received and isinstance(error, KeyboardInterrupt) else None
+        stopped_by = signal_name(received[0]) if received and isinstance(error, KeyboardInterrupt) else None
         report = _unfinished_report(
-            meter, error, reporter=_failing_party(machines, error), signal_name=signal_name, **fields
+            meter, error, reporter=_failing_party(machines, error), stopped_by=stopped_by, **fields
         )
         results = {}
     if dropouts:
@@ -1004,16 +1006,16 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
                 resumption_overhead_bytes=getattr(endpoint, "resumption_overhead_bytes", 0),
                 refused_bytes=getattr(endpoint, "refused_bytes", 0),
             )
-        report = meter.report(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
+        fields = dict(protocol=args.protocol_name, transport="tcp", session=plan.session, parties=plan.roster)
         if failure is not None:
             leaf = _single_leaf(failure) if isinstance(failure, BaseExceptionGroup) else failure
-            report = dataclasses.replace(report, status="failed", error=error_record(leaf or failure, reporter=args.party))
+            report = _unfinished_report(meter, leaf or failure, reporter=args.party, **fields)
         elif interrupted:
             signum = guard.signum or signal.SIGTERM
             stopped = Interrupted(signum, f"{args.party} interrupted by {signal_name(signum)}")
-            report = dataclasses.replace(
-                report, status="interrupted", error=error_record(stopped, signal=stopped.signal_name)
-            )
+            report = _unfinished_report(meter, stopped, reporter=args.party, stopped_by=stopped.signal_name, **fields)
+        else:
+            report = meter.report(**fields)
         completed = report.status == "completed"
         doc = {
             "party": args.party,
@@ -1162,10 +1164,10 @@ def _run_mpi(
         else:
             raise
     fields = dict(protocol=args.protocol_name, transport="mpi", session=plan.session, parties=plan.roster)
-    signal_name = signal.Signals(received[0]).name if received else "SIGINT"
+    stopped_by = signal_name(received[0]) if received else "SIGINT"
     if interrupt is not None:
-        report = _unfinished_report(meter, interrupt, reporter=party, signal_name=signal_name, **fields)
-        doc = {"party": party, "interrupted": signal_name, "report": report.to_dict()}
+        report = _unfinished_report(meter, interrupt, reporter=party, stopped_by=stopped_by, **fields)
+        doc = {"party": party, "interrupted": stopped_by, "report": report.to_dict()}
     elif error is None:
         doc = _party_json(plan, party, result, meter.report(**fields))
     else:
@@ -1174,7 +1176,7 @@ def _run_mpi(
     docs = _mpi_gather(comm, json.dumps(doc).encode())
     if docs is None:
         if interrupt is not None:
-            raise _QuietExit(143 if signal_name == "SIGTERM" else 130)  # rank 0 says so, once
+            raise _QuietExit(143 if stopped_by == "SIGTERM" else 130)  # rank 0 says so, once
         if error:
             raise _QuietExit(1)  # rank 0 reports every rank's error
         return None
@@ -1878,7 +1880,7 @@ def _main(argv: list[str], epilogue: list[str]) -> int:
         print(f"fedproto: {exc}", file=sys.stderr)
         return 128 + exc.signum
     except Terminated as exc:
-        print(f"fedproto: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        print(f"fedproto: interrupted by {signal_name(exc.signum)}", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:
         print("fedproto: interrupted", file=sys.stderr)
