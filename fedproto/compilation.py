@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 
 __all__ = [
+    "cache_root",
     "COMPILE_EVENTS",
     "DEVICES",
     "compile_seconds",
@@ -109,10 +110,16 @@ def kernels_compiled() -> bool:
         return _events > 0
 
 
+def cache_root() -> Path:
+    """fedproto's cache directory: ``$XDG_CACHE_HOME/fedproto``, or ``~/.cache/fedproto`` without
+    that variable (compiled kernels in ``jax/``, fetched data sets in ``data/``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedproto"
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/fedproto/jax``, or ``~/.cache/fedproto/jax`` without that variable."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fedproto" / "jax"
+    return cache_root() / "jax"
 
 
 def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:

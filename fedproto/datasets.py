@@ -10,8 +10,8 @@ shape and the protocol whose paper uses it. A bare name given to ``--data`` (or 
    precedence, so ``--data iris`` is scikit-learn's copy, not the registered ``iris.txt``;
 2. the directories listed in ``FEDPROTO_DATA`` (``os.pathsep``-separated): an offline mirror,
    read in place and never copied;
-3. the user's cache directory, ``pooch.os_cache("fedproto") / "data"`` (``$XDG_CACHE_HOME/fedproto/data``
-   on Linux), where ``fedproto data fetch NAME`` downloads with :mod:`pooch`.
+3. the user's cache directory, :func:`cache_dir` (``$XDG_CACHE_HOME/fedproto/data``, or
+   ``~/.cache/fedproto/data``), where ``fedproto data fetch NAME`` downloads with :mod:`pooch`.
 
 A registered set found in a mirror or the cache is checked against its sha256 before it is used;
 a file whose hash differs is refused (:class:`DatasetCorrupted`). A set found nowhere raises
@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
+
+from fedproto.compilation import cache_root
 
 __all__ = [
     "RegisteredDataset",
@@ -274,22 +277,21 @@ def mirror_dirs() -> list[Path]:
 
 
 def cache_dir() -> Path:
-    """Where :func:`fetch` downloads: ``pooch.os_cache("fedproto") / "data"`` (it honours
-    ``XDG_CACHE_HOME``; beside ``fedproto/jax``, the compiled kernels' cache). Not created here."""
-    import pooch
-
-    return Path(pooch.os_cache("fedproto")) / "data"
+    """Where :func:`fetch` downloads: ``data/`` in fedproto's cache directory
+    (:func:`fedproto.compilation.cache_root`: ``$XDG_CACHE_HOME/fedproto``, or
+    ``~/.cache/fedproto``), beside ``jax/``, the compiled kernels' cache. Not created here."""
+    return cache_root() / "data"
 
 
 def sha256_of(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file's bytes (:func:`pooch.file_hash`).
+    """Hex sha256 of a file's bytes (:func:`hashlib.file_digest`: a run that only reads a
+    verified set does not import pooch, which only downloads).
 
     Raises:
         OSError: the file cannot be read.
     """
-    import pooch
-
-    return pooch.file_hash(os.fspath(path), alg="sha256")
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _verified(entry: RegisteredDataset, path: Path, hint: str) -> Path:
