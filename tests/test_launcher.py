@@ -225,7 +225,7 @@ def test_every_party_gets_a_listening_socket_on_its_roster_port(tls):
             assert info["tls"] is None and len(bytes.fromhex(info["secret"])) == 32
     assert len({info["port"] for info in seen.values()}) == len(PARTIES)
     roster_dirs = {info["roster_dir"] for info in seen.values()}
-    assert len(roster_dirs) == (len(PARTIES) if tls else 1)
+    assert len(roster_dirs) == len(PARTIES)  # each party its own directory, whatever it holds
     assert not any(Path(d).exists() for d in roster_dirs)  # removed afterwards
 
 
