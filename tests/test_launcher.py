@@ -327,7 +327,10 @@ LAUNCHER = """
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
 def test_parties_die_with_a_launcher_killed_outright(tmp_path):
     pid_file = tmp_path / "pids.json"
-    launcher = subprocess.Popen(_python(LAUNCHER, pid_file), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(  # its own TMPDIR: the files it leaves are this test's only
+        _python(LAUNCHER, pid_file), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         limit = time.monotonic() + 60
         while not pid_file.exists():
