@@ -237,6 +237,7 @@ def run_tcp_star(
     parties: list[str] = split["parties"]
     hub = parties[0]
     _fedproto(["provision", "--parties", ",".join(parties), "--hub", HUB_ADDRESS, "--out", str(kits)], workdir, env)
+    shutil.rmtree(kits / "ca")  # a throwaway federation: the parties need their kits only, not the CA key
     logs: list[Any] = []
     try:
         with star_namespaces(parties) as hosts:

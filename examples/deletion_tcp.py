@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import jax
@@ -34,7 +33,7 @@ from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
 from fedproto.algorithms.deletion.protocol import ROOT, DCTree
 from fedproto.data import load_dataset, normalize
-from fedproto.launcher import LaunchError
+from fedproto.launcher import LaunchError, discard_launched_kit, launch_directory
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.transports.tcp import TcpNetwork
@@ -65,6 +64,7 @@ def run_one_party(args: argparse.Namespace) -> None:
 
     async def run():
         async with network.endpoints(roster, [args.party]) as endpoints:
+            discard_launched_kit(args.roster)  # loaded: a kit launch_local made goes (yours stays)
             return await run_party(machine, endpoints[args.party], config=RuntimeConfig(session=session), meter=meter)
 
     result = trio.run(run)
@@ -78,7 +78,7 @@ def launch(args: argparse.Namespace) -> None:
     tree, name = build_tree(args)
     roster = list(tree.roster)
     common = ["--data", args.data, "--removals", str(args.removals), "--seed", str(args.seed)]
-    with tempfile.TemporaryDirectory() as tmp:
+    with launch_directory() as tmp:  # private; a later launch removes it if this one is killed
 
         def party_command(party: str, roster_file: Path, listen_fd: int) -> list[str]:
             return [sys.executable, __file__, *common, "--party", party, "--roster", str(roster_file),

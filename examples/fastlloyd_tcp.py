@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import trio
@@ -37,7 +36,7 @@ from fedproto import Roster, launch_local
 from fedproto.algorithms.fastlloyd.config import make_config
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.data import load_dataset, normalize, partition
-from fedproto.launcher import LaunchError
+from fedproto.launcher import LaunchError, discard_launched_kit, launch_directory
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.transports.tcp import TcpNetwork
@@ -71,6 +70,7 @@ def run_one_party(args: argparse.Namespace) -> None:
 
     async def run():
         async with network.endpoints(roster, [args.party]) as endpoints:
+            discard_launched_kit(args.roster)  # loaded: a kit launch_local made goes (yours stays)
             return await run_party(machine, endpoints[args.party], config=RuntimeConfig(session=session), meter=meter)
 
     result = trio.run(run)
@@ -84,7 +84,7 @@ def launch(args: argparse.Namespace) -> None:
     roster = ["server", *(f"client-{i}" for i in range(args.clients))]
     common = ["--data", args.data, "--clients", str(args.clients), "--epsilon", str(args.epsilon),
               "--seed", str(args.seed)]
-    with tempfile.TemporaryDirectory() as tmp:
+    with launch_directory() as tmp:  # private; a later launch removes it if this one is killed
 
         def party_command(party: str, roster_file: Path, listen_fd: int) -> list[str]:
             return [sys.executable, __file__, *common, "--party", party, "--roster", str(roster_file),

@@ -59,7 +59,6 @@ import re
 import signal
 import sys
 import time
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,7 +80,8 @@ from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import FedProtoError, LocalProtocolError
 from fedproto.framesize import abort_notice_frame_bytes
-from fedproto.launcher import LaunchError, LaunchInterrupted, launch_local
+from fedproto._launch_dir import launch_directory, private_file
+from fedproto.launcher import LaunchError, LaunchInterrupted, discard_launched_kit, launch_local
 from fedproto.metering import Meter, RunReport, error_record
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_display, progress_task
@@ -835,19 +835,25 @@ def _run_tcp_launcher(
     local = holds_local_data(plugin)
     strip = {**_LAUNCHER_OPTIONS, **_WHOLE_DATA_OPTIONS} if local else _LAUNCHER_OPTIONS
     base = _child_argv(argv, registry.resolve_protocol_spec(args.protocol), strip)
-    with tempfile.TemporaryDirectory(prefix="fedproto-tcp-") as tmp:
-        own_data: dict[str, list[str]] = {}
+    # A private directory (0700) for the parties' reports; the launcher makes its own for the
+    # kits. Both are removed at the end, and a later run removes them if this one is killed.
+    with launch_directory() as tmp:
+        parts: dict[str, Any] = {}
         if local:
             # Each party process gets only its own part, as on separate machines.
             base += _resolved_options(plugin, args, dataset)
-            for party, part in _split_parts(plugin, args, dataset, plan.roster).items():
-                own_data[party] = ["--data", str(save_dataset(Path(tmp) / f"{party}.data.npz", part))]
+            parts = _split_parts(plugin, args, dataset, plan.roster)
 
         def command(party: str, roster_path: Path, listen_fd: int | None) -> list[str]:
             listen = [] if listen_fd is None else ["--listen-fd", str(listen_fd)]
+            own_data = []
+            if party in parts:
+                # Beside its kit, which the party removes (data part included) once loaded.
+                data_path = private_file(roster_path.parent / "data.npz")
+                own_data = ["--data", str(save_dataset(data_path, parts[party]))]
             return [
-                sys.executable, "-m", "fedproto", *base, *own_data.get(party, []), "--party", party,
-                "--roster", str(roster_path), *listen, "--party-report", str(Path(tmp) / f"{party}.json"),
+                sys.executable, "-m", "fedproto", *base, *own_data, "--party", party,
+                "--roster", str(roster_path), *listen, "--party-report", str(tmp / f"{party}.json"),
             ]
 
         timeout_s = args.deadline * (plan.iterations + 6) + 120
@@ -1073,6 +1079,9 @@ def _serve_party_tcp(
     async def body() -> None:
         async with network.endpoints(plan.roster, [args.party]) as endpoints:
             hosted.update(endpoints)
+            # Everything of a launched kit is in memory now (the TLS contexts, the data):
+            # give it up (only where the launcher said it is a throwaway one).
+            discard_launched_kit(args.roster)
             try:
                 done["result"] = await run_party(machine, endpoints[args.party], config=config, meter=meter)
             finally:

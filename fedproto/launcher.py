@@ -27,15 +27,25 @@ Theory of operation:
   address in the roster; the other parties are started with ``listen_fd=None`` and dial out to
   the hub. The default, ``"mesh"``, gives every party both (and so keeps ``listen_fd`` an int for
   commands written before the star existed).
-* **Roster and TLS kits.** By default (``tls=True``) the launcher provisions a throwaway
-  federation (:func:`fedproto.provision.provision`: a fresh CA, one key and certificate per
-  party, valid for the launch's timeout and a day) in a private temporary directory (mode
-  0700), one kit per party, and points each party at the ``roster.json`` of its own kit (mode
-  0600), so the parties run mutual TLS 1.3 with no setup by the user. (The kits all belong to
-  the launcher's user, so on this one host the separation of keys is by convention.) With
-  ``tls=False`` one ``roster.json`` holds a fresh 32-byte secret instead (the shared-secret
-  handshake, for ``--insecure-shared-secret`` parties). Everything is removed when the launch
-  ends.
+* **Roster and TLS kits.** By default (``tls=True``) the launcher makes a throwaway federation
+  in memory (:func:`fedproto.provision.ephemeral_credentials`: a fresh CA that signs one key and
+  certificate per party, valid for the launch's timeout and a day, and whose own key is then
+  dropped, never written anywhere) and writes one kit per party (:func:`fedproto.provision.write_kit`:
+  the CA certificate, the party's certificate and key, and a ``roster.json`` naming them and the
+  addresses), so the parties run mutual TLS 1.3 with no setup by the user. (The kits all belong
+  to the launcher's user, so on this one host the separation of keys is by convention.) With
+  ``tls=False`` each party's ``roster.json`` holds the same fresh 32-byte secret instead (the
+  shared-secret handshake, for ``--insecure-shared-secret`` parties).
+* **Files.** Everything the launcher writes lies in one private launch directory (mode 0700,
+  every file 0600) in the temporary directory, named after the launcher's process id and start
+  time, with one directory per party (``roster_path``'s directory) holding only that party's
+  files. Each child is told its own directory in ``FEDPROTO_LAUNCH_KIT`` and removes it once it
+  has loaded it (:func:`discard_launched_kit`; ``fedproto party`` does so when its endpoint is
+  open), so once every party has started the launch directory is empty. Everything is removed
+  when the launch ends; a launcher killed outright leaves at most an empty directory, or, if a
+  party had not yet loaded its kit, files only its user can read, and the next launch removes
+  what dead launchers left (see :mod:`fedproto._launch_dir`: a live launcher's files are never
+  touched).
 * **Waiting.** Every child's stdout and stderr are read by threads (no pipe can fill up and
   block a child). The launcher polls the children every 20 ms; the first one that exits with a
   non-zero status, or the timeout, stops all others.
@@ -64,7 +74,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,10 +81,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedproto._launch_dir import KIT_ENV, discard_launched_kit, launch_directory
 from fedproto.errors import FedProtoError
 from fedproto.roster import Roster
 
-__all__ = ["PartyOutcome", "LaunchError", "LaunchInterrupted", "launch_local"]
+__all__ = [
+    "KIT_ENV", "PartyOutcome", "LaunchError", "LaunchInterrupted", "discard_launched_kit", "launch_directory",
+    "launch_local",
+]
 
 #: Seconds between SIGTERM and SIGKILL when stopping children.
 TERMINATE_GRACE_S = 2.0
@@ -272,17 +285,21 @@ def launch_local(
         command: ``(party, roster_path, listen_fd) -> argv`` of one party's process; the child
             inherits the listening socket as descriptor ``listen_fd`` and should serve on it
             (``TcpNetwork.from_roster(Roster.load(roster_path), listen_fds={party: listen_fd})``);
-            in a star, ``listen_fd`` is ``None`` for every party but the hub. With ``tls``,
-            ``roster_path`` is that party's own kit's roster.
+            in a star, ``listen_fd`` is ``None`` for every party but the hub. ``roster_path`` is
+            that party's own kit's roster; its directory (mode 0700) is the party's alone, and
+            a file the caller puts there for the party (mode 0600, e.g. its data part) goes
+            with the kit. The child should call :func:`discard_launched_kit` with
+            ``roster_path`` once it has loaded its kit (``fedproto party`` does).
         timeout_s: seconds the whole run may take (finite, > 0); then every party is stopped.
         session: written into the roster (``None``: the roster fixes no session).
-        env: variables added to this process's environment for the children.
+        env: variables added to this process's environment for the children (and
+            ``FEDPROTO_LAUNCH_KIT``, naming each child's own kit directory).
         cwd: working directory of the children (default: this process's).
         check: raise :class:`LaunchError` when a party fails or the timeout passes (``False``:
             return the outcomes anyway).
         on_started: called with ``{party: pid}`` once every process has started.
-        tls: provision a throwaway TLS kit per party (default); ``False``: one roster with a
-            shared secret instead.
+        tls: a throwaway TLS kit per party (default; the CA's key is never written);
+            ``False``: each party's roster holds the same fresh shared secret instead.
         topology: ``"mesh"`` (every party listens) or ``"star"`` (only the first party does),
             written into the roster.
 
@@ -296,7 +313,8 @@ def launch_local(
         ValueError: no parties, duplicate names, a timeout that is not a positive number, or an
             unknown topology; with ``tls``, fewer than two parties or a name that cannot be a
             certificate name.
-        OSError: a process could not be started (every started one is stopped first).
+        OSError: a process could not be started (every started one is stopped first), or the
+            launch directory could not be made or written.
     """
     parties = tuple(parties)
     if not parties or len(set(parties)) != len(parties):
@@ -306,35 +324,25 @@ def launch_local(
     if topology not in ("star", "mesh"):
         raise ValueError(f"topology must be 'star' or 'mesh', got {topology!r}")
     listening = parties[:1] if topology == "star" else parties
-    child_env = None if env is None else {**os.environ, **env}
+    base_env = {**os.environ, **(env or {})}
     received: list[int] = []
     children: dict[str, _Child] = {}
     listeners: dict[str, socket.socket] = {}
     started = time.monotonic()
     timed_out = False
     first_failure: str | None = None
-    with _catch_signals(received), tempfile.TemporaryDirectory(prefix="fedproto-launch-") as tmp:
+    with _catch_signals(received), launch_directory() as tmp:
         try:
             for party in listening:
                 listeners[party] = socket.create_server(("127.0.0.1", 0), backlog=128)
             addresses = {p: f"127.0.0.1:{s.getsockname()[1]}" for p, s in listeners.items()}
-            if tls:
-                from fedproto.provision import provision
-
-                valid_days = math.ceil(timeout_s / 86400) + 1  # outlives the launch: links may be re-dialled
-                kits = provision(
-                    parties, addresses, Path(tmp) / "kits", valid_days=valid_days, session=session, topology=topology
-                )
-                roster_paths = {p: kit / "roster.json" for p, kit in kits.items()}
-            else:
-                roster = Roster.create(addresses, session=session, parties=parties, topology=topology)
-                roster_path = roster.save(Path(tmp) / "roster.json")
-                roster_paths = {p: roster_path for p in parties}
+            roster_paths = _write_kits(parties, addresses, tmp, timeout_s, session, topology, tls)
             for party in parties:
                 if received:
                     break
                 fd = listeners[party].fileno() if party in listeners else None
                 argv = [str(a) for a in command(party, roster_paths[party], fd)]
+                child_env = {**base_env, KIT_ENV: str(roster_paths[party].parent)}
                 _check_program(argv, child_env, cwd)
                 process = subprocess.Popen(
                     _with_parent_death_signal(argv),
@@ -406,6 +414,38 @@ def launch_local(
                 timed_out=True,
             )
     return outcomes
+
+
+def _write_kits(
+    parties: tuple[str, ...], addresses: Mapping[str, str], directory: Path, timeout_s: float,
+    session: int | None, topology: str, tls: bool,
+) -> dict[str, Path]:
+    """Write one kit per party into ``directory/kit-<i>/`` (mode 0700, files 0600) and return
+    ``{party: its roster's path}``: a throwaway federation's TLS files (the CA key is never
+    written), or with ``tls=False`` a roster holding one fresh secret.
+
+    Raises:
+        ValueError: with ``tls``, fewer than two parties or a name that cannot be a certificate name.
+    """
+    kits = {p: directory / f"kit-{i}" for i, p in enumerate(parties)}
+    if tls:
+        from fedproto.provision import ephemeral_credentials, write_kit
+
+        if len(parties) < 2:
+            raise ValueError(f"a federation needs at least two parties, got {list(parties)}")
+        valid_days = math.ceil(timeout_s / 86400) + 1  # outlives the launch: links may be re-dialled
+        credentials = ephemeral_credentials(parties, valid_days=valid_days)  # the CA key stays here
+        return {
+            p: write_kit(
+                kits[p], credentials[p], parties, addresses, session=session, topology=topology,
+                certificate_mode=0o600,
+            )
+            for p in parties
+        }
+    roster = Roster.create(addresses, session=session, parties=parties, topology=topology)
+    for kit in kits.values():
+        kit.mkdir(mode=0o700)
+    return {p: roster.save(kit / "roster.json") for p, kit in kits.items()}
 
 
 def _stop(children: Any) -> None:

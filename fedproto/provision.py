@@ -133,8 +133,13 @@ class PartyCredentials:
     certificate_pem: bytes
     ca_pem: bytes
 
-    def write(self, directory: str | os.PathLike[str]) -> TlsFiles:
+    def write(self, directory: str | os.PathLike[str], *, certificate_mode: int = 0o644) -> TlsFiles:
         """Write ``ca.pem``, ``<party>.pem`` and ``<party>.key`` (0600) into an existing directory.
+
+        Args:
+            directory: where to write them.
+            certificate_mode: the mode of the two certificates (public: 0644 by default; the
+                launcher's throwaway kits use 0600, as every file of a launch).
 
         Returns:
             Where they are (absolute paths).
@@ -144,8 +149,8 @@ class PartyCredentials:
         """
         directory = Path(directory).absolute()
         files = TlsFiles(directory / "ca.pem", directory / f"{self.party}.pem", directory / f"{self.party}.key")
-        _write_new(files.ca, self.ca_pem, 0o644)
-        _write_new(files.cert, self.certificate_pem, 0o644)
+        _write_new(files.ca, self.ca_pem, certificate_mode)
+        _write_new(files.cert, self.certificate_pem, certificate_mode)
         _write_new(files.key, self.key_pem, 0o600)
         return files
 
@@ -336,6 +341,7 @@ def write_kit(
     *,
     session: int | None = None,
     topology: str = "star",
+    certificate_mode: int = 0o644,
 ) -> Path:
     """Write one party's kit: its TLS files and a roster naming them; returns the roster's path.
 
@@ -347,6 +353,8 @@ def write_kit(
             party in a mesh.
         session: the run's session id, or ``None``.
         topology: ``"star"`` or ``"mesh"`` (see :class:`~fedproto.roster.Roster`).
+        certificate_mode: the mode of the two certificate files (see
+            :meth:`PartyCredentials.write`); the key and the roster are always 0600.
 
     Raises:
         ValueError: a bad roster (see :class:`~fedproto.roster.Roster`).
@@ -357,7 +365,7 @@ def write_kit(
     roster = Roster(tuple(parties), dict(addresses), None, session, relative, topology)  # checked before writing
     directory.mkdir(mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
-    credentials.write(directory)
+    credentials.write(directory, certificate_mode=certificate_mode)
     return roster.save(directory / "roster.json")
 
 
@@ -425,9 +433,11 @@ def provision(
 
 
 def ephemeral_credentials(parties: Sequence[str], *, valid_days: int = 1) -> dict[str, PartyCredentials]:
-    """A throwaway CA's credentials for every party, in memory (in-process TLS networks, tests).
+    """A throwaway CA's credentials for every party, in memory (the launcher, in-process TLS
+    networks, tests).
 
-    The CA's key is dropped once the certificates are signed, so nobody can issue more.
+    The CA's key is dropped once the certificates are signed, so nobody can issue more, and it is
+    never written anywhere: write each party's kit with :func:`write_kit`.
 
     Raises:
         ValueError: a party name that cannot be a certificate name.
