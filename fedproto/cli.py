@@ -409,7 +409,8 @@ def _provision_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--session", type=_int_at_least(0, "a non-negative integer"), default=None, metavar="N",
-        help="write this session id into every roster (parties started with options making another refuse)",
+        help="write this session id into every roster: the run's session (parties started with different options "
+        "are refused in the handshake, by option, either way)",
     )
     _global_arguments(parser, top=False)
 
