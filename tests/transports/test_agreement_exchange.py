@@ -1,4 +1,4 @@
-"""TCP endpoints compare their agreement records in the handshake (fedproto.agreement)."""
+"""TCP endpoints compare their agreement records in the handshake, MPI ranks in one collective (fedproto.agreement)."""
 
 from __future__ import annotations
 
@@ -133,3 +133,43 @@ async def test_handshake_records_are_handshake_bytes_not_payload(kits: dict) -> 
             await bare["c"].receive()
         # the record (its JSON, once per hello) is the only difference in what w0 wrote
         assert eps["w0"].handshake_bytes - bare["w0"].handshake_bytes == len(record(3).to_bytes()) + 2
+
+
+class _FakeComm:
+    """The view of one rank of ranks whose records are ``records`` (only the calls the check makes)."""
+
+    def __init__(self, records: list[bytes], rank: int) -> None:
+        self.records, self.rank = records, rank
+
+    def Get_size(self) -> int:
+        return len(self.records)
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Allgather(self, send, recv) -> None:
+        import hashlib
+
+        if recv.ndim == 2:  # the digests
+            for r, rec in enumerate(self.records):
+                recv[r] = list(hashlib.sha256(rec).digest() if rec else bytes(32))
+        else:  # the records' lengths
+            recv[:] = [len(rec) for rec in self.records]
+
+    def Allgatherv(self, send, spec) -> None:
+        spec[0][:] = list(b"".join(self.records))
+
+
+def test_mpi_ranks_compare_records_in_one_collective_and_name_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedproto.transports import mpi
+
+    monkeypatch.setattr(mpi, "_import_mpi", lambda: type("MPI", (), {"BYTE": "byte"}))
+    same = [record(3).to_bytes()] * 3
+    mpi._compare_agreements(_FakeComm(same, 1), record(3), ROSTER)  # agreeing ranks: no error
+    mixed = [record(3).to_bytes(), record(3).to_bytes(), record(4).to_bytes()]
+    with pytest.raises(AgreementMismatch) as at_zero:
+        mpi._compare_agreements(_FakeComm(mixed, 0), record(3), ROSTER)
+    assert at_zero.value.detail.startswith("w1 runs with --seed 4, this party (c) with --seed 3;")
+    with pytest.raises(AgreementMismatch) as at_odd:
+        mpi._compare_agreements(_FakeComm(mixed, 2), record(4), ROSTER)
+    assert at_odd.value.detail.startswith("c runs with --seed 3, this party (w1) with --seed 4;")
