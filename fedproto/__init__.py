@@ -13,6 +13,7 @@ import importlib.metadata
 
 from fedproto.codec import Envelope, decode_frame, encode_frame
 from fedproto.errors import (
+    AgreementMismatch,
     DecodeError,
     FedProtoError,
     InsufficientParticipants,
@@ -80,6 +81,7 @@ __all__ = [
     "PeerUnreachable",
     "PartyCrashed",
     "PeerDropped",
+    "AgreementMismatch",
     # runtime, transports, wire, metering
     "run_party",
     "run_parties",

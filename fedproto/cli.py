@@ -76,9 +76,10 @@ from fedproto._interrupt import (
     sigterm_interrupts,
     write_json,
 )
+from fedproto.agreement import PARTY_LOCAL_OPTIONS, Agreement
 from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
-from fedproto.errors import FedProtoError, LocalProtocolError
+from fedproto.errors import AgreementMismatch, FedProtoError, LocalProtocolError
 from fedproto.framesize import abort_notice_frame_bytes
 from fedproto._launch_dir import launch_directory, private_file
 from fedproto.launcher import LaunchError, LaunchInterrupted, discard_launched_kit, launch_local
@@ -101,7 +102,7 @@ _LAUNCHER_OPTIONS = {
 #: gives it ``--data FILE`` instead): the whole data set and how it is cut.
 _WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
-_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model"}
+_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model", "option_spelling"}
 #: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 _log = logging.getLogger("fedproto.cli")
@@ -408,7 +409,8 @@ def _provision_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--session", type=_int_at_least(0, "a non-negative integer"), default=None, metavar="N",
-        help="write this session id into every roster (parties started with options making another refuse)",
+        help="write this session id into every roster: the run's session (parties started with different options "
+        "are refused in the handshake, by option, either way)",
     )
     _global_arguments(parser, top=False)
 
@@ -570,9 +572,43 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     except registry.UnknownPluginError as exc:
         raise UsageError(str(exc), prog=f"fedproto {command}") from None
     args, extras = parser.parse_known_args(argv)
+    deepest = _subparser(parser, *(n for n in (command, spec) if n))
     if extras:
-        raise _unknown_options_error(_subparser(parser, *(n for n in (command, spec) if n)), extras)
+        raise _unknown_options_error(deepest, extras)
+    args.option_spelling = _option_spelling(deepest)
     return args
+
+
+def _option_spelling(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{dest: "--option"}``: how a user spells each option (a hidden alias by its visible name)."""
+    spelling: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings and (action.help is not argparse.SUPPRESS or action.dest not in spelling):
+            spelling[action.dest] = max(action.option_strings, key=len)
+    return spelling
+
+
+def _agreement(
+    args: argparse.Namespace,
+    parties: Sequence[str],
+    *,
+    topology: str | None,
+    session: int | None,
+    own_data: Dataset | None = None,
+    local_data: bool = False,
+) -> Agreement:
+    """What this process runs, for the other parties to compare (:mod:`fedproto.agreement`):
+    every parsed option but the party-local ones (``--data`` too when each party holds its own),
+    with ``--k`` left unset recorded as the k of the party's own file where it states one (the
+    k the plugins then use)."""
+    options = {k: v for k, v in vars(args).items() if k not in _INTERNAL_KEYS and k != "protocol"}
+    if options.get("k", 0) is None and own_data is not None and own_data.paper_k is not None:
+        options["k"] = int(own_data.paper_k)
+    local = PARTY_LOCAL_OPTIONS | ({"data"} if local_data else set())
+    return Agreement.of_options(
+        args.protocol_name, options, parties, local=local, spelling=getattr(args, "option_spelling", None),
+        topology=topology, session=session,
+    )
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -980,7 +1016,9 @@ def _party_roster(args: argparse.Namespace) -> Roster:
     return roster
 
 
-def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | None = None) -> int:
+def _run_party_tcp(
+    plan: RunPlan, args: argparse.Namespace, roster: Roster | None = None, agreement: Agreement | None = None
+) -> int:
     """Run this process's party of a TCP run and leave its party report however the run ends.
 
     Completed: the report (and result) go to ``--party-report``, else a summary line to stdout;
@@ -997,7 +1035,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
     interrupted = False
     with SignalGuard() as guard:
         try:
-            result = _serve_party_tcp(plan, args, roster, meter, hosted, guard)
+            result = _serve_party_tcp(plan, args, roster, meter, hosted, guard, agreement)
         except Interrupted:
             interrupted = True  # guard.signum says by which signal
         except Exception as exc:  # recorded in the report, then raised again
@@ -1047,7 +1085,7 @@ def _run_party_tcp(plan: RunPlan, args: argparse.Namespace, roster: Roster | Non
 
 def _serve_party_tcp(
     plan: RunPlan, args: argparse.Namespace, roster: Roster | None, meter: Meter, hosted: dict[str, Any],
-    guard: SignalGuard,
+    guard: SignalGuard, agreement: Agreement | None = None,
 ) -> Any:
     """Build this party's machine and endpoint and run it; the endpoint is put in ``hosted`` so
     its byte counts can be read after it closed, however the run ends.
@@ -1069,7 +1107,7 @@ def _serve_party_tcp(
     limit = _frame_limit(plan, args)
     network = registry.load_transport("tcp").from_roster(
         roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit,
-        insecure_shared_secret=args.insecure_shared_secret,
+        insecure_shared_secret=args.insecure_shared_secret, agreement=agreement,
     )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)
@@ -1133,7 +1171,8 @@ def _run_mpi(
         _QuietExit: at a rank other than 0 whose party failed or was interrupted (rank 0
             reports it).
     """
-    network = registry.load_transport("mpi")(max_frame_bytes=_frame_limit(plan, args))
+    agreement = _agreement(args, plan.roster, topology=None, session=plan.session)
+    network = registry.load_transport("mpi")(max_frame_bytes=_frame_limit(plan, args), agreement=agreement)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -1205,6 +1244,8 @@ def _run_mpi(
         return r.error is None or r.error["type"] == "RunAborted"
 
     report = RunReport.merge(sorted(reports, key=told), transport="mpi")
+    if isinstance(error, AgreementMismatch):
+        return {}, report, error  # this rank's own line names the option and the party
     first = next((d for d, r in zip(parsed, reports) if "error" in d and not told(r)), errors[0])
     return {}, report, FedProtoError(f"party {first['party']} failed: {first['error']}", party=first["party"])
 
@@ -1523,17 +1564,27 @@ def _command_party(args: argparse.Namespace) -> int:
     _compile_cache(args)
     if holds_local_data(plugin):
         data = load_dataset(args.data) if args.data is not None else None
-        session = roster.session if roster.session is not None else local_session(args, roster.parties)
+        options = _agreement(args, roster.parties, topology=roster.topology, session=None, own_data=data,
+                             local_data=True)
+        # The roster's session, when it states one, is the run's (a launcher's roster carries the
+        # simulation's, so that the run is the simulation's byte for byte); parties started with
+        # other options are then told apart by the agreement, in the handshake.
+        session = roster.session if roster.session is not None else local_session(args, roster.parties, options)
         plan = plugin.plan_party(args, args.party, tuple(roster.parties), session, data)
     else:
         plan = plugin.plan(args, _dataset(plugin, args))
-    return _run_party_tcp(plan, args, roster)
+        options = _agreement(args, plan.roster, topology=roster.topology, session=None)
+    return _run_party_tcp(plan, args, roster, dataclasses.replace(options, session=plan.session))
 
 
-def local_session(args: argparse.Namespace, parties: Sequence[str]) -> int:
+def local_session(args: argparse.Namespace, parties: Sequence[str], agreement: Agreement | None = None) -> int:
     """The session id of a run whose parties each hold only their own data and whose roster
-    fixes none: derived from the protocol, the roster and ``--seed`` (the same in every party)."""
-    return session_id(args.protocol_name, tuple(parties), args.seed)
+    fixes none: derived from the protocol, the roster and the options every party must agree on
+    (``agreement``, without a session; without it, from ``--seed`` alone), so parties started
+    with other options are in other sessions."""
+    if agreement is None:
+        return session_id(args.protocol_name, tuple(parties), args.seed)
+    return session_id(args.protocol_name, tuple(parties), agreement.digest().hex())
 
 
 def _resolved_options(plugin: Any, args: argparse.Namespace, dataset: Any) -> list[str]:

@@ -16,6 +16,7 @@ attributes (``party``, ``round_idx``, ``state``, ``phase``) as well as a message
           PeerUnreachable
           PartyCrashed
         PeerDropped
+      AgreementMismatch         a peer runs another protocol, other options or another roster
 
 Configuration mistakes are ``ValueError``/``TypeError`` at construction time instead.
 
@@ -43,6 +44,7 @@ __all__ = [
     "PeerUnreachable",
     "PartyCrashed",
     "PeerDropped",
+    "AgreementMismatch",
     "describe",
 ]
 
@@ -191,6 +193,17 @@ class PeerDropped(TransportError):
     with ``report_drops=True`` and a party crashes by fault injection; TCP and MPI never raise it
     (a peer's silence is all they see). The endpoint stays usable: the next ``receive`` returns the
     next frame. ``party`` is the peer that dropped.
+    """
+
+
+class AgreementMismatch(FedProtoError):
+    """A peer runs another protocol, with other options or another roster, than this party.
+
+    Raised before any protocol work, when the parties compare what they run
+    (:mod:`fedproto.agreement`): by the TCP transport in its handshake, by the MPI transport when
+    its endpoint is made. A configuration error, not a fault to wait out: it ends the run.
+    ``party`` is the peer that differs; the message names the first differing option and both
+    values.
     """
 
 

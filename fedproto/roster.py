@@ -19,8 +19,10 @@ is the **hub** (the coordinating one: ``server``, ``coordinator``, ``root``): in
 ``"topology": "star"`` only the hub listens, so only its entry needs an ``address``; the others
 dial out to it (an address they give is not used). With ``"topology": "mesh"`` every party
 listens and every entry needs an address (see :mod:`fedproto.transports.tcp`). ``session`` is
-optional; when it is given, a party started with arguments that make another session refuses to
-run. ``tls`` names this party's TLS material (PEM files, paths relative to the roster file): the
+optional; when it is given it is the run's session (a party that loads the whole data set, whose
+options make a session of their own, refuses to run with another; parties that hold their own
+data take the roster's), and parties started with different options are told apart by the
+agreement they compare in the handshake (:mod:`fedproto.agreement`). ``tls`` names this party's TLS material (PEM files, paths relative to the roster file): the
 federation CA's certificate, the party's own certificate and its private key; the TCP transport
 then runs mutual TLS 1.3 (:mod:`fedproto.provision` writes one such roster per party, the rosters
 of one federation differing only in this block). Without ``tls`` the roster must hold a

@@ -56,6 +56,14 @@ constructs its endpoint), so other MPI traffic in the program cannot match our m
   scratch buffer: MPI truncates it (``MPI_ERR_TRUNCATE``, nothing is stored), and it is dropped
   with a WARNING on ``logging.getLogger("fedproto.transports.mpi")``.
 
+* Ranks started with different arguments (``mpiexec -n 1 ... : -n 2 ...``) would each run a
+  consistent computation of their own. An endpoint made with an ``agreement``
+  (:class:`fedproto.agreement.Agreement`) compares it with every other rank's in one collective
+  when it is made (an ``Allgather`` of 32-byte digests), before any frame moves; when they
+  differ (only then) the ranks gather the records themselves and every rank raises
+  :class:`~fedproto.errors.AgreementMismatch` naming the first rank's party whose record differs
+  from its own, and the first option that does.
+
 Bytes: MPI messages carry their own envelope and doorbells carry nothing of the run, so
 ``framing_overhead_bytes == 0``. Measured with ``benchmarks/transport_rounds.py``.
 """
@@ -63,6 +71,7 @@ Bytes: MPI messages carry their own envelope and doorbells carry nothing of the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -80,8 +89,9 @@ from typing import Any
 
 import trio
 
+from fedproto.agreement import Agreement, check as check_agreement
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
-from fedproto.errors import PeerUnreachable, TransportBroken, TransportClosed
+from fedproto.errors import AgreementMismatch, PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.transport import Network, Transport
 
 __all__ = ["MpiTransport", "MpiNetwork", "RECEIVE_MODES"]
@@ -229,6 +239,38 @@ def _ring(sock: socket.socket | None, address: str | None) -> bool:
     return True
 
 
+def _compare_agreements(comm: Any, agreement: Agreement | None, roster: Sequence[str]) -> None:
+    """One ``Allgather`` of the ranks' record digests; where they differ, name the difference.
+
+    Raises:
+        AgreementMismatch: at every rank, when any two ranks' records differ.
+    """
+    import numpy as np
+
+    MPI = _import_mpi()
+    size, rank = comm.Get_size(), comm.Get_rank()
+    record = b"" if agreement is None else agreement.to_bytes()
+    digest = bytes(32) if agreement is None else hashlib.sha256(record).digest()
+    digests = np.empty((size, 32), dtype=np.uint8)
+    comm.Allgather(np.frombuffer(digest, dtype=np.uint8), digests)
+    if (digests == digests[0]).all():
+        return
+    # Only a run that is about to end pays for this: the records, to say what differs.
+    sizes = np.empty(size, dtype=np.int64)
+    comm.Allgather(np.array([len(record)], dtype=np.int64), sizes)
+    displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    comm.Allgatherv(np.frombuffer(record, dtype=np.uint8), [gathered, sizes.tolist(), displs.tolist(), MPI.BYTE])
+    other = next(r for r in range(size) if (digests[r] != digests[rank]).any())
+    raw = gathered[displs[other] : displs[other] + sizes[other]].tobytes()
+    try:
+        theirs = Agreement.from_bytes(raw) if raw else None
+    except ValueError as exc:
+        raise AgreementMismatch(f"rank {other} sent a malformed agreement record: {exc}", party=roster[other]) from None
+    check_agreement(agreement, theirs, this_party=roster[rank], other=roster[other])
+    raise AgreementMismatch(f"{roster[other]}'s agreement record differs from this party's", party=roster[other])
+
+
 class MpiTransport(Transport):
     """The endpoint of this rank's party (see the module docstring).
 
@@ -245,6 +287,8 @@ class MpiTransport(Transport):
             ``None``: ``"doorbell"`` when every rank gets a doorbell that every other rank
             reaches (all on one host), else ``"thread"`` when MPI provides
             ``MPI_THREAD_MULTIPLE``, else ``"poll"``. Every rank must pass the same value.
+        agreement: what this rank's party runs (:class:`fedproto.agreement.Agreement`),
+            compared with every rank's here; ``None`` agrees only with ranks that pass none.
 
     Attributes:
         rank: this process's rank in ``comm``.
@@ -256,6 +300,7 @@ class MpiTransport(Transport):
             communicator's size, ``receive_mode`` is not one of :data:`RECEIVE_MODES`, or the
             mode asked for is not available (``"thread"`` without ``MPI_THREAD_MULTIPLE``,
             ``"doorbell"`` with a rank on another host or without Unix datagram sockets).
+        AgreementMismatch: a rank runs another protocol, other options or another roster.
     """
 
     framing_overhead_bytes = 0
@@ -268,6 +313,7 @@ class MpiTransport(Transport):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         close_timeout_s: float = 10.0,
         receive_mode: str | None = None,
+        agreement: Agreement | None = None,
     ) -> None:
         MPI = _import_mpi()
         roster = tuple(roster)
@@ -295,6 +341,11 @@ class MpiTransport(Transport):
         self.rank: int = self._comm.Get_rank()
         self.roster = roster
         self.party = roster[self.rank]
+        try:
+            _compare_agreements(self._comm, agreement, roster)
+        except AgreementMismatch:
+            self._comm.Free()
+            raise
         self.max_frame_bytes = max_frame_bytes
         self.close_timeout_s = float(close_timeout_s)
         self._rank_of = {p: i for i, p in enumerate(roster)}

@@ -124,6 +124,30 @@ Refusals are logged as above. This keeps out anyone without the secret, but any 
 secret can claim any party's name, and frames after the handshake are neither encrypted nor
 MACed: use it for loopback experiments only.
 
+Agreement
+---------
+An endpoint built with an ``agreement`` (:class:`fedproto.agreement.Agreement`: the protocol,
+the options that must match across parties, the roster and the session; ``fedproto party``
+always gives one) sends its record as the last field of its hello, and the listener compares it
+with its own before it looks at the session or the roster (which the options often determine),
+so a party started with other options is named with the first option that differs. Records
+that differ are not a stranger to keep out but a configuration error, so both ends stop:
+
+* with TLS the listener answers ``["differ", its record]`` instead of ``["ok", ...]``;
+* with the shared secret the listener's challenge carries its record, both MACs cover both
+  records' SHA-256 (as sent), and each side decides only once the other has proved it holds
+  the secret (the dialer after the challenge, the listener after the proof), so a stranger
+  cannot end the run by sending a hello with other options.
+
+Each side then raises :class:`~fedproto.errors.AgreementMismatch` (one line: ``client-1 runs
+with --seed 4, this party (server) with --seed 3; every party must run the same options``):
+the dialer from the ``send`` or the ``serve`` that dialled (a star client: from every later
+``send`` and ``receive``), the listener from every later ``receive`` and from ``send`` to that
+peer; the endpoint stays open for the failure notices the runtime sends its other peers. The
+handshake's bytes, the records included, are in :attr:`TcpTransport.handshake_bytes`, never in
+the run's payload. An endpoint without a record sends none and agrees only with peers that send
+none.
+
 In both modes the sender of every received frame is the authenticated name of its connection,
 never anything in the frame. Frames above ``max_frame_bytes`` are refused from the length prefix,
 before their body is read; the stream cannot be resynchronised, so that connection is closed and
@@ -170,8 +194,9 @@ import msgpack
 import trio
 
 from fedproto._logging import RateLimitedLog
+from fedproto.agreement import Agreement, check as check_agreement
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
-from fedproto.errors import DecodeError, PeerUnreachable, TransportBroken, TransportClosed, TransportError
+from fedproto.errors import AgreementMismatch, DecodeError, PeerUnreachable, TransportBroken, TransportClosed, TransportError
 from fedproto.roster import TlsFiles
 from fedproto.transport import Network, Transport
 from fedproto.transports._framing import (
@@ -512,6 +537,23 @@ def _expect_bytes(value: Any, n: int, what: str) -> bytes:
     return value
 
 
+def _record_digest(record: bytes | None) -> bytes:
+    """SHA-256 of an encoded agreement record as sent, ``b""`` for none (bound into the MACs)."""
+    return b"" if record is None else hashlib.sha256(record).digest()
+
+
+def _peer_record(value: Any, who: str) -> Agreement | None:
+    """A peer's agreement record from its hello (``None`` when it sent none)."""
+    if value is None:
+        return None
+    if not isinstance(value, bytes):
+        raise _HandshakeFailed(f"malformed agreement record from {who}")
+    try:
+        return Agreement.from_bytes(value)
+    except ValueError as exc:
+        raise _HandshakeFailed(f"malformed agreement record from {who}: {exc}") from None
+
+
 def roster_digest(roster: Sequence[str]) -> bytes:
     """SHA-256 of the msgpack-encoded roster (32 bytes), bound into every handshake MAC."""
     return hashlib.sha256(_pack(list(roster))).digest()
@@ -528,6 +570,8 @@ def handshake_mac(
     dialer_nonce: bytes,
     listener_nonce: bytes,
     version: str = HANDSHAKE_VERSION,
+    dialer_agreement: bytes = b"",
+    listener_agreement: bytes = b"",
 ) -> bytes:
     """HMAC-SHA256 (32 bytes) by which ``role`` proves its name in one handshake.
 
@@ -545,8 +589,14 @@ def handshake_mac(
         listener_nonce: the listener's 32 fresh random bytes.
         version: the handshake's version string (:data:`HANDSHAKE_VERSION` in a mesh,
             :data:`STAR_HANDSHAKE_VERSION` from a star client), so the MACs bind the topology.
+        dialer_agreement: SHA-256 of the dialer's agreement record
+            (:meth:`fedproto.agreement.Agreement.digest`), ``b""`` when it states none.
+        listener_agreement: the same for the listener.
     """
-    context = _pack([version, role, session, roster_hash, dialer, listener, dialer_nonce, listener_nonce])
+    fields = [version, role, session, roster_hash, dialer, listener, dialer_nonce, listener_nonce]
+    if dialer_agreement or listener_agreement:  # parties without records keep the older context
+        fields += [dialer_agreement, listener_agreement]
+    context = _pack(fields)
     return hmac.new(secret, context, hashlib.sha256).digest()
 
 
@@ -600,6 +650,10 @@ class TcpTransport(Transport):
             to leave (seconds).
         resume_timeout_s: how long a star client keeps re-dialling the hub after its connection
             broke before it gives up (seconds; keep it at least the runtime's phase deadline).
+        agreement: what this party runs (:class:`fedproto.agreement.Agreement`: protocol,
+            options that must match, roster, session), sent in every hello and compared with the
+            peer's (see "Agreement" in the module docstring); ``None`` states none and agrees
+            only with peers that state none.
 
     Attributes:
         addresses: ``{party: TcpAddress}`` of the parties whose address is known; this party's
@@ -634,7 +688,7 @@ class TcpTransport(Transport):
             session, topology or limits (a star's frames are at most 2**32 - 2 bytes: the route
             marker takes the last length); both or neither of ``secret`` and ``tls``; TLS
             material that cannot be read, is not for ``party``, not signed by its CA, or expired.
-        TypeError: the secret is not bytes.
+        TypeError: the secret is not bytes, or ``agreement`` is not an ``Agreement``.
     """
 
     framing_overhead_bytes = FRAMING_OVERHEAD_BYTES
@@ -655,6 +709,7 @@ class TcpTransport(Transport):
         topology: str = "mesh",
         linger_s: float = DEFAULT_LINGER_S,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+        agreement: Agreement | None = None,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -687,6 +742,8 @@ class TcpTransport(Transport):
                 raise ValueError(f"the secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         if isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < 2**64:
             raise ValueError(f"session must be an int in 0..2**64-1, got {session!r}")
+        if agreement is not None and not isinstance(agreement, Agreement):
+            raise TypeError(f"agreement must be a fedproto.agreement.Agreement, got {type(agreement).__name__}")
         frame_limit = MAX_WIRE_FRAME_BYTES if hub is None else MAX_ROUTED_STREAM_FRAME_BYTES
         if not 0 < max_frame_bytes <= frame_limit:
             raise ValueError(f"max_frame_bytes must be in 1..{frame_limit} in a {topology}, got {max_frame_bytes}")
@@ -735,6 +792,10 @@ class TcpTransport(Transport):
         self.linger_s = float(linger_s)
         self.resume_timeout_s = float(resume_timeout_s)
         self.session = session
+        self.agreement = agreement
+        self._agreement_record = agreement.to_bytes() if agreement is not None else None
+        self._agreement_hash = _record_digest(self._agreement_record)
+        self._disagreement: AgreementMismatch | None = None
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout_s = float(connect_timeout_s)
         self.handshake_timeout_s = float(handshake_timeout_s)
@@ -814,6 +875,49 @@ class TcpTransport(Transport):
     def _notify_links(self) -> None:
         self._links_changed.set()
         self._links_changed = trio.Event()
+
+    def _records(self) -> list[bytes]:
+        """This party's agreement record as the last field of its hello (none without a record)."""
+        return [] if self._agreement_record is None else [self._agreement_record]
+
+    def _compare(self, theirs: Agreement | None, other: str) -> None:
+        """Raise :class:`~fedproto.errors.AgreementMismatch` unless ``other`` runs what we run."""
+        check_agreement(self.agreement, theirs, this_party=self.party, other=other)
+
+    def _disagree(self, exc: AgreementMismatch) -> None:
+        """An authenticated peer runs something else: this endpoint's run is over.
+
+        ``receive`` raises the mismatch from now on, and so does ``send`` to that peer (at a star
+        client: to anyone, since everything goes through the hub); the endpoint stays open for
+        the failure notices the runtime sends its other peers.
+        """
+        if self._closed or self._disagreement is not None:
+            return
+        log.debug("%s: %s", self.party, exc.detail)
+        self._disagreement = exc
+        if self._is_hub and exc.party is not None:
+            peer = self._peers.get(exc.party)
+            if peer is None:
+                peer = self._peers[exc.party] = _StarPeer(exc.party)
+            self._end_link(peer, exc.detail)
+        elif self._is_star_client:
+            peer = self._peers[self.hub]  # type: ignore[index]
+            if peer.ended is None:
+                peer.ended = exc.detail
+            peer.poke()
+        self._inbox_send.close()
+        self._notify_links()
+
+    def _disagreement_error(self) -> AgreementMismatch:
+        exc = self._disagreement
+        assert exc is not None
+        return AgreementMismatch(exc.detail, party=exc.party)
+
+    def _check_agreed(self, dest: str | None = None) -> None:
+        """Raise the mismatch that ended this endpoint's run, if it concerns ``dest`` (``None``: any)."""
+        exc = self._disagreement
+        if exc is not None and (dest is None or self._is_star_client or exc.party == dest):
+            raise self._disagreement_error()
 
     # ----------------------------------------------------------------------------------- serve
 
@@ -925,6 +1029,10 @@ class TcpTransport(Transport):
             except TransportClosed:
                 self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
                 return
+            except AgreementMismatch as exc:  # an authenticated party of the run: not a stranger
+                self.handshake_bytes += handshake_written()
+                self._disagree(exc)
+                return
             self.handshake_bytes += handshake_written()
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
             if admitted is not None:
@@ -987,32 +1095,42 @@ class TcpTransport(Transport):
     async def _listener_handshake(
         self, stream: trio.SocketStream, reader: FrameReader, written: _Written
     ) -> tuple[str, tuple[_StarPeer, int] | None]:
-        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 6, "hello")
-        version, session, roster_hash, dialer, listener, dialer_nonce = hello
+        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), (6, 7), "hello")
+        version, session, roster_hash, dialer, listener, dialer_nonce = hello[:6]
         self._check_hello_version(version, f"claimed party {dialer!r}", tls=False)
         if not isinstance(dialer, str):
             raise _HandshakeFailed("malformed hello (party name is not a string)")
         if dialer not in self._roster_set:
             raise _HandshakeFailed(f"claimed party {dialer!r} is not in the roster")
-        if session != self.session:
+        record = hello[6] if len(hello) == 7 else None
+        theirs = _peer_record(record, repr(dialer))
+        # Records that differ are a configuration error to report, once the dialer has proved it
+        # holds the secret (a stranger must not end the run): the session and roster, which the
+        # options often determine, are then not refused here, and the MACs cover the hello as sent.
+        agreed = theirs == self.agreement
+        if agreed and session != self.session:
             raise _HandshakeFailed(f"{dialer!r} is in session {session!r}, this run is {self.session}")
-        if roster_hash != self._roster_hash:
+        if agreed and roster_hash != self._roster_hash:
             raise _HandshakeFailed(f"{dialer!r} has a different roster")
+        if not isinstance(session, int) or not isinstance(roster_hash, bytes):
+            raise _HandshakeFailed(f"malformed hello from claimed party {dialer!r}")
         if listener != self.party:
             raise _HandshakeFailed(f"{dialer!r} wanted party {listener!r}, this is {self.party!r}")
         dialer_nonce = _expect_bytes(dialer_nonce, _NONCE_BYTES, "hello nonce")
         listener_nonce = secrets.token_bytes(_NONCE_BYTES)
         context = dict(
-            session=self.session,
-            roster_hash=self._roster_hash,
+            session=session,
+            roster_hash=roster_hash,
             dialer=dialer,
             listener=self.party,
             dialer_nonce=dialer_nonce,
             listener_nonce=listener_nonce,
             version=version,
+            dialer_agreement=_record_digest(record),
+            listener_agreement=self._agreement_hash,
         )
         await self._send_handshake(
-            stream, [listener_nonce, handshake_mac(self._secret, "listener", **context)], written
+            stream, [listener_nonce, handshake_mac(self._secret, "listener", **context), *self._records()], written
         )
         # A star client's proof carries its link's resumption fields (see _admit_client).
         proof, *resume = _unpack_list(
@@ -1021,6 +1139,7 @@ class TcpTransport(Transport):
         proof = _expect_bytes(proof, _MAC_BYTES, "proof")
         if not hmac.compare_digest(proof, handshake_mac(self._secret, "dialer", **context)):
             raise _HandshakeFailed(f"bad MAC from claimed party {dialer!r} (wrong secret?)")
+        self._compare(theirs, dialer)  # the dialer, which saw our record, ends too
         ack, admitted = ["ok"], None
         if self._is_hub:
             ack, admitted = self._admit_client(dialer, *_resume_fields(*resume, repr(dialer)))
@@ -1048,12 +1167,27 @@ class TcpTransport(Transport):
             raise _HandshakeFailed(str(exc)) from None
         if named not in self._roster_set:
             raise _HandshakeFailed(f"certificate for {named!r}, who is not in the roster")
-        # A star client's hello has two more fields, its link's resumption fields (_admit_client).
-        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), (5, 7), "hello")
+        # A star client's hello has two more fields, its link's resumption fields (_admit_client);
+        # then comes the dialer's agreement record, if it states one.
+        hello = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), (5, 6, 7, 8), "hello")
         version, session, roster_hash, dialer, listener = hello[:5]
         self._check_hello_version(version, repr(named), tls=True)
         if dialer != named:
             raise _HandshakeFailed(f"the certificate names {named!r} but the hello claims {dialer!r}")
+        fields = 7 if self._is_hub else 5
+        if self._is_hub and len(hello) < fields:
+            raise _HandshakeFailed(f"malformed hello from {named!r} (no resumption fields)")
+        if len(hello) > fields + 1:
+            raise _HandshakeFailed(f"malformed hello from {named!r} (expected an array of {fields} or {fields + 1})")
+        hello, record = hello[:fields], (hello[fields] if len(hello) > fields else None)
+        try:
+            self._compare(_peer_record(record, repr(named)), named)
+        except AgreementMismatch:
+            try:  # the dialer learns why, and ends too
+                await send_frame(channel, _pack(["differ", *self._records()]))
+            except TransportError:
+                pass
+            raise
         if session != self.session:
             raise _HandshakeFailed(f"{named!r} is in session {session!r}, this run is {self.session}")
         if roster_hash != self._roster_hash:
@@ -1062,11 +1196,7 @@ class TcpTransport(Transport):
             raise _HandshakeFailed(f"{named!r} wanted party {listener!r}, this is {self.party!r}")
         ack, admitted = ["ok"], None
         if self._is_hub:
-            if len(hello) != 7:
-                raise _HandshakeFailed(f"malformed hello from {named!r} (no resumption fields)")
             ack, admitted = self._admit_client(named, *_resume_fields(*hello[5:], repr(named)))
-        elif len(hello) != 5:
-            raise _HandshakeFailed(f"malformed hello from {named!r} (expected an array of 5)")
         await send_frame(channel, _pack(ack))
         return named, admitted
 
@@ -1085,6 +1215,8 @@ class TcpTransport(Transport):
         between two connections.
 
         Raises:
+            AgreementMismatch: ``dest`` (at a star client: the hub) runs another protocol, other
+                options or another roster (see "Agreement" in the module docstring).
             PeerUnreachable: ``dest`` is not in the roster, cannot be dialled within
                 ``connect_timeout_s``, failed the handshake, or the connection broke
                 (``__cause__`` is the underlying error); in a star, the hub cannot be reached
@@ -1094,6 +1226,7 @@ class TcpTransport(Transport):
             ValueError: the frame exceeds ``max_frame_bytes``.
         """
         self._check_open()
+        self._check_agreed(dest)
         if dest not in self._roster_set:
             raise PeerUnreachable(f"{dest!r} is not in the roster", party=dest)
         if len(frame) > self.max_frame_bytes:
@@ -1240,6 +1373,9 @@ class TcpTransport(Transport):
             except TransportClosed:
                 self._check_open()
                 raise
+            except AgreementMismatch as exc:
+                self._disagree(exc)
+                raise
             self._check_open()
         except BaseException:
             stream.socket.close()
@@ -1257,17 +1393,28 @@ class TcpTransport(Transport):
         peer = self._peers[self.hub]  # type: ignore[index]
         return [peer.link_id, peer.received]
 
-    def _check_acknowledgement(self, frame: bytes) -> int | None:
+    def _check_acknowledgement(self, frame: bytes, dest: str) -> int | None:
         """The listener's acknowledgement; at a star client, how many of its frames the hub has.
 
         The hub answers ``["ok", resumed, received]``: whether it knew the client's link, and how
         many of the client's frames it has received (the client writes again those after them).
+        A listener whose agreement record differs answers ``["differ", its record]`` instead.
+
+        Raises:
+            AgreementMismatch: ``dest`` runs something else.
+            _HandshakeFailed: a malformed acknowledgement.
         """
+        reply = _unpack_list(frame, (1, 2, 3), "acknowledgement")
+        if reply[0] == "differ" and len(reply) <= 2:
+            self._compare(_peer_record(reply[1] if len(reply) == 2 else None, repr(dest)), dest)
+            raise _HandshakeFailed(f"{dest} said our agreement records differ, but they agree")
         if not self._is_star_client:
-            if _unpack_list(frame, 1, "acknowledgement") != ["ok"]:
+            if reply != ["ok"]:
                 raise _HandshakeFailed("malformed acknowledgement")
             return None
-        ok, resumed, received = _unpack_list(frame, 3, "acknowledgement")
+        if len(reply) != 3:
+            raise _HandshakeFailed("malformed acknowledgement (expected an array of 3)")
+        ok, resumed, received = reply
         if ok != "ok" or not isinstance(resumed, bool) or isinstance(received, bool) or not isinstance(received, int):
             raise _HandshakeFailed("malformed acknowledgement")
         peer = self._peers[self.hub]  # type: ignore[index]
@@ -1289,11 +1436,14 @@ class TcpTransport(Transport):
         version = self._hello_version(tls=False)
         dialer_nonce = secrets.token_bytes(_NONCE_BYTES)
         await self._send_handshake(
-            stream, [version, self.session, self._roster_hash, self.party, dest, dialer_nonce], written
+            stream,
+            [version, self.session, self._roster_hash, self.party, dest, dialer_nonce, *self._records()],
+            written,
         )
-        listener_nonce, proof = _unpack_list(
-            await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), 2, "challenge"
-        )
+        challenge = _unpack_list(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), (2, 3), "challenge")
+        listener_nonce, proof = challenge[:2]
+        record = challenge[2] if len(challenge) == 3 else None
+        theirs = _peer_record(record, repr(dest))
         listener_nonce = _expect_bytes(listener_nonce, _NONCE_BYTES, "challenge nonce")
         proof = _expect_bytes(proof, _MAC_BYTES, "challenge proof")
         context = dict(
@@ -1304,13 +1454,17 @@ class TcpTransport(Transport):
             dialer_nonce=dialer_nonce,
             listener_nonce=listener_nonce,
             version=version,
+            dialer_agreement=self._agreement_hash,
+            listener_agreement=_record_digest(record),
         )
         if not hmac.compare_digest(proof, handshake_mac(self._secret, "listener", **context)):
             raise _HandshakeFailed(f"the listener failed to prove it is {dest!r} (wrong secret?)")
         await self._send_handshake(
             stream, [handshake_mac(self._secret, "dialer", **context), *self._resume_request()], written
         )
-        return self._check_acknowledgement(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES))
+        # Our proof lets the listener, too, trust our record and end; then we end.
+        self._compare(theirs, dest)
+        return self._check_acknowledgement(await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES), dest)
 
     async def _dialer_tls_handshake(
         self, channel: trio.SSLStream[Any], dest: str, reader: FrameReader
@@ -1328,14 +1482,14 @@ class TcpTransport(Transport):
             raise TransportClosed("the connection was closed during the TLS handshake") from exc
         # Only now, with the listener's certificate checked against dest's name, may we speak.
         hello = [self._hello_version(tls=True), self.session, self._roster_hash, self.party, dest]
-        await send_frame(channel, _pack([*hello, *self._resume_request()]))
+        await send_frame(channel, _pack([*hello, *self._resume_request(), *self._records()]))
         try:
             frame = await reader.receive_frame(_HANDSHAKE_MAX_FRAME_BYTES)
         except TransportBroken as exc:  # a TLS alert: the listener refused our certificate
             if _network_failure(exc):
                 raise
             raise _HandshakeFailed(f"refused by the peer ({tls.failure_reason(exc)})") from exc
-        return self._check_acknowledgement(frame)
+        return self._check_acknowledgement(frame, dest)
 
     # ------------------------------------------------------------------------------------ star
 
@@ -1368,8 +1522,11 @@ class TcpTransport(Transport):
                 return  # kept for the resumption
             await peer.changed.wait()
 
-    def _link_ended(self, peer: _StarPeer) -> PeerUnreachable:
+    def _link_ended(self, peer: _StarPeer) -> PeerUnreachable | AgreementMismatch:
         """The error of a send on a star link that has ended for good."""
+        exc = self._disagreement
+        if exc is not None and (not self._is_hub or exc.party == peer.name):
+            return self._disagreement_error()
         if self._is_hub:
             return PeerUnreachable(
                 f"the link of {peer.name} to the hub {self.party} has ended: {peer.ended}", party=peer.name
@@ -1405,6 +1562,7 @@ class TcpTransport(Transport):
         deadline = trio.current_time() + self.connect_timeout_s + self.handshake_timeout_s
         while True:
             self._check_open()
+            self._check_agreed()
             if self._hub_failure is not None:
                 raise PeerUnreachable(self._hub_failure.detail, party=self.hub) from self._hub_failure
             if peer.connected:
@@ -1553,7 +1711,7 @@ class TcpTransport(Transport):
                     detail = f"{self.party} cannot reach the hub"
                 self._lose_hub(PeerUnreachable(f"{detail}: {exc.detail}", party=hub))
                 return
-            except TransportClosed:
+            except (TransportClosed, AgreementMismatch):  # a mismatch was recorded by _disagree
                 return
             _keep_alive(link.raw)
             if redial:
@@ -1706,8 +1864,10 @@ class TcpTransport(Transport):
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise self._inbox_ended() from None
 
-    def _inbox_ended(self) -> TransportError:
+    def _inbox_ended(self) -> TransportError | AgreementMismatch:
         """What ``receive`` raises once the inbox is closed and empty."""
+        if self._disagreement is not None and not self._closed:
+            return self._disagreement_error()
         failure = self._hub_failure
         if failure is None or self._closed:
             return TransportClosed(f"the endpoint of {self.party} is closed", party=self.party)
@@ -1833,8 +1993,11 @@ class TcpTransport(Transport):
             TransportClosed: this endpoint was closed (also while waiting).
             PeerUnreachable: a star client cannot reach the hub or could not resume its link
                 (once every frame received before is returned).
+            AgreementMismatch: a peer runs another protocol, other options or another roster
+                (found in a handshake; frames not yet returned are dropped: the run is over).
         """
         self._check_open()
+        self._check_agreed()
         try:
             return await self._inbox_receive.receive()
         except (trio.ClosedResourceError, trio.EndOfChannel):
@@ -1845,9 +2008,10 @@ class TcpTransport(Transport):
 
         Raises:
             TransportClosed: this endpoint was closed.
-            PeerUnreachable: as for :meth:`receive`.
+            PeerUnreachable, AgreementMismatch: as for :meth:`receive`.
         """
         self._check_open()
+        self._check_agreed()
         try:
             return self._inbox_receive.receive_nowait()
         except trio.WouldBlock:
@@ -2038,6 +2202,8 @@ class TcpNetwork(Network):
             on instead of binding their address (see :func:`fedproto.launcher.launch_local`);
             each is adopted (and closed with its endpoint) the first time its endpoint opens.
         topology: ``"star"`` (the default) or ``"mesh"`` (see :class:`TcpTransport`).
+        agreement: what the local parties run (:class:`fedproto.agreement.Agreement`), compared
+            in every handshake (see :class:`TcpTransport`); ``None`` compares nothing.
         **kwargs: passed to :class:`TcpTransport`.
 
     Attributes:
@@ -2068,8 +2234,11 @@ class TcpNetwork(Network):
         host: str = "127.0.0.1",
         listen_fds: Mapping[str, int] | None = None,
         topology: str = "star",
+        agreement: Agreement | None = None,
         **kwargs: Any,
     ) -> None:
+        if agreement is not None:
+            kwargs["agreement"] = agreement
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology must be 'star' or 'mesh', got {topology!r}")
         listen_fds = dict(listen_fds or {})

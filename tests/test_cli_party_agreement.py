@@ -1,0 +1,83 @@
+"""``fedproto party`` processes compare what they run before any protocol work (issue 33, item 2).
+
+The bug: with a roster that states a session (``fedproto provision --session 12345``), a server
+and client-0 started with ``--seed 3`` and client-1 with ``--seed 4`` all exited 0, the clients
+holding different centroids.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FEDPROTO = [sys.executable, "-m", "fedproto"]
+PARTIES = ("server", "client-0", "client-1")
+TIMEOUT_S = 180
+
+
+def _federation(tmp_path: Path, *extra: str) -> socket.socket:
+    """Kits for PARTIES (TLS, a star on loopback) and each client's own part of iris; returns the
+    hub's bound listening socket (handed to the server, so the port cannot race)."""
+    hub = socket.create_server(("127.0.0.1", 0))
+    for argv in (
+        ["provision", "--parties", ",".join(PARTIES), "--hub", f"127.0.0.1:{hub.getsockname()[1]}",
+         "--out", str(tmp_path / "fed"), *extra],
+        ["split", "fastlloyd", "--data", "iris", "--clients", "2", "--seed", "3", "--out", str(tmp_path / "parts")],
+    ):
+        done = subprocess.run([*FEDPROTO, *argv], capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, done.stderr
+    return hub
+
+
+def _run_parties(tmp_path: Path, hub: socket.socket, seeds: dict[str, int]) -> dict[str, tuple[int, str, str]]:
+    """Start every party as its own process; ``{party: (exit code, stdout, stderr)}``."""
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for party in PARTIES:
+            own = [] if party == "server" else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
+            listen = ["--listen-fd", str(hub.fileno())] if party == "server" else []
+            procs[party] = subprocess.Popen(
+                [*FEDPROTO, "party", "fastlloyd", "--party", party, "--roster",
+                 str(tmp_path / "fed" / party / "roster.json"), *own, *listen, "--k", "3", "--epsilon", "1",
+                 "--seed", str(seeds[party]), "--deadline", "60", "--device", "cpu"],
+                pass_fds=(hub.fileno(),) if party == "server" else (),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+            )
+        hub.close()  # the server holds its own copy
+        return {p: (proc.wait(timeout=TIMEOUT_S), *proc.communicate(timeout=TIMEOUT_S)) for p, proc in procs.items()}
+    finally:
+        hub.close()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_client_started_with_another_seed_ends_every_party_naming_seed_and_the_client(tmp_path: Path) -> None:
+    hub = _federation(tmp_path, "--session", "12345")
+    outcomes = _run_parties(tmp_path, hub, {"server": 3, "client-0": 3, "client-1": 4})
+    for party, (code, out, err) in outcomes.items():
+        lines = err.strip().splitlines()
+        assert code == 1, f"{party} exited {code}: {err[-2000:]}"
+        assert "Traceback" not in err, f"{party}: {err[-2000:]}"
+        assert len(lines) == 1, f"{party}: {err}"
+        assert "--seed" in lines[0] and "client-1" in lines[0], f"{party}: {lines[0]}"
+        assert out == "", f"{party} printed a result: {out}"
+    assert "client-1 runs with --seed 4, this party (server) with --seed 3" in outcomes["server"][2]
+    assert "server runs with --seed 3, this party (client-1) with --seed 4" in outcomes["client-1"][2]
+
+
+@pytest.mark.slow
+def test_the_same_roster_and_equal_options_still_run_and_agree(tmp_path: Path) -> None:
+    hub = _federation(tmp_path, "--session", "12345")
+    outcomes = _run_parties(tmp_path, hub, {"server": 3, "client-0": 3, "client-1": 3})
+    results = {}
+    for party, (code, out, err) in outcomes.items():
+        assert code == 0, f"{party}: {err[-2000:]}"
+        results[party] = json.loads(out.strip().splitlines()[-1])["result"]
+    assert results["client-0"]["centroids"] == results["client-1"]["centroids"]
