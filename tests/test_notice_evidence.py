@@ -20,19 +20,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+import msgpack
 import numpy as np
 import pytest
 import trio
-
 from fedproto.algorithms.secagg_plus import Modulus, SecAggPlusConfig, SumClient, SumServer
+from fedproto.transports.memory import MemoryNetwork
+from fedproto.transports.tcp import open_tcp_network
+
 from fedproto.codec import decode_frame, encode_frame
 from fedproto.errors import DecodeError, PartyCrashed, RunAborted
+from fedproto.messages import AbortNotice
 from fedproto.metering import error_record
 from fedproto.runtime import ABORT_PHASE, RuntimeConfig, run_parties, run_party
 from fedproto.testing import DelegatingTransport, Faults
 from fedproto.testing.toy import SumCoordinator, SumWorker
-from fedproto.transports.memory import MemoryNetwork
-from fedproto.transports.tcp import open_tcp_network
 
 KINDS = ["memory", "tcp-tls-star"]
 TOY = ("c", "w0", "w1", "w2")  # c is the hub of the star; w1 is the insider
@@ -77,8 +79,6 @@ class Insider(DelegatingTransport):
 
 
 def _notice(culprits: tuple[str, ...], origin: str = "", session: int = 0) -> bytes:
-    from fedproto.messages import AbortNotice
-
     notice = AbortNotice(culprits=culprits, reason="it sent garbage", origin=origin)
     return encode_frame(notice, session=session, round_idx=0, phase=ABORT_PHASE)
 
@@ -171,14 +171,10 @@ async def test_a_relayed_notice_whose_origin_cannot_be_counts_as_the_senders_own
 
 
 def test_the_origin_travels_and_is_decoded_strictly() -> None:
-    from fedproto.messages import AbortNotice
-
     frame = _notice(("w0",), origin="w1")
     _, notice = decode_frame(frame)
     assert notice == AbortNotice(culprits=("w0",), reason="it sent garbage", origin="w1")
     # the origin must be a string: anything else is a DecodeError, never another exception
-    import msgpack
-
     envelope = msgpack.unpackb(frame)
     envelope["b"][2] = 7
     with pytest.raises(DecodeError):
@@ -234,6 +230,7 @@ async def test_in_secagg_plus_a_clients_forged_notice_ends_only_its_own_part(kin
     async with endpoints(kind, SUM_ROSTER, session=SESSION) as eps:
         insider = Insider(eps["client-1"], after=1, target="server", culprits=("client-0",), session=SESSION)
         outcomes = await run_each(machines, eps, {"client-1": insider}, session=SESSION)
+        assert eps["client-1"].receive_nowait() is None  # its part is over: nothing more was sent to it
     assert isinstance(outcomes["client-1"], PartyCrashed)
     server = outcomes["server"]
     assert not isinstance(server, BaseException), server
@@ -280,6 +277,7 @@ def test_in_fastlloyd_with_secagg_plus_a_forged_notice_is_a_dropout() -> None:
     from fedproto.algorithms.fastlloyd.config import make_config
     from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
     from fedproto.algorithms.secagg_plus import engine
+
     from fedproto.data import normalize, partition
 
     rng = np.random.default_rng(77)
