@@ -28,7 +28,11 @@ once, for at most 1 s, metered in phase ``"abort"``) before raising. A party tha
 from a roster peer raises :class:`~fedproto.errors.RunAborted` and passes the notice on to its own
 contacts other than the one it came from and its reporter. So every survivor ends at once instead
 of waiting out its own deadline and blaming the wrong party: in a star, a coordinator tells every
-client, and a client's failure reaches the other clients through the coordinator.
+client, and a client's failure reaches the other clients through the coordinator. Telling
+contacts rather than the whole roster keeps the notices within the links the protocol already uses
+(a full mesh of TCP connections is never dialled just to say goodbye), and linear in the number of
+parties when many fail at once (every client of a dead coordinator). A crashed party and a party
+whose own endpoint was closed send nothing.
 
 A notice is evidence about its sender only: it proves that the sender gave up, nothing about the
 culprits it names (any party with a valid kit can send one). So the receiver's ``RunAborted``
@@ -40,10 +44,7 @@ accuser. A machine that carries on without the sender
 aggregation, for its clients) takes the notice as the sender's dropout instead: it gets
 :class:`~fedproto.messages.PartyDropped` for the sender, whose part is over (its later notices are
 ignored, it is not told of a later failure), and the run goes on. See the threat model in
-``docs/concepts.md``. Telling contacts rather than the whole roster keeps the notices within the links the
-protocol already uses (a full mesh of TCP connections is never dialled just to say goodbye), and
-linear in the number of parties when many fail at once (every client of a dead coordinator).
-A crashed party and a party whose own endpoint was closed send nothing.
+``docs/concepts.md``.
 
 Dropouts a transport reports: a transport that knows a peer is gone for good may raise
 :class:`~fedproto.errors.PeerDropped` from ``receive`` (the memory transport does with
@@ -263,7 +264,10 @@ async def run_party(
         if notice is not None:
             # A passed-on notice goes to every contact but the one it came from and its reporter;
             # the culprits are only the reporter's claim, so they are told too.
-            told = {exc.reporter, exc.relayed_by or exc.reporter} if isinstance(exc, RunAborted) else {machine.party}
+            if isinstance(exc, RunAborted):
+                told = {exc.reporter, exc.relayed_by or exc.reporter}
+            else:
+                told = {machine.party}
             await _announce_failure(machine, transport, notice, sorted(contacts - told), config, meter)
         raise
     finally:
