@@ -127,18 +127,26 @@ class InsufficientParticipants(RemoteProtocolError):
 
 
 class RunAborted(RemoteProtocolError):
-    """A peer gave up on the run and said who failed: the run is over for this party too.
+    """A peer gave up on the run: the run is over for this party too.
 
     When a party's machine fails (a deadline passed, a peer crashed or broke the protocol), the
-    runtime tells every party it has exchanged frames with before it exits (and they tell theirs),
-    so all of them end promptly with the same culprit instead of each waiting out its own deadline.
+    runtime tells every party it has exchanged frames with before it exits (and they pass the
+    notice on to theirs), so all of them end promptly instead of each waiting out its own deadline.
+
+    A notice is evidence about its reporter only, the party that gave up: the culprits it names
+    are the reporter's claim, which the receiver cannot check, so the error is about the reporter
+    (``party``) and its message leads with it: ``"client-1 reports that client-0 failed: ..."``,
+    or, passed on by the hub, ``"server says client-1 reports that client-0 failed: ..."``.
 
     Attributes:
         culprits: the parties the reporter blamed, sorted (the reporter itself when it failed on
-            its own).
-        reporter: the party that gave up and sent the notice (authenticated by the transport).
+            its own): a claim, not a verified fact.
+        reporter: the party that gave up and sent the notice (authenticated by the transport when
+            it told this party itself; else as ``relayed_by`` says).
         reason: the reporter's one-line account of its failure.
-        party: the culprit when there is exactly one, else ``None``.
+        relayed_by: the party that passed the reporter's notice on to this one (authenticated by
+            the transport), or ``""`` when the reporter told this party itself.
+        party: the reporter.
     """
 
     def __init__(
@@ -148,11 +156,13 @@ class RunAborted(RemoteProtocolError):
         culprits: list[str] | tuple[str, ...] = (),
         reporter: str = "",
         reason: str = "",
+        relayed_by: str = "",
         **kwargs: Any,
     ):
         self.culprits = tuple(sorted(culprits))
         self.reporter = reporter
         self.reason = reason
+        self.relayed_by = relayed_by
         super().__init__(message, **kwargs)
 
 

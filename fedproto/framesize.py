@@ -219,12 +219,17 @@ def max_frame_bytes(
 
 def abort_notice_frame_bytes(parties: Iterable[str]) -> int:
     """Upper bound of the runtime's :class:`~fedproto.messages.AbortNotice` frame in a run of
-    ``parties``: every party named as a culprit, and the longest reason (1000 characters of up to
-    4 UTF-8 bytes each). A run's frame limit must not be below it, or a failing party's notice
-    would be refused by the survivors it is meant to tell."""
+    ``parties``: every party named as a culprit, the longest reason (1000 characters of up to
+    4 UTF-8 bytes each) and the longest name as the origin of a passed-on notice. A run's frame
+    limit must not be below it, or a failing party's notice would be refused by the survivors it
+    is meant to tell."""
     names = tuple(parties)
     return max_frame_bytes(
         AbortNotice,
-        plain={"culprits": names, "reason": "\U0010ffff" * ABORT_REASON_MAX_CHARS},
+        plain={
+            "culprits": names,
+            "reason": "\U0010ffff" * ABORT_REASON_MAX_CHARS,
+            "origin": max(names, key=lambda name: len(name.encode()), default=""),
+        },
         phase_bytes=MAX_PHASE_BYTES,
     )

@@ -14,8 +14,9 @@ global randomness. The subclass supplies:
 * ``pending()``: the parties whose input the machine is waiting for (used to name silent
   parties when a deadline passes);
 * optionally ``_on_event(event)`` (a quorum rule: carry on without parties that went silent or
-  were reported gone) and ``_ignores(sender)`` (drop the late frames of parties it carried on
-  without, before the round check).
+  were reported gone), ``_ignores(sender)`` (drop the late frames of parties it carried on
+  without, before the round check) and ``carries_on_without(party)`` (when it would carry on
+  without a party: the runtime then takes that party's failure notice as its dropout).
 
 The base class owns the lookup, the round check, and the failure rule: any exception raised while
 handling an input moves the machine to ``ERROR`` and every later call raises
@@ -136,6 +137,19 @@ class ProtocolMachine:
     def pending(self) -> Sequence[str]:
         """Parties whose input this machine is waiting for (override in coordinating roles)."""
         return ()
+
+    def carries_on_without(self, party: str) -> bool:
+        """True when this machine, now, would go on without ``party`` were it reported gone.
+
+        The runtime asks this when ``party`` sends a failure notice
+        (:class:`~fedproto.messages.AbortNotice`): if True, the notice ends ``party``'s part only
+        and is fed to the machine as :class:`~fedproto.messages.PartyDropped` (a client of a
+        dropout-tolerant aggregation that gives up is a dropout, so one client cannot end the
+        run); if False, the run ends for this party with :class:`~fedproto.errors.RunAborted`
+        naming ``party`` as the reporter. A role whose :meth:`_on_event` carries on without
+        dropped parties overrides this to say when it does; the default is False.
+        """
+        return False
 
     def start(self) -> list[Outgoing]:
         """Return the first messages to send.

@@ -143,20 +143,32 @@ ABORT_REASON_MAX_CHARS = 1000
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AbortNotice(Message):
-    """Runtime -> every other party: this party gave up on the run, and these parties failed.
+    """Runtime -> its contacts: the sender gave up on the run, and says which parties failed.
 
     Sent by :func:`~fedproto.runtime.run_party` (never by a protocol machine) when its machine
-    fails, so every survivor ends promptly naming the same culprits; a party that receives it
-    from a roster peer raises :class:`~fedproto.errors.RunAborted`. It never reaches a machine.
+    fails, so every survivor ends promptly; it never reaches a machine. A notice is evidence about
+    its sender only (the transport authenticates who sent it): the receiver learns that the sender
+    gave up, and reads ``culprits`` as the sender's claim, never as a fact (see the threat model in
+    ``docs/concepts.md``). A party that receives one from a roster peer raises
+    :class:`~fedproto.errors.RunAborted` naming that peer (or ``origin``) as the reporter, unless
+    its machine carries on without that peer (a dropout-tolerant role, see
+    :meth:`~fedproto.machine.ProtocolMachine.carries_on_without`): then the notice is that
+    peer's dropout.
 
     Attributes:
-        culprits: the parties blamed (at least one; the sender itself when it failed on its own).
-        reason: the sender's one-line account of its failure (at most 1000 characters).
+        culprits: the parties the reporter blames (at least one; the reporter itself when it
+            failed on its own).
+        reason: the reporter's one-line account of its failure (at most 1000 characters).
+        origin: ``""`` when the sender is the reporter; else the party the sender received the
+            notice from, which it passes on (a relay repeats a claim, it never makes it its own).
+            A receiver accepts it only if it names a roster party other than the sender and
+            itself; otherwise the notice counts as the sender's own.
     """
 
     TAG = "fedproto.aborted"
     culprits: tuple[str, ...]
     reason: str
+    origin: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.culprits, tuple) or not self.culprits:
@@ -165,6 +177,8 @@ class AbortNotice(Message):
             raise ValueError("AbortNotice.culprits must hold non-empty party names")
         if not isinstance(self.reason, str) or len(self.reason) > ABORT_REASON_MAX_CHARS:
             raise ValueError(f"AbortNotice.reason must be a str of at most {ABORT_REASON_MAX_CHARS} characters")
+        if not isinstance(self.origin, str):
+            raise ValueError("AbortNotice.origin must be a party name, or '' when the sender reports")
 
 
 # --- actions -------------------------------------------------------------------------------------

@@ -25,14 +25,26 @@ Failures travel: when a party fails (its machine gave up on silent parties, a pe
 protocol, it could not send, ...), the runtime sends an :class:`~fedproto.messages.AbortNotice`
 naming the culprits to every party it exchanged frames with during the run (best effort, all at
 once, for at most 1 s, metered in phase ``"abort"``) before raising. A party that receives one
-from a roster peer raises :class:`~fedproto.errors.RunAborted` naming the same culprits, and passes
-the notice on to its own contacts other than the reporter and the culprits. So every survivor
-ends at once instead of waiting out its own deadline and blaming the wrong party: in a star, a
-coordinator tells every client, and a client's failure reaches the other clients through the
-coordinator. Telling contacts rather than the whole roster keeps the notices within the links the
-protocol already uses (a full mesh of TCP connections is never dialled just to say goodbye), and
-linear in the number of parties when many fail at once (every client of a dead coordinator).
-A crashed party and a party whose own endpoint was closed send nothing.
+from a roster peer raises :class:`~fedproto.errors.RunAborted` and passes the notice on to its own
+contacts other than the one it came from and its reporter. So every survivor ends at once instead
+of waiting out its own deadline and blaming the wrong party: in a star, a coordinator tells every
+client, and a client's failure reaches the other clients through the coordinator. Telling
+contacts rather than the whole roster keeps the notices within the links the protocol already uses
+(a full mesh of TCP connections is never dialled just to say goodbye), and linear in the number of
+parties when many fail at once (every client of a dead coordinator). A crashed party and a party
+whose own endpoint was closed send nothing.
+
+A notice is evidence about its sender only: it proves that the sender gave up, nothing about the
+culprits it names (any party with a valid kit can send one). So the receiver's ``RunAborted``
+names the reporter as its ``party`` and states the culprits as the reporter's claim ("client-1
+reports that client-0 failed: ..."); a passed-on notice keeps its reporter in ``origin`` and the
+party that passed it on is named as such ("server says client-1 reports that ..."), never as the
+accuser. A machine that carries on without the sender
+(:meth:`~fedproto.machine.ProtocolMachine.carries_on_without`: the server of a dropout-tolerant
+aggregation, for its clients) takes the notice as the sender's dropout instead: it gets
+:class:`~fedproto.messages.PartyDropped` for the sender, whose part is over (its later notices are
+ignored, it is not told of a later failure), and the run goes on. See the threat model in
+``docs/concepts.md``.
 
 Dropouts a transport reports: a transport that knows a peer is gone for good may raise
 :class:`~fedproto.errors.PeerDropped` from ``receive`` (the memory transport does with
@@ -230,8 +242,9 @@ async def run_party(
         InsufficientParticipants: a deadline passed with parties still silent, or the transport
             reported a peer gone (:class:`~fedproto.errors.PeerDropped`) whose input the machine
             was waiting for (the default policy; dropout-tolerant machines carry on).
-        RunAborted: a roster peer gave up on the run and named the culprits (the machine is left
-            as it was).
+        RunAborted: a roster peer gave up on the run (the error names it, or the reporter whose
+            notice it passed on; the culprits are that reporter's claim) and the machine does not
+            carry on without it (the machine is left as it was).
         LocalProtocolError: the machine produced a message that cannot be encoded (a field of the
             wrong type, names ``TAG.field``; the original ``TypeError``/``ValueError`` is
             ``__cause__``).
@@ -249,7 +262,12 @@ async def run_party(
     except Exception as exc:
         notice = _abort_notice(exc, machine.party)
         if notice is not None:
-            told = {exc.reporter, *exc.culprits} if isinstance(exc, RunAborted) else {machine.party}
+            # A passed-on notice goes to every contact but the one it came from and its reporter;
+            # the culprits are only the reporter's claim, so they are told too.
+            if isinstance(exc, RunAborted):
+                told = {exc.reporter, exc.relayed_by or exc.reporter}
+            else:
+                told = {machine.party}
             await _announce_failure(machine, transport, notice, sorted(contacts - told), config, meter)
         raise
     finally:
@@ -388,6 +406,7 @@ async def _drive(
     # deadline is believed.
     backlog: collections.deque[tuple[str, bytes] | PeerDropped] = collections.deque()
     drained = False  # the frames waiting at this deadline's expiry were taken into the backlog
+    gone: set[str] = set()  # peers whose failure notice the machine took as their dropout
 
     def step_done() -> None:
         """After an input: a change of round or state is progress (restarts the deadline)."""
@@ -460,7 +479,20 @@ async def _drive(
                         record_received(envelope.round_idx, envelope.phase, sender, party, envelope.tag, len(frame))
                     contacts.add(sender)
                     if type(message) is AbortNotice:
-                        raise _run_aborted(machine, sender, message)
+                        if sender in gone:
+                            continue  # its part is over already
+                        if not machine.carries_on_without(sender):
+                            raise _run_aborted(machine, sender, message, roster)
+                        # A dropout-tolerant machine: the sender's notice ends the sender's part.
+                        log.info(
+                            "%s: %s gave up (%s); carrying on without it", party, sender, _one_line(message.reason, 200)
+                        )
+                        gone.add(sender)
+                        contacts.discard(sender)
+                        outgoing = machine.handle(PartyDropped(sender))
+                        await _send_all(machine, transport, outgoing, config, meter, contacts)
+                        step_done()
+                        continue
                     outgoing = machine.receive(sender, message, round_idx=envelope.round_idx)
                     if len(outgoing) == 1 and type(outgoing[0]) is Send:
                         # The usual answer, one message to one party: _send_all's work inline.
@@ -527,11 +559,12 @@ def _one_line(text: str, limit: int = ABORT_REASON_MAX_CHARS) -> str:
 def _abort_notice(exc: Exception, party: str) -> AbortNotice | None:
     """The notice a party failing with ``exc`` sends its contacts, or ``None`` if it sends none.
 
-    A party told by a peer (``RunAborted``) passes the same notice on, so a failure reported to
-    the coordinator of a star reaches every client through it.
+    A party told by a peer (``RunAborted``) passes the same notice on with its reporter as the
+    ``origin`` (never as its own claim), so a failure reported to the coordinator of a star
+    reaches every client through it, naming the party that reported it.
     """
     if isinstance(exc, RunAborted):
-        return AbortNotice(culprits=exc.culprits, reason=exc.reason)
+        return AbortNotice(culprits=exc.culprits, reason=exc.reason, origin=exc.reporter)
     if isinstance(exc, PartyCrashed) and exc.party == party:
         return None  # a crashed party is gone, as a killed process would be
     if isinstance(exc, TransportClosed):
@@ -548,23 +581,43 @@ def _culprits(exc: Exception, party: str) -> tuple[str, ...]:
     return (party,)
 
 
-def _run_aborted(machine: ProtocolMachine, reporter: str, notice: AbortNotice) -> RunAborted:
+def _run_aborted(machine: ProtocolMachine, sender: str, notice: AbortNotice, roster: frozenset[str]) -> RunAborted:
+    """The error of a party that ``sender``'s failure notice ends.
+
+    The notice is evidence about its reporter only: the error names the reporter (the sender, or
+    the ``origin`` the sender passes the notice on from) as its ``party`` and leads with it, and
+    states the culprits as the reporter's claim. An origin that cannot be (outside the roster,
+    the receiver itself) is not believed: the notice counts as the sender's own.
+    """
+    origin = notice.origin
+    if origin == sender:
+        origin = ""
+    elif origin and (origin not in roster or origin == machine.party):
+        log.warning(
+            "%s: %s passed on a failure notice from %r, which cannot have sent one; taken as %s's own",
+            machine.party, sender, _one_line(origin, 80), sender,
+        )
+        origin = ""
+    reporter = origin or sender
     culprits = tuple(sorted(set(notice.culprits)))
     reason = _one_line(notice.reason)
-    # Leads with the culprits: a launcher quotes the first party to exit, often a survivor.
+    # Leads with the reporter, the one party the notice is evidence about (a launcher quotes the
+    # first party to exit, often a survivor); the culprits are the reporter's claim.
     if culprits == (reporter,):
-        message = f"{reporter} failed and ended the run: {reason}"
+        claim = f"{reporter} failed and ended the run"
     else:
         named = ", ".join(culprits[:_CULPRITS_NAMED])
         if len(culprits) > _CULPRITS_NAMED:
             named += f" and {len(culprits) - _CULPRITS_NAMED} more"
-        message = f"{named} failed, reported by {reporter}: {reason}"
+        claim = f"{reporter} reports that {named} failed"
+    message = f"{sender} says {claim}: {reason}" if origin else f"{claim}: {reason}"
     return RunAborted(
         message,
         culprits=culprits,
         reporter=reporter,
         reason=reason,
-        party=culprits[0] if len(culprits) == 1 else None,
+        relayed_by=sender if origin else "",
+        party=reporter,
         round_idx=machine.round_idx,
         state=machine.state.name,
         phase=machine.phase,
@@ -584,7 +637,12 @@ async def _announce_failure(
         return
     round_idx = machine.round_idx
     frame = encode_frame(notice, session=config.session, round_idx=round_idx, phase=ABORT_PHASE)
-    log.info("%s failed; telling %d parties that %s failed", machine.party, len(peers), ", ".join(notice.culprits))
+    if notice.origin:
+        log.info("%s passes %s's failure notice on to %d parties", machine.party, notice.origin, len(peers))
+    else:
+        log.info(
+            "%s failed; telling %d parties that %s failed", machine.party, len(peers), ", ".join(notice.culprits)
+        )
 
     async def tell(dest: str) -> None:
         try:

@@ -849,6 +849,10 @@ class FastLloydServer(ProtocolMachine):
             )
         return self._after_stage(self._aggregation.receive(sender, message))
 
+    def carries_on_without(self, party: str) -> bool:
+        """With SecAgg+, while it collects, a client's failure notice is that client's dropout."""
+        return self._aggregation is not None and self._state is ServerState.COLLECT and party in self._client_index
+
     def _on_event(self, event: Event) -> list[Outgoing]:
         if self._aggregation is not None and self._state is ServerState.COLLECT:
             if isinstance(event, PhaseTimedOut):

@@ -958,6 +958,10 @@ class MUFCServer(ProtocolMachine):
         contributors = tuple(self._index[p] for p in outcome.survivors)
         return out + self._adopt([int(v) for v in outcome.total], contributors)
 
+    def carries_on_without(self, party: str) -> bool:
+        """With SecAgg+, while it aggregates, a client's failure notice is that client's dropout."""
+        return self._aggregation is not None and self._state is ServerState.AGGREGATE and party in self._index
+
     def _on_event(self, event: Event) -> list[Outgoing]:
         if self._aggregation is not None and self._state is ServerState.AGGREGATE:
             if isinstance(event, PhaseTimedOut):

@@ -222,6 +222,10 @@ class SumServer(ProtocolMachine):
     def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
         return self._after(self._engine.receive(sender, message))
 
+    def carries_on_without(self, party: str) -> bool:
+        """A client's failure notice is its dropout: the others' sum goes on without it."""
+        return self._state is SumServerState.AGGREGATING and party in self.clients
+
     def _on_event(self, event: Event) -> list[Outgoing]:
         if isinstance(event, PhaseTimedOut):
             silent = list(self.pending())

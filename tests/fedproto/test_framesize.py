@@ -168,7 +168,7 @@ def test_the_array_dtype_defaults_to_the_widest_the_field_declares():
 
 def test_the_abort_notice_bound_covers_the_longest_notice():
     parties = ("coordinator", *(f"machine-{i}" for i in range(30)))
-    notice = AbortNotice(culprits=parties, reason="\U0010ffff" * ABORT_REASON_MAX_CHARS)
+    notice = AbortNotice(culprits=parties, reason="\U0010ffff" * ABORT_REASON_MAX_CHARS, origin="coordinator")
     frame = encode_frame(notice, session=2**64 - 1, round_idx=2**64 - 1, phase="abort")
     assert len(frame) <= abort_notice_frame_bytes(parties) <= len(frame) + 2 * MAX_PHASE_BYTES
 

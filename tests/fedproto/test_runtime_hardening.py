@@ -231,8 +231,9 @@ async def test_a_crashed_worker_is_named_by_every_survivor_within_one_deadline(a
     for survivor in ("w1", "w2"):
         ended, error = outcomes[survivor]
         assert isinstance(error, RunAborted), error
-        assert error.culprits == ("w0",) and error.party == "w0" and error.reporter == "c"
-        assert "w0" in str(error) and str(error).count("party=") == 1
+        # the error is about its reporter; the culprits are the reporter's claim
+        assert error.culprits == ("w0",) and error.party == "c" and error.reporter == "c"
+        assert str(error).startswith("c reports that w0 failed: ") and str(error).count("party=") == 1
         # told at the coordinator's deadline, not at their own (2 deadlines) blaming c
         assert ended - start == pytest.approx(deadline_s)
     aborts = [k for k in meter.sent if k[1] == ABORT_PHASE]
@@ -262,11 +263,15 @@ async def test_a_party_that_fails_on_its_own_is_named_by_the_others(autojump_clo
     async with MemoryNetwork(list(machines)).endpoints() as endpoints:
         outcomes = await run_each(machines, endpoints, RuntimeConfig(deadline_s=10.0), meter)
     assert isinstance(outcomes["w1"][1], LocalProtocolError)
-    # w1 only ever talked to c, so it tells c; c passes the notice on to w0, its other contact.
-    for survivor, reporter in (("c", "w1"), ("w0", "c")):
+    # w1 only ever talked to c, so it tells c; c passes the notice on to w0, its other contact,
+    # as w1's: it does not make w1's report its own.
+    for survivor, relay in (("c", ""), ("w0", "c")):
         ended, error = outcomes[survivor]
-        assert isinstance(error, RunAborted) and error.culprits == ("w1",) and error.reporter == reporter
+        assert isinstance(error, RunAborted) and error.culprits == ("w1",) and error.reporter == "w1"
+        assert error.party == "w1" and error.relayed_by == relay
         assert "cannot send" in error.reason
+        said = "w1 failed and ended the run: "
+        assert str(error).startswith(f"c says {said}" if relay else said), error
         assert ended == start  # at once, not after a deadline
     assert sorted((k[2], k[3]) for k in meter.sent if k[1] == ABORT_PHASE) == [("c", "w0"), ("w1", "c")]
 
@@ -345,8 +350,8 @@ async def test_a_notice_is_not_echoed_and_names_several_culprits(autojump_clock)
     with pytest.raises(RunAborted) as info:
         await run_party(worker, network.endpoint("w0"), meter=meter)
     error = info.value
-    assert error.culprits == ("w1", "w2") and error.party is None and error.reporter == "c"
-    assert "\n" not in str(error) and "w1, w2 failed" in str(error)
+    assert error.culprits == ("w1", "w2") and error.party == "c" and error.reporter == "c"
+    assert "\n" not in str(error) and str(error).startswith("c reports that w1, w2 failed: ")
     assert not meter.sent  # the told party tells nobody
     assert isinstance(error, fedproto.RemoteProtocolError) and fedproto.RunAborted is RunAborted
 
@@ -358,7 +363,9 @@ async def test_a_notice_naming_many_culprits_keeps_the_message_short(autojump_cl
     await network.endpoint("c").send("w0", encode_frame(notice, session=0, round_idx=0, phase=ABORT_PHASE))
     with pytest.raises(RunAborted) as info:
         await run_party(SumWorker("w0", coordinator="c", values=np.zeros(1)), network.endpoint("w0"))
-    assert len(info.value.culprits) == 100 and "and 90 more failed, reported by c" in str(info.value)
+    assert len(info.value.culprits) == 100 and str(info.value).startswith(
+        "c reports that w1, w10, w100, w11, w12, w13, w14, w15, w16, w17 and 90 more failed: silent"
+    )
 
 
 def test_abort_notice_validation():
