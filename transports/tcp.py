@@ -169,11 +169,12 @@ from typing import Any
 import msgpack
 import trio
 
-from fedproto._logging import RateLimitedLog
-from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, has_tag
 from fedproto.errors import DecodeError, PeerUnreachable, TransportBroken, TransportClosed, TransportError
 from fedproto.roster import TlsFiles
+from fedproto.messages import AbortNotice
 from fedproto.transport import Network, Transport
+from fedproto.transports import _admission
 from fedproto.transports._framing import (
     ACK_INDEX,
     BYE_INDEX,
@@ -194,6 +195,7 @@ from fedproto.transports._framing import (
 __all__ = [
     "ACK_EVERY_BYTES",
     "ACK_EVERY_FRAMES",
+    "DEFAULT_KEEPALIVE_S",
     "DEFAULT_LINGER_S",
     "DEFAULT_RESUME_TIMEOUT_S",
     "HANDSHAKE_VERSION",
@@ -232,6 +234,12 @@ DEFAULT_LINGER_S = 60.0
 #: Longest a star client keeps re-dialling the hub after its connection broke (s): the runtime's
 #: default phase deadline, so a client is back before its peers give up on it.
 DEFAULT_RESUME_TIMEOUT_S = 60.0
+#: A star connection on which this side wrote nothing for this long gets a keep-alive (an ACK
+#: control frame repeating the count), so a healthy idle peer is heard at least this often (s).
+DEFAULT_KEEPALIVE_S = 5.0
+#: A star client closes a connection on which it heard nothing from the hub for this many
+#: keep-alive intervals (or ``resume_timeout_s``, if shorter), and re-dials.
+KEEPALIVE_MISSES = 3
 #: A star endpoint acknowledges the frames of a link once this many are unacknowledged ...
 ACK_EVERY_FRAMES = 64
 #: ... or once they hold this many bytes, so a sender keeps a bounded tail of its frames.
@@ -343,6 +351,9 @@ class _Link:
         counted: bytes of ``wire`` already attributed to a count (handshake, TLS, relay, resumption).
         resume_from: a star client's connection: how many of the client's frames the hub had
             received when it accepted it (the hub's resumption point).
+        written_at: when this side last wrote on it (a star connection's keep-alive is due
+            ``keepalive_s`` later).
+        silent_s: set when a star client closed it because the hub was silent this long.
     """
 
     raw: trio.SocketStream
@@ -351,6 +362,8 @@ class _Link:
     reader: FrameReader | None = None
     counted: int = 0
     resume_from: int = 0
+    written_at: float = -math.inf
+    silent_s: float | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -363,6 +376,11 @@ class _StarPeer:
     (cumulatively: "I have received your first n frames"), by an ACK control frame, a BYE, or the
     count it states when the link resumes; frames the peer had not received are then written
     again on the new connection.
+
+    A failure notice (:class:`~fedproto.messages.AbortNotice`) is queued *urgent*: ahead of every
+    frame whose writing has not begun (behind earlier urgent ones), so it does not wait behind a
+    long queue of relayed frames. Frames never written have no number the peer knows yet, so
+    renumbering them is safe; frames written at least in part keep their numbers.
 
     Attributes:
         name: the party at the other end.
@@ -383,6 +401,11 @@ class _StarPeer:
         leaving: a client's graceful end: write what is queued, then a BYE.
         bye_written: the BYE is written.
         ended: why the link is over for good (``None`` while it may resume).
+        urgent_end: the number after the last urgent frame queued.
+        waiting: the numbers of frames whose ``send`` waits for them to be written (one-item
+            lists, moved along when an urgent frame is queued ahead of them).
+        heard_at: when this side last heard from the peer (a frame, a control frame, or a
+            finished handshake; ``trio.current_time()``).
         changed: set and replaced whenever something above changes.
     """
 
@@ -403,6 +426,9 @@ class _StarPeer:
     leaving: bool = False
     bye_written: bool = False
     ended: str | None = None
+    urgent_end: int = 0
+    waiting: list[list[int]] = dataclasses.field(default_factory=list)
+    heard_at: float = -math.inf
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def poke(self) -> None:
@@ -410,12 +436,22 @@ class _StarPeer:
         self.changed.set()
         self.changed = trio.Event()
 
-    def queue(self, index: int | None, frame: bytes) -> int:
-        """Append one frame (route index or ``None``) to the outbox; returns its number."""
-        self.outbox.append((index, frame))
+    def queue(self, index: int | None, frame: bytes, *, urgent: bool = False) -> int:
+        """Queue one frame (route index or ``None``); returns its number.
+
+        An ``urgent`` frame goes ahead of the frames not yet begun, behind earlier urgent ones.
+        """
+        number = self.sent
+        if urgent:
+            number = max(self.started, self.urgent_end)
+            self.urgent_end = number + 1
+            for box in self.waiting:
+                if box[0] >= number:
+                    box[0] += 1
+        self.outbox.insert(number - self.acked, (index, frame))
         self.sent += 1
         self.poke()
-        return self.sent - 1
+        return number
 
     def take_ack(self, count: int) -> bool:
         """The peer has received this side's first ``count`` frames; False if it cannot have."""
@@ -655,6 +691,9 @@ class TcpTransport(Transport):
         topology: str = "mesh",
         linger_s: float = DEFAULT_LINGER_S,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        max_pending_handshakes: int = _admission.DEFAULT_MAX_PENDING_HANDSHAKES,
+        max_pending_per_host: int = _admission.DEFAULT_MAX_PENDING_PER_HOST,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -695,6 +734,7 @@ class TcpTransport(Transport):
             "handshake_timeout_s": handshake_timeout_s,
             "linger_s": linger_s,
             "resume_timeout_s": resume_timeout_s,
+            "keepalive_s": keepalive_s,
         }
         for name, value in timeouts.items():
             if not (value > 0 and math.isfinite(value)):
@@ -734,6 +774,7 @@ class TcpTransport(Transport):
         self.hub = hub
         self.linger_s = float(linger_s)
         self.resume_timeout_s = float(resume_timeout_s)
+        self.keepalive_s = float(keepalive_s)
         self.session = session
         self.max_frame_bytes = max_frame_bytes
         self.connect_timeout_s = float(connect_timeout_s)
@@ -769,8 +810,11 @@ class TcpTransport(Transport):
         self._clients: dict[str, _Link] = {}
         self._hub_failure: PeerUnreachable | None = None
         self._links_changed = trio.Event()  # set and replaced whenever a star link comes or goes
-        # Refused connections are logged once per peer host, then as counts (no log flood).
-        self._refusals = RateLimitedLog(log, party, clock=trio.current_time)
+        # Refused connections are logged once per peer host, then as counts, and at most
+        # DEFAULT_MAX_REFUSAL_LINES lines per 10 s in all (no log flood from many addresses).
+        self._refusals = _admission.BoundedRefusalLog(log, party, clock=trio.current_time)
+        # Connections whose handshake has not finished, capped (a flood of silent ones).
+        self._pending = _admission.PendingHandshakes(max_pending_handshakes, max_pending_per_host)
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -869,7 +913,11 @@ class TcpTransport(Transport):
                     scope.cancel()
                 task_status.started(port)
                 log.debug("%s: listening on %s", self.party, self.addresses[self.party])
-                await trio.serve_listeners(self._handle_connection, listeners)
+                async with trio.open_nursery() as nursery:
+                    for listener in listeners:
+                        nursery.start_soon(
+                            _admission.accept_forever, listener, lambda s: self._accepted(s, nursery), self._exhausted
+                        )
         finally:
             for listener in listeners:
                 listener.socket.close()
@@ -881,7 +929,30 @@ class TcpTransport(Transport):
             sock.listen()
         return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    def _accepted(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        """A new connection: admit it to its handshake within the caps, or close it at once."""
+        peer_address = _peername(stream)
+        host = peer_address.rpartition(":")[0] or peer_address
+        ticket, evicted = self._pending.admit(host, stream)
+        if evicted is not None:
+            evicted.stream.socket.close()  # its handshake ends; counted as refused there
+        if ticket is None:
+            stream.socket.close()
+            self._refuse(
+                peer_address, f"{self._pending.max_per_host} handshakes from {host} are already pending", 0
+            )
+            return
+        nursery.start_soon(self._handle_connection, stream, ticket)
+
+    def _exhausted(self, exc: OSError) -> None:
+        """Accepting failed for lack of descriptors or buffers: one rate-limited line, no traceback."""
+        if not self._closed:
+            self._refusals.log(
+                "", "out of resources", "%s: cannot accept connections (%s, %d handshakes pending); backing off",
+                self.party, exc.strerror or exc, len(self._pending),
+            )
+
+    async def _handle_connection(self, stream: trio.SocketStream, ticket: _admission.Ticket | None = None) -> None:
         peer_address = _peername(stream)
         self._incoming.add(stream)
         wire = None
@@ -923,8 +994,15 @@ class TcpTransport(Transport):
                 self._refuse(peer_address, f"connection broke during the handshake ({reason})", handshake_written())
                 return
             except TransportClosed:
-                self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
+                if ticket is not None and ticket.evicted:  # closed to make room under the cap
+                    reason = f"{self._pending.max_total} handshakes pending, the most allowed: the oldest is closed"
+                    self._refuse(peer_address, reason, handshake_written())
+                else:
+                    self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
                 return
+            finally:
+                if ticket is not None:
+                    ticket.release()
             self.handshake_bytes += handshake_written()
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
             if admitted is not None:
@@ -938,6 +1016,8 @@ class TcpTransport(Transport):
                 if wire is not None:  # a listener writes nothing after the handshake, unless TLS must
                     self.tls_overhead_bytes += wire.sent_bytes - ready_bytes
         finally:
+            if ticket is not None:
+                ticket.release()
             self._incoming.discard(stream)
             stream.socket.close()
 
@@ -1155,9 +1235,9 @@ class TcpTransport(Transport):
         A first dial retries a failed connect until ``connect_timeout_s`` (the peer may not be up
         yet) and gives up when the handshake fails. A star client's re-dial after a break
         (``redial``) retries failures of the network, in connecting or in the handshake (reset,
-        unreachable, timed out), until ``resume_timeout_s``, and gives up at once when the hub's
-        address refuses the connection (nothing listens there: the hub is gone) or the hub
-        refuses the handshake.
+        unreachable, timed out), until ``resume_timeout_s`` after it last heard from the hub
+        (handshakes included), and gives up at once when the hub's address refuses the
+        connection (nothing listens there: the hub is gone) or the hub refuses the handshake.
 
         Raises:
             PeerUnreachable: it gave up (``__cause__`` is the last failure).
@@ -1166,17 +1246,21 @@ class TcpTransport(Transport):
         address = self.addresses[dest]
         if address.port == 0:
             raise PeerUnreachable(f"the address of {dest} is unknown (port 0)", party=dest)
-        timeout = self.resume_timeout_s if redial else self.connect_timeout_s
-        deadline = trio.current_time() + timeout
+        if redial:
+            timeout = self.resume_timeout_s
+            deadline = self._peers[dest].heard_at + timeout
+            gave_up = f"heard nothing from {dest} at {address} for {timeout:g} s"
+        else:
+            timeout = self.connect_timeout_s
+            deadline = trio.current_time() + timeout
+            gave_up = f"cannot connect to {dest} at {address} within {timeout} s"
         retry_s = _FIRST_RETRY_S
         last_error: BaseException | None = None
         while True:
             self._check_open()
             remaining = deadline - trio.current_time()
             if remaining <= 0:
-                raise PeerUnreachable(
-                    f"cannot connect to {dest} at {address} within {timeout} s", party=dest
-                ) from last_error
+                raise PeerUnreachable(gave_up, party=dest) from last_error
             stream: trio.SocketStream | None = None
             with trio.move_on_after(remaining):
                 try:
@@ -1189,7 +1273,7 @@ class TcpTransport(Transport):
                     last_error = exc
             if stream is not None:
                 try:
-                    return await self._handshake_dialled(stream, dest)
+                    return await self._handshake_dialled(stream, dest, deadline if redial else math.inf)
                 except _DIAL_FAILURES as exc:
                     self._check_open()
                     if not (redial and _network_failure(exc)):
@@ -1207,8 +1291,10 @@ class TcpTransport(Transport):
             await trio.sleep(max(0.0, min(retry_s, deadline - trio.current_time())))
             retry_s = min(2 * retry_s, _MAX_RETRY_S)
 
-    async def _handshake_dialled(self, stream: trio.SocketStream, dest: str) -> _Link:
+    async def _handshake_dialled(self, stream: trio.SocketStream, dest: str, deadline: float = math.inf) -> _Link:
         """The dialer's handshake on a fresh connection to ``dest``; closes it if that fails.
+
+        It takes at most ``handshake_timeout_s``, and ends by ``deadline`` (``trio.current_time()``).
 
         Raises:
             One of ``_DIAL_FAILURES``: the handshake failed.
@@ -1218,7 +1304,7 @@ class TcpTransport(Transport):
         link = _Link(stream, stream)
         try:
             try:
-                with trio.fail_after(self.handshake_timeout_s):
+                with trio.fail_at(min(deadline, trio.current_time() + self.handshake_timeout_s)):
                     if self._tls is None:
                         link.reader = FrameReader(stream)
                         written = _Written()
@@ -1357,16 +1443,20 @@ class TcpTransport(Transport):
         else:
             peer = await self._hub_peer_ready()
             index = None if dest == self.hub else self._index[dest]
-        number = peer.queue(index, frame)
-        while True:
-            self._check_open()
-            if peer.high_written > number:
-                return
-            if peer.ended is not None:
-                raise self._link_ended(peer)
-            if peer.conn is None:
-                return  # kept for the resumption
-            await peer.changed.wait()
+        box = [peer.queue(index, frame, urgent=has_tag(frame, AbortNotice.TAG))]
+        peer.waiting.append(box)  # its number moves if an urgent frame is queued ahead of it
+        try:
+            while True:
+                self._check_open()
+                if peer.high_written > box[0]:
+                    return
+                if peer.ended is not None:
+                    raise self._link_ended(peer)
+                if peer.conn is None:
+                    return  # kept for the resumption
+                await peer.changed.wait()
+        finally:
+            peer.waiting.remove(box)
 
     def _link_ended(self, peer: _StarPeer) -> PeerUnreachable:
         """The error of a send on a star link that has ended for good."""
@@ -1427,7 +1517,9 @@ class TcpTransport(Transport):
                 "%s: dropped a frame from %s for %s, whose link has ended (%s)", self.party, origin, dest, peer.ended
             )
             return
-        peer.queue(self._index[origin], frame)
+        # A failure notice goes ahead of the relayed frames queued for dest, so that it is not
+        # stuck behind them (its receiver would end at its deadline, naming nobody).
+        peer.queue(self._index[origin], frame, urgent=has_tag(frame, AbortNotice.TAG))
 
     def _admit_client(
         self, name: str, link_id: bytes, received: int
@@ -1435,10 +1527,13 @@ class TcpTransport(Transport):
         """At the hub, in the handshake: admit a client's connection to its link (new or resumed).
 
         ``name`` is the authenticated name (from the certificate), so a connection can only ever
-        take over its own party's link. The link resumes when the client brings the same link id;
-        any older connection of the link is closed at once and what it still brings is ignored,
-        so the count of the client's frames received, sent back in the acknowledgement, is final.
-        A new link id from the same party is a new process of it: its previous link is dropped.
+        take over its own party's link. The link resumes when the client brings the same link id
+        (16 random bytes that only the client's process and the hub know: the link's resume
+        secret); any older connection of the link is closed at once and what it still brings is
+        ignored, so the count of the client's frames received, sent back in the acknowledgement,
+        is final. A connection with another link id (another holder of the party's kit, or a new
+        process of it) is refused while the link lives: only a link that has ended (its client
+        said goodbye, or broke the link's rules) is replaced by a new one.
 
         Returns:
             The acknowledgement ``["ok", resumed, received]`` and ``(link, generation, resume
@@ -1447,16 +1542,18 @@ class TcpTransport(Transport):
             hub's frames the client says it received).
 
         Raises:
-            _HandshakeFailed: the link has ended, or the count does not fit it.
+            _HandshakeFailed: the link has ended, the count does not fit it, or the connection
+                brings another link id while the party's link lives.
         """
         peer = self._peers.get(name)
-        if peer is not None and peer.link_id is not None and peer.link_id != link_id:
-            log.warning(
-                "%s: %s dialled in with a new link (a new process of it?); its previous link is dropped "
-                "with %d frames for it unacknowledged",
-                self.party, name, peer.sent - peer.acked,
-            )
-            self._end_link(peer, f"{name} dialled in with a new link")
+        if peer is not None and peer.link_id is not None and not hmac.compare_digest(peer.link_id, link_id):
+            if peer.ended is None:
+                raise _HandshakeFailed(
+                    f"{name!r} dialled in with another link while its link lives "
+                    f"(a second holder of its kit?): only the link's own process may resume it"
+                )
+            log.info("%s: %s dialled in with a new link; its previous one had ended (%s)", self.party, name, peer.ended)
+            del self._peers[name]
             peer = None
         if peer is None:
             peer = self._peers[name] = _StarPeer(name)
@@ -1499,6 +1596,7 @@ class TcpTransport(Transport):
         """Make ``link`` the connection of ``peer``'s link, resuming at ``link.resume_from``."""
         peer.take_ack(link.resume_from)
         peer.written = link.resume_from
+        peer.heard_at = link.written_at = trio.current_time()  # the handshake just went both ways
         peer.conn = link
         peer.connected = True
         if self._is_hub:
@@ -1599,9 +1697,30 @@ class TcpTransport(Transport):
         """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_star_link, peer, link)
+            if self._is_star_client:
+                nursery.start_soon(self._watch_hub, peer, link)
             ended = await self._read_star_link(peer, link, peer_address)
             nursery.cancel_scope.cancel()
+        if link.silent_s is not None:
+            return f"heard nothing from it for {link.silent_s:g} s (stopped, or the path is dead)", False
         return ended
+
+    async def _watch_hub(self, peer: _StarPeer, link: _Link) -> None:
+        """At a star client: close the connection once the hub has been silent too long.
+
+        The hub writes at least a keep-alive every ``keepalive_s``; silence for
+        :data:`KEEPALIVE_MISSES` of them means it is stopped or the path is dead, so the client
+        re-dials (and gives up once it has heard nothing for ``resume_timeout_s``).
+        """
+        silence_s = KEEPALIVE_MISSES * self.keepalive_s
+        while peer.conn is link:
+            await trio.sleep_until(peer.heard_at + silence_s)
+            for _ in range(3):  # bytes that arrived while the loop was busy are read first
+                await trio.lowlevel.checkpoint()
+            if peer.conn is link and trio.current_time() >= peer.heard_at + silence_s:
+                link.silent_s = silence_s
+                link.raw.socket.close()  # its reader and writer end
+                return
 
     async def _write_star_link(self, peer: _StarPeer, link: _Link) -> None:
         """The one writer of a star connection: acknowledgements, then queued frames, then a BYE.
@@ -1612,7 +1731,8 @@ class TcpTransport(Transport):
         """
         try:
             while peer.conn is link:
-                if peer.ack_due():
+                keepalive_at = link.written_at + self.keepalive_s
+                if peer.ack_due() or trio.current_time() >= keepalive_at:  # an idle link's ACK is its keep-alive
                     count, owed_bytes = peer.received, peer.ack_owed_bytes
                     await self._write_control(link, ACK_INDEX, count)
                     peer.ack_sent = max(peer.ack_sent, count)
@@ -1638,7 +1758,8 @@ class TcpTransport(Transport):
                     peer.bye_written = True
                     peer.poke()
                     return
-                await peer.changed.wait()
+                with trio.move_on_at(keepalive_at):
+                    await peer.changed.wait()
         except (TransportBroken, TransportClosed) as exc:
             if peer.conn is link and not self._closed:
                 log.debug("%s: writing to %s failed: %s", self.party, peer.name, exc)
@@ -1669,6 +1790,7 @@ class TcpTransport(Transport):
                 self.resumption_overhead_bytes += wasted
             raise
         written = plaintext
+        link.written_at = trio.current_time()
         if link.wire is not None:
             written = link.wire.sent_bytes - before
             link.counted += written
@@ -1682,10 +1804,11 @@ class TcpTransport(Transport):
             self.tls_overhead_bytes += written - plaintext
 
     async def _write_control(self, link: _Link, index: int, count: int) -> None:
-        """Write an ACK or BYE on a star connection; all it costs is resumption overhead."""
+        """Write an ACK (or keep-alive) or BYE on a star connection; all it costs is resumption overhead."""
         before = link.wire.sent_bytes if link.wire is not None else 0
         try:
             await send_control(link.channel, index, count)
+            link.written_at = trio.current_time()
         finally:
             if link.wire is not None:
                 written = link.wire.sent_bytes - before
@@ -1743,6 +1866,7 @@ class TcpTransport(Transport):
                 return "the connection was closed", False
             if peer.conn is not link:
                 return "a newer connection of the link took its place", False
+            peer.heard_at = trio.current_time()
             if index in (ACK_INDEX, BYE_INDEX):
                 try:
                     count = control_count(frame)
