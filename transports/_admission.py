@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 #: Most connections a listener holds whose handshake has not finished, in all.
-DEFAULT_MAX_PENDING_HANDSHAKES = 256
+DEFAULT_MAX_PENDING_HANDSHAKES = 512
 #: Most of them from one source host (parties on one host, e.g. a local run, share it).
-DEFAULT_MAX_PENDING_PER_HOST = 64
+DEFAULT_MAX_PENDING_PER_HOST = 128
 #: Most refusal lines a listener writes per interval (10 s), whatever the number of hosts.
 DEFAULT_MAX_REFUSAL_LINES = 20
 
@@ -230,7 +230,7 @@ class BoundedRefusalLog:
         self.max_lines = max_lines
         self._per_host = _PerHost(self, interval_s=interval_s, level=level, clock=clock, max_keys=max_keys)
         self.interval_s = self._per_host.interval_s
-        self._window_start = clock()
+        self._window_start: float | None = None  # the clock may need a Trio run: read it first when logging
         self._lines = 0  # lines written in the current window
         self._held = 0  # refusals held back since the last summary
         self._held_hosts: set[str] = set()
@@ -250,7 +250,9 @@ class BoundedRefusalLog:
 
     def _line(self, level: int, message: str, args: tuple[Any, ...]) -> None:
         now = self.clock()
-        if now - self._window_start >= self.interval_s:
+        if self._window_start is None:
+            self._window_start = now
+        elif now - self._window_start >= self.interval_s:
             self._summary(now)
             self._window_start, self._lines = now, 0
         if self._lines < self.max_lines:

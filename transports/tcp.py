@@ -52,9 +52,10 @@ frames or :data:`ACK_EVERY_BYTES` bytes have arrived unacknowledged, which bound
 keeps, and a BYE when a client leaves for good (:meth:`TcpTransport.leave`, called when its
 ``endpoints()`` block ends normally).
 
-When a client's connection breaks (reset, closed, or dead in silence: star connections use TCP
-keepalive, so that is noticed within about 25 s), the client re-dials with the same backoff for
-up to ``resume_timeout_s``, and the handshake carries the resumption: the client's hello (its
+When a client's connection breaks (reset, closed, or dead in silence: the star's keep-alive,
+below, notices that within a few ``keepalive_s``, and TCP keepalive within about 25 s), the
+client re-dials with the same backoff until it has heard nothing from the hub for
+``resume_timeout_s``, and the handshake carries the resumption: the client's hello (its
 proof, with the shared secret) adds the link's id, 16 random bytes it drew when its endpoint was
 made, and how many of the hub's frames it has received; the hub's acknowledgement becomes
 ``["ok", resumed, received]``, how many of the client's frames the hub has. Each side then drops
@@ -62,13 +63,39 @@ what the other has and writes the rest again, then goes on with new frames: no f
 delivered twice. The hub takes the client's name from its certificate, as always, and finds the
 link by that name, so a connection can only resume its own party's link; when a client comes back
 the hub closes its older connection (which it may not have seen die) and ignores anything still
-arriving on it, so the count it states is final. A new link id from the same party (a new process
-of it) starts a new link and drops the old one. While a client is away its frames and the hub's
+arriving on it, so the count it states is final. The link id is the link's resume secret (only
+the client's process and the hub know it: it travels inside TLS): a connection with another link
+id for the same party, another holder of the party's kit or a new process of it, is refused
+while the link lives, so a copy of a kit cannot evict the live party (a link that has ended, by a
+goodbye or a broken rule, may be replaced). While a client is away its frames and the hub's
 wait; the runtime's phase deadline still applies to the silence, so a client that does not come
 back ends the run with the usual error naming it. A client gives up, with
-:class:`~fedproto.errors.PeerUnreachable` naming the hub, after ``resume_timeout_s``, at once
-when the hub's address refuses connections (nothing listens there: the hub is gone), when the
-hub refuses the handshake, or when the hub no longer knows the link (a new hub process). A
+:class:`~fedproto.errors.PeerUnreachable` naming the hub, once it has heard nothing from the hub
+for ``resume_timeout_s`` (re-dialling meanwhile), at once when the hub's address refuses
+connections (nothing listens there: the hub is gone), when the hub refuses the handshake, or
+when the hub no longer knows the link (a new hub process).
+
+Keep-alive: a star connection on which a side wrote nothing for ``keepalive_s`` gets an ACK
+control frame repeating its count (it acknowledges nothing new, so it fits the resumption
+protocol and the wire format as they are), and the hub answers each ACK of a client with one of
+its own unless it writes a frame first. A client that hears nothing on its connection for
+:data:`KEEPALIVE_MISSES` of its own intervals (the hub is stopped, say by SIGSTOP, which leaves
+its connections open and silent, or the path died) closes it and re-dials; a hub that does not
+answer the re-dial's handshake leaves the client to give up at ``resume_timeout_s`` after it
+last heard from it. Without this a client waited out its own phase deadline, which the
+protocols make twice the coordinator's (``DEADLINE_FACTOR``), so that the coordinator names a
+silent client first.
+
+Failure notices first: a frame that is an :class:`~fedproto.messages.AbortNotice`
+(:func:`fedproto.codec.has_tag`, from its first bytes) is queued on a star link ahead of the
+frames whose writing has not begun, so a notice relayed to a client is not stuck behind a long
+queue of relayed frames.
+
+Pending handshakes: a listener holds at most ``max_pending_handshakes`` connections whose
+handshake has not finished (the oldest is closed to make room for a new one) and at most
+``max_pending_per_host`` from one source host (beyond it a new one is closed at once); an accept
+that runs out of descriptors (``EMFILE``) backs off with one rate-limited line, and refusal lines
+are bounded in all (:mod:`fedproto.transports._admission`). A
 client's ``send`` returns once its frame is written, or at once while the link is between two
 connections (the frame waits for the next one).
 
@@ -141,7 +168,7 @@ types and AEAD tags, 22 bytes per record of up to 16 KiB; 0 in shared-secret mod
 :attr:`TcpTransport.relay_overhead_bytes` (the star's relaying: the 8-byte route header of each
 frame a client sends for another client, and the hub's whole second hop of it as written to the
 socket, route header, prefix, frame and TLS records included) and
-:attr:`TcpTransport.resumption_overhead_bytes` (the star's resumption: ACK and BYE control
+:attr:`TcpTransport.resumption_overhead_bytes` (the star's resumption: ACK, keep-alive and BYE control
 frames, and frames written again after a re-dial, or the part of one written before its
 connection broke, each with its TLS records). A relayed or re-sent frame's own bytes stay
 counted once, by the runtime, on its logical link (sender to receiver), exactly as in a mesh or
@@ -198,6 +225,7 @@ __all__ = [
     "DEFAULT_KEEPALIVE_S",
     "DEFAULT_LINGER_S",
     "DEFAULT_RESUME_TIMEOUT_S",
+    "KEEPALIVE_MISSES",
     "HANDSHAKE_VERSION",
     "STAR_HANDSHAKE_VERSION",
     "STAR_TLS_HELLO_VERSION",
@@ -406,6 +434,8 @@ class _StarPeer:
             lists, moved along when an urgent frame is queued ahead of them).
         heard_at: when this side last heard from the peer (a frame, a control frame, or a
             finished handshake; ``trio.current_time()``).
+        echo_owed: at the hub, a client's ACK (its keep-alive, say) awaits an answer: the hub
+            writes an ACK of its own unless it writes a frame first.
         changed: set and replaced whenever something above changes.
     """
 
@@ -429,6 +459,7 @@ class _StarPeer:
     urgent_end: int = 0
     waiting: list[list[int]] = dataclasses.field(default_factory=list)
     heard_at: float = -math.inf
+    echo_owed: bool = False
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def poke(self) -> None:
@@ -634,8 +665,21 @@ class TcpTransport(Transport):
             ``"star"`` (only the hub listens; see the module docstring).
         linger_s: how long a star's hub keeps relaying in :meth:`linger`, waiting for its clients
             to leave (seconds).
-        resume_timeout_s: how long a star client keeps re-dialling the hub after its connection
-            broke before it gives up (seconds; keep it at least the runtime's phase deadline).
+        resume_timeout_s: how long a star client goes on without hearing from the hub (no frame,
+            no keep-alive, no handshake), re-dialling it, before it gives up (seconds). A client
+            that hears nothing gives up within this bound, so a stopped hub is named within one
+            phase deadline when it is at most the deadline (``fedproto party`` sets it to the
+            deadline).
+        keepalive_s: a star connection on which this side wrote nothing for this long gets a
+            keep-alive, a 20-byte ACK control frame (resumption overhead), which the hub answers;
+            a client that hears nothing for :data:`KEEPALIVE_MISSES` intervals closes the
+            connection and re-dials (seconds; ``fedproto party``: at most a quarter of the
+            deadline).
+        max_pending_handshakes: most connections a listener holds whose handshake has not
+            finished (a new one beyond it closes the oldest; see
+            :mod:`fedproto.transports._admission`).
+        max_pending_per_host: most such connections from one source host (a new one beyond it
+            is closed at once).
 
     Attributes:
         addresses: ``{party: TcpAddress}`` of the parties whose address is known; this party's
@@ -658,7 +702,7 @@ class TcpTransport(Transport):
             prefix, frame, and TLS records around them). 0 in a mesh.
         relayed_frames: frames this hub forwarded from one client to another (0 elsewhere).
         resumption_overhead_bytes: what making the star's links resumable made this endpoint write
-            to sockets: acknowledgements and goodbyes (20-byte control frames) and frames written
+            to sockets: acknowledgements, keep-alives and goodbyes (20-byte control frames) and frames written
             again after a re-dial, each with its TLS records. The re-dials' handshakes are in
             ``handshake_bytes``. 0 in a mesh.
         resumptions: star connections that resumed a link after a break (at a client: its
@@ -667,7 +711,7 @@ class TcpTransport(Transport):
 
     Raises:
         ValueError: bad roster, party, addresses (a star without its hub's), secret length,
-            session, topology or limits (a star's frames are at most 2**32 - 2 bytes: the route
+            session, topology, limits or caps (a star's frames are at most 2**32 - 2 bytes: the route
             marker takes the last length); both or neither of ``secret`` and ``tls``; TLS
             material that cannot be read, is not for ``party``, not signed by its CA, or expired.
         TypeError: the secret is not bytes.
@@ -948,7 +992,7 @@ class TcpTransport(Transport):
         """Accepting failed for lack of descriptors or buffers: one rate-limited line, no traceback."""
         if not self._closed:
             self._refusals.log(
-                "", "out of resources", "%s: cannot accept connections (%s, %d handshakes pending); backing off",
+                "this listener", "out of resources", "%s: cannot accept connections (%s, %d handshakes pending); backing off",
                 self.party, exc.strerror or exc, len(self._pending),
             )
 
@@ -1708,9 +1752,10 @@ class TcpTransport(Transport):
     async def _watch_hub(self, peer: _StarPeer, link: _Link) -> None:
         """At a star client: close the connection once the hub has been silent too long.
 
-        The hub writes at least a keep-alive every ``keepalive_s``; silence for
-        :data:`KEEPALIVE_MISSES` of them means it is stopped or the path is dead, so the client
-        re-dials (and gives up once it has heard nothing for ``resume_timeout_s``).
+        The client writes at least a keep-alive every ``keepalive_s`` and the hub answers each
+        (whatever its own ``keepalive_s``), so silence for :data:`KEEPALIVE_MISSES` of them means
+        the hub is stopped or the path is dead: the client re-dials (and gives up once it has
+        heard nothing for ``resume_timeout_s``).
         """
         silence_s = KEEPALIVE_MISSES * self.keepalive_s
         while peer.conn is link:
@@ -1732,7 +1777,9 @@ class TcpTransport(Transport):
         try:
             while peer.conn is link:
                 keepalive_at = link.written_at + self.keepalive_s
-                if peer.ack_due() or trio.current_time() >= keepalive_at:  # an idle link's ACK is its keep-alive
+                # An idle link's ACK is its keep-alive; the hub answers a client's with its own.
+                if peer.ack_due() or peer.echo_owed or trio.current_time() >= keepalive_at:
+                    peer.echo_owed = False
                     count, owed_bytes = peer.received, peer.ack_owed_bytes
                     await self._write_control(link, ACK_INDEX, count)
                     peer.ack_sent = max(peer.ack_sent, count)
@@ -1744,6 +1791,7 @@ class TcpTransport(Transport):
                     first = number >= peer.high_written
                     relayed = self._is_hub and index is not None
                     peer.started = max(peer.started, number + 1)
+                    peer.echo_owed = False  # the peer hears this frame
                     await self._write_star(link, index, frame, relayed=relayed, resend=not first)
                     peer.high_written = max(peer.high_written, number + 1)
                     if peer.conn is link and peer.written == number:
@@ -1868,6 +1916,9 @@ class TcpTransport(Transport):
                 return "a newer connection of the link took its place", False
             peer.heard_at = trio.current_time()
             if index in (ACK_INDEX, BYE_INDEX):
+                if index == ACK_INDEX and self._is_hub:
+                    peer.echo_owed = True  # a client's keep-alive is answered: it times the hub's silence
+                    peer.poke()
                 try:
                     count = control_count(frame)
                 except DecodeError as exc:

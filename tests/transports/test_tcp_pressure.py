@@ -363,10 +363,12 @@ class FreezesAfter(DelegatingTransport):
 
 async def test_a_stopped_hub_is_detected_by_its_clients_within_one_deadline() -> None:
     deadline_s = 4.0
-    options = dict(keepalive_s=0.25, resume_timeout_s=deadline_s / 2, handshake_timeout_s=1.0, linger_s=0.5)
+    options = dict(resume_timeout_s=deadline_s / 2, handshake_timeout_s=1.0, linger_s=0.5)
     outcomes: dict[str, tuple[float, object]] = {}
     with throwaway_tls(ROSTER) as kits, trio.fail_after(60):
+        # the hub keeps its default keep-alive interval (5 s): it answers the clients' (0.25 s)
         hub = TcpTransport("c", ROSTER, {"c": "127.0.0.1:0"}, topology="star", tls=kits["c"], **options)
+        options["keepalive_s"] = 0.25
         async with trio.open_nursery() as nursery:
             await nursery.start(hub.serve)
             endpoints: dict = {}
@@ -400,3 +402,29 @@ async def test_a_stopped_hub_is_detected_by_its_clients_within_one_deadline() ->
         assert "heard nothing from c" in str(error), error
         # one deadline at most (they waited 2 x the deadline for a silent hub before)
         assert ended - stopped.frozen_at < deadline_s + 0.5, (w, ended - stopped.frozen_at)
+
+
+async def test_an_idle_link_stays_up_on_keep_alives_the_hub_answers() -> None:
+    """Keep-alives are ACK control frames: counted as resumption overhead, never delivered as frames."""
+    with throwaway_tls(ROSTER) as kits, trio.fail_after(30):
+        async with open_tcp_network(ROSTER, tls=kits, topology="star", keepalive_s=0.1, resume_timeout_s=1.0) as eps:
+            for w in WORKERS:
+                await eps[w].send("c", b"hello from " + w.encode())
+            before = {p: eps[p].resumption_overhead_bytes for p in ROSTER}
+            await trio.sleep(1.5)  # idle, longer than resume_timeout_s: only keep-alives are heard
+            for w in WORKERS:
+                assert eps[w]._hub_failure is None and eps[w].resumptions == 0
+                assert eps[w].resumption_overhead_bytes - before[w] >= 5 * (20 + 22)  # ACKs in TLS records
+            assert eps["c"].resumption_overhead_bytes > before["c"] and set(eps["c"]._clients) == set(WORKERS)
+            assert sorted([await eps["c"].receive(), await eps["c"].receive()]) == [
+                ("w0", b"hello from w0"), ("w1", b"hello from w1")
+            ]
+            assert eps["c"].receive_nowait() is None and eps["w0"].receive_nowait() is None
+            await eps["w0"].send("w1", b"still here")
+            assert await eps["w1"].receive() == ("w0", b"still here")
+
+
+def test_the_caps_are_checked_when_an_endpoint_is_built() -> None:
+    for bad in (dict(max_pending_handshakes=0), dict(max_pending_per_host=-1), dict(keepalive_s=0.0)):
+        with pytest.raises(ValueError):
+            TcpTransport("c", ROSTER, {"c": "127.0.0.1:0"}, topology="star", secret=b"0123456789abcdef-secret", **bad)
