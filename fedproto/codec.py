@@ -85,6 +85,7 @@ __all__ = [
     "encode_frame",
     "decode_frame",
     "array_payload_bytes",
+    "has_tag",
 ]
 
 #: Version of the frame layout; a frame with another version is refused.
@@ -293,6 +294,24 @@ def encode_frame(message: Message, *, session: int, round_idx: int, phase: str) 
     if len(encoded) > _PACKER_KEPT_BYTES:
         _PACKERS.packer = msgpack.Packer(use_bin_type=True)  # let the buffer grown for this frame go
     return encoded
+
+
+def has_tag(frame: bytes, tag: str) -> bool:
+    """Whether ``frame`` is, by its first bytes, an :func:`encode_frame` frame of the message ``tag``.
+
+    A look at the envelope's prefix (the map header, ``"v"``, the version, ``"t"`` and the tag,
+    in the order :func:`encode_frame` writes them), without decoding: for a transport that treats
+    some messages apart (a relay that forwards failure notices first). It proves nothing about
+    the rest of the frame, which is still decoded, and refused if malformed, by its receiver.
+    """
+    prefix = _TAG_PREFIXES.get(tag)
+    if prefix is None:
+        envelope = msgpack.packb("v") + msgpack.packb(WIRE_VERSION) + msgpack.packb("t") + msgpack.packb(tag)
+        prefix = _TAG_PREFIXES[tag] = b"\x86" + envelope  # a map of the six envelope keys
+    return frame[: len(prefix)] == prefix
+
+
+_TAG_PREFIXES: dict[str, bytes] = {}
 
 
 #: One msgpack ``Packer`` per thread, reused: ``msgpack.packb`` makes a new one per call, which

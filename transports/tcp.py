@@ -52,9 +52,10 @@ frames or :data:`ACK_EVERY_BYTES` bytes have arrived unacknowledged, which bound
 keeps, and a BYE when a client leaves for good (:meth:`TcpTransport.leave`, called when its
 ``endpoints()`` block ends normally).
 
-When a client's connection breaks (reset, closed, or dead in silence: star connections use TCP
-keepalive, so that is noticed within about 25 s), the client re-dials with the same backoff for
-up to ``resume_timeout_s``, and the handshake carries the resumption: the client's hello (its
+When a client's connection breaks (reset, closed, or dead in silence: the star's keep-alive,
+below, notices that within a few ``keepalive_s``, and TCP keepalive within about 25 s), the
+client re-dials with the same backoff until it has heard nothing from the hub for
+``resume_timeout_s``, and the handshake carries the resumption: the client's hello (its
 proof, with the shared secret) adds the link's id, 16 random bytes it drew when its endpoint was
 made, and how many of the hub's frames it has received; the hub's acknowledgement becomes
 ``["ok", resumed, received]``, how many of the client's frames the hub has. Each side then drops
@@ -62,13 +63,39 @@ what the other has and writes the rest again, then goes on with new frames: no f
 delivered twice. The hub takes the client's name from its certificate, as always, and finds the
 link by that name, so a connection can only resume its own party's link; when a client comes back
 the hub closes its older connection (which it may not have seen die) and ignores anything still
-arriving on it, so the count it states is final. A new link id from the same party (a new process
-of it) starts a new link and drops the old one. While a client is away its frames and the hub's
+arriving on it, so the count it states is final. The link id is the link's resume secret (only
+the client's process and the hub know it: it travels inside TLS): a connection with another link
+id for the same party, another holder of the party's kit or a new process of it, is refused
+while the link lives, so a copy of a kit cannot evict the live party (a link that has ended, by a
+goodbye or a broken rule, may be replaced). While a client is away its frames and the hub's
 wait; the runtime's phase deadline still applies to the silence, so a client that does not come
 back ends the run with the usual error naming it. A client gives up, with
-:class:`~fedproto.errors.PeerUnreachable` naming the hub, after ``resume_timeout_s``, at once
-when the hub's address refuses connections (nothing listens there: the hub is gone), when the
-hub refuses the handshake, or when the hub no longer knows the link (a new hub process). A
+:class:`~fedproto.errors.PeerUnreachable` naming the hub, once it has heard nothing from the hub
+for ``resume_timeout_s`` (re-dialling meanwhile), at once when the hub's address refuses
+connections (nothing listens there: the hub is gone), when the hub refuses the handshake, or
+when the hub no longer knows the link (a new hub process).
+
+Keep-alive: a star connection on which a side wrote nothing for ``keepalive_s`` gets an ACK
+control frame repeating its count (it acknowledges nothing new, so it fits the resumption
+protocol and the wire format as they are), and the hub answers each ACK of a client with one of
+its own unless it writes a frame first. A client that hears nothing on its connection for
+:data:`KEEPALIVE_MISSES` of its own intervals (the hub is stopped, say by SIGSTOP, which leaves
+its connections open and silent, or the path died) closes it and re-dials; a hub that does not
+answer the re-dial's handshake leaves the client to give up at ``resume_timeout_s`` after it
+last heard from it. Without this a client waited out its own phase deadline, which the
+protocols make twice the coordinator's (``DEADLINE_FACTOR``), so that the coordinator names a
+silent client first.
+
+Failure notices first: a frame that is an :class:`~fedproto.messages.AbortNotice`
+(:func:`fedproto.codec.has_tag`, from its first bytes) is queued on a star link ahead of the
+frames whose writing has not begun, so a notice relayed to a client is not stuck behind a long
+queue of relayed frames.
+
+Pending handshakes: a listener holds at most ``max_pending_handshakes`` connections whose
+handshake has not finished (the oldest is closed to make room for a new one) and at most
+``max_pending_per_host`` from one source host (beyond it a new one is closed at once); an accept
+that runs out of descriptors (``EMFILE``) backs off with one rate-limited line, and refusal lines
+are bounded in all (:mod:`fedproto.transports._admission`). A
 client's ``send`` returns once its frame is written, or at once while the link is between two
 connections (the frame waits for the next one).
 
@@ -165,7 +192,7 @@ types and AEAD tags, 22 bytes per record of up to 16 KiB; 0 in shared-secret mod
 :attr:`TcpTransport.relay_overhead_bytes` (the star's relaying: the 8-byte route header of each
 frame a client sends for another client, and the hub's whole second hop of it as written to the
 socket, route header, prefix, frame and TLS records included) and
-:attr:`TcpTransport.resumption_overhead_bytes` (the star's resumption: ACK and BYE control
+:attr:`TcpTransport.resumption_overhead_bytes` (the star's resumption: ACK, keep-alive and BYE control
 frames, and frames written again after a re-dial, or the part of one written before its
 connection broke, each with its TLS records). A relayed or re-sent frame's own bytes stay
 counted once, by the runtime, on its logical link (sender to receiver), exactly as in a mesh or
@@ -193,12 +220,13 @@ from typing import Any
 import msgpack
 import trio
 
-from fedproto._logging import RateLimitedLog
 from fedproto.agreement import Agreement, check as check_agreement
-from fedproto.codec import DEFAULT_MAX_FRAME_BYTES
+from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, has_tag
 from fedproto.errors import AgreementMismatch, DecodeError, PeerUnreachable, TransportBroken, TransportClosed, TransportError
 from fedproto.roster import TlsFiles
+from fedproto.messages import AbortNotice
 from fedproto.transport import Network, Transport
+from fedproto.transports import _admission
 from fedproto.transports._framing import (
     ACK_INDEX,
     BYE_INDEX,
@@ -219,8 +247,10 @@ from fedproto.transports._framing import (
 __all__ = [
     "ACK_EVERY_BYTES",
     "ACK_EVERY_FRAMES",
+    "DEFAULT_KEEPALIVE_S",
     "DEFAULT_LINGER_S",
     "DEFAULT_RESUME_TIMEOUT_S",
+    "KEEPALIVE_MISSES",
     "HANDSHAKE_VERSION",
     "STAR_HANDSHAKE_VERSION",
     "STAR_TLS_HELLO_VERSION",
@@ -257,6 +287,12 @@ DEFAULT_LINGER_S = 60.0
 #: Longest a star client keeps re-dialling the hub after its connection broke (s): the runtime's
 #: default phase deadline, so a client is back before its peers give up on it.
 DEFAULT_RESUME_TIMEOUT_S = 60.0
+#: A star connection on which this side wrote nothing for this long gets a keep-alive (an ACK
+#: control frame repeating the count), so a healthy idle peer is heard at least this often (s).
+DEFAULT_KEEPALIVE_S = 5.0
+#: A star client closes a connection on which it heard nothing from the hub for this many
+#: keep-alive intervals (or ``resume_timeout_s``, if shorter), and re-dials.
+KEEPALIVE_MISSES = 3
 #: A star endpoint acknowledges the frames of a link once this many are unacknowledged ...
 ACK_EVERY_FRAMES = 64
 #: ... or once they hold this many bytes, so a sender keeps a bounded tail of its frames.
@@ -368,6 +404,9 @@ class _Link:
         counted: bytes of ``wire`` already attributed to a count (handshake, TLS, relay, resumption).
         resume_from: a star client's connection: how many of the client's frames the hub had
             received when it accepted it (the hub's resumption point).
+        written_at: when this side last wrote on it (a star connection's keep-alive is due
+            ``keepalive_s`` later).
+        silent_s: set when a star client closed it because the hub was silent this long.
     """
 
     raw: trio.SocketStream
@@ -376,6 +415,8 @@ class _Link:
     reader: FrameReader | None = None
     counted: int = 0
     resume_from: int = 0
+    written_at: float = -math.inf
+    silent_s: float | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -388,6 +429,11 @@ class _StarPeer:
     (cumulatively: "I have received your first n frames"), by an ACK control frame, a BYE, or the
     count it states when the link resumes; frames the peer had not received are then written
     again on the new connection.
+
+    A failure notice (:class:`~fedproto.messages.AbortNotice`) is queued *urgent*: ahead of every
+    frame whose writing has not begun (behind earlier urgent ones), so it does not wait behind a
+    long queue of relayed frames. Frames never written have no number the peer knows yet, so
+    renumbering them is safe; frames written at least in part keep their numbers.
 
     Attributes:
         name: the party at the other end.
@@ -408,6 +454,13 @@ class _StarPeer:
         leaving: a client's graceful end: write what is queued, then a BYE.
         bye_written: the BYE is written.
         ended: why the link is over for good (``None`` while it may resume).
+        urgent_end: the number after the last urgent frame queued.
+        waiting: the numbers of frames whose ``send`` waits for them to be written (one-item
+            lists, moved along when an urgent frame is queued ahead of them).
+        heard_at: when this side last heard from the peer (a frame, a control frame, or a
+            finished handshake; ``trio.current_time()``).
+        echo_owed: at the hub, a client's ACK (its keep-alive, say) awaits an answer: the hub
+            writes an ACK of its own unless it writes a frame first.
         changed: set and replaced whenever something above changes.
     """
 
@@ -428,6 +481,10 @@ class _StarPeer:
     leaving: bool = False
     bye_written: bool = False
     ended: str | None = None
+    urgent_end: int = 0
+    waiting: list[list[int]] = dataclasses.field(default_factory=list)
+    heard_at: float = -math.inf
+    echo_owed: bool = False
     changed: trio.Event = dataclasses.field(default_factory=trio.Event)
 
     def poke(self) -> None:
@@ -435,12 +492,22 @@ class _StarPeer:
         self.changed.set()
         self.changed = trio.Event()
 
-    def queue(self, index: int | None, frame: bytes) -> int:
-        """Append one frame (route index or ``None``) to the outbox; returns its number."""
-        self.outbox.append((index, frame))
+    def queue(self, index: int | None, frame: bytes, *, urgent: bool = False) -> int:
+        """Queue one frame (route index or ``None``); returns its number.
+
+        An ``urgent`` frame goes ahead of the frames not yet begun, behind earlier urgent ones.
+        """
+        number = self.sent
+        if urgent:
+            number = max(self.started, self.urgent_end)
+            self.urgent_end = number + 1
+            for box in self.waiting:
+                if box[0] >= number:
+                    box[0] += 1
+        self.outbox.insert(number - self.acked, (index, frame))
         self.sent += 1
         self.poke()
-        return self.sent - 1
+        return number
 
     def take_ack(self, count: int) -> bool:
         """The peer has received this side's first ``count`` frames; False if it cannot have."""
@@ -648,12 +715,25 @@ class TcpTransport(Transport):
             ``"star"`` (only the hub listens; see the module docstring).
         linger_s: how long a star's hub keeps relaying in :meth:`linger`, waiting for its clients
             to leave (seconds).
-        resume_timeout_s: how long a star client keeps re-dialling the hub after its connection
-            broke before it gives up (seconds; keep it at least the runtime's phase deadline).
+        resume_timeout_s: how long a star client goes on without hearing from the hub (no frame,
+            no keep-alive, no handshake), re-dialling it, before it gives up (seconds). A client
+            that hears nothing gives up within this bound, so a stopped hub is named within one
+            phase deadline when it is at most the deadline (``fedproto party`` sets it to the
+            deadline).
         agreement: what this party runs (:class:`fedproto.agreement.Agreement`: protocol,
             options that must match, roster, session), sent in every hello and compared with the
             peer's (see "Agreement" in the module docstring); ``None`` states none and agrees
             only with peers that state none.
+        keepalive_s: a star connection on which this side wrote nothing for this long gets a
+            keep-alive, a 20-byte ACK control frame (resumption overhead), which the hub answers;
+            a client that hears nothing for :data:`KEEPALIVE_MISSES` intervals closes the
+            connection and re-dials (seconds; ``fedproto party``: at most a quarter of the
+            deadline).
+        max_pending_handshakes: most connections a listener holds whose handshake has not
+            finished (a new one beyond it closes the oldest; see
+            :mod:`fedproto.transports._admission`).
+        max_pending_per_host: most such connections from one source host (a new one beyond it
+            is closed at once).
 
     Attributes:
         addresses: ``{party: TcpAddress}`` of the parties whose address is known; this party's
@@ -676,7 +756,7 @@ class TcpTransport(Transport):
             prefix, frame, and TLS records around them). 0 in a mesh.
         relayed_frames: frames this hub forwarded from one client to another (0 elsewhere).
         resumption_overhead_bytes: what making the star's links resumable made this endpoint write
-            to sockets: acknowledgements and goodbyes (20-byte control frames) and frames written
+            to sockets: acknowledgements, keep-alives and goodbyes (20-byte control frames) and frames written
             again after a re-dial, each with its TLS records. The re-dials' handshakes are in
             ``handshake_bytes``. 0 in a mesh.
         resumptions: star connections that resumed a link after a break (at a client: its
@@ -685,7 +765,7 @@ class TcpTransport(Transport):
 
     Raises:
         ValueError: bad roster, party, addresses (a star without its hub's), secret length,
-            session, topology or limits (a star's frames are at most 2**32 - 2 bytes: the route
+            session, topology, limits or caps (a star's frames are at most 2**32 - 2 bytes: the route
             marker takes the last length); both or neither of ``secret`` and ``tls``; TLS
             material that cannot be read, is not for ``party``, not signed by its CA, or expired.
         TypeError: the secret is not bytes, or ``agreement`` is not an ``Agreement``.
@@ -710,6 +790,9 @@ class TcpTransport(Transport):
         linger_s: float = DEFAULT_LINGER_S,
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
         agreement: Agreement | None = None,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        max_pending_handshakes: int = _admission.DEFAULT_MAX_PENDING_HANDSHAKES,
+        max_pending_per_host: int = _admission.DEFAULT_MAX_PENDING_PER_HOST,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -752,6 +835,7 @@ class TcpTransport(Transport):
             "handshake_timeout_s": handshake_timeout_s,
             "linger_s": linger_s,
             "resume_timeout_s": resume_timeout_s,
+            "keepalive_s": keepalive_s,
         }
         for name, value in timeouts.items():
             if not (value > 0 and math.isfinite(value)):
@@ -791,6 +875,7 @@ class TcpTransport(Transport):
         self.hub = hub
         self.linger_s = float(linger_s)
         self.resume_timeout_s = float(resume_timeout_s)
+        self.keepalive_s = float(keepalive_s)
         self.session = session
         self.agreement = agreement
         self._agreement_record = agreement.to_bytes() if agreement is not None else None
@@ -830,8 +915,11 @@ class TcpTransport(Transport):
         self._clients: dict[str, _Link] = {}
         self._hub_failure: PeerUnreachable | None = None
         self._links_changed = trio.Event()  # set and replaced whenever a star link comes or goes
-        # Refused connections are logged once per peer host, then as counts (no log flood).
-        self._refusals = RateLimitedLog(log, party, clock=trio.current_time)
+        # Refused connections are logged once per peer host, then as counts, and at most
+        # DEFAULT_MAX_REFUSAL_LINES lines per 10 s in all (no log flood from many addresses).
+        self._refusals = _admission.BoundedRefusalLog(log, party, clock=trio.current_time)
+        # Connections whose handshake has not finished, capped (a flood of silent ones).
+        self._pending = _admission.PendingHandshakes(max_pending_handshakes, max_pending_per_host)
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
@@ -973,7 +1061,11 @@ class TcpTransport(Transport):
                     scope.cancel()
                 task_status.started(port)
                 log.debug("%s: listening on %s", self.party, self.addresses[self.party])
-                await trio.serve_listeners(self._handle_connection, listeners)
+                async with trio.open_nursery() as nursery:
+                    for listener in listeners:
+                        nursery.start_soon(
+                            _admission.accept_forever, listener, lambda s: self._accepted(s, nursery), self._exhausted
+                        )
         finally:
             for listener in listeners:
                 listener.socket.close()
@@ -985,7 +1077,30 @@ class TcpTransport(Transport):
             sock.listen()
         return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    def _accepted(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        """A new connection: admit it to its handshake within the caps, or close it at once."""
+        peer_address = _peername(stream)
+        host = peer_address.rpartition(":")[0] or peer_address
+        ticket, evicted = self._pending.admit(host, stream)
+        if evicted is not None:
+            evicted.stream.socket.close()  # its handshake ends; counted as refused there
+        if ticket is None:
+            stream.socket.close()
+            self._refuse(
+                peer_address, f"{self._pending.max_per_host} handshakes from {host} are already pending", 0
+            )
+            return
+        nursery.start_soon(self._handle_connection, stream, ticket)
+
+    def _exhausted(self, exc: OSError) -> None:
+        """Accepting failed for lack of descriptors or buffers: one rate-limited line, no traceback."""
+        if not self._closed:
+            self._refusals.log(
+                "this listener", "out of resources", "%s: cannot accept connections (%s, %d handshakes pending); backing off",
+                self.party, exc.strerror or exc, len(self._pending),
+            )
+
+    async def _handle_connection(self, stream: trio.SocketStream, ticket: _admission.Ticket | None = None) -> None:
         peer_address = _peername(stream)
         self._incoming.add(stream)
         wire = None
@@ -1027,12 +1142,19 @@ class TcpTransport(Transport):
                 self._refuse(peer_address, f"connection broke during the handshake ({reason})", handshake_written())
                 return
             except TransportClosed:
-                self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
+                if ticket is not None and ticket.evicted:  # closed to make room under the cap
+                    reason = f"{self._pending.max_total} handshakes pending, the most allowed: the oldest is closed"
+                    self._refuse(peer_address, reason, handshake_written())
+                else:
+                    self.handshake_bytes += handshake_written()  # we closed it: not the peer's doing
                 return
             except AgreementMismatch as exc:  # an authenticated party of the run: not a stranger
                 self.handshake_bytes += handshake_written()
                 self._disagree(exc)
                 return
+            finally:
+                if ticket is not None:
+                    ticket.release()
             self.handshake_bytes += handshake_written()
             log.debug("%s: accepted %s from %s", self.party, peer, peer_address)
             if admitted is not None:
@@ -1046,6 +1168,8 @@ class TcpTransport(Transport):
                 if wire is not None:  # a listener writes nothing after the handshake, unless TLS must
                     self.tls_overhead_bytes += wire.sent_bytes - ready_bytes
         finally:
+            if ticket is not None:
+                ticket.release()
             self._incoming.discard(stream)
             stream.socket.close()
 
@@ -1288,9 +1412,9 @@ class TcpTransport(Transport):
         A first dial retries a failed connect until ``connect_timeout_s`` (the peer may not be up
         yet) and gives up when the handshake fails. A star client's re-dial after a break
         (``redial``) retries failures of the network, in connecting or in the handshake (reset,
-        unreachable, timed out), until ``resume_timeout_s``, and gives up at once when the hub's
-        address refuses the connection (nothing listens there: the hub is gone) or the hub
-        refuses the handshake.
+        unreachable, timed out), until ``resume_timeout_s`` after it last heard from the hub
+        (handshakes included), and gives up at once when the hub's address refuses the
+        connection (nothing listens there: the hub is gone) or the hub refuses the handshake.
 
         Raises:
             PeerUnreachable: it gave up (``__cause__`` is the last failure).
@@ -1299,17 +1423,21 @@ class TcpTransport(Transport):
         address = self.addresses[dest]
         if address.port == 0:
             raise PeerUnreachable(f"the address of {dest} is unknown (port 0)", party=dest)
-        timeout = self.resume_timeout_s if redial else self.connect_timeout_s
-        deadline = trio.current_time() + timeout
+        if redial:
+            timeout = self.resume_timeout_s
+            deadline = self._peers[dest].heard_at + timeout
+            gave_up = f"heard nothing from {dest} at {address} for {timeout:g} s"
+        else:
+            timeout = self.connect_timeout_s
+            deadline = trio.current_time() + timeout
+            gave_up = f"cannot connect to {dest} at {address} within {timeout} s"
         retry_s = _FIRST_RETRY_S
         last_error: BaseException | None = None
         while True:
             self._check_open()
             remaining = deadline - trio.current_time()
             if remaining <= 0:
-                raise PeerUnreachable(
-                    f"cannot connect to {dest} at {address} within {timeout} s", party=dest
-                ) from last_error
+                raise PeerUnreachable(gave_up, party=dest) from last_error
             stream: trio.SocketStream | None = None
             with trio.move_on_after(remaining):
                 try:
@@ -1322,7 +1450,7 @@ class TcpTransport(Transport):
                     last_error = exc
             if stream is not None:
                 try:
-                    return await self._handshake_dialled(stream, dest)
+                    return await self._handshake_dialled(stream, dest, deadline if redial else math.inf)
                 except _DIAL_FAILURES as exc:
                     self._check_open()
                     if not (redial and _network_failure(exc)):
@@ -1340,8 +1468,10 @@ class TcpTransport(Transport):
             await trio.sleep(max(0.0, min(retry_s, deadline - trio.current_time())))
             retry_s = min(2 * retry_s, _MAX_RETRY_S)
 
-    async def _handshake_dialled(self, stream: trio.SocketStream, dest: str) -> _Link:
+    async def _handshake_dialled(self, stream: trio.SocketStream, dest: str, deadline: float = math.inf) -> _Link:
         """The dialer's handshake on a fresh connection to ``dest``; closes it if that fails.
+
+        It takes at most ``handshake_timeout_s``, and ends by ``deadline`` (``trio.current_time()``).
 
         Raises:
             One of ``_DIAL_FAILURES``: the handshake failed.
@@ -1351,7 +1481,7 @@ class TcpTransport(Transport):
         link = _Link(stream, stream)
         try:
             try:
-                with trio.fail_after(self.handshake_timeout_s):
+                with trio.fail_at(min(deadline, trio.current_time() + self.handshake_timeout_s)):
                     if self._tls is None:
                         link.reader = FrameReader(stream)
                         written = _Written()
@@ -1511,16 +1641,20 @@ class TcpTransport(Transport):
         else:
             peer = await self._hub_peer_ready()
             index = None if dest == self.hub else self._index[dest]
-        number = peer.queue(index, frame)
-        while True:
-            self._check_open()
-            if peer.high_written > number:
-                return
-            if peer.ended is not None:
-                raise self._link_ended(peer)
-            if peer.conn is None:
-                return  # kept for the resumption
-            await peer.changed.wait()
+        box = [peer.queue(index, frame, urgent=has_tag(frame, AbortNotice.TAG))]
+        peer.waiting.append(box)  # its number moves if an urgent frame is queued ahead of it
+        try:
+            while True:
+                self._check_open()
+                if peer.high_written > box[0]:
+                    return
+                if peer.ended is not None:
+                    raise self._link_ended(peer)
+                if peer.conn is None:
+                    return  # kept for the resumption
+                await peer.changed.wait()
+        finally:
+            peer.waiting.remove(box)
 
     def _link_ended(self, peer: _StarPeer) -> PeerUnreachable | AgreementMismatch:
         """The error of a send on a star link that has ended for good."""
@@ -1585,7 +1719,9 @@ class TcpTransport(Transport):
                 "%s: dropped a frame from %s for %s, whose link has ended (%s)", self.party, origin, dest, peer.ended
             )
             return
-        peer.queue(self._index[origin], frame)
+        # A failure notice goes ahead of the relayed frames queued for dest, so that it is not
+        # stuck behind them (its receiver would end at its deadline, naming nobody).
+        peer.queue(self._index[origin], frame, urgent=has_tag(frame, AbortNotice.TAG))
 
     def _admit_client(
         self, name: str, link_id: bytes, received: int
@@ -1593,10 +1729,13 @@ class TcpTransport(Transport):
         """At the hub, in the handshake: admit a client's connection to its link (new or resumed).
 
         ``name`` is the authenticated name (from the certificate), so a connection can only ever
-        take over its own party's link. The link resumes when the client brings the same link id;
-        any older connection of the link is closed at once and what it still brings is ignored,
-        so the count of the client's frames received, sent back in the acknowledgement, is final.
-        A new link id from the same party is a new process of it: its previous link is dropped.
+        take over its own party's link. The link resumes when the client brings the same link id
+        (16 random bytes that only the client's process and the hub know: the link's resume
+        secret); any older connection of the link is closed at once and what it still brings is
+        ignored, so the count of the client's frames received, sent back in the acknowledgement,
+        is final. A connection with another link id (another holder of the party's kit, or a new
+        process of it) is refused while the link lives: only a link that has ended (its client
+        said goodbye, or broke the link's rules) is replaced by a new one.
 
         Returns:
             The acknowledgement ``["ok", resumed, received]`` and ``(link, generation, resume
@@ -1605,16 +1744,18 @@ class TcpTransport(Transport):
             hub's frames the client says it received).
 
         Raises:
-            _HandshakeFailed: the link has ended, or the count does not fit it.
+            _HandshakeFailed: the link has ended, the count does not fit it, or the connection
+                brings another link id while the party's link lives.
         """
         peer = self._peers.get(name)
-        if peer is not None and peer.link_id is not None and peer.link_id != link_id:
-            log.warning(
-                "%s: %s dialled in with a new link (a new process of it?); its previous link is dropped "
-                "with %d frames for it unacknowledged",
-                self.party, name, peer.sent - peer.acked,
-            )
-            self._end_link(peer, f"{name} dialled in with a new link")
+        if peer is not None and peer.link_id is not None and not hmac.compare_digest(peer.link_id, link_id):
+            if peer.ended is None:
+                raise _HandshakeFailed(
+                    f"{name!r} dialled in with another link while its link lives "
+                    f"(a second holder of its kit?): only the link's own process may resume it"
+                )
+            log.info("%s: %s dialled in with a new link; its previous one had ended (%s)", self.party, name, peer.ended)
+            del self._peers[name]
             peer = None
         if peer is None:
             peer = self._peers[name] = _StarPeer(name)
@@ -1657,6 +1798,7 @@ class TcpTransport(Transport):
         """Make ``link`` the connection of ``peer``'s link, resuming at ``link.resume_from``."""
         peer.take_ack(link.resume_from)
         peer.written = link.resume_from
+        peer.heard_at = link.written_at = trio.current_time()  # the handshake just went both ways
         peer.conn = link
         peer.connected = True
         if self._is_hub:
@@ -1757,9 +1899,31 @@ class TcpTransport(Transport):
         """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_star_link, peer, link)
+            if self._is_star_client:
+                nursery.start_soon(self._watch_hub, peer, link)
             ended = await self._read_star_link(peer, link, peer_address)
             nursery.cancel_scope.cancel()
+        if link.silent_s is not None:
+            return f"heard nothing from it for {link.silent_s:g} s (stopped, or the path is dead)", False
         return ended
+
+    async def _watch_hub(self, peer: _StarPeer, link: _Link) -> None:
+        """At a star client: close the connection once the hub has been silent too long.
+
+        The client writes at least a keep-alive every ``keepalive_s`` and the hub answers each
+        (whatever its own ``keepalive_s``), so silence for :data:`KEEPALIVE_MISSES` of them means
+        the hub is stopped or the path is dead: the client re-dials (and gives up once it has
+        heard nothing for ``resume_timeout_s``).
+        """
+        silence_s = KEEPALIVE_MISSES * self.keepalive_s
+        while peer.conn is link:
+            await trio.sleep_until(peer.heard_at + silence_s)
+            for _ in range(3):  # bytes that arrived while the loop was busy are read first
+                await trio.lowlevel.checkpoint()
+            if peer.conn is link and trio.current_time() >= peer.heard_at + silence_s:
+                link.silent_s = silence_s
+                link.raw.socket.close()  # its reader and writer end
+                return
 
     async def _write_star_link(self, peer: _StarPeer, link: _Link) -> None:
         """The one writer of a star connection: acknowledgements, then queued frames, then a BYE.
@@ -1770,7 +1934,10 @@ class TcpTransport(Transport):
         """
         try:
             while peer.conn is link:
-                if peer.ack_due():
+                keepalive_at = link.written_at + self.keepalive_s
+                # An idle link's ACK is its keep-alive; the hub answers a client's with its own.
+                if peer.ack_due() or peer.echo_owed or trio.current_time() >= keepalive_at:
+                    peer.echo_owed = False
                     count, owed_bytes = peer.received, peer.ack_owed_bytes
                     await self._write_control(link, ACK_INDEX, count)
                     peer.ack_sent = max(peer.ack_sent, count)
@@ -1782,6 +1949,7 @@ class TcpTransport(Transport):
                     first = number >= peer.high_written
                     relayed = self._is_hub and index is not None
                     peer.started = max(peer.started, number + 1)
+                    peer.echo_owed = False  # the peer hears this frame
                     await self._write_star(link, index, frame, relayed=relayed, resend=not first)
                     peer.high_written = max(peer.high_written, number + 1)
                     if peer.conn is link and peer.written == number:
@@ -1796,7 +1964,8 @@ class TcpTransport(Transport):
                     peer.bye_written = True
                     peer.poke()
                     return
-                await peer.changed.wait()
+                with trio.move_on_at(keepalive_at):
+                    await peer.changed.wait()
         except (TransportBroken, TransportClosed) as exc:
             if peer.conn is link and not self._closed:
                 log.debug("%s: writing to %s failed: %s", self.party, peer.name, exc)
@@ -1827,6 +1996,7 @@ class TcpTransport(Transport):
                 self.resumption_overhead_bytes += wasted
             raise
         written = plaintext
+        link.written_at = trio.current_time()
         if link.wire is not None:
             written = link.wire.sent_bytes - before
             link.counted += written
@@ -1840,10 +2010,11 @@ class TcpTransport(Transport):
             self.tls_overhead_bytes += written - plaintext
 
     async def _write_control(self, link: _Link, index: int, count: int) -> None:
-        """Write an ACK or BYE on a star connection; all it costs is resumption overhead."""
+        """Write an ACK (or keep-alive) or BYE on a star connection; all it costs is resumption overhead."""
         before = link.wire.sent_bytes if link.wire is not None else 0
         try:
             await send_control(link.channel, index, count)
+            link.written_at = trio.current_time()
         finally:
             if link.wire is not None:
                 written = link.wire.sent_bytes - before
@@ -1903,7 +2074,11 @@ class TcpTransport(Transport):
                 return "the connection was closed", False
             if peer.conn is not link:
                 return "a newer connection of the link took its place", False
+            peer.heard_at = trio.current_time()
             if index in (ACK_INDEX, BYE_INDEX):
+                if index == ACK_INDEX and self._is_hub:
+                    peer.echo_owed = True  # a client's keep-alive is answered: it times the hub's silence
+                    peer.poke()
                 try:
                     count = control_count(frame)
                 except DecodeError as exc:
