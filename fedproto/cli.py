@@ -1109,11 +1109,13 @@ def _serve_party_tcp(
     from fedproto.transports.tcp import DEFAULT_KEEPALIVE_S  # loaded just above
 
     # A client gives up on a hub it has not heard from for one deadline (the protocols' clients
-    # would wait two), hearing it at least every quarter deadline (the star's keep-alive).
+    # would wait two), hearing it at least every quarter deadline (the star's keep-alive); a peer
+    # that never answers a dial is given up on after one deadline too.
     network = tcp.from_roster(
         roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit,
         insecure_shared_secret=args.insecure_shared_secret, agreement=agreement,
         resume_timeout_s=args.deadline, keepalive_s=min(DEFAULT_KEEPALIVE_S, args.deadline / 4),
+        connect_timeout_s=args.deadline,
     )
     machine = plan.make_machine(args.party)
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit, record_received=True)

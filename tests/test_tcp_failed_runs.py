@@ -283,3 +283,36 @@ def test_the_merge_of_an_interrupted_launch_names_the_launchers_signal(tmp_path)
     assert report.error["message"] == (
         "interrupted by SIGINT; every party was stopped; no party report from worker-1"
     )
+
+
+def test_a_client_whose_hub_never_answers_ends_within_one_deadline_with_one_line(tmp_path):
+    """A hub that is not there (its port closed): the client dials it for one ``--deadline``, not
+    the transport's 30 s default, and ends with one line naming the hub."""
+    import time
+
+    from fedproto.provision import provision
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # released when the block ends: nothing listens there
+    kits = provision(["server", "client-0", "client-1"], {"server": f"127.0.0.1:{port}"}, tmp_path / "kits")
+    deadline_s = 3
+    cmd = [
+        *FEDPROTO, "party", str(SECURE_SUM), "--clients", "2", "--party", "client-0",
+        "--roster", str(kits["client-0"] / "roster.json"), "--deadline", str(deadline_s),
+    ]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        text=True, start_new_session=True,
+    )
+    try:
+        out, err = _communicate(proc)
+    finally:
+        _kill_group(proc)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, err
+    lines = _lines(err)
+    assert len(lines) == 1 and "cannot reach the hub" in lines[0] and "server" in lines[0], err
+    # the interpreter's start-up (a few seconds on a loaded machine) plus one deadline, well
+    # below the 30 s a dial waited before
+    assert elapsed < deadline_s + 15, (elapsed, err)

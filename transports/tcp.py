@@ -1882,7 +1882,7 @@ class TcpTransport(Transport):
         """Record why a star client has no hub for good; ``receive`` raises it once the inbox is empty."""
         if self._closed:
             return
-        log.warning("%s", failure)
+        log.info("%s", failure)  # raised by send and receive: the party's one error line says it
         self._hub_failure = failure
         peer = self._peers[self.hub]  # type: ignore[index]
         if peer.ended is None:
