@@ -17,6 +17,7 @@ Every subprocess runs in its own process group with a timeout; the group is kill
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -316,3 +317,91 @@ def test_a_client_whose_hub_never_answers_ends_within_one_deadline_with_one_line
     # the interpreter's start-up (a few seconds on a loaded machine) plus one deadline, well
     # below the 30 s a dial waited before
     assert elapsed < deadline_s + 15, (elapsed, err)
+
+
+#: The toy federated sum for a long time (a round takes about a millisecond on loopback).
+LONG_SUM = '''
+import numpy as np
+
+from fedproto.plugin import RunPlan
+from fedproto.testing.toy import SumCoordinator, SumWorker
+
+
+class LongSum:
+    name = "long-sum"
+    description = "the toy sum over many rounds"
+    needs_data = False
+
+    def add_arguments(self, parser):
+        pass
+
+    def plan(self, args, dataset):
+        workers = tuple(f"worker-{i}" for i in range(args.clients))
+
+        def make_machine(party):
+            if party == "coordinator":
+                return SumCoordinator(party, workers=workers, rounds=1_000_000, dim=3)
+            return SumWorker(party, coordinator="coordinator", values=np.ones(3))
+
+        return RunPlan(
+            roster=("coordinator", *workers), session=78, make_machine=make_machine,
+            result_to_json=lambda party, result: None, summarize=lambda results: {},
+            role_of=lambda p: p.split("-")[0], iterations=1_000_000,
+        )
+
+
+PROTOCOL = LongSum()
+'''
+
+
+def test_a_hub_stopped_by_sigstop_mid_run_is_named_by_its_clients_within_one_deadline(tmp_path):
+    """Issue 33, item 5, end to end: the hub process is stopped (SIGSTOP: its kernel keeps every
+    connection open, nothing is reset) while the run goes on; every client ends within one
+    ``--deadline`` of the stop (they took two before) with one line naming the hub."""
+    import time
+
+    from fedproto.provision import provision
+
+    plugin = tmp_path / "long_sum.py"
+    plugin.write_text(LONG_SUM)
+    parties = ["coordinator", "worker-0", "worker-1"]
+    listener = socket.create_server(("127.0.0.1", 0))
+    kits = provision(parties, {"coordinator": f"127.0.0.1:{listener.getsockname()[1]}"}, tmp_path / "kits")
+    deadline_s = 4
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for party in parties:
+            listen = ["--listen-fd", str(listener.fileno())] if party == "coordinator" else []
+            procs[party] = subprocess.Popen(
+                [*FEDPROTO, "party", str(plugin), "--clients", "2", "--party", party,
+                 "--roster", str(kits[party] / "roster.json"), "--deadline", str(deadline_s), *listen],
+                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                text=True, start_new_session=True, pass_fds=(listener.fileno(),) if listen else (),
+            )
+        listener.close()
+        time.sleep(8)  # the interpreters start and the run gets going (a million rounds: minutes)
+        for party in parties:
+            assert procs[party].poll() is None, f"{party} ended early: {procs[party].communicate()}"
+        os.kill(procs["coordinator"].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        ended = {}
+        for worker in parties[1:]:
+            out, err = _communicate(procs[worker])
+            ended[worker] = (time.monotonic() - stopped, procs[worker].returncode, err)
+    finally:
+        listener.close()
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT)
+            _kill_group(proc)
+            proc.communicate()  # closes its pipes
+    for worker, (elapsed, code, err) in ended.items():
+        lines = _lines(err)
+        assert code == 1, (worker, err)
+        # the connection's loss is logged when the client re-dials (a WARNING: a run that resumes
+        # says it too); the run's end is the one error line, naming the hub
+        assert [line for line in lines if line.startswith("fedproto:")] == lines[-1:], (worker, err)
+        assert "coordinator" in lines[-1] and "heard nothing" in lines[-1], (worker, err)
+        assert "Traceback" not in err
+        # one deadline and the slack of a loaded machine: two deadlines (8 s) before the fix
+        assert elapsed < deadline_s + 2.5, (worker, elapsed, err)
