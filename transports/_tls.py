@@ -37,7 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from fedproto.provision import certificate_party
 from fedproto.roster import TlsFiles
 
-__all__ = ["TlsContexts", "MeteredStream", "load_contexts", "peer_party", "failure_reason"]
+__all__ = ["TlsContexts", "MeteredStream", "load_contexts", "peer_party", "failure_reason", "cut_without_alert"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +138,21 @@ def peer_party(stream: trio.SSLStream[Any]) -> str:
     if len(names) != 1:
         raise ValueError(f"the peer's certificate must name exactly one party, it names {names}")
     return names[0]
+
+
+def cut_without_alert(exc: BaseException) -> bool:
+    """Whether a TLS handshake ended because the peer closed the connection (an EOF or a reset,
+    no TLS alert): a peer that refuses a certificate says so with an alert."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return False
+        if isinstance(cause, (ssl.SSLEOFError, ConnectionResetError)):
+            return True
+        if isinstance(cause, ssl.SSLError) and cause.reason == "UNEXPECTED_EOF_WHILE_READING":
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def failure_reason(exc: BaseException) -> str:

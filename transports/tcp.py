@@ -380,6 +380,12 @@ class _HandshakeFailed(Exception):
     """The peer failed the handshake (the message says why)."""
 
 
+class _HandshakeCut(_HandshakeFailed):
+    """The listener closed the connection in the TLS handshake without an alert: not a refusal
+    of our certificate (that comes with one) but a connection it had no room for (its cap on
+    pending handshakes), or one the network cut. The dialer tries again."""
+
+
 # What a failed dialer handshake raises (anything else propagates).
 _DIAL_FAILURES = (_HandshakeFailed, trio.TooSlowError, trio.EndOfChannel, FrameTooLarge, TransportBroken)
 
@@ -731,9 +737,12 @@ class TcpTransport(Transport):
             deadline).
         max_pending_handshakes: most connections a listener holds whose handshake has not
             finished (a new one beyond it closes the oldest; see
-            :mod:`fedproto.transports._admission`).
+            :mod:`fedproto.transports._admission`); default
+            ``max(DEFAULT_MAX_PENDING_HANDSHAKES, len(roster))`` (512).
         max_pending_per_host: most such connections from one source host (a new one beyond it
-            is closed at once).
+            is closed at once); default ``max(DEFAULT_MAX_PENDING_PER_HOST, len(roster))``
+            (128). A TLS dialer whose handshake such a close cuts tries again, with backoff,
+            within ``connect_timeout_s`` (``resume_timeout_s`` for a re-dial).
 
     Attributes:
         addresses: ``{party: TcpAddress}`` of the parties whose address is known; this party's
@@ -791,8 +800,8 @@ class TcpTransport(Transport):
         resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S,
         agreement: Agreement | None = None,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
-        max_pending_handshakes: int = _admission.DEFAULT_MAX_PENDING_HANDSHAKES,
-        max_pending_per_host: int = _admission.DEFAULT_MAX_PENDING_PER_HOST,
+        max_pending_handshakes: int | None = None,
+        max_pending_per_host: int | None = None,
     ) -> None:
         roster = tuple(roster)
         if not roster or len(set(roster)) != len(roster) or not all(isinstance(p, str) for p in roster):
@@ -918,7 +927,13 @@ class TcpTransport(Transport):
         # Refused connections are logged once per peer host, then as counts, and at most
         # DEFAULT_MAX_REFUSAL_LINES lines per 10 s in all (no log flood from many addresses).
         self._refusals = _admission.BoundedRefusalLog(log, party, clock=trio.current_time)
-        # Connections whose handshake has not finished, capped (a flood of silent ones).
+        # Connections whose handshake has not finished, capped (a flood of silent ones). By
+        # default the caps are never below the roster's size, so every party of a run may dial
+        # at once from one host (a local launch, or clients behind one NAT).
+        if max_pending_handshakes is None:
+            max_pending_handshakes = max(_admission.DEFAULT_MAX_PENDING_HANDSHAKES, len(roster))
+        if max_pending_per_host is None:
+            max_pending_per_host = max(_admission.DEFAULT_MAX_PENDING_PER_HOST, len(roster))
         self._pending = _admission.PendingHandshakes(max_pending_handshakes, max_pending_per_host)
 
     def __repr__(self) -> str:
@@ -1437,6 +1452,8 @@ class TcpTransport(Transport):
             self._check_open()
             remaining = deadline - trio.current_time()
             if remaining <= 0:
+                if isinstance(last_error, _HandshakeCut):
+                    gave_up += f"; it kept closing our connections in the handshake ({last_error})"
                 raise PeerUnreachable(gave_up, party=dest) from last_error
             stream: trio.SocketStream | None = None
             with trio.move_on_after(remaining):
@@ -1453,7 +1470,7 @@ class TcpTransport(Transport):
                     return await self._handshake_dialled(stream, dest, deadline if redial else math.inf)
                 except _DIAL_FAILURES as exc:
                     self._check_open()
-                    if not (redial and _network_failure(exc)):
+                    if not ((redial and _network_failure(exc)) or isinstance(exc, _HandshakeCut)):
                         credentials = "secret" if self._tls is None else "certificates"
                         refused = f"refused by the peer (check {credentials}, session, roster and topology)"
                         reason = {
@@ -1607,7 +1624,8 @@ class TcpTransport(Transport):
         try:
             await channel.do_handshake()
         except trio.BrokenResourceError as exc:
-            raise _HandshakeFailed(f"TLS handshake failed ({tls.failure_reason(exc)})") from exc
+            failure = _HandshakeCut if tls.cut_without_alert(exc) else _HandshakeFailed
+            raise failure(f"TLS handshake failed ({tls.failure_reason(exc)})") from exc
         except trio.ClosedResourceError as exc:  # we closed the socket (aclose) mid-handshake
             raise TransportClosed("the connection was closed during the TLS handshake") from exc
         # Only now, with the listener's certificate checked against dest's name, may we speak.

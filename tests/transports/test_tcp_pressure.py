@@ -428,3 +428,28 @@ def test_the_caps_are_checked_when_an_endpoint_is_built() -> None:
     for bad in (dict(max_pending_handshakes=0), dict(max_pending_per_host=-1), dict(keepalive_s=0.0)):
         with pytest.raises(ValueError):
             TcpTransport("c", ROSTER, {"c": "127.0.0.1:0"}, topology="star", secret=b"0123456789abcdef-secret", **bad)
+
+
+async def test_honest_clients_dialling_at_once_beyond_the_per_host_cap_all_get_in(caplog) -> None:
+    """Forty clients on one host dial a hub that holds at most 4 of their handshakes (8 in all):
+    the hub closes the others in their TLS handshake, without an alert, and each tries again
+    until it is in (before, the first close ended the client: 'unexpected eof while reading')."""
+    roster = ["c", *(f"w{i}" for i in range(40))]
+    with throwaway_tls(roster) as kits, trio.fail_after(60):
+        async with open_tcp_network(
+            roster, tls=kits, topology="star", max_pending_per_host=4, max_pending_handshakes=8
+        ) as eps:
+            async with trio.open_nursery() as nursery:
+                for w in roster[1:]:
+                    nursery.start_soon(eps[w].send, "c", w.encode())
+            got = sorted([(await eps["c"].receive()) for _ in roster[1:]])
+    assert "handshakes from 127.0.0.1 are already pending" in caplog.text  # the cap did close some
+    assert got == sorted((w, w.encode()) for w in roster[1:])
+
+
+def test_the_default_caps_are_never_below_the_rosters_size() -> None:
+    roster = ["c", *(f"w{i}" for i in range(600))]
+    hub = TcpTransport("c", roster, {"c": "127.0.0.1:0"}, topology="star", secret=b"s" * 32)
+    assert hub._pending.max_total == 601 and hub._pending.max_per_host == 601
+    small = TcpTransport("c", ROSTER, {"c": "127.0.0.1:0"}, topology="star", secret=b"s" * 32)
+    assert small._pending.max_total == 512 and small._pending.max_per_host == 128
