@@ -28,10 +28,20 @@ Run::
     python benchmarks/startup.py --quick            # iris, one repeat
     python benchmarks/startup.py --json start.json  # also the table as JSON records
 
+Issue 29's two start-up targets, each against its baseline measured in the same repeat
+(interleaved, so a loaded machine slows both alike):
+
+* **floor**: the warm run's process time over that of ``python -c "import jax, numpy, trio"``
+  (target at most 1.5);
+* **tcp / memory**: the tutorial's 3-party secure sum, ``fedproto run docs/tutorial/secure_sum.py
+  --transport tcp``, over the same run in memory (target at most 2).
+
 ``--json PATH`` writes one record per row (table ``startup``): ``data_set``, ``mode`` (``cold``,
 ``warm``, ``no_cache``), ``process_s``, ``to_first_round_s``, ``compile_s``, ``run_s``,
 ``repeats``, and for ``warm`` the ratios ``to_first_round_ratio``, ``compile_ratio`` and
-``process_ratio`` (cold / warm).
+``process_ratio`` (cold / warm); and one record per target (table ``startup_targets``):
+``target`` (``floor``, ``tcp_over_memory``), ``process_s``, ``baseline_s``, ``ratio``,
+``limit``, ``repeats``.
 """
 
 from __future__ import annotations
@@ -72,7 +82,7 @@ sys.exit(main(sys.argv[1:]))
 
 def run_once(data: str, cache_home: Path, report: Path, *, cache: bool) -> dict[str, float]:
     """One ``fedproto run`` in a fresh process; its timings."""
-    argv = ["run", "fastlloyd", "--data", data, "--clients", "2", "--quiet", "--report", str(report)]
+    argv = ["run", "fastlloyd", "--data", data, "--clients", "2", "--quiet", "--no-plot", "--report", str(report)]
     if not cache:
         argv.append("--no-compile-cache")
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
@@ -86,6 +96,29 @@ def run_once(data: str, cache_home: Path, report: Path, *, cache: bool) -> dict[
     doc = json.loads(report.read_text())
     return {"process_s": process_s, "to_first_round_s": first[0] - t0, "compile_s": doc["compile_s"],
             "run_s": doc["wall_time_s"]}
+
+
+#: The floor a ``fedproto run`` is compared with: the imports every run needs.
+FLOOR = [sys.executable, "-c", "import jax, numpy, trio"]
+#: The tutorial's secure sum (3 parties by default).
+TUTORIAL = ROOT / "docs" / "tutorial" / "secure_sum.py"
+
+
+def process_seconds(argv: list[str], cache_home: Path) -> float:
+    """Wall time of ``argv`` as a fresh process (interpreter start to exit)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    t0 = time.time()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    seconds = time.time() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return seconds
+
+
+def tutorial_seconds(transport: str, cache_home: Path) -> float:
+    """``fedproto run docs/tutorial/secure_sum.py --transport TRANSPORT --no-plot``, in seconds."""
+    return process_seconds([sys.executable, "-m", "fedproto", "run", str(TUTORIAL), "--transport", transport,
+                            "--no-plot", "--quiet"], cache_home)
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -108,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
     })
     modes: dict[str, list[dict[str, float]]] = {"cold": [], "warm": [], "no_cache": []}
+    floor: list[float] = []
+    tutorial: dict[str, list[float]] = {"memory": [], "tcp": []}
     with tempfile.TemporaryDirectory(prefix="fedproto-startup-") as tmp:
         for r in range(repeats):
             home = Path(tmp) / f"pair-{r}"
@@ -115,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             modes["warm"].append(run_once(data, home, Path(tmp) / f"warm-{r}.json", cache=True))
             modes["no_cache"].append(run_once(data, Path(tmp) / f"off-{r}", Path(tmp) / f"off-{r}.json",
                                               cache=False))
+            floor.append(process_seconds(FLOOR, home))
+            tutorial["memory"].append(tutorial_seconds("memory", home))
+            tutorial["tcp"].append(tutorial_seconds("tcp", home))
             console.print(f"repeat {r + 1}/{repeats} done", highlight=False)
     med = {mode: median_of(runs) for mode, runs in modes.items()}
     name = Path(data).stem if os.sep in data else data
@@ -139,6 +177,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cold['compile_s'] / warm['compile_s']:.2f}" if warm["compile_s"] > 0 else "-",
                   f"{cold['run_s'] / warm['run_s']:.2f}")
     console.print(table)
+    targets = Table(title=f"Issue 29 start-up targets (seconds of process time, median of {repeats}; "
+                          "baseline measured in the same repeats)", title_justify="left")
+    for col in ("target", "command s", "baseline s", "ratio", "limit"):
+        targets.add_column(col, justify="right" if col != "target" else "left")
+    rows = {
+        "floor": ("warm run / import jax, numpy, trio", med["warm"]["process_s"], statistics.median(floor), 1.5),
+        "tcp_over_memory": ("tutorial secure sum: tcp / memory", statistics.median(tutorial["tcp"]),
+                            statistics.median(tutorial["memory"]), 2.0),
+    }
+    for key, (label, seconds, baseline, limit) in rows.items():
+        ratio = seconds / baseline
+        targets.add_row(label, f"{seconds:.2f}", f"{baseline:.2f}", f"{ratio:.2f}", f"{limit:.1f}")
+        records.append(record("startup_targets", target=key, process_s=seconds, baseline_s=baseline, ratio=ratio,
+                              limit=limit, repeats=repeats))
+    console.print(targets)
     write_records(args.json, records, console)
     return 0
 

@@ -85,6 +85,38 @@ class PluginInfo:
     error: str | None = None
 
 
+#: The protocols this package installs, described without importing them (``fedproto list`` and
+#: ``fedproto --help`` import no protocol module): entry-point value -> (one-line description,
+#: the top-level modules its import needs, looked up without being imported). A test checks
+#: each description against the plugin's own ``description``. An entry point whose value is not
+#: here (another package's plugin) is imported to be described.
+BUILTIN_PROTOCOLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "fedproto.algorithms.fastlloyd.cli:PROTOCOL": (
+        "differentially private federated k-means with masked secure aggregation (FastLloyd)",
+        ("jax", "flint", "cryptography"),
+    ),
+    "fedproto.algorithms.kzclustering.cli:KZCENTER": (
+        "distributed (k,z)-center with (1+slack)z outliers (Guo & Li, NeurIPS 2018)", ("jax", "scipy"),
+    ),
+    "fedproto.algorithms.kzclustering.cli:KZMEDIAN": (
+        "distributed (k,z)-median with truncated-cost coresets (Guo & Li, Appendix C)", ("jax", "scipy"),
+    ),
+    "fedproto.algorithms.kzclustering.cli:KZMEANS": (
+        "distributed (k,z)-means with truncated-cost coresets (Guo & Li, Appendix C)", ("jax", "scipy"),
+    ),
+    "fedproto.algorithms.deletion.cli:QKMEANS": (
+        "Q-k-means (quantised Lloyd's) with exact deletion: clients request deletions of their points", ("jax",),
+    ),
+    "fedproto.algorithms.deletion.cli:DCKMEANS": (
+        "DC-k-means as a tree of parties: a deletion recomputes only its leaf-to-root path", ("jax",),
+    ),
+    "fedproto.algorithms.mufc.cli:PROTOCOL": (
+        "MUFC: one-shot secure federated K-means++ (SCMA) with exact federated unlearning",
+        ("jax", "flint", "cryptography"),
+    ),
+}
+
+
 def _group(name: str) -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=name)}
 
@@ -288,11 +320,27 @@ def load_protocol(spec: str) -> Any:
 
 
 def describe_protocols() -> list[PluginInfo]:
-    """One :class:`PluginInfo` per installed protocol (each is imported; a broken one is reported,
-    not raised)."""
+    """One :class:`PluginInfo` per installed protocol; a broken one is reported, not raised.
+
+    This package's own protocols are described from :data:`BUILTIN_PROTOCOLS` without being
+    imported (broken when a module they need cannot be found); any other is imported."""
     return _describe(
-        PROTOCOL_GROUP, "protocol", lambda name, obj: _check_plugin(obj, f"protocol {name!r}")
+        PROTOCOL_GROUP, "protocol", lambda name, obj: _check_plugin(obj, f"protocol {name!r}"), BUILTIN_PROTOCOLS
     )
+
+
+def _builtin_info(name: str, entry: Any, table: dict[str, tuple[str, tuple[str, ...]]]) -> PluginInfo | None:
+    """The :class:`PluginInfo` of a plugin ``table`` describes (``None`` for any other): its
+    description, or why it is broken when a module it imports cannot be found."""
+    known = table.get(getattr(entry, "value", None))  # type: ignore[arg-type]
+    if known is None:
+        return None
+    description, modules = known
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            exc = ModuleNotFoundError(f"No module named {module!r}", name=module)
+            return PluginInfo(name, "", f"{_one_line(exc)}{_install_hint(exc)}")
+    return PluginInfo(name, description)
 
 
 # --- transports ------------------------------------------------------------------------------------
@@ -322,11 +370,20 @@ def describe_transports() -> list[PluginInfo]:
     return _describe(TRANSPORT_GROUP, "transport", lambda name, obj: obj)
 
 
-def _describe(group: str, kind: str, check: Callable[[str, Any], Any]) -> list[PluginInfo]:
-    """Load every entry point of ``group`` (``check`` validates what it loads); a plugin that
-    fails is described by its error, never raised."""
+def _describe(
+    group: str,
+    kind: str,
+    check: Callable[[str, Any], Any],
+    table: dict[str, tuple[str, tuple[str, ...]]] | None = None,
+) -> list[PluginInfo]:
+    """Load every entry point of ``group`` that ``table`` does not describe (``check`` validates
+    what it loads); a plugin that fails is described by its error, never raised."""
     out = []
     for name, entry in sorted(_group(group).items()):
+        known = _builtin_info(name, entry, table) if table else None
+        if known is not None:
+            out.append(known)
+            continue
         try:
             obj = check(name, _load_entry_point(kind, name, entry))
         except PluginLoadError as exc:

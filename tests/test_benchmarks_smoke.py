@@ -36,7 +36,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "deletion_streams.py": ("Amortised seconds per deletion", {"deletion_timing", "deletion_quality"}),
     "scma.py": ("SCMA decoding time as the support m = K*L grows", {"scma_decoding", "scma_upload"}),
     "mufc_unlearning.py": ("Unlearning: mean ms per random single-point removal", {"mufc_quality", "mufc_unlearning"}),
-    "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup"}),
+    "startup.py": ("Start-up of fedproto run fastlloyd on iris", {"startup", "startup_targets"}),
     "network_model.py": (
         "Link model: predicted against measured wall time", {"network_model", "network_model_paper"}
     ),

@@ -91,6 +91,7 @@ from fedproto.algorithms.fastlloyd.protocol import (
     initial_centroids,
     secagg_plus_config,
 )
+from fedproto.algorithms.fastlloyd.reference import sklearn_reference
 from fedproto.algorithms.secagg import ring_dtype
 from fedproto.algorithms.secagg_plus import engine as secagg_plus
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
@@ -431,7 +432,8 @@ class FastLloydPlugin:
         x = normalize(dataset.x)  # the pooled data, for the references only
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            summary = self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed)
+            summary = self.summarize(results, config=config, x=x, dataset=dataset, clients=clients, seed=args.seed,
+                                     reference_cache=not getattr(args, "no_compile_cache", False))
             summary["secagg"] = options.secagg
             ledger = privacy_ledger(config)
             if ledger:
@@ -563,8 +565,13 @@ class FastLloydPlugin:
         dataset: Dataset,
         clients: tuple[str, ...],
         seed: int,
+        reference_cache: bool = True,
     ) -> dict[str, Any]:
         """NICV of the run beside non-private Lloyd's and scikit-learn's, and the privacy spent.
+
+        scikit-learn's fit is read from the cache of an earlier run when there is one
+        (:func:`fedproto.algorithms.fastlloyd.reference.sklearn_reference`; ``reference_cache``
+        ``False``, as under ``--no-compile-cache``, fits afresh).
 
         Returns:
             The result keys listed in the module docstring (snake_case, numbers as numbers).
@@ -572,9 +579,6 @@ class FastLloydPlugin:
         Raises:
             ValueError: no client result to summarise.
         """
-        from sklearn.cluster import KMeans
-        from threadpoolctl import threadpool_limits
-
         centroid_sets = [np.asarray(results[c]["centroids"]) for c in clients if c in results]
         if not centroid_sets:
             raise ValueError("no client result to summarise")
@@ -583,15 +587,12 @@ class FastLloydPlugin:
         with progress_task("references: non-private Lloyd, scikit-learn k-means++", total=2) as advance:
             lloyd = centralised_lloyd(x, initial_centroids(config), LLOYD_REFERENCE_ITERATIONS)
             advance()
-            # one OpenMP thread: scikit-learn's threaded sums reduce in an order that depends on the
-            # thread count (on a 16-core GPU host two runs differed in the last bit)
-            with threadpool_limits(limits=1, user_api="openmp"):
-                reference = KMeans(n_clusters=config.k, n_init=10, random_state=seed).fit(x)
+            reference = sklearn_reference(x, config.k, seed, cache=reference_cache)
             advance()
         xs = jnp.asarray(x)
         nicv = float(kmeans.nicv(xs, jnp.asarray(centroids)))
         nicv_lloyd = float(kmeans.nicv(xs, jnp.asarray(lloyd)))
-        nicv_sklearn = float(reference.inertia_ / x.shape[0])
+        nicv_sklearn = float(reference.inertia / x.shape[0])
         spent = privacy_spent(config)
         summary: dict[str, Any] = {
             "data_set": dataset.name,
@@ -615,7 +616,7 @@ class FastLloydPlugin:
             "ring_bits": int(config.ring_bits),
             "clients_agree": agree,
             "centroids": centroids.tolist(),
-            "sklearn_centroids": reference.cluster_centers_.tolist(),
+            "sklearn_centroids": reference.centroids.tolist(),
         })
         return summary
 

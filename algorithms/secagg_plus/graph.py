@@ -34,7 +34,6 @@ import math
 import struct
 
 import numpy as np
-from scipy import special
 
 from fedproto.algorithms.secagg import _chacha20_stream, _check_int, derive_bytes
 
@@ -161,6 +160,8 @@ def _log_disconnection_bound(n: int, k: int, bad_fraction: float) -> float:
     are at most ``n (n - k - 1) / 2`` pairs of places. ``-inf`` when ``b < k`` or the graph is
     complete.
     """
+    from scipy import special  # here, not at import: only a SecAgg+ graph needs it
+
     bad = math.floor(bad_fraction * n + _FRACTION_SLACK)
     if k >= n - 1 or bad < k:
         return -math.inf

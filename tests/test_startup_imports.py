@@ -1,0 +1,114 @@
+"""Start-up imports only what a command needs (issue 29, target 3).
+
+* ``fedproto --help`` and ``fedproto list`` import no protocol module (the built-in protocols
+  are described from the registry's table, which must agree with the plugins themselves);
+* ``fedproto run fastlloyd`` imports neither scikit-learn nor SciPy's statistics: the
+  scikit-learn reference is read from the cache of an earlier run (bit for bit a fresh fit),
+  SciPy's special functions and root finder only when a calibration needs them, and a run
+  without noise (``--variant lloyd``) imports no SciPy at all.
+
+Each command runs in a fresh interpreter (``sys.modules`` of this one holds everything).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the command line in this process and prints the modules it imported, as JSON, last.
+_PROBE = """
+import contextlib, io, json, sys
+from fedproto.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _imported(tmp_path: Path, *argv: str) -> set[str]:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["code"] == 0, (argv, done.stderr[-2000:])
+    return set(doc["modules"])
+
+
+def _protocol_modules(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.startswith("fedproto.algorithms."))
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["run", "--help"]])
+def test_help_and_list_import_no_protocol_module(tmp_path, argv):
+    modules = _imported(tmp_path, *argv)
+    assert _protocol_modules(modules) == [], argv
+    assert "jax" not in modules and "sklearn" not in modules and "scipy" not in modules, argv
+
+
+def test_the_registry_table_describes_each_builtin_protocol_as_the_plugin_does():
+    from fedproto import registry
+
+    installed = {entry.value: name for name, entry in registry._group(registry.PROTOCOL_GROUP).items()}
+    assert set(registry.BUILTIN_PROTOCOLS) <= set(installed)
+    for value, (description, modules) in registry.BUILTIN_PROTOCOLS.items():
+        plugin = registry.load_protocol(installed[value])
+        assert registry._description(plugin) == description, value
+        loaded = {m.split(".")[0] for m in sys.modules}
+        assert set(modules) <= loaded, value
+
+
+def test_list_names_a_builtin_protocol_broken_when_a_module_it_needs_is_missing(monkeypatch):
+    import importlib.util
+
+    from fedproto import registry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flint" else real(name, *a))
+    infos = {info.name: info for info in registry.describe_protocols()}
+    assert infos["fastlloyd"].error == "ModuleNotFoundError: No module named 'flint'"
+    assert infos["qkmeans"].error is None and infos["qkmeans"].description.startswith("Q-k-means")
+
+
+def test_a_warm_fastlloyd_run_imports_no_sklearn_and_no_scipy_stats(tmp_path):
+    argv = ["run", "fastlloyd", "--data", "iris", "--clients", "2", "--no-plot", "--quiet"]
+    cold = _imported(tmp_path, *argv)
+    assert "sklearn" in cold  # the first run fits the reference
+    warm = _imported(tmp_path, *argv)
+    assert _protocol_modules(warm) and all(
+        m.startswith(("fedproto.algorithms.fastlloyd", "fedproto.algorithms.secagg", "fedproto.algorithms.dp",
+                      "fedproto.algorithms.kmeans", "fedproto.algorithms.scma"))
+        for m in _protocol_modules(warm)
+    ), _protocol_modules(warm)  # only the named protocol (and what it builds on)
+    assert "sklearn" not in warm and "scipy.stats" not in warm
+    lloyd = _imported(tmp_path, *argv, "--variant", "lloyd")  # no noise: nothing to calibrate
+    assert "sklearn" not in lloyd and "scipy" not in lloyd
+
+
+def test_the_cached_reference_is_the_fresh_fit_bit_for_bit(tmp_path, monkeypatch):
+    from fedproto.algorithms.fastlloyd import reference
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    x = np.random.default_rng(3).normal(size=(300, 3))
+    fresh = reference.sklearn_reference(x, 4, seed=7, cache=False)
+    assert not reference.reference_cache_dir().exists()
+    first = reference.sklearn_reference(x, 4, seed=7)
+    assert len(list(reference.reference_cache_dir().glob("*.json"))) == 1
+
+    def no_fit(*args):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(reference, "_fit", no_fit)
+    cached = reference.sklearn_reference(x, 4, seed=7)
+    for got in (first, cached):
+        assert got.inertia == fresh.inertia and np.array_equal(got.centroids, fresh.centroids)
+    with pytest.raises(AssertionError, match="fitted again"):  # another seed is another fit
+        reference.sklearn_reference(x, 4, seed=8)
