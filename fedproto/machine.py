@@ -179,11 +179,13 @@ class ProtocolMachine:
                 machine moves to ``ERROR``.
             LocalProtocolError: the machine has not been started or has already failed.
         """
-        self._check_usable()
-        if not self._started:
-            raise LocalProtocolError("receive() before start()", party=self.party, state=self._state.name)
-
-        def step() -> list[Outgoing]:
+        state_enum = self.State
+        state = self._state
+        if state is state_enum.ERROR or state is state_enum.DONE or not self._started:
+            self._check_usable()
+            raise LocalProtocolError("receive() before start()", party=self.party, state=state.name)
+        # The step inline, guarded as _guarded guards (this runs once per message: no closure).
+        try:
             if self._ignores(sender):
                 return []
             entry = self.TRANSITIONS.get((self._state, type(message)))
@@ -210,8 +212,12 @@ class ProtocolMachine:
             if self._state is before:  # a handler may finish (DONE) on its own
                 self._state = next_state
             return list(out) + self._advance()
-
-        return self._guarded(step)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            self.error = exc
+            self._state = state_enum.ERROR
+            raise
 
     def handle(self, event: Event) -> list[Outgoing]:
         """React to a runtime event.

@@ -184,6 +184,11 @@ class AbortNotice(Message):
 # --- actions -------------------------------------------------------------------------------------
 
 
+# Actions are made for every message a machine sends. Their __init__ writes the frozen slots
+# through their descriptors (the dataclass __init__ goes through object.__setattr__, at about
+# twice the cost); fields, repr, equality and hashing are the dataclass's.
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Send:
     """Send ``message`` to party ``dest``; stamped with the round and phase it belongs to."""
@@ -192,6 +197,12 @@ class Send:
     message: Message
     round_idx: int
     phase: str
+
+    def __init__(self, dest: str, message: Message, round_idx: int, phase: str) -> None:
+        _SET_SEND_DEST(self, dest)
+        _SET_SEND_MESSAGE(self, message)
+        _SET_SEND_ROUND(self, round_idx)
+        _SET_SEND_PHASE(self, phase)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -203,9 +214,19 @@ class Broadcast:
     round_idx: int
     phase: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.dests, tuple):
-            object.__setattr__(self, "dests", tuple(self.dests))
+    def __init__(self, dests: Sequence[str], message: Message, round_idx: int, phase: str) -> None:
+        _SET_BROADCAST_DESTS(self, dests if isinstance(dests, tuple) else tuple(dests))
+        _SET_BROADCAST_MESSAGE(self, message)
+        _SET_BROADCAST_ROUND(self, round_idx)
+        _SET_BROADCAST_PHASE(self, phase)
+
+
+_SET_SEND_DEST, _SET_SEND_MESSAGE, _SET_SEND_ROUND, _SET_SEND_PHASE = (
+    Send.__dict__[name].__set__ for name in ("dest", "message", "round_idx", "phase")
+)
+_SET_BROADCAST_DESTS, _SET_BROADCAST_MESSAGE, _SET_BROADCAST_ROUND, _SET_BROADCAST_PHASE = (
+    Broadcast.__dict__[name].__set__ for name in ("dests", "message", "round_idx", "phase")
+)
 
 
 Outgoing = Send | Broadcast

@@ -171,13 +171,18 @@ def _encode(machine: ProtocolMachine, action: Outgoing, session: int) -> bytes:
     try:
         return encode_frame(action.message, session=session, round_idx=action.round_idx, phase=action.phase)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise LocalProtocolError(
-            f"{machine.party} made a message it cannot send: {exc}",
-            party=machine.party,
-            round_idx=action.round_idx,
-            state=machine.state.name,
-            phase=action.phase,
-        ) from exc
+        raise _unencodable(machine, action, exc) from exc
+
+
+def _unencodable(machine: ProtocolMachine, action: Outgoing, exc: Exception) -> LocalProtocolError:
+    """The error of a machine whose message ``action`` could not be encoded (``exc``)."""
+    return LocalProtocolError(
+        f"{machine.party} made a message it cannot send: {exc}",
+        party=machine.party,
+        round_idx=action.round_idx,
+        state=machine.state.name,
+        phase=action.phase,
+    )
 
 
 async def _send_all(
@@ -498,7 +503,12 @@ async def _drive(
                         # The usual answer, one message to one party: _send_all's work inline.
                         action = outgoing[0]
                         dest = action.dest
-                        out = _encode(machine, action, session)
+                        try:
+                            out = encode_frame(
+                                action.message, session=session, round_idx=action.round_idx, phase=action.phase
+                            )
+                        except (TypeError, ValueError, OverflowError) as exc:
+                            raise _unencodable(machine, action, exc) from exc
                         try:
                             await send(dest, out)
                         except PartyCrashed:

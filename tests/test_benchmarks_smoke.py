@@ -18,7 +18,7 @@ BENCHMARKS = ROOT / "benchmarks"
 
 #: script -> (a line of its main table's title, the tables its ``--quick`` run writes).
 SCRIPTS: dict[str, tuple[str, set[str]]] = {
-    "message_rate.py": ("Message rate (messages/s, best of repeats)", {"message_rate", "stage_cost"}),
+    "message_rate.py": ("Message rate (messages/s, best of repeats)", {"message_rate", "stage_cost", "meter_cost"}),
     "tcp_rate.py": ("Round trips/s over TCP loopback", {"tcp_round_trips", "envelope"}),
     "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),

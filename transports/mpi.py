@@ -49,6 +49,12 @@ constructs its endpoint), so other MPI traffic in the program cannot match our m
   In every mode a cancelled ``receive`` loses nothing: a frame taken by the reader thread stays
   in the channel, and a matched receive in progress belongs to the endpoint, not to the
   ``receive`` call, so the next call finishes it.
+* ``receive_nowait`` takes a frame MPI already holds without waiting or yielding: in the
+  doorbell and poll modes the matched probes a woken receive makes and one test of the transfer
+  (a frame still in transfer is left to the next call, or to ``receive``, which finishes it); in
+  thread mode what the reader thread has delivered. The runtime calls it when a phase deadline
+  passes, so a party that was busy reads the frames that waited meanwhile before its deadline
+  counts as silence.
 * MPI's non-overtaking rule (same source, communicator and tag) gives per-pair order; each frame
   is one message, so frames from concurrent senders never interleave. Empty frames are empty
   messages.
@@ -494,6 +500,18 @@ class MpiTransport(Transport):
             self._pending_receive = None
         return done
 
+    def _completed(self, pending: _PendingReceive) -> tuple[str, bytes] | None:
+        """The ``(sender, frame)`` of a completed receive, or ``None`` for an oversized frame
+        (dropped with a warning)."""
+        sender = self.roster[pending.source]
+        if not pending.oversized:
+            return sender, bytes(pending.buffer)
+        log.warning(
+            "%s: dropped a frame of %d bytes from %s (maximum %d)",
+            self.party, pending.length_bytes, sender, self.max_frame_bytes,
+        )
+        return None
+
     async def _receive_here(self) -> tuple[str, bytes]:
         """Receive in the trio thread: sleep on the doorbell, or poll with back-off."""
         backoff = _Backoff()
@@ -508,13 +526,9 @@ class MpiTransport(Transport):
                 pending = self._pending_receive
                 assert pending is not None
                 if self._finish_receive():
-                    sender = self.roster[pending.source]
-                    if not pending.oversized:
-                        return sender, bytes(pending.buffer)
-                    log.warning(
-                        "%s: dropped a frame of %d bytes from %s (maximum %d)",
-                        self.party, pending.length_bytes, sender, self.max_frame_bytes,
-                    )
+                    item = self._completed(pending)
+                    if item is not None:
+                        return item
                     backoff.reset()
                     continue
                 await backoff.wait()  # a transfer in progress: MPI needs polls to advance it
@@ -573,6 +587,24 @@ class MpiTransport(Transport):
             if isinstance(item, BaseException):
                 return
 
+    def _delivered(self, item: Any) -> tuple[str, bytes] | None:
+        """The ``(sender, frame)`` of what the reader thread delivered, or ``None`` for an
+        oversized frame (dropped with a warning).
+
+        Raises:
+            TransportBroken: the reader thread met an MPI error.
+        """
+        if isinstance(item, BaseException):
+            raise self._broken("receive", item) from item
+        source, length, buffer, oversized = item
+        sender = self.roster[source]
+        if not oversized:
+            return sender, bytes(buffer)
+        log.warning(
+            "%s: dropped a frame of %d bytes from %s (maximum %d)", self.party, length, sender, self.max_frame_bytes
+        )
+        return None
+
     async def _receive_threaded(self) -> tuple[str, bytes]:
         if self._reader is None:
             self._start_reader()
@@ -582,15 +614,9 @@ class MpiTransport(Transport):
                 item = await self._inbox.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
-            if isinstance(item, BaseException):
-                raise self._broken("receive", item) from item
-            source, length, buffer, oversized = item
-            sender = self.roster[source]
-            if not oversized:
-                return sender, bytes(buffer)
-            log.warning(
-                "%s: dropped a frame of %d bytes from %s (maximum %d)", self.party, length, sender, self.max_frame_bytes
-            )
+            frame = self._delivered(item)
+            if frame is not None:
+                return frame
 
     async def _stop_reader(self) -> None:
         """End the reader thread (it finishes the message in hand) and wait for it."""
@@ -619,6 +645,51 @@ class MpiTransport(Transport):
             if self.receive_mode == "thread":
                 return await self._receive_threaded()
             return await self._receive_here()
+
+    def receive_nowait(self) -> tuple[str, bytes] | None:
+        """The next ``(sender, frame)`` MPI already holds for this endpoint, else ``None``; never
+        waits or yields (see :meth:`Transport.receive_nowait`).
+
+        The runtime calls it when a phase deadline passes, so frames that arrived while the party
+        was busy are read before its silence counts. In the doorbell and poll modes it makes the
+        matched probes a waking receive makes (``Improbe``, up to :data:`_PROBES_PER_WAKE`) and
+        one ``Test`` of the transfer: a frame still in transfer (a large one under MPI's
+        rendezvous protocol) is left to the next call, or to :meth:`receive`, which finishes it.
+        In thread mode it takes what the reader thread has delivered (starting the thread if no
+        :meth:`receive` has yet). The doorbell is not emptied, so a waiting :meth:`receive` in
+        another task still wakes for what it rings for. Oversized frames are dropped with a
+        warning, as :meth:`receive` drops them.
+
+        Raises:
+            TransportClosed: this endpoint was closed.
+            TransportBroken: MPI reported an error.
+        """
+        self._check_open()
+        if self.receive_mode == "thread":
+            if self._reader is None:
+                self._start_reader()
+            self._progress_sends()
+            while True:
+                try:
+                    item = self._inbox.receive_nowait()
+                except trio.WouldBlock:
+                    return None
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    raise TransportClosed(f"the endpoint of {self.party} is closed", party=self.party) from None
+                frame = self._delivered(item)
+                if frame is not None:
+                    return frame
+        self._progress_sends()
+        while True:
+            if self._pending_receive is None and not any(self._start_receive() for _ in range(_PROBES_PER_WAKE)):
+                return None
+            pending = self._pending_receive
+            assert pending is not None
+            if not self._finish_receive():
+                return None  # still in transfer: the next call, or receive(), finishes it
+            frame = self._completed(pending)
+            if frame is not None:
+                return frame
 
     async def aclose(self) -> None:
         """Flush outstanding sends (up to ``close_timeout_s``), then close; idempotent.

@@ -7,12 +7,16 @@ polling from trio), then the MPI-only checks (oversized frames are dropped and l
 receives lose nothing in every mode, doorbells wake a waiting receive without its recheck timer,
 the ranks agree to fall back when one of them has no doorbell, the modes' requirements, a
 closed doorbell no longer rings, path doorbells (where there is no abstract namespace) work and
-leave no file, a roster that does not match the communicator is refused). Each rank prints ``rank <r>: conformance ok``; any failure prints the traceback and
+leave no file, a roster that does not match the communicator is refused, ``receive_nowait``
+takes waiting frames in every mode, and the runtime's expired deadline reads a frame that waited
+while its party was busy). Each rank prints ``rank <r>: conformance ok``; any failure prints the traceback and
 aborts the whole job with exit code 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 import os
 import socket
@@ -25,6 +29,10 @@ from typing import Any
 import trio
 
 import fedproto.transports.mpi as mpi_module
+from fedproto.errors import TransportClosed
+from fedproto.machine import ProtocolMachine
+from fedproto.messages import Message, Outgoing
+from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.testing.conformance import CHECKS, check_close_semantics
 from fedproto.transports.mpi import RECEIVE_MODES, MpiTransport
 
@@ -218,6 +226,130 @@ async def _path_doorbells_work(rank: int) -> None:
     assert not os.path.exists(os.path.dirname(path)), "the doorbell's directory outlived aclose"
 
 
+async def _receive_nowait_takes_waiting_frames(rank: int, mode: str) -> None:
+    """``receive_nowait`` returns ``None`` with nothing waiting; then Bob takes Alice's frames
+    (a small, an empty and a 2 MiB one) with it alone, in order, including frames it found still
+    in transfer on earlier calls; a frame it took is not received again, and after close
+    it raises :class:`TransportClosed`."""
+    from mpi4py import MPI
+
+    # In the trio-thread modes every transfer takes 20 polls (_SlowComm), so some calls find a
+    # frame matched but still in transfer and must leave it for the next call.
+    slow = mode != "thread"
+    ep = MpiTransport(ROSTER, comm=_SlowComm(MPI.COMM_WORLD) if slow else None, receive_mode=mode)
+    frames = [b"small", b"", bytes(range(256)) * 8192]
+    try:
+        with trio.fail_after(30):
+            assert ep.receive_nowait() is None, "receive_nowait returned a frame nobody sent"
+            ep._comm.Barrier()  # nobody sends before every rank has looked
+            if rank == 0:
+                for frame in frames:
+                    await ep.send("bob", frame)
+                await ep.send("bob", b"last")
+            elif rank == 1:
+                got: list[tuple[str, bytes]] = []
+                empty_calls = 0
+                while len(got) < len(frames):
+                    item = ep.receive_nowait()
+                    if item is None:
+                        empty_calls += 1
+                        await trio.sleep(0.001)  # let Alice send (receive_nowait never yields)
+                        continue
+                    got.append(item)
+                assert got == [("alice", f) for f in frames], [(s, len(f)) for s, f in got]
+                assert not slow or empty_calls >= 20 * len(frames), f"{empty_calls} calls found a transfer in progress"
+                assert await ep.receive() == ("alice", b"last"), "a frame receive_nowait took came again"
+                assert ep.receive_nowait() is None
+                _say(f"rank {rank}: {mode}: receive_nowait took {len(got)} frames ({empty_calls} empty calls)")
+    finally:
+        await ep.aclose()
+    try:
+        ep.receive_nowait()
+    except TransportClosed:
+        pass
+    else:
+        raise AssertionError("receive_nowait on a closed endpoint did not raise TransportClosed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Ping(Message):
+    TAG = "test.mpi.ping"
+    n: int
+
+
+class _State(enum.Enum):
+    COLLECT = 1
+    DONE = 2
+    ERROR = 3
+
+
+class _TwoPings(ProtocolMachine):
+    """Alice: sends Bob two pings at start and is done."""
+
+    State = _State
+    INITIAL_STATE = _State.COLLECT
+    TRANSITIONS: dict = {}
+
+    def _start(self) -> list[Outgoing]:
+        out = [self.send("bob", _Ping(n=0)), self.send("bob", _Ping(n=1))]
+        self._finish(None)
+        return out
+
+
+class _BusyCollector(ProtocolMachine):
+    """Bob: collects two pings; handling the first keeps him busy past his deadline (no progress)."""
+
+    State = _State
+    INITIAL_STATE = _State.COLLECT
+    TRANSITIONS = {(_State.COLLECT, _Ping): ("_on_ping", _State.COLLECT)}
+
+    def __init__(self, party: str, busy_s: float) -> None:
+        super().__init__(party)
+        self.busy_s = busy_s
+        self.got: list[int] = []
+
+    def pending(self) -> tuple[str, ...]:
+        return ("alice",)
+
+    def _on_ping(self, sender: str, message: _Ping) -> list[Outgoing]:
+        self.got.append(message.n)
+        if len(self.got) == 1:
+            time.sleep(self.busy_s)  # the second ping arrives meanwhile
+        else:
+            self._finish(self.got)
+        return []
+
+
+class _Idle(ProtocolMachine):
+    """Carol: done at once."""
+
+    State = _State
+    INITIAL_STATE = _State.COLLECT
+    TRANSITIONS: dict = {}
+
+    def _start(self) -> list[Outgoing]:
+        self._finish(None)
+        return []
+
+
+async def _deadline_reads_waiting_frames(rank: int) -> None:
+    """Through the runtime: Bob's deadline passes while he handles Alice's first ping, and her
+    second has been waiting in MPI all along. The runtime reads it (``receive_nowait``) before it
+    believes the deadline, so Bob finishes with both pings instead of failing with
+    ``InsufficientParticipants`` naming Alice (what a transport without ``receive_nowait`` gives)."""
+    deadline_s = 1.0
+    machine = [_TwoPings("alice"), _BusyCollector("bob", busy_s=2 * deadline_s), _Idle("carol")][rank]
+    ep = MpiTransport(ROSTER)
+    try:
+        with trio.fail_after(30):
+            result = await run_party(machine, ep, config=RuntimeConfig(session=29, deadline_s=deadline_s))
+    finally:
+        await ep.aclose()
+    if rank == 1:
+        assert result == [0, 1], result
+        _say(f"rank {rank}: the expired deadline read the waiting frame")
+
+
 def _modes_fall_back_together(rank: int) -> None:
     """When one rank (carol) cannot bind a doorbell, no rank uses doorbells: the default is the
     reader thread everywhere, and asking for doorbells is refused on every rank."""
@@ -298,6 +430,9 @@ async def _main(rank: int) -> None:
         await _threaded_receive_cancelled_often(rank)
         await _doorbells_wake_receives(rank)
         await _path_doorbells_work(rank)
+        for mode in RECEIVE_MODES:
+            await _receive_nowait_takes_waiting_frames(rank, mode)
+        await _deadline_reads_waiting_frames(rank)
         _modes_fall_back_together(rank)
         _thread_mode_needs_thread_multiple()
         _roster_size_is_checked()
