@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from fedproto import memo
+
 __all__ = [
     "GaussianCalibration",
     "Release",
@@ -236,7 +238,9 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
     function of L2 sensitivity ``Delta`` is (epsilon, delta)-DP under add/remove-one adjacency.
     Equivalently ``sigma = 1 / mu`` with ``gdp_delta(mu, epsilon) == delta``; this is the analytic
     Gaussian mechanism (Balle & Wang 2018, Alg. 1), solved here by Brent's method on the GDP
-    curve to about 1e-12 relative (e.g. ``(1, 1e-5) -> 3.730632``).
+    curve to about 1e-12 relative (e.g. ``(1, 1e-5) -> 3.730632``). The result is kept on disk
+    (:mod:`fedproto.memo`, keyed by the arguments and SciPy's version), so a later call with the
+    same arguments returns the same float without importing SciPy.
 
     Args:
         epsilon: target epsilon (natural-log units), finite and > 0.
@@ -255,10 +259,28 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
     """
     epsilon = _check_epsilon(epsilon)
     delta = _check_delta(delta)
+    key = _solver_key(epsilon, delta)
+    found = memo.lookup("gaussian_sigma", key)
+    if isinstance(found, float):
+        return found
     log_delta = math.log(delta)
     # gdp_delta grows with mu: more signal per unit of noise means a larger delta.
     mu = _solve_increasing(lambda m: _log_gdp_delta(m, epsilon) - log_delta, start=1.0)
-    return 1.0 / mu
+    sigma = 1.0 / mu
+    memo.store("gaussian_sigma", key, sigma)
+    return sigma
+
+
+def _solver_key(*args: float) -> list:
+    """What a solved curve depends on: the arguments (exactly, as hex), the solver's tolerances
+    and SciPy's version (its ``log_ndtr`` and ``brentq``), read without importing SciPy."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        scipy_version = version("scipy")
+    except PackageNotFoundError:
+        scipy_version = "unknown"
+    return [*(float.hex(a) for a in args), float.hex(_RTOL), _MAX_BRACKET_STEPS, scipy_version]
 
 
 def spent_epsilon(mu: float, delta: float) -> float:
@@ -266,7 +288,7 @@ def spent_epsilon(mu: float, delta: float) -> float:
 
     Inverts :func:`gdp_delta` in epsilon: the smallest ``epsilon >= 0`` with
     ``gdp_delta(mu, epsilon) <= delta``, for add/remove-one adjacency. Returns 0.0 when the
-    mechanism is already (0, delta)-DP.
+    mechanism is already (0, delta)-DP. Kept on disk like :func:`gaussian_sigma`.
 
     Args:
         mu: GDP parameter of the whole run (e.g. :meth:`GaussianCalibration.mu`), finite, > 0.
@@ -284,11 +306,18 @@ def spent_epsilon(mu: float, delta: float) -> float:
     """
     mu = _check_positive("mu", mu)
     delta = _check_delta(delta)
+    key = _solver_key(mu, delta)
+    found = memo.lookup("spent_epsilon", key)
+    if isinstance(found, float):
+        return found
     log_delta = math.log(delta)
     if _log_gdp_delta(mu, 0.0) <= log_delta:
-        return 0.0
-    # gdp_delta falls with epsilon, so solve the negated curve, which rises.
-    return _solve_increasing(lambda e: log_delta - _log_gdp_delta(mu, e), start=1.0)
+        epsilon = 0.0
+    else:
+        # gdp_delta falls with epsilon, so solve the negated curve, which rises.
+        epsilon = _solve_increasing(lambda e: log_delta - _log_gdp_delta(mu, e), start=1.0)
+    memo.store("spent_epsilon", key, epsilon)
+    return epsilon
 
 
 def default_delta(n: int) -> float:

@@ -9,7 +9,9 @@ errors, the runtime and the report); the networks live in :mod:`fedproto.transpo
 helpers (harness, fault injection, conformance suite) in :mod:`fedproto.testing`.
 """
 
+import importlib
 import importlib.metadata
+from typing import TYPE_CHECKING, Any
 
 from fedproto.codec import Envelope, decode_frame, encode_frame
 from fedproto.errors import (
@@ -28,8 +30,6 @@ from fedproto.errors import (
     TransportClosed,
     TransportError,
 )
-from fedproto.framesize import max_frame_bytes
-from fedproto.launcher import launch_local
 from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import (
     Broadcast,
@@ -44,10 +44,38 @@ from fedproto.messages import (
     bigints_field,
 )
 from fedproto.metering import LinkRecord, Meter, RunReport
-from fedproto.roster import Roster, TlsFiles
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
-from fedproto.simulation import SimulationStalled, simulate
 from fedproto.transport import Network, Transport
+
+if TYPE_CHECKING:
+    from fedproto.framesize import max_frame_bytes
+    from fedproto.launcher import launch_local
+    from fedproto.roster import Roster, TlsFiles
+    from fedproto.simulation import SimulationStalled, simulate
+
+# Names a run does not need load on first use (PEP 562): ``from fedproto import launch_local``
+# works as before, but ``fedproto run`` in memory does not import the launcher or the simulator.
+_LAZY = {
+    "max_frame_bytes": "fedproto.framesize",
+    "launch_local": "fedproto.launcher",
+    "Roster": "fedproto.roster",
+    "TlsFiles": "fedproto.roster",
+    "SimulationStalled": "fedproto.simulation",
+    "simulate": "fedproto.simulation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 try:
     __version__: str = importlib.metadata.version("fedproto")

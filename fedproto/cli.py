@@ -66,7 +66,7 @@ from typing import Any
 
 import trio
 
-from fedproto import __version__, datasets, registry
+from fedproto import __version__, datasets, memo, registry
 from fedproto._interrupt import (
     Interrupted,
     SignalGuard,
@@ -1785,8 +1785,10 @@ def _command_provision(args: argparse.Namespace) -> int:
 
 def _compile_cache(args: argparse.Namespace) -> None:
     """JAX's persistent compilation cache for this run unless ``--no-compile-cache`` (a cache
-    directory that cannot be made only costs the speed-up: one line on the log, no failure)."""
+    directory that cannot be made only costs the speed-up: one line on the log, no failure);
+    ``--no-compile-cache`` also turns off the on-disk memo of calibrations (:mod:`fedproto.memo`)."""
     if args.no_compile_cache:
+        memo.set_enabled(False)
         return
     try:
         directory = enable_compile_cache()

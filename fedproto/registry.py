@@ -93,7 +93,7 @@ class PluginInfo:
 BUILTIN_PROTOCOLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fedproto.algorithms.fastlloyd.cli:PROTOCOL": (
         "differentially private federated k-means with masked secure aggregation (FastLloyd)",
-        ("jax", "flint", "cryptography"),
+        ("jax", "cryptography"),  # FLINT only with --secagg plus/complete, imported then
     ),
     "fedproto.algorithms.kzclustering.cli:KZCENTER": (
         "distributed (k,z)-center with (1+slack)z outliers (Guo & Li, NeurIPS 2018)", ("jax", "scipy"),

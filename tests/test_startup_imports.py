@@ -4,8 +4,9 @@
   are described from the registry's table, which must agree with the plugins themselves);
 * ``fedproto run fastlloyd`` imports neither scikit-learn nor SciPy's statistics: the
   scikit-learn reference is read from the cache of an earlier run (bit for bit a fresh fit),
-  SciPy's special functions and root finder only when a calibration needs them, and a run
-  without noise (``--variant lloyd``) imports no SciPy at all.
+  SciPy's special functions and root finder only when a calibration is not on disk yet
+  (:mod:`fedproto.memo`), and a run without noise (``--variant lloyd``) imports no SciPy at all;
+* the default ``--secagg msa`` imports neither SecAgg+'s engine nor SCMA nor FLINT.
 
 Each command runs in a fresh interpreter (``sys.modules`` of this one holds everything).
 """
@@ -74,7 +75,8 @@ def test_list_names_a_builtin_protocol_broken_when_a_module_it_needs_is_missing(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flint" else real(name, *a))
     infos = {info.name: info for info in registry.describe_protocols()}
-    assert infos["fastlloyd"].error == "ModuleNotFoundError: No module named 'flint'"
+    assert infos["mufc"].error == "ModuleNotFoundError: No module named 'flint'"
+    assert infos["fastlloyd"].error is None  # FLINT only for --secagg plus, imported then
     assert infos["qkmeans"].error is None and infos["qkmeans"].description.startswith("Q-k-means")
 
 
@@ -89,6 +91,12 @@ def test_a_warm_fastlloyd_run_imports_no_sklearn_and_no_scipy_stats(tmp_path):
         for m in _protocol_modules(warm)
     ), _protocol_modules(warm)  # only the named protocol (and what it builds on)
     assert "sklearn" not in warm and "scipy.stats" not in warm
+    # the calibration and the spent epsilon were kept on disk by the first run: no SciPy at all
+    assert "scipy" not in warm
+    # MSA (the default --secagg) needs neither SecAgg+'s engine nor SCMA's arithmetic nor FLINT
+    assert not {"flint", "fedproto.algorithms.scma", "fedproto.algorithms.secagg_plus.engine"} & warm
+    plus = _imported(tmp_path, *argv[:4], "--clients", "3", *argv[6:], "--secagg", "plus")
+    assert {"flint", "fedproto.algorithms.secagg_plus.engine"} <= plus
     lloyd = _imported(tmp_path, *argv, "--variant", "lloyd")  # no noise: nothing to calibrate
     assert "sklearn" not in lloyd and "scipy" not in lloyd
 

@@ -4,8 +4,10 @@
   optional seeded fault injection (:class:`Faults`);
 * tcp: :class:`TcpNetwork` / :class:`TcpTransport` (:class:`TcpAddress`, and
   :func:`open_tcp_network` for every party on loopback in one process);
-* mpi: :class:`MpiNetwork` / :class:`MpiTransport`, one party per rank under ``mpiexec``. These two
-  names load on first use, so ``import fedproto.transports`` works without mpi4py installed.
+* mpi: :class:`MpiNetwork` / :class:`MpiTransport`, one party per rank under ``mpiexec``.
+
+Every name but the two interfaces loads on first use, so ``import fedproto.transports`` imports no
+network (and works without mpi4py installed).
 
 Every network opens endpoints the same way::
 
@@ -13,12 +15,15 @@ Every network opens endpoints the same way::
         ...
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedproto.testing.faults import Faults
 from fedproto.transport import Network, Transport
-from fedproto.transports.memory import MemoryNetwork, MemoryTransport
-from fedproto.transports.tcp import TcpAddress, TcpNetwork, TcpTransport, open_tcp_network
+
+if TYPE_CHECKING:
+    from fedproto.testing.faults import Faults
+    from fedproto.transports.memory import MemoryNetwork, MemoryTransport
+    from fedproto.transports.mpi import MpiNetwork, MpiTransport
+    from fedproto.transports.tcp import TcpAddress, TcpNetwork, TcpTransport, open_tcp_network
 
 __all__ = [
     "Network",
@@ -34,7 +39,19 @@ __all__ = [
     "MpiTransport",
 ]
 
-_LAZY = {"MpiNetwork": "fedproto.transports.mpi", "MpiTransport": "fedproto.transports.mpi"}
+# Every network loads on first use (PEP 562): a run in memory does not import TCP (or its TLS
+# kit), nor the test helpers, and ``import fedproto.transports`` works without mpi4py.
+_LAZY = {
+    "Faults": "fedproto.testing.faults",
+    "MemoryNetwork": "fedproto.transports.memory",
+    "MemoryTransport": "fedproto.transports.memory",
+    "TcpNetwork": "fedproto.transports.tcp",
+    "TcpTransport": "fedproto.transports.tcp",
+    "TcpAddress": "fedproto.transports.tcp",
+    "open_tcp_network": "fedproto.transports.tcp",
+    "MpiNetwork": "fedproto.transports.mpi",
+    "MpiTransport": "fedproto.transports.mpi",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -65,7 +65,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -93,13 +93,17 @@ from fedproto.algorithms.fastlloyd.protocol import (
 )
 from fedproto.algorithms.fastlloyd.reference import sklearn_reference
 from fedproto.algorithms.secagg import ring_dtype
-from fedproto.algorithms.secagg_plus import engine as secagg_plus
-from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
+from fedproto.algorithms.secagg_plus.messages import STAGES as SECAGG_PLUS_STAGES
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.machine import ProtocolMachine
 from fedproto.plugin import RunPlan
 from fedproto.progress import progress_task
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
+
+# SecAgg+'s engine (SCMA's arithmetic, FLINT) loads only in a run with --secagg plus or complete.
 
 __all__ = [
     "LABELS",
@@ -233,6 +237,8 @@ def _frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlu
         max_frame_bytes(NoisyAggregate, arrays=ring, dtypes=dtype),
     )
     if plus is not None:
+        from fedproto.algorithms.secagg_plus import engine as secagg_plus  # only a SecAgg+ run loads it
+
         survivors = {"masked": (k, d + 1), "survivors": (n_clients,)}
         limit = max(
             limit,
@@ -321,7 +327,7 @@ def _phases(options: FastLloydOptions) -> tuple[str, ...]:
     setup = ("setup.data", "setup.keys", "setup.roster", "setup.seal", "setup.relay")
     if options.secagg == "msa":
         return (*setup, "update", "aggregate")
-    return (*setup, *secagg_plus.STAGES, "aggregate")
+    return (*setup, *SECAGG_PLUS_STAGES, "aggregate")
 
 
 def _role_of(party: str) -> str:
@@ -453,6 +459,8 @@ class FastLloydPlugin:
         if plus is None:
             analytic["analytic_payload_bytes_per_iteration"] = config.payload_bytes_per_iteration(len(clients))
         else:
+            from fedproto.algorithms.secagg_plus import engine as secagg_plus  # only a SecAgg+ run loads it
+
             per_client = secagg_plus.stage_bytes(plus)
             analytic["analytic_secagg_bytes_per_client_per_iteration"] = sum(
                 v["sent"] + v["received"] for v in per_client.values()
@@ -470,7 +478,7 @@ class FastLloydPlugin:
             analytic=analytic,
             labels={**LABELS, "nicv": f"NICV, normalised intra-cluster variance ({config.variant})"},
             max_frame_bytes=frame_limit(config, len(clients), plus),
-            dropout_stages=secagg_plus.STAGES if plus is not None else (),
+            dropout_stages=SECAGG_PLUS_STAGES if plus is not None else (),
             dropout_unsupported="" if plus is not None else _NO_DROPOUT,
         )
 
@@ -552,7 +560,7 @@ class FastLloydPlugin:
             phases=_phases(options),
             labels=LABELS,
             max_frame_bytes=limit,
-            dropout_stages=secagg_plus.STAGES if plus_possible else (),
+            dropout_stages=SECAGG_PLUS_STAGES if plus_possible else (),
             dropout_unsupported="" if plus_possible else _NO_DROPOUT,
         )
 

@@ -88,6 +88,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -106,8 +107,6 @@ from fedproto.algorithms.fastlloyd.messages import (
     SealedSeeds,
     SurvivorAggregate,
 )
-from fedproto.algorithms.secagg_plus import engine as secagg_plus_engine
-from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
 from fedproto.algorithms.secagg_plus.messages import (
     AdvertiseKeys,
     EncryptedShares,
@@ -122,6 +121,12 @@ from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
+
+# SecAgg+'s engine (SCMA's arithmetic, FLINT) is imported only by a run that asks for it
+# (--secagg plus or complete): in secagg_plus_config and where the server opens an aggregation.
 
 __all__ = [
     "FastLloydClient",
@@ -162,6 +167,8 @@ def secagg_plus_config(
         return None
     if n_clients < 2:
         raise ValueError("--secagg plus needs at least 2 clients")
+    from fedproto.algorithms.secagg_plus import engine as secagg_plus_engine
+
     seed = hashlib.sha256(b"fedproto/fastlloyd/secagg-graph" + session.to_bytes(8, "big")).digest()
     modulus = secagg_plus_engine.Modulus.ring(ring_bits)
     if choice == "complete":
@@ -833,6 +840,8 @@ class FastLloydServer(ProtocolMachine):
 
     def _open_aggregation(self) -> list[Outgoing]:
         assert self.secagg_plus is not None
+        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
+
         self._aggregation = SecAggPlusServer(
             self.secagg_plus,
             self.clients,

@@ -13,18 +13,48 @@ surviving neighbours. Sums over the ring ``Z_{2^w}`` or a prime field.
 * :mod:`~fedproto.algorithms.secagg_plus.messages`: the wire messages.
 """
 
-from fedproto.algorithms.secagg_plus.engine import (
-    STAGES,
-    Modulus,
-    SecAggPlusClient,
-    SecAggPlusConfig,
-    SecAggPlusServer,
-    SumOutcome,
-    complete_config,
-    plus_config,
-    stage_bytes,
-)
-from fedproto.algorithms.secagg_plus.protocol import SumClient, SumResult, SumServer, instance_bytes
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.engine import (
+        STAGES,
+        Modulus,
+        SecAggPlusClient,
+        SecAggPlusConfig,
+        SecAggPlusServer,
+        SumOutcome,
+        complete_config,
+        plus_config,
+        stage_bytes,
+    )
+    from fedproto.algorithms.secagg_plus.protocol import SumClient, SumResult, SumServer, instance_bytes
+
+# The public names load on first use (PEP 562), so importing one submodule (the messages, or the
+# protocol's client role) does not load the engine with SCMA and FLINT.
+_LAZY = {
+    **dict.fromkeys(
+        ("STAGES", "Modulus", "SecAggPlusClient", "SecAggPlusConfig", "SecAggPlusServer", "SumOutcome",
+         "complete_config", "plus_config", "stage_bytes"),
+        "engine",
+    ),
+    **dict.fromkeys(("SumClient", "SumResult", "SumServer", "instance_bytes"), "protocol"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "STAGES",

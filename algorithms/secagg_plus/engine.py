@@ -74,6 +74,7 @@ from fedproto.algorithms.secagg_plus import graph, shamir
 from fedproto.algorithms.secagg_plus.messages import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,
+    STAGES,
     AdvertiseKeys,
     EncryptedShares,
     ForwardedShares,
@@ -98,8 +99,8 @@ __all__ = [
     "stage_bytes",
 ]
 
-STAGES = ("advertise-keys", "share-keys", "masked-input", "unmask")
-"""The four stages, in order; each is also the metering phase of its messages."""
+# STAGES (the four stages in order, each the metering phase of its messages) lives with the
+# messages, which import without FLINT; re-exported here.
 
 _LABEL = b"fedproto/secagg-plus/v1"
 _UINT64_FIELD_LIMIT = 1 << 63  # primes below this are summed in uint64 without overflow

@@ -26,12 +26,13 @@ import dataclasses
 
 import numpy as np
 
-from fedproto.algorithms.secagg_plus.shamir import SHARE_BYTES
 from fedproto.messages import Message, array_field
 
 __all__ = [
     "CIPHERTEXT_BYTES",
     "KEY_BYTES",
+    "SHARE_BYTES",
+    "STAGES",
     "AdvertiseKeys",
     "EncryptedShares",
     "ForwardedShares",
@@ -40,6 +41,14 @@ __all__ = [
     "UnmaskRequest",
     "UnmaskShares",
 ]
+
+STAGES = ("advertise-keys", "share-keys", "masked-input", "unmask")
+"""The four stages, in order; each is also the metering phase of its messages."""
+
+SHARE_BYTES = 33
+"""Length of one Shamir share on the wire: a field element ``< p < 2^257``, big-endian (``p`` is
+:data:`~fedproto.algorithms.secagg_plus.shamir.SHARE_PRIME`). Defined here, not in ``shamir``, so
+the messages import without FLINT."""
 
 KEY_BYTES = 32
 """Bytes of one raw X25519 public key."""

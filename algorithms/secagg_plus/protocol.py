@@ -23,16 +23,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedproto.algorithms.secagg_plus.engine import (
-    STAGES,
-    SecAggPlusClient,
-    SecAggPlusConfig,
-    SecAggPlusServer,
-)
 from fedproto.algorithms.secagg_plus.messages import (
+    STAGES,
     AdvertiseKeys,
     EncryptedShares,
     ForwardedShares,
@@ -44,6 +40,12 @@ from fedproto.algorithms.secagg_plus.messages import (
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient, SecAggPlusConfig, SecAggPlusServer
+
+# The engine (with SCMA's field arithmetic and FLINT) is imported where an aggregation starts, not
+# here: a protocol that mixes in SecAggPlusClientRole but runs without SecAgg+ never loads it.
 
 __all__ = [
     "SecAggPlusClientRole",
@@ -131,6 +133,8 @@ class SecAggPlusClientRole:
 
     def _open_aggregation(self, config: SecAggPlusConfig, index: int, *, entropy: bytes, instance: bytes) -> Outgoing:
         """Start this round's aggregation; return the stage-1 message to send."""
+        from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient
+
         self._aggregation = SecAggPlusClient(config, index, entropy=entropy, instance=instance)
         return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])  # type: ignore[attr-defined]
 
@@ -201,6 +205,8 @@ class SumServer(ProtocolMachine):
         self._engine = self._new_engine()
 
     def _new_engine(self) -> SecAggPlusServer:
+        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
+
         return SecAggPlusServer(
             self.config,
             self.clients,

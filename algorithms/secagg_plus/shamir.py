@@ -67,6 +67,7 @@ import flint
 import numpy as np
 
 from fedproto.algorithms.scma import uniform_elements
+from fedproto.algorithms.secagg_plus.messages import SHARE_BYTES
 from fedproto.algorithms.secagg import _check_int, derive_bytes
 
 __all__ = [
@@ -85,8 +86,8 @@ secret is a field element). Proven prime by FLINT's ``fmpz.is_prime`` in the tes
 SECRET_BYTES = 32
 """Length of a secret in bytes (read big-endian as an integer ``< 2^256``)."""
 
-SHARE_BYTES = 33
-"""Length of one share on the wire: a field element ``< p < 2^257``, big-endian."""
+# SHARE_BYTES (33, the length of one share on the wire) is defined with the messages, which
+# import without FLINT; re-exported here.
 
 _SECRET_LIMIT = 1 << (8 * SECRET_BYTES)
 _PRIME_BYTES = SHARE_PRIME.to_bytes(SHARE_BYTES, "big")

@@ -15,11 +15,39 @@
   runtimes and transports with.
 """
 
-from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
-from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
-from fedproto.testing.harness import Frame, Harness
-from fedproto.testing.local_data import PerPartyRun, run_per_party
-from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
+    from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
+    from fedproto.testing.harness import Frame, Harness
+    from fedproto.testing.local_data import PerPartyRun, run_per_party
+    from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
+
+# Each helper loads on first use (PEP 562): the memory transport imports only the fault injection
+# (fedproto.testing.faults), not the conformance suite, the harness or the toy protocol.
+_LAZY = {
+    **dict.fromkeys(("CHECKS", "check_close_semantics", "run_conformance"), "conformance"),
+    **dict.fromkeys(("CrashPoint", "DelegatingTransport", "Faults"), "faults"),
+    **dict.fromkeys(("Frame", "Harness"), "harness"),
+    **dict.fromkeys(("PerPartyRun", "run_per_party"), "local_data"),
+    **dict.fromkeys(("Contribution", "Finished", "Query", "SumCoordinator", "SumWorker"), "toy"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CrashPoint",
