@@ -21,9 +21,14 @@ Three tools:
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import threading
+import types
 from pathlib import Path
 
 __all__ = [
@@ -61,6 +66,36 @@ def _listener(event: str, duration_secs: float, **_: object) -> None:
         with _lock:
             _total += float(duration_secs)
             _events += 1
+
+
+class _ListenOnceJaxIsImported(importlib.abc.MetaPathFinder):
+    """Registers the compile-time listener right after ``import jax`` runs, wherever it runs (a
+    protocol that imports JAX only inside its run still has its kernels counted from the first)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "jax":
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once; the search below must not find us again
+        spec = importlib.util.find_spec(name)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_listen(module: types.ModuleType) -> None:
+            exec_module(module)
+            _listen()
+
+        loader.exec_module = exec_and_listen  # type: ignore[method-assign]
+        return spec
+
+
+def _listen_once_jax_is_imported() -> None:
+    if "jax" in sys.modules:
+        _listen()
+    elif not any(isinstance(finder, _ListenOnceJaxIsImported) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ListenOnceJaxIsImported())
 
 
 def _listen() -> None:
@@ -126,7 +161,11 @@ def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
     """Turn on JAX's persistent compilation cache in ``path`` for this process.
 
     Every kernel is cached, however quick its compilation (JAX's default keeps only those over
-    one second, which would leave out nearly all of fedproto's). Idempotent.
+    one second, which would leave out nearly all of fedproto's). Idempotent. JAX is not imported
+    here: if it is not yet, the settings go into the environment variables JAX reads when it is
+    (``JAX_COMPILATION_CACHE_DIR``, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``,
+    ``JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES``), and compile time is counted from its import,
+    so a protocol that never uses JAX does not pay for importing it (about 1 to 3 s a process).
 
     Args:
         path: the cache directory (created if missing); default :func:`default_cache_dir`.
@@ -137,14 +176,22 @@ def enable_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
     Raises:
         OSError: the directory cannot be created.
     """
-    import jax
-
-    _listen()
     directory = Path(path) if path is not None else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    settings = {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    jax = sys.modules.get("jax")
+    if jax is None:
+        for name, value in settings.items():
+            os.environ[name.upper()] = str(value)  # read by JAX's config when it is imported
+        _listen_once_jax_is_imported()
+        return directory
+    _listen()
+    for name, value in settings.items():
+        jax.config.update(name, value)
     return directory
 
 

@@ -186,3 +186,33 @@ def test_deterministic_gpu_ops_are_asked_for_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
     assert not compilation.deterministic_gpu_ops()
     assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+
+
+_DEFERRED = """
+import sys
+from fedproto.compilation import compile_seconds, enable_compile_cache, kernels_compiled
+
+directory = enable_compile_cache(sys.argv[1])
+assert "jax" not in sys.modules, "enable_compile_cache imported JAX"
+assert compile_seconds() == 0.0 and not kernels_compiled() and "jax" not in sys.modules
+import jax
+import jax.numpy as jnp
+
+assert jax.config.jax_compilation_cache_dir == str(directory)
+assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+jax.jit(lambda x: 2 * x + 1)(jnp.ones(3)).block_until_ready()
+print(compile_seconds(), kernels_compiled())
+"""
+
+
+def test_the_compile_cache_is_turned_on_without_importing_jax(tmp_path):
+    """A protocol that never uses JAX does not pay for importing it (the tutorial's parties); one
+    that imports it later gets the cache and has its first kernel's compile time counted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION") and not k.startswith("JAX_PERSISTENT")}
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFERRED, str(tmp_path / "cache")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seconds, compiled = done.stdout.split()
+    assert float(seconds) > 0 and compiled == "True"
+    assert any((tmp_path / "cache").iterdir())  # the kernel went into the cache
