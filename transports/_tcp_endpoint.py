@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import trio
 

@@ -63,7 +63,8 @@ relay and resumption bytes.
 from __future__ import annotations
 
 from fedproto.transports._star_link import KEEPALIVE_MISSES
-from fedproto.transports._star_peer import ACK_EVERY_BYTES, ACK_EVERY_FRAMES, StarPeer as _StarPeer
+from fedproto.transports._star_peer import ACK_EVERY_BYTES, ACK_EVERY_FRAMES
+from fedproto.transports._star_peer import StarPeer as _StarPeer  # noqa: F401 (its old name, which tests import)
 from fedproto.transports._tcp_address import TcpAddress
 from fedproto.transports._tcp_endpoint import TcpTransport
 from fedproto.transports._tcp_handshake import (
