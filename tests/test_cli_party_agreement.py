@@ -67,12 +67,14 @@ def test_a_client_started_with_another_seed_ends_every_party_naming_seed_and_the
         lines = err.strip().splitlines()
         assert code == 1, f"{party} exited {code}: {err[-2000:]}"
         assert "Traceback" not in err, f"{party}: {err[-2000:]}"
-        assert len(lines) == 1, f"{party}: {err}"
         assert out == "", f"{party} printed a result: {out}"
-        if party == "client-0" and "cannot reach the hub" in lines[0]:
-            # client-0 dialled after the hub had refused client-1 and ended the run: nobody was
-            # left to tell it why, so it names the hub it could not reach, within its deadline.
+        if party == "client-0" and "hub" in lines[-1]:
+            # client-0 joined (or dialled) before the hub refused client-1 and ended the run,
+            # and had not yet exchanged a frame with it, so nobody told it why: it may log the
+            # connection's loss as it re-dials, and its one error line names the hub it lost.
+            assert [line for line in lines if line.startswith("fedproto:")] == lines[-1:], err
             continue
+        assert len(lines) == 1, f"{party}: {err}"
         assert "--seed" in lines[0] and "client-1" in lines[0], f"{party}: {lines[0]}"
     assert "client-1 runs with --seed 4, this party (server) with --seed 3" in outcomes["server"][2]
     assert "server runs with --seed 3, this party (client-1) with --seed 4" in outcomes["client-1"][2]
