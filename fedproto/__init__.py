@@ -9,10 +9,10 @@ errors, the runtime and the report); the networks live in :mod:`fedproto.transpo
 helpers (harness, fault injection, conformance suite) in :mod:`fedproto.testing`.
 """
 
-import importlib
 import importlib.metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fedproto._lazy import lazy_exports
 from fedproto.codec import Envelope, decode_frame, encode_frame
 from fedproto.errors import (
     AgreementMismatch,
@@ -64,18 +64,7 @@ _LAZY = {
     "simulate": "fedproto.simulation",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
 
 try:
     __version__: str = importlib.metadata.version("fedproto")

@@ -15,7 +15,9 @@ Every network opens endpoints the same way::
         ...
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedproto._lazy import lazy_exports
 
 from fedproto.transport import Network, Transport
 
@@ -53,17 +55,4 @@ _LAZY = {
     "MpiTransport": "fedproto.transports.mpi",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

@@ -15,8 +15,9 @@
   runtimes and transports with.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedproto._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
@@ -35,18 +36,7 @@ _LAZY = {
     **dict.fromkeys(("Contribution", "Finished", "Query", "SumCoordinator", "SumWorker"), "toy"),
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(globals(), {name: f".{module}" for name, module in _LAZY.items()})
 
 
 __all__ = [
