@@ -319,39 +319,19 @@ def test_a_client_whose_hub_never_answers_ends_within_one_deadline_with_one_line
     assert elapsed < deadline_s + 15, (elapsed, err)
 
 
-#: The toy federated sum for a long time (a round takes about a millisecond on loopback).
-LONG_SUM = '''
-import numpy as np
-
-from fedproto.plugin import RunPlan
-from fedproto.testing.toy import SumCoordinator, SumWorker
-
-
-class LongSum:
-    name = "long-sum"
-    description = "the toy sum over many rounds"
-    needs_data = False
-
-    def add_arguments(self, parser):
-        pass
-
-    def plan(self, args, dataset):
-        workers = tuple(f"worker-{i}" for i in range(args.clients))
-
-        def make_machine(party):
-            if party == "coordinator":
-                return SumCoordinator(party, workers=workers, rounds=1_000_000, dim=3)
-            return SumWorker(party, coordinator="coordinator", values=np.ones(3))
-
-        return RunPlan(
-            roster=("coordinator", *workers), session=78, make_machine=make_machine,
-            result_to_json=lambda party, result: None, summarize=lambda results: {},
-            role_of=lambda p: p.split("-")[0], iterations=1_000_000,
-        )
-
-
-PROTOCOL = LongSum()
-'''
+def _long_sum() -> str:
+    """The plugin of BREAKS_IN_ROUND_1 with every worker honest and a million rounds (a round
+    takes about a millisecond on loopback: minutes in all)."""
+    source = BREAKS_IN_ROUND_1
+    for old, new in (
+        ('kind = BadWorker if party == "worker-0" else SumWorker', "kind = SumWorker"),
+        ("rounds=3", "rounds=1_000_000"),
+        ("iterations=3", "iterations=1_000_000"),
+        ('name = "breaks-in-round-1"', 'name = "long-sum"'),
+    ):
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
 
 
 def test_a_hub_stopped_by_sigstop_mid_run_is_named_by_its_clients_within_one_deadline(tmp_path):
@@ -363,7 +343,7 @@ def test_a_hub_stopped_by_sigstop_mid_run_is_named_by_its_clients_within_one_dea
     from fedproto.provision import provision
 
     plugin = tmp_path / "long_sum.py"
-    plugin.write_text(LONG_SUM)
+    plugin.write_text(_long_sum())
     parties = ["coordinator", "worker-0", "worker-1"]
     listener = socket.create_server(("127.0.0.1", 0))
     kits = provision(parties, {"coordinator": f"127.0.0.1:{listener.getsockname()[1]}"}, tmp_path / "kits")
