@@ -171,9 +171,7 @@ def _simulate(
     batch: bool,
 ) -> dict[str, Any]:
     meter = meter if meter is not None else Meter(time.perf_counter)
-    for party, machine in machines.items():
-        if machine.party != party:
-            raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+    _check_names(machines)
     queue: collections.deque[_Frame] = collections.deque()
     now = 0.0  # the virtual clock (seconds)
     progress: dict[str, tuple[int, Any]] = {}
@@ -187,23 +185,8 @@ def _simulate(
         deadline_of[party] = now + config.deadline_s * machine.DEADLINE_FACTOR
 
     def enqueue(machine: ProtocolMachine, outgoing: list[Outgoing]) -> None:
-        pending = list(outgoing)
-        while pending:
-            action = pending.pop(0)
-            frame = _encode(machine, action, session)  # LocalProtocolError for a message it cannot send
-            dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
-            known = []
-            tag = type(action.message).TAG
-            size = len(frame)
-            for dest in dests:
-                if dest not in machines:
-                    error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
-                    pending.extend(machine.handle(SendFailed(dest, error)))
-                    continue
-                meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, size)
-                known.append(dest)
-            if known:
-                queue.append(_Frame(machine.party, tuple(known), frame))
+        for _, frame, known in _encode_and_meter(machine, outgoing, machines, session, meter):
+            queue.append(_Frame(machine.party, known, frame))
 
     def stepped(party: str, machine: ProtocolMachine) -> None:
         _after_step(party, machine, progress, arm, observer)
@@ -300,9 +283,7 @@ def _simulate_linked(
     among its receivers) and the encoding of what it sends.
     """
     meter = meter if meter is not None else Meter(time.perf_counter)
-    for party, machine in machines.items():
-        if machine.party != party:
-            raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+    _check_names(machines)
     sim = LinkSimulator(network, list(machines), compute_s)
     clock = time.perf_counter
     # each handler's compile seconds, for a model that charges every party its own compilation
@@ -320,24 +301,10 @@ def _simulate_linked(
         heapq.heappush(deadlines, (when, order[party], party))
 
     def encoded(machine: ProtocolMachine, outgoing: list[Outgoing]) -> list[tuple[Outgoing, _TimedFrame]]:
-        sends = []
-        pending = list(outgoing)
-        while pending:
-            action = pending.pop(0)
-            frame = _encode(machine, action, session)
-            dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
-            known = []
-            tag = type(action.message).TAG
-            for dest in dests:
-                if dest not in machines:
-                    error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
-                    pending.extend(machine.handle(SendFailed(dest, error)))
-                    continue
-                meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, len(frame))
-                known.append(dest)
-            if known:
-                sends.append((action, _TimedFrame(machine.party, tuple(known), frame)))
-        return sends
+        return [
+            (action, _TimedFrame(machine.party, known, frame))
+            for action, frame, known in _encode_and_meter(machine, outgoing, machines, session, meter)
+        ]
 
     def dispatch(handler: int, sends: list[tuple[Outgoing, _TimedFrame]]) -> None:
         for action, item in sends:
@@ -446,6 +413,44 @@ def _simulate_linked(
     meter.finish()
     meter.prediction = sim.prediction()
     return {party: machine.result() for party, machine in machines.items()}
+
+
+def _check_names(machines: Mapping[str, ProtocolMachine]) -> None:
+    for party, machine in machines.items():
+        if machine.party != party:
+            raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+
+
+def _encode_and_meter(
+    machine: ProtocolMachine,
+    outgoing: list[Outgoing],
+    machines: Mapping[str, ProtocolMachine],
+    session: int,
+    meter: Meter,
+) -> list[tuple[Outgoing, bytes, tuple[str, ...]]]:
+    """Encode each of ``machine``'s actions once and meter it on every link it goes on, as the
+    runtime does; ``(action, frame, receivers)`` for each action with a receiver in the
+    simulation. A receiver that is not is the machine's ``SendFailed`` (whose own actions follow
+    in turn). Raises the machine's LocalProtocolError for a message it cannot send."""
+    sends = []
+    pending = list(outgoing)
+    while pending:
+        action = pending.pop(0)
+        frame = _encode(machine, action, session)
+        dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
+        known = []
+        tag = type(action.message).TAG
+        size = len(frame)
+        for dest in dests:
+            if dest not in machines:
+                error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
+                pending.extend(machine.handle(SendFailed(dest, error)))
+                continue
+            meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, size)
+            known.append(dest)
+        if known:
+            sends.append((action, frame, tuple(known)))
+    return sends
 
 
 def _deliveries(sends: list[tuple[Outgoing, _TimedFrame]]) -> int:
