@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,30 +141,34 @@ def peer_party(stream: trio.SSLStream[Any]) -> str:
     return names[0]
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its cause (else its context), and so on: the chain a TLS failure comes in."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
 def cut_without_alert(exc: BaseException) -> bool:
     """Whether a TLS handshake ended because the peer closed the connection (an EOF or a reset,
     no TLS alert): a peer that refuses a certificate says so with an alert."""
-    cause: BaseException | None = exc
-    while cause is not None:
+    for cause in _chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             return False
         if isinstance(cause, (ssl.SSLEOFError, ConnectionResetError)):
             return True
         if isinstance(cause, ssl.SSLError) and cause.reason == "UNEXPECTED_EOF_WHILE_READING":
             return True
-        cause = cause.__cause__ or cause.__context__
     return False
 
 
 def failure_reason(exc: BaseException) -> str:
     """A short reason for a failed TLS exchange, from the :class:`ssl.SSLError` in its causes."""
-    cause: BaseException | None = exc
-    while cause is not None:
+    for cause in _chain(exc):
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"certificate refused: {cause.verify_message}"
         if isinstance(cause, ssl.SSLError):
             return (cause.reason or str(cause)).replace("_", " ").lower()
-        cause = cause.__cause__ or cause.__context__
     return str(exc) or type(exc).__name__
 
 
