@@ -4,29 +4,27 @@ kept on disk so that a second run on the same machine does not import scikit-lea
 scikit-learn (with SciPy under it) costs about 1.5 s of a process's start-up, more than the run
 itself; the reference is a pure function of the data, ``k``, the seed and scikit-learn's version
 (fitted on one OpenMP thread, so it does not depend on the machine's cores). The first run
-computes it and writes ``$XDG_CACHE_HOME/fedproto/references/<sha256>.json`` (beside the compiled
-kernels, see :func:`fedproto.compilation.cache_root`); later runs read the same numbers back
-(JSON keeps float64 exactly). A cache that cannot be read or written only costs the speed-up.
+computes it and keeps it in fedproto's on-disk memo (:mod:`fedproto.memo`, beside the compiled
+kernels: :func:`reference_cache_dir`); later runs read the same numbers back (JSON keeps float64
+exactly). A memo that cannot be read or written only costs the speed-up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
-from fedproto.compilation import cache_root
+from fedproto import memo
 
 __all__ = ["N_INIT", "Reference", "sklearn_reference", "reference_cache_dir"]
 
-_log = logging.getLogger(__name__)
+#: The memo's kind for these fits.
+_KIND = "fastlloyd-reference"
 
 #: k-means++ restarts of the reference (scikit-learn keeps the best).
 N_INIT = 10
@@ -46,8 +44,9 @@ class Reference:
 
 
 def reference_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/fedproto/references`` (``~/.cache/fedproto/references`` without it)."""
-    return cache_root() / "references"
+    """Where the fits are kept: ``$XDG_CACHE_HOME/fedproto/memo/fastlloyd-reference``
+    (``~/.cache/fedproto/...`` without the variable)."""
+    return memo.memo_dir() / _KIND
 
 
 def _sklearn_version() -> str:
@@ -76,32 +75,15 @@ def _fit(x: np.ndarray, k: int, seed: int) -> Reference:
     return Reference(float(fitted.inertia_), np.asarray(fitted.cluster_centers_, dtype=np.float64))
 
 
-def _read(path: Path, k: int, d: int) -> Reference | None:
+def _from_memo(value: object, k: int, d: int) -> Reference | None:
     try:
-        doc = json.loads(path.read_text())
-        centroids = np.asarray(doc["centroids"], dtype=np.float64)
-        inertia = float(doc["inertia"])
-    except (OSError, ValueError, KeyError, TypeError):
+        centroids = np.asarray(value["centroids"], dtype=np.float64)  # type: ignore[index]
+        inertia = float(value["inertia"])  # type: ignore[index]
+    except (ValueError, KeyError, TypeError):
         return None
     if centroids.shape != (k, d):
         return None
     return Reference(inertia, centroids)
-
-
-def _write(path: Path, reference: Reference) -> None:
-    doc = {"inertia": reference.inertia, "centroids": reference.centroids.tolist()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(doc, out)
-            os.replace(tmp, path)  # atomic: a concurrent run reads the old file or the whole new one
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as exc:
-        _log.info("scikit-learn reference not cached: %s", exc)
 
 
 def sklearn_reference(x: np.ndarray, k: int, seed: int, *, cache: bool = True) -> Reference:
@@ -113,8 +95,8 @@ def sklearn_reference(x: np.ndarray, k: int, seed: int, *, cache: bool = True) -
         x: the pooled, normalised points ``[n, d]``.
         k: clusters.
         seed: scikit-learn's ``random_state``.
-        cache: look the fit up in, and store it into, :func:`reference_cache_dir` (``False``:
-            always fit, store nothing).
+        cache: look the fit up in, and store it into, the memo (:func:`reference_cache_dir`;
+            ``False``: always fit, store nothing; so does a memo turned off).
 
     Returns:
         The fit's inertia and centroids (bit for bit those of a fresh fit).
@@ -123,17 +105,12 @@ def sklearn_reference(x: np.ndarray, k: int, seed: int, *, cache: bool = True) -
         ImportError: scikit-learn is not installed and the fit is not cached.
         ValueError: scikit-learn refuses the data (e.g. fewer points than ``k``).
     """
-    path = None
-    if cache:
-        try:
-            path = reference_cache_dir() / f"{_key(x, k, seed)}.json"
-        except RuntimeError:  # no home directory to put it in
-            path = None
-    if path is not None:
-        found = _read(path, k, x.shape[1])
+    key = _key(x, k, seed) if cache else None
+    if key is not None:
+        found = _from_memo(memo.lookup(_KIND, key), k, x.shape[1])
         if found is not None:
             return found
     reference = _fit(x, k, seed)
-    if path is not None:
-        _write(path, reference)
+    if key is not None:
+        memo.store(_KIND, key, {"inertia": reference.inertia, "centroids": reference.centroids.tolist()})
     return reference
