@@ -351,6 +351,12 @@ def _common_arguments(
             help="with --network: each handler's compute time, measured on this process (default) or the "
             "same fixed seconds for every handler (repeatable predictions)",
         )
+        group.add_argument(
+            "--placement", default=None, metavar="blocks|coordinator-alone|PATH",
+            help="with --engine lean under mpiexec -n R (R > 1: one simulation over R ranks): which rank hosts "
+            "which party: blocks (default: the coordinator on rank 0, the clients in contiguous blocks over all "
+            "ranks), coordinator-alone (rank 0 hosts only the coordinator) or a JSON file {party: rank}",
+        )
         group.add_argument("--report", default=None, help="write the run report here (JSON); a plot goes beside it")
         plots = group.add_mutually_exclusive_group()
         plots.add_argument("--plot", default=None, help="write the plot here (PNG/SVG/PDF)")
@@ -768,9 +774,10 @@ def _run_memory(
         network = network_cls(plan.roster, max_frame_bytes=limit, faults=faults, report_drops=True)
     else:
         network = network_cls(plan.roster, max_frame_bytes=limit)
-    machines = {p: plan.make_machine(p) for p in plan.roster}
-    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
     lean = getattr(args, "engine", "tasks") == "lean"
+    shards = _shards(plan, args) if lean else None
+    machines = {p: plan.make_machine(p) for p in (shards.local if shards is not None else plan.roster)}
+    config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
     meter = Meter(time.perf_counter) if lean else Meter(trio.current_time)
     coordinator = plan.roster[0]
     results: dict[str, Any] = {}
@@ -799,6 +806,7 @@ def _run_memory(
                     results = simulate(
                         machines, config=config, meter=meter, observer=observer,
                         network=getattr(args, "network_model", None), compute=getattr(args, "compute", None),
+                        shards=shards,
                     )
                 except BaseException:
                     meter.finish()
@@ -809,6 +817,9 @@ def _run_memory(
             leaf = _single_leaf(exc) if isinstance(exc, BaseExceptionGroup) else exc
             error = leaf if leaf is not None else exc
     fields = dict(protocol=args.protocol_name, transport="memory", session=plan.session, parties=plan.roster)
+    as_json = {p: plan.result_to_json(p, r) for p, r in results.items()}
+    if shards is not None:
+        return _sharded_outcome(shards, plan, machines, meter, as_json, error, fields, received)
     if error is None:
         report = meter.report(**fields)
     else:
@@ -816,12 +827,84 @@ def _run_memory(
         report = _unfinished_report(
             meter, error, reporter=_failing_party(machines, error), stopped_by=stopped_by, **fields
         )
-        results = {}
+        as_json = {}
     if dropouts:
         crashed = getattr(network, "crashed", {})
         report = dataclasses.replace(report, faults={"dropouts": [d.record(d.party in crashed) for d in dropouts]})
     # a party that dropped out has no result: the plan's summary gets the survivors'
-    return {p: plan.result_to_json(p, r) for p, r in results.items()}, report, error
+    return as_json, report, error
+
+
+def _mpi_size_from_environment() -> int:
+    """The number of MPI ranks the launcher announces (1 when not under mpiexec or srun), read
+    without initialising MPI."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _shards(plan: RunPlan, args: argparse.Namespace) -> Any:
+    """The lean engine's placement over MPI ranks when ``fedproto run`` runs under ``mpiexec -n R``
+    with R > 1 (``None`` in one process): ``--placement`` (``blocks``, the default, or
+    ``coordinator-alone``, or a JSON file ``{party: rank}``)."""
+    if _mpi_size_from_environment() <= 1:
+        return None
+    from mpi4py import MPI
+
+    from fedproto.shards import Shards, block_placement
+
+    comm = MPI.COMM_WORLD
+    choice = getattr(args, "placement", None) or "blocks"
+    placement = None
+    if choice == "coordinator-alone" and comm.Get_size() > 1:
+        clients, others = plan.roster[1:], comm.Get_size() - 1
+        placement = {plan.roster[0]: 0, **{p: 1 + j * others // len(clients) for j, p in enumerate(clients)}}
+    elif choice not in ("blocks", "coordinator-alone"):
+        placement = _read_placement(choice, plan.roster)
+    return Shards(plan.roster, comm, placement=placement)
+
+
+def _read_placement(path: str, roster: Sequence[str]) -> dict[str, int]:
+    """A placement file: a JSON object ``{party: rank}`` naming every party."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--placement {path}: not a JSON placement file ({exc})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        raise ValueError(f"--placement {path}: expected a JSON object {{party: rank}} with integer ranks")
+    return data
+
+
+def _sharded_outcome(
+    shards: Any, plan: RunPlan, machines: Mapping[str, Any], meter: Meter, as_json: dict[str, Any],
+    error: BaseException | None, fields: dict[str, Any], received: Sequence[int],
+) -> tuple[dict[str, Any], RunReport, BaseException | None]:
+    """Rank 0's view of a sharded lean run: every rank's results gathered in roster order, the
+    report from the gathered meter (``ranks`` included), the error as the rank that saw it
+    recorded it. Other ranks raise :class:`_QuietExit` (0, 1 after a failure, 130 or 143 after a
+    signal): rank 0 speaks. A signal reaches every rank (``mpiexec`` passes it on), each at its
+    own point of the run, so nothing more is exchanged then: rank 0 reports what it metered."""
+    from fedproto.shards import ShardFailed
+
+    if isinstance(error, KeyboardInterrupt):
+        stopped_by = signal_name(received[0]) if received else "SIGINT"
+        if shards.rank != 0:
+            raise _QuietExit(143 if stopped_by == "SIGTERM" else 130)
+        return {}, _unfinished_report(meter, error, reporter=None, stopped_by=stopped_by, **fields), error
+    blobs = _mpi_gather(shards._comm, json.dumps(as_json if error is None else {}).encode())
+    if blobs is None:
+        raise _QuietExit(0 if error is None else 1)
+    if error is None:
+        gathered: dict[str, Any] = {}
+        for blob in blobs:
+            gathered.update(json.loads(blob))
+        return {p: gathered[p] for p in plan.roster if p in gathered}, meter.report(**fields), None
+    report = _unfinished_report(meter, error, reporter=_failing_party(machines, error), **fields)
+    if isinstance(error, ShardFailed):
+        report = dataclasses.replace(report, error=dict(error.record))
+    return {}, report, error
 
 
 def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAUNCHER_OPTIONS) -> list[str]:
@@ -1446,8 +1529,23 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
         if args.topology is not None and args.transport != "tcp":
             raise UsageError(f"argument --topology: applies to --transport tcp, not {args.transport}", prog=prog)
         _check_network_options(args, prog)
+        _check_placement_options(args, prog)
     elif args.party_report:
         _check_output_path("--party-report", args.party_report, prog=prog)
+
+
+def _check_placement_options(args: argparse.Namespace, prog: str) -> None:
+    """``--placement`` (a sharded lean run only) and what a sharded run cannot do (``--network``)."""
+    sharded = getattr(args, "engine", "tasks") == "lean" and _mpi_size_from_environment() > 1
+    if args.placement is not None:
+        if not sharded:
+            raise UsageError(
+                "argument --placement: applies to --engine lean under mpiexec -n R with R > 1", prog=prog
+            )
+        if args.placement not in ("blocks", "coordinator-alone") and not Path(args.placement).is_file():
+            raise UsageError(f"argument --placement: no placement file {args.placement}", prog=prog)
+    if sharded and args.network != "none":
+        raise UsageError("argument --network: the link model runs in one process, not over MPI ranks", prog=prog)
 
 
 def _check_network_options(args: argparse.Namespace, prog: str) -> None:
@@ -1517,7 +1615,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
     _compile_cache(args)
     started_s = time.time()
     console = Console()
-    show_progress = not args.quiet and (args.transport != "mpi" or _mpi_rank_from_environment() == 0)
+    show_progress = not args.quiet and _mpi_rank_from_environment() == 0
     received: list[int] = []
     try:
         with sigterm_interrupts(received), progress_display(Console(stderr=True), enabled=show_progress):

@@ -93,6 +93,8 @@ class Meter:
         self._compile_started = 0.0
         self._compile_finished: float | None = None
         self.prediction: dict[str, Any] = {}
+        # a sharded simulation's ranks (fedproto.shards): set at rank 0 when the meters are gathered
+        self.ranks: list[dict[str, Any]] = []
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else 0.0
@@ -239,6 +241,7 @@ class Meter:
             compile_s=self.compile_s,
             device=device_description() if kernels_compiled() else "",
             prediction=dict(self.prediction),
+            ranks=[dict(r) for r in self.ranks],
         )
 
 
@@ -353,6 +356,12 @@ class RunReport:
             wall time and its critical-path split into network, compute and deadline waiting
             (seconds, shares), latency hops, per round, per phase, and a per-party timeline;
             empty (and left out of the JSON form) when no model ran.
+        ranks: the MPI ranks of a sharded lean simulation (``mpiexec -n R fedproto run ...
+            --engine lean``, :mod:`fedproto.shards`), one entry per rank in rank order:
+            ``{"rank": int, "parties": parties it hosted, "peak_rss_mib": its peak resident
+            memory (MiB), "exchange_s": seconds it spent in the exchanges between ranks (waiting
+            for the others included)}``; empty (and left out of the JSON form) for a run in one
+            process.
     """
 
     protocol: str
@@ -389,6 +398,7 @@ class RunReport:
     error: dict[str, Any] | None = None
     privacy: dict[str, Any] = dataclasses.field(default_factory=dict)
     prediction: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in RUN_STATUSES:
@@ -476,6 +486,8 @@ class RunReport:
             del data["privacy"]  # only a run that adds noise keeps a ledger
         if not self.prediction:
             del data["prediction"]  # only a run with a link model predicts its time
+        if not self.ranks:
+            del data["ranks"]  # only a sharded simulation has ranks
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -573,6 +585,7 @@ class RunReport:
             error=next((dict(r.error) for r in reports if r.status == status and r.error is not None), None),
             privacy=next((dict(r.privacy) for r in reports if r.privacy), {}),
             prediction=next((dict(r.prediction) for r in reports if r.prediction), {}),
+            ranks=next((list(r.ranks) for r in reports if r.ranks), []),
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

@@ -67,6 +67,7 @@ from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
 from fedproto.netmodel import LinkModel, LinkSimulator, parse_compute
 from fedproto.runtime import Observer, RuntimeConfig, _encode
+from fedproto.shards import ShardFailed, Shards
 
 __all__ = ["simulate", "SimulationStalled"]
 
@@ -109,6 +110,7 @@ def simulate(
     pause_gc: bool = True,
     network: LinkModel | None = None,
     compute: str | float | None = "measured",
+    shards: Shards | None = None,
 ) -> dict[str, Any]:
     """Run ``machines`` to completion in this thread and return their results.
 
@@ -139,25 +141,37 @@ def simulate(
             ``time.perf_counter`` span here, a broadcast batch's split evenly among its
             receivers) or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions); see
             :func:`fedproto.netmodel.parse_compute`.
+        shards: spread the run over MPI ranks (:class:`fedproto.shards.Shards`, every rank
+            calling ``simulate`` with it): ``machines`` are then this rank's parties
+            (``shards.local``), frames for other ranks travel in one exchange per step, deadlines
+            are agreed between ranks, and at the end every rank's counts are added to rank 0's
+            ``meter`` (with :attr:`~fedproto.metering.Meter.ranks`). Results, frames and bytes
+            are those of the run in one process. ``None`` (the default): one process.
 
     Returns:
-        ``{party: result}`` for every machine.
+        ``{party: result}`` for every machine (with ``shards``: this rank's).
 
     Raises:
-        ValueError: a machine's ``party`` differs from its key, or ``compute`` is malformed.
+        ValueError: a machine's ``party`` differs from its key, ``compute`` is malformed, ``machines``
+            are not exactly ``shards.local``, or ``shards`` and ``network`` are both given (the link
+            model runs in one process).
         LocalProtocolError: a machine made a message that cannot be encoded (names the field).
         FedProtoError: the first failure of any machine (a peer broke the protocol, a deadline
             passed with parties silent, ...), raised as itself.
         SimulationStalled: machines wait with nothing in flight and no deadline can help.
+        ShardFailed: with ``shards``, a failure on another rank (its record and rank attached);
+            the rank that saw a failure raises it as itself.
     """
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
     compute_s = parse_compute(compute)
+    if shards is not None and network is not None:
+        raise ValueError("the link model runs in one process: a sharded simulation takes no network")
     try:
         if network is not None:
             return _simulate_linked(machines, config or RuntimeConfig(), meter, observer, batch, network, compute_s)
-        return _simulate(machines, config or RuntimeConfig(), meter, observer, batch)
+        return _simulate(machines, config or RuntimeConfig(), meter, observer, batch, shards)
     finally:
         if paused:
             gc.enable()
@@ -169,9 +183,12 @@ def _simulate(
     meter: Meter | None,
     observer: Observer | None,
     batch: bool,
+    shards: Shards | None = None,
 ) -> dict[str, Any]:
     meter = meter if meter is not None else Meter(time.perf_counter)
     _check_names(machines)
+    if shards is not None:
+        shards.check_machines(machines)
     queue: collections.deque[_Frame] = collections.deque()
     now = 0.0  # the virtual clock (seconds)
     progress: dict[str, tuple[int, Any]] = {}
@@ -180,78 +197,127 @@ def _simulate(
     deadline_of: dict[str, float] = {}
     session, max_frame = config.session, config.max_frame_bytes
     record_received = config.record_received
+    # who may be sent to: this process's machines, or with shards every party of the roster
+    known: Any = machines if shards is None else shards
 
     def arm(party: str, machine: ProtocolMachine) -> None:
         deadline_of[party] = now + config.deadline_s * machine.DEADLINE_FACTOR
 
     def enqueue(machine: ProtocolMachine, outgoing: list[Outgoing]) -> None:
-        for _, frame, known in _encode_and_meter(machine, outgoing, machines, session, meter):
-            queue.append(_Frame(machine.party, known, frame))
+        for _, frame, dests in _encode_and_meter(machine, outgoing, known, session, meter):
+            if shards is not None:
+                dests = shards.post(machine.party, dests, frame)  # the others go to their ranks
+                if not dests:
+                    continue
+            queue.append(_Frame(machine.party, dests, frame))
 
     def stepped(party: str, machine: ProtocolMachine) -> None:
         _after_step(party, machine, progress, arm, observer)
 
+    if shards is not None:
+        shards.start()
     meter.start()
-    for party, machine in machines.items():
-        progress[party] = (machine.round_idx, machine.state)
-        arm(party, machine)
-        enqueue(machine, machine.start())
-        stepped(party, machine)
-    remaining = sum(1 for m in machines.values() if not m.done)
-    idle_deadlines = 0
-    while remaining:
-        if not queue:
-            now, due = _next_deadline(deadline_of, machines)
-            if not due:
-                raise _stalled(machines, "")
-            moved = False
-            for party in due:
-                machine = machines[party]
-                outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
-                enqueue(machine, outgoing)
-                moved = (machine.round_idx, machine.state) != progress[party] or moved
-                stepped(party, machine)  # the observer hears of a step; a live machine is re-armed
-                if not machine.done:
-                    arm(party, machine)
-            # Nothing can ever arrive for a machine that shrugs off its timeouts: after a few
-            # deadlines without a frame or a step, say so instead of spinning for ever.
-            idle_deadlines = 0 if (moved or queue) else idle_deadlines + 1
-            if idle_deadlines > _IDLE_DEADLINES:
-                raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
-            remaining = sum(1 for m in machines.values() if not m.done)
-            continue
-        item = queue.popleft()
-        decoded = item.decoded
-        if decoded is None:
-            try:
-                decoded = item.decoded = decode_frame(item.frame, max_frame_bytes=max_frame)
-            except DecodeError as exc:
-                for dest in item.dests:
-                    meter.record_rejected(item.sender, str(exc), "undecodable frame")
-                log.warning("a frame from %s was refused: %s", item.sender, exc)
+    try:
+        for party, machine in machines.items():
+            progress[party] = (machine.round_idx, machine.state)
+            arm(party, machine)
+            enqueue(machine, machine.start())
+            stepped(party, machine)
+        remaining = sum(1 for m in machines.values() if not m.done)
+        idle_deadlines = 0
+        timed_out = moved = False  # whether the last step was a deadline's, and whether it moved anything
+        while True:
+            if not queue or not remaining:
+                queue.clear()  # frames left for machines that are all done are read by nobody
+                if shards is None:
+                    if not remaining:
+                        break
+                    earliest = _earliest(deadline_of, machines)
+                else:
+                    step = shards.exchange(remaining, _earliest(deadline_of, machines), moved)
+                    if step.failure is not None:
+                        raise ShardFailed(step.failure[1], step.failure[0])
+                    queue.extend(_Frame(sender, dests, frame) for sender, dests, frame in step.frames)
+                    if timed_out:  # the deadline step's verdict, over every rank
+                        idle_deadlines = 0 if (step.progress or step.in_flight) else idle_deadlines + 1
+                        if idle_deadlines > _IDLE_DEADLINES:
+                            raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
+                    timed_out = moved = False
+                    if not step.remaining and not step.in_flight:
+                        break
+                    if step.in_flight:
+                        continue
+                    earliest = step.earliest
+                if math.isinf(earliest):
+                    raise _stalled(machines, "")
+                now = earliest
+                due = _due(deadline_of, machines, now)
+                moved = False
+                for party in due:
+                    machine = machines[party]
+                    outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, config.deadline_s))
+                    enqueue(machine, outgoing)
+                    moved = (machine.round_idx, machine.state) != progress[party] or moved
+                    stepped(party, machine)  # the observer hears of a step; a live machine is re-armed
+                    if not machine.done:
+                        arm(party, machine)
+                remaining = sum(1 for m in machines.values() if not m.done)
+                if shards is not None:
+                    timed_out, moved = True, moved or bool(queue) or shards.has_outgoing()
+                    continue
+                # Nothing can ever arrive for a machine that shrugs off its timeouts: after a few
+                # deadlines without a frame or a step, say so instead of spinning for ever.
+                idle_deadlines = 0 if (moved or queue) else idle_deadlines + 1
+                if idle_deadlines > _IDLE_DEADLINES:
+                    raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
                 continue
-        envelope, message = decoded
-        sender = item.sender
-        receivers = [(dest, machines[dest]) for dest in item.dests]
-        # A finished party's endpoint is read by nobody: frames to it are dropped.
-        receivers = [(dest, m) for dest, m in receivers if not m.done]
-        if record_received:
-            for dest, _ in receivers:
-                meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
-        for group in _same_class_runs(receivers) if batch else [[r] for r in receivers]:
-            if len(group) == 1:
-                dest, machine = group[0]
-                outgoing_lists = [machine.receive(sender, message, round_idx=envelope.round_idx)]
-            else:
-                outgoing_lists = type(group[0][1]).receive_batch(
-                    [m for _, m in group], sender, message, round_idx=envelope.round_idx
-                )
-            for (dest, machine), outgoing in zip(group, outgoing_lists, strict=True):
-                enqueue(machine, outgoing)
-                stepped(dest, machine)
-                if machine.done:
-                    remaining -= 1
+            item = queue.popleft()
+            decoded = item.decoded
+            if decoded is None:
+                try:
+                    decoded = item.decoded = decode_frame(item.frame, max_frame_bytes=max_frame)
+                except DecodeError as exc:
+                    for dest in item.dests:
+                        meter.record_rejected(item.sender, str(exc), "undecodable frame")
+                    log.warning("a frame from %s was refused: %s", item.sender, exc)
+                    continue
+            envelope, message = decoded
+            sender = item.sender
+            receivers = [(dest, machines[dest]) for dest in item.dests]
+            # A finished party's endpoint is read by nobody: frames to it are dropped.
+            receivers = [(dest, m) for dest, m in receivers if not m.done]
+            if record_received:
+                for dest, _ in receivers:
+                    meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
+            for group in _same_class_runs(receivers) if batch else [[r] for r in receivers]:
+                if len(group) == 1:
+                    dest, machine = group[0]
+                    outgoing_lists = [machine.receive(sender, message, round_idx=envelope.round_idx)]
+                else:
+                    outgoing_lists = type(group[0][1]).receive_batch(
+                        [m for _, m in group], sender, message, round_idx=envelope.round_idx
+                    )
+                for (dest, machine), outgoing in zip(group, outgoing_lists, strict=True):
+                    enqueue(machine, outgoing)
+                    stepped(dest, machine)
+                    if machine.done:
+                        remaining -= 1
+    except Exception as exc:
+        if shards is None or isinstance(exc, ShardFailed):
+            if shards is not None:
+                meter.finish()
+                shards.gather_meter(meter)
+            raise
+        # Tell every other rank at the next exchange, so that none waits for ever, then gather.
+        step = shards.exchange(0, math.inf, False, failure=shards.failure_record(exc, machines))
+        meter.finish()
+        shards.gather_meter(meter)
+        if step.failure is not None and step.failure[0] != shards.rank:
+            raise ShardFailed(step.failure[1], step.failure[0]) from exc  # a lower rank failed too
+        raise
     meter.finish()
+    if shards is not None:
+        shards.gather_meter(meter)
     return {party: machine.result() for party, machine in machines.items()}
 
 
@@ -497,14 +563,15 @@ def _same_class_runs(receivers: list[tuple[str, ProtocolMachine]]) -> list[list[
     return runs
 
 
-def _next_deadline(deadline_of: dict[str, float], machines: Mapping[str, ProtocolMachine]) -> tuple[float, list[str]]:
-    """The earliest deadline of a machine not done, and every such machine due then (party order);
-    their deadlines are consumed (re-armed by the caller)."""
-    live = {party: when for party, when in deadline_of.items() if not machines[party].done}
-    if not live:
-        return 0.0, []
-    earliest = min(live.values())
-    due = [party for party in machines if live.get(party) == earliest]
+def _earliest(deadline_of: dict[str, float], machines: Mapping[str, ProtocolMachine]) -> float:
+    """The earliest deadline of a machine not done (``inf`` when none is armed)."""
+    return min((when for party, when in deadline_of.items() if not machines[party].done), default=math.inf)
+
+
+def _due(deadline_of: dict[str, float], machines: Mapping[str, ProtocolMachine], now: float) -> list[str]:
+    """The machines not done whose deadline is ``now`` (party order); their deadlines are
+    consumed (re-armed by the caller)."""
+    due = [party for party in machines if deadline_of.get(party) == now and not machines[party].done]
     for party in due:
         del deadline_of[party]
-    return earliest, due
+    return due

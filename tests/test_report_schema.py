@@ -80,7 +80,7 @@ def test_the_schema_is_valid_draft_2020_12_and_ships_with_the_package():
     # every field of the report, and nothing else, is described; all but the optional ones required
     fields = {f.name for f in dataclasses.fields(RunReport)}
     assert set(schema["properties"]) == fields
-    assert set(schema["required"]) == fields - {"faults", "error", "privacy", "prediction"}
+    assert set(schema["required"]) == fields - {"faults", "error", "privacy", "prediction", "ranks"}
     assert {f.name for f in dataclasses.fields(LinkRecord)} == set(schema["$defs"]["link"]["required"])
     import importlib.resources
 
