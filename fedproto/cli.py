@@ -853,7 +853,7 @@ def _shards(plan: RunPlan, args: argparse.Namespace) -> Any:
         return None
     from mpi4py import MPI
 
-    from fedproto.shards import Shards, block_placement
+    from fedproto.shards import Shards
 
     comm = MPI.COMM_WORLD
     choice = getattr(args, "placement", None) or "blocks"

@@ -61,7 +61,12 @@ from typing import Any
 
 from fedproto.codec import decode_frame
 from fedproto.compilation import compile_seconds
-from fedproto.errors import DecodeError, FedProtoError, LocalProtocolError, TransportError
+from fedproto.errors import (
+    DecodeError,
+    FedProtoError,
+    LocalProtocolError,
+    TransportError,
+)
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
