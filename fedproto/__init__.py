@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from fedproto.framesize import max_frame_bytes
     from fedproto.launcher import launch_local
     from fedproto.roster import Roster, TlsFiles
+    from fedproto.shards import ShardFailed, Shards
     from fedproto.simulation import SimulationStalled, simulate
 
 # Names a run does not need load on first use (PEP 562): ``from fedproto import launch_local``
@@ -62,6 +63,8 @@ _LAZY = {
     "TlsFiles": "fedproto.roster",
     "SimulationStalled": "fedproto.simulation",
     "simulate": "fedproto.simulation",
+    "Shards": "fedproto.shards",
+    "ShardFailed": "fedproto.shards",
 }
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)
@@ -104,6 +107,8 @@ __all__ = [
     "run_parties",
     "simulate",
     "SimulationStalled",
+    "Shards",
+    "ShardFailed",
     "party_index",
     "RuntimeConfig",
     "Transport",

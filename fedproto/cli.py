@@ -1430,6 +1430,13 @@ def _print_run(
         render_privacy(console, report.privacy, full=args.full)
     if report.prediction:
         render_summary(console, "Predicted time (link model)", _prediction_rows(report, args), full=args.full)
+    if report.ranks:
+        rows = {
+            f"rank {r['rank']}": f"{r['parties']:,} parties, peak RSS {r['peak_rss_mib']:,.0f} MiB, "
+            f"{r['exchange_s']:.2f} s in exchanges"
+            for r in report.ranks
+        }
+        render_summary(console, f"MPI ranks ({len(report.ranks)}, one lean simulation)", rows, full=args.full)
     if not args.quiet:
         render_report(console, report, plan.role_of, phases=plan.phases, full=args.full)
     if args.report:
