@@ -245,14 +245,19 @@ def _simulate(
                     queue.extend(_Frame(sender, dests, frame) for sender, dests, frame in step.frames)
                     if timed_out:  # the deadline step's verdict, over every rank
                         idle_deadlines = 0 if (step.progress or step.in_flight) else idle_deadlines + 1
-                        if idle_deadlines > _IDLE_DEADLINES:
-                            raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines")
                     timed_out = moved = False
                     if not step.remaining and not step.in_flight:
                         break
                     if step.in_flight:
                         continue
                     earliest = step.earliest
+                    if idle_deadlines > _IDLE_DEADLINES or math.isinf(earliest):
+                        # Every rank sees it; those with machines waiting say so (the lowest
+                        # one's error is the run's), the others hear it at the next exchange.
+                        if remaining:
+                            when = f" after {_IDLE_DEADLINES} deadlines" if idle_deadlines > _IDLE_DEADLINES else ""
+                            raise _stalled(machines, when)
+                        continue
                 if math.isinf(earliest):
                     raise _stalled(machines, "")
                 now = earliest
