@@ -90,8 +90,9 @@ class ShardFailed(FedProtoError):
 
 def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:
     """The default placement: the coordinator (``roster[0]``) on rank 0 and the clients
-    (``roster[1:]``, M of them) in contiguous blocks, client ``j`` on rank ``floor(j R / M)``
-    for R ranks, so block sizes differ by at most one and rank 0's block is never the larger.
+    (``roster[1:]``, M of them) in contiguous blocks, client ``j`` (0-based) on rank
+    ``floor(((j + 1) R - 1) / M)`` for R ranks, so block sizes differ by at most one and rank 0's
+    block, ``floor(M / R)`` clients beside the coordinator, is never the larger.
 
     Returns:
         ``{party: rank}`` for every party of ``roster``.
@@ -106,7 +107,7 @@ def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:
     clients = roster[1:]
     placement = {roster[0]: 0}
     for j, party in enumerate(clients):
-        placement[party] = j * size // len(clients)
+        placement[party] = ((j + 1) * size - 1) // len(clients)
     return placement
 
 
