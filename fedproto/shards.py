@@ -335,6 +335,23 @@ class Shards:
             if tests > 64:
                 time.sleep(0.00005 if tests < 2000 else 0.0005)
 
+    def waiting(self, parties: Sequence[str], keep: int) -> tuple[int, list[str]]:
+        """Every rank's ``parties`` (this rank's, in roster order), gathered at every rank
+        (collective): their number over all ranks and the first ``keep`` of them in roster order."""
+        MPI = self._mpi
+        payload = msgpack.packb([len(parties), [self._index[p] for p in parties[:keep]]], use_bin_type=True)
+        sizes = np.empty(self.size, dtype=np.int64)
+        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
+        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        recv = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._wait(self._comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8), [recv, sizes, displs, MPI.BYTE]))
+        count, indices = 0, []
+        for offset, size in zip(displs.tolist(), sizes.tolist(), strict=True):
+            n, first = msgpack.unpackb(recv[offset : offset + size].tobytes())
+            count += n
+            indices.extend(first)
+        return count, [self.roster[i] for i in sorted(indices)[:keep]]
+
     # -- the end --------------------------------------------------------------------------------------
 
     def gather_meter(self, meter: Meter) -> None:
