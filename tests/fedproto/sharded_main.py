@@ -60,35 +60,34 @@ def run_mpiexec(command: list[str], timeout_s: float, meanwhile: Any = None) -> 
     import pytest
 
     # the outputs go to files: nothing reads pipes while meanwhile() runs
-    out_file, err_file = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(
-        command, stdout=out_file, stderr=err_file, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-    )
-    began = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(
+            command, stdout=out_file, stderr=err_file, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
+        began = time.monotonic()
 
-    def outputs() -> tuple[str, str]:
-        out_file.seek(0), err_file.seek(0)
-        return out_file.read(), err_file.read()
+        def outputs() -> tuple[str, str]:
+            out_file.seek(0), err_file.seek(0)
+            return out_file.read(), err_file.read()
 
-    try:
-        if meanwhile is not None:
-            meanwhile()
-        proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - began)))
-        out, err = outputs()
-        stray = _group_members(proc.pid)
-        assert not stray, f"processes {stray} outlived mpiexec\n{out}\n{err}"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        out, err = outputs()
-        pytest.fail(f"{' '.join(command)} did not finish within {timeout_s} s\n{out}\n{err}")
-    finally:
         try:
+            if meanwhile is not None:
+                meanwhile()
+            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - began)))
+            out, err = outputs()
+            stray = _group_members(proc.pid)
+            assert not stray, f"processes {stray} outlived mpiexec\n{out}\n{err}"
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        out_file.close(), err_file.close()
+            proc.wait()
+            out, err = outputs()
+            pytest.fail(f"{' '.join(command)} did not finish within {timeout_s} s\n{out}\n{err}")
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
