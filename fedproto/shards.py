@@ -90,8 +90,9 @@ class ShardFailed(FedProtoError):
 
 def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:
     """The default placement: the coordinator (``roster[0]``) on rank 0 and the clients
-    (``roster[1:]``, M of them) in contiguous blocks, client ``j`` on rank ``floor(j R / M)``
-    for R ranks, so block sizes differ by at most one and rank 0's block is never the larger.
+    (``roster[1:]``, M of them) in contiguous blocks, client ``j`` (0-based) on rank
+    ``floor(((j + 1) R - 1) / M)`` for R ranks, so block sizes differ by at most one and rank 0's
+    block, ``floor(M / R)`` clients beside the coordinator, is never the larger.
 
     Returns:
         ``{party: rank}`` for every party of ``roster``.
@@ -106,7 +107,7 @@ def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:
     clients = roster[1:]
     placement = {roster[0]: 0}
     for j, party in enumerate(clients):
-        placement[party] = j * size // len(clients)
+        placement[party] = ((j + 1) * size - 1) // len(clients)
     return placement
 
 
@@ -333,6 +334,23 @@ class Shards:
             tests += 1
             if tests > 64:
                 time.sleep(0.00005 if tests < 2000 else 0.0005)
+
+    def waiting(self, parties: Sequence[str], keep: int) -> tuple[int, list[str]]:
+        """Every rank's ``parties`` (this rank's, in roster order), gathered at every rank
+        (collective): their number over all ranks and the first ``keep`` of them in roster order."""
+        MPI = self._mpi
+        payload = msgpack.packb([len(parties), [self._index[p] for p in parties[:keep]]], use_bin_type=True)
+        sizes = np.empty(self.size, dtype=np.int64)
+        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
+        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        recv = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._wait(self._comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8), [recv, sizes, displs, MPI.BYTE]))
+        count, indices = 0, []
+        for offset, size in zip(displs.tolist(), sizes.tolist(), strict=True):
+            n, first = msgpack.unpackb(recv[offset : offset + size].tobytes())
+            count += n
+            indices.extend(first)
+        return count, [self.roster[i] for i in sorted(indices)[:keep]]
 
     # -- the end --------------------------------------------------------------------------------------
 

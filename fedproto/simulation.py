@@ -245,21 +245,16 @@ def _simulate(
                     queue.extend(_Frame(sender, dests, frame) for sender, dests, frame in step.frames)
                     if timed_out:  # the deadline step's verdict, over every rank
                         idle_deadlines = 0 if (step.progress or step.in_flight) else idle_deadlines + 1
+                        if idle_deadlines > _IDLE_DEADLINES:
+                            raise _stalled(machines, f" after {_IDLE_DEADLINES} deadlines", shards)
                     timed_out = moved = False
                     if not step.remaining and not step.in_flight:
                         break
                     if step.in_flight:
                         continue
                     earliest = step.earliest
-                    if idle_deadlines > _IDLE_DEADLINES or math.isinf(earliest):
-                        # Every rank sees it; those with machines waiting say so (the lowest
-                        # one's error is the run's), the others hear it at the next exchange.
-                        if remaining:
-                            when = f" after {_IDLE_DEADLINES} deadlines" if idle_deadlines > _IDLE_DEADLINES else ""
-                            raise _stalled(machines, when)
-                        continue
                 if math.isinf(earliest):
-                    raise _stalled(machines, "")
+                    raise _stalled(machines, "", shards)
                 now = earliest
                 due = _due(deadline_of, machines, now)
                 moved = False
@@ -555,11 +550,16 @@ def _after_step(
             observer(party, machine.round_idx, machine.state.name)
 
 
-def _stalled(machines: Mapping[str, ProtocolMachine], when: str) -> SimulationStalled:
-    """The error for machines left waiting with nothing in flight (the first ten named)."""
+def _stalled(machines: Mapping[str, ProtocolMachine], when: str, shards: Shards | None = None) -> SimulationStalled:
+    """The error for machines left waiting with nothing in flight (the first ten named); with
+    ``shards`` (collective: every rank stalls at the same step) the machines of every rank, so
+    the message is the one-process run's."""
     waiting = [p for p, m in machines.items() if not m.done]
-    named = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
-    return SimulationStalled(f"{len(waiting)} machines wait with nothing in flight{when}: {named}")
+    count = len(waiting)
+    if shards is not None:
+        count, waiting = shards.waiting(waiting, keep=10)
+    named = ", ".join(waiting[:10]) + (" ..." if count > 10 else "")
+    return SimulationStalled(f"{count} machines wait with nothing in flight{when}: {named}")
 
 
 def _same_class_runs(receivers: list[tuple[str, ProtocolMachine]]) -> list[list[tuple[str, ProtocolMachine]]]:
