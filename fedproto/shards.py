@@ -67,7 +67,8 @@ _REMAINING, _OUT_BYTES, _FAILED, _EARLIEST, _PROGRESS, _SIZE = range(6)
 
 
 class ShardFailed(FedProtoError):
-    """A sharded simulation ended because of a failure on another rank.
+    """A sharded simulation ended because of a failure on another rank; its text is that failure's
+    (the line the run in one process would print).
 
     Attributes:
         record: the failure as the rank that saw it recorded it, in the report's ``error`` form
@@ -79,13 +80,13 @@ class ShardFailed(FedProtoError):
     def __init__(self, record: Mapping[str, Any], rank: int) -> None:
         self.record = dict(record)
         self.rank = rank
-        party = self.record.get("party")
-        super().__init__(
-            f"{self.record.get('type', 'error')} on rank {rank}: {self.record.get('message', '')}",
-            party=party,
-            round_idx=self.record.get("round_idx"),
-            phase=self.record.get("phase"),
-        )
+        # the failing rank's own words, so every rank prints the line one process would print
+        Exception.__init__(self, self.record.get("message") or self.record.get("type") or "a rank failed")
+        self.detail = str(self)
+        self.party = self.record.get("party")
+        self.round_idx = self.record.get("round_idx")
+        self.state = None
+        self.phase = self.record.get("phase")
 
 
 def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:

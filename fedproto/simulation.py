@@ -167,12 +167,12 @@ def simulate(
         ShardFailed: with ``shards``, a failure on another rank (its record and rank attached);
             the rank that saw a failure raises it as itself.
     """
-    paused = pause_gc and gc.isenabled()
-    if paused:
-        gc.disable()
     compute_s = parse_compute(compute)
     if shards is not None and network is not None:
         raise ValueError("the link model runs in one process: a sharded simulation takes no network")
+    paused = pause_gc and gc.isenabled()
+    if paused:
+        gc.disable()
     try:
         if network is not None:
             return _simulate_linked(machines, config or RuntimeConfig(), meter, observer, batch, network, compute_s)
