@@ -776,7 +776,12 @@ def _run_memory(
         network = network_cls(plan.roster, max_frame_bytes=limit)
     lean = getattr(args, "engine", "tasks") == "lean"
     shards = _shards(plan, args) if lean else None
-    machines = {p: plan.make_machine(p) for p in (shards.local if shards is not None else plan.roster)}
+    try:
+        machines = {p: plan.make_machine(p) for p in (shards.local if shards is not None else plan.roster)}
+    except Exception as exc:
+        if shards is not None:
+            _abort_ranks(shards, exc)  # the other ranks wait for this one in the run's first exchange
+        raise
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
     meter = Meter(time.perf_counter) if lean else Meter(trio.current_time)
     coordinator = plan.roster[0]
@@ -864,6 +869,15 @@ def _shards(plan: RunPlan, args: argparse.Namespace) -> Any:
     elif choice not in ("blocks", "coordinator-alone"):
         placement = _read_placement(choice, plan.roster)
     return Shards(plan.roster, comm, placement=placement)
+
+
+def _abort_ranks(shards: Any, exc: BaseException) -> None:
+    """End every rank of a sharded run from this one, which failed where the others cannot hear
+    of it (before the run's first exchange): one line naming the rank, then ``MPI_Abort`` (MPICH
+    adds its own line, and ``mpiexec`` exits non-zero)."""
+    print(f"fedproto: error: rank {shards.rank}: {' '.join(str(exc).split()) or type(exc).__name__}",
+          file=sys.stderr, flush=True)
+    shards._comm.Abort(1)
 
 
 def _read_placement(path: str, roster: Sequence[str]) -> dict[str, int]:

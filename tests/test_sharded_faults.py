@@ -105,7 +105,7 @@ class FaultyToy:
     def add_arguments(self, parser):
         group = parser.add_argument_group("faulty-toy")
         group.add_argument("--rounds", type=int, default=4)
-        group.add_argument("--fault", choices=["break", "exit", "kill", "silent", "stall"], default=None)
+        group.add_argument("--fault", choices=["break", "build", "exit", "kill", "silent", "stall"], default=None)
         group.add_argument("--fault-round", type=int, default=1)
         group.add_argument("--culprit", default=None)
         group.add_argument("--target", default="coordinator")
@@ -119,6 +119,8 @@ class FaultyToy:
             if party == "coordinator":
                 return (ShruggingCoordinator if stall else SumCoordinator)(party, workers=workers, rounds=args.rounds, dim=3)
             values = np.full(3, workers.index(party) + 1.0)
+            if party == culprit and args.fault == "build":
+                raise ValueError(f"{party} cannot be built")
             if party == culprit:
                 return (ShruggingFaulty if stall else Faulty)(
                     party, fault=args.fault, fault_round=args.fault_round, target=args.target,
@@ -248,3 +250,20 @@ def test_a_rank_that_dies_ends_the_job(fault, protocol_file, tmp_path):
     if fault == "kill":
         assert "BAD TERMINATION" in result.stdout + result.stderr
     assert not (tmp_path / "r.json").exists()  # the job ended before anything was gathered
+
+
+@pytest.mark.mpi
+def test_a_rank_that_fails_before_the_run_ends_the_job_in_one_line(protocol_file, tmp_path):
+    """The culprit's machine cannot be built on rank 1, before the ranks first meet: that rank says
+    so in one line naming it and aborts the job (MPI_Abort: MPICH adds its own line); no rank is
+    left waiting for it."""
+    driver.skip_without_mpi()
+    command = [driver.mpiexec(), "-n", str(RANKS), sys.executable, "-m", "fedproto", "run", str(protocol_file),
+               *COMMON, "--fault", "build", "--engine", "lean", "--quiet", "--no-plot"]
+    began = time.monotonic()
+    result = driver.run_mpiexec(command, TIMEOUT_S)
+    assert result.returncode != 0, result  # hydra's code: the aborting rank's, or the signal that ended the others
+    assert time.monotonic() - began < 60
+    ours = [line for line in result.stderr.splitlines() if line.startswith("fedproto: error")]
+    assert ours == [f"fedproto: error: rank 1: {CULPRIT} cannot be built"], result.stderr
+    assert "Traceback" not in result.stdout + result.stderr, result
