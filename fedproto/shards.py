@@ -157,7 +157,8 @@ class Shards:
         missing = [p for p in self.roster if p not in chosen]
         if missing:
             raise ValueError(f"the placement gives no rank to {missing[0]!r} ({len(missing)} parties in all)")
-        strangers = [p for p in chosen if p not in set(self.roster)]
+        members = set(self.roster)
+        strangers = [p for p in chosen if p not in members]
         if strangers:
             raise ValueError(f"the placement names {strangers[0]!r}, which is not in the roster")
         for party, rank in chosen.items():
