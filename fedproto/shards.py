@@ -105,11 +105,19 @@ def block_placement(roster: Sequence[str], size: int) -> dict[str, int]:
         raise ValueError(f"a placement needs at least one rank, got {size}")
     if not roster:
         raise ValueError("a placement needs at least one party")
-    clients = roster[1:]
-    placement = {roster[0]: 0}
-    for j, party in enumerate(clients):
-        placement[party] = ((j + 1) * size - 1) // len(clients)
-    return placement
+    return dict(zip(roster, _block_ranks(len(roster), size), strict=True))
+
+
+def _block_ranks(parties: int, size: int) -> list[int]:
+    """:func:`block_placement`'s rank for each roster position (position 0, the coordinator, on
+    rank 0; client j, at position j + 1, on rank ``floor(((j + 1) R - 1) / M)``)."""
+    if size < 1:
+        raise ValueError(f"a placement needs at least one rank, got {size}")
+    clients = parties - 1
+    if clients <= 0:
+        return [0] * parties
+    j = np.arange(clients, dtype=np.int64)
+    return [0, *(((j + 1) * size - 1) // clients).tolist()]
 
 
 class Shards:
@@ -151,22 +159,12 @@ class Shards:
         self.rank: int = base.Get_rank()
         self.size: int = base.Get_size()
         self.roster: tuple[str, ...] = tuple(roster)
-        if len(set(self.roster)) != len(self.roster):
+        # party -> position in the roster; ranks[position] -> its rank (a list: 10^7 parties fit)
+        self._index = dict(zip(self.roster, range(len(self.roster)), strict=True))
+        if len(self._index) != len(self.roster):
             raise ValueError("the roster names a party twice")
-        chosen = dict(placement) if placement is not None else block_placement(self.roster, self.size)
-        missing = [p for p in self.roster if p not in chosen]
-        if missing:
-            raise ValueError(f"the placement gives no rank to {missing[0]!r} ({len(missing)} parties in all)")
-        members = set(self.roster)
-        strangers = [p for p in chosen if p not in members]
-        if strangers:
-            raise ValueError(f"the placement names {strangers[0]!r}, which is not in the roster")
-        for party, rank in chosen.items():
-            if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.size:
-                raise ValueError(f"the placement puts {party!r} on rank {rank!r}; the ranks are 0 to {self.size - 1}")
-        self._index = {party: i for i, party in enumerate(self.roster)}
-        self._rank_of = {party: chosen[party] for party in self.roster}
-        self.local: tuple[str, ...] = tuple(p for p in self.roster if self._rank_of[p] == self.rank)
+        self._ranks = _block_ranks(len(self.roster), self.size) if placement is None else self._checked(placement)
+        self.local: tuple[str, ...] = self.parties_of(self.rank)
         self._comm = base.Dup()
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._check_same_everywhere()
@@ -181,29 +179,46 @@ class Shards:
 
     def rank_of(self, party: str) -> int:
         """The rank that hosts ``party``. Raises KeyError for a party outside the roster."""
-        return self._rank_of[party]
+        return self._ranks[self._index[party]]
 
     def __contains__(self, party: object) -> bool:
-        return party in self._rank_of
+        return party in self._index
 
     def parties_of(self, rank: int) -> tuple[str, ...]:
         """The parties placed on ``rank``, in roster order."""
-        return tuple(p for p in self.roster if self._rank_of[p] == rank)
+        roster = self.roster
+        return tuple(roster[i] for i in np.flatnonzero(np.asarray(self._ranks, dtype=np.int64) == rank).tolist())
+
+    def _checked(self, placement: Mapping[str, int]) -> list[int]:
+        """``placement`` as a rank per roster position, checked (see the class's errors)."""
+        missing = self._index.keys() - placement.keys()
+        if missing:
+            first = min(missing, key=self._index.__getitem__)
+            raise ValueError(f"the placement gives no rank to {first!r} ({len(missing)} parties in all)")
+        strangers = placement.keys() - self._index.keys()
+        if strangers:
+            raise ValueError(f"the placement names {sorted(strangers)[0]!r}, which is not in the roster")
+        ranks = [placement[p] for p in self.roster]
+        for rank in set(ranks):
+            if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.size:
+                party = self.roster[ranks.index(rank)]
+                raise ValueError(f"the placement puts {party!r} on rank {rank!r}; the ranks are 0 to {self.size - 1}")
+        return ranks
 
     def check_machines(self, machines: Mapping[str, Any]) -> None:
         """Raise ValueError unless ``machines`` holds exactly this rank's parties."""
         if set(machines) != set(self.local):
             extra = sorted(set(machines) - set(self.local))
             lacking = sorted(set(self.local) - set(machines))
-            what = f"{extra[0]!r} is placed on rank {self._rank_of.get(extra[0], '?')}" if extra else (
+            rank = self.rank_of(extra[0]) if extra and extra[0] in self._index else "?"
+            what = f"{extra[0]!r} is placed on rank {rank}" if extra else (
                 f"no machine for {lacking[0]!r}, placed on this rank"
             )
             raise ValueError(f"rank {self.rank} must drive exactly its {len(self.local)} parties: {what}")
 
     def _check_same_everywhere(self) -> None:
-        digest = hashlib.sha256()
-        for party in self.roster:
-            digest.update(f"{party}\0{self._rank_of[party]}\n".encode())
+        digest = hashlib.sha256("\0".join(self.roster).encode())
+        digest.update(np.asarray(self._ranks, dtype=np.int32).tobytes())
         mine = np.frombuffer(digest.digest(), dtype=np.uint8)
         every = np.empty((self.size, mine.size), dtype=np.uint8)
         self._comm.Allgather(mine, every)
@@ -223,16 +238,16 @@ class Shards:
     def post(self, sender: str, dests: tuple[str, ...], frame: bytes) -> tuple[str, ...]:
         """File ``frame`` from ``sender`` for every receiver of ``dests`` on another rank (one
         entry per destination rank) and return the receivers on this rank, in order."""
-        rank_of, me = self._rank_of, self.rank
+        index, ranks, me = self._index, self._ranks, self.rank
         if len(dests) == 1:
-            rank = rank_of[dests[0]]
+            rank = ranks[index[dests[0]]]
             if rank == me:
                 return dests
             self._file(rank, sender, dests, frame)
             return ()
         by_rank: dict[int, list[str]] = {}
         for dest in dests:
-            by_rank.setdefault(rank_of[dest], []).append(dest)
+            by_rank.setdefault(ranks[index[dest]], []).append(dest)
         local = by_rank.pop(me, ())
         for rank, group in by_rank.items():
             self._file(rank, sender, group, frame)
