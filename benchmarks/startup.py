@@ -34,14 +34,20 @@ Issue 29's two start-up targets, each against its baseline measured in the same 
 * **floor**: the warm run's process time over that of ``python -c "import jax, numpy, trio"``
   (target at most 1.5);
 * **tcp / memory**: the tutorial's 3-party secure sum, ``fedproto run docs/tutorial/secure_sum.py
-  --transport tcp``, over the same run in memory (target at most 2).
+  --transport tcp``, over the same run in memory (target at most 2). The TCP parties are forked
+  from a copy of the launcher (:mod:`fedproto._fork_server`); the same run with
+  ``FEDPROTO_FORK_SERVER=0`` (every party a fresh interpreter, as before the fork server) is
+  printed beside it, ``fresh_parties_s`` in ``--json``.
+
+``--targets`` measures only these (one cold run fills the cache, then per repeat the warm run,
+the floor and the three tutorial runs, interleaved): about 25 s instead of a minute.
 
 ``--json PATH`` writes one record per row (table ``startup``): ``data_set``, ``mode`` (``cold``,
 ``warm``, ``no_cache``), ``process_s``, ``to_first_round_s``, ``compile_s``, ``run_s``,
 ``repeats``, and for ``warm`` the ratios ``to_first_round_ratio``, ``compile_ratio`` and
 ``process_ratio`` (cold / warm); and one record per target (table ``startup_targets``):
 ``target`` (``floor``, ``tcp_over_memory``), ``process_s``, ``baseline_s``, ``ratio``,
-``limit``, ``repeats``.
+``limit``, ``repeats`` (and ``fresh_parties_s`` for ``tcp_over_memory``).
 """
 
 from __future__ import annotations
@@ -104,9 +110,9 @@ FLOOR = [sys.executable, "-c", "import jax, numpy, trio"]
 TUTORIAL = ROOT / "docs" / "tutorial" / "secure_sum.py"
 
 
-def process_seconds(argv: list[str], cache_home: Path) -> float:
+def process_seconds(argv: list[str], cache_home: Path, extra_env: dict[str, str] | None = None) -> float:
     """Wall time of ``argv`` as a fresh process (interpreter start to exit)."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home), **(extra_env or {})}
     t0 = time.time()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
     seconds = time.time() - t0
@@ -115,10 +121,11 @@ def process_seconds(argv: list[str], cache_home: Path) -> float:
     return seconds
 
 
-def tutorial_seconds(transport: str, cache_home: Path) -> float:
-    """``fedproto run docs/tutorial/secure_sum.py --transport TRANSPORT --no-plot``, in seconds."""
+def tutorial_seconds(transport: str, cache_home: Path, *, fork_server: bool = True) -> float:
+    """``fedproto run docs/tutorial/secure_sum.py --transport TRANSPORT --no-plot``, in seconds
+    (``fork_server=False``: with ``FEDPROTO_FORK_SERVER=0``, every TCP party a fresh interpreter)."""
     return process_seconds([sys.executable, "-m", "fedproto", "run", str(TUTORIAL), "--transport", transport,
-                            "--no-plot", "--quiet"], cache_home)
+                            "--no-plot", "--quiet"], cache_home, {} if fork_server else {"FEDPROTO_FORK_SERVER": "0"})
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_arguments(parser, quick="iris, one repeat")
     parser.add_argument("--data", default=None, help="data set (default: s1 where found, else iris)")
     parser.add_argument("--repeats", type=int, default=None, help="cold/warm pairs, median kept (default 3; 1 quick)")
+    parser.add_argument("--targets", action="store_true",
+                        help="only issue 29's two targets (one cold run, then warm runs; no --no-compile-cache runs)")
     args = parse_args(parser, argv)
     # A path, not the name: each run has its own XDG_CACHE_HOME, where a fetched s1 is not.
     s1 = None if args.quick else find_data_file("s1")
@@ -142,26 +151,29 @@ def main(argv: list[str] | None = None) -> int:
     })
     modes: dict[str, list[dict[str, float]]] = {"cold": [], "warm": [], "no_cache": []}
     floor: list[float] = []
-    tutorial: dict[str, list[float]] = {"memory": [], "tcp": []}
+    tutorial: dict[str, list[float]] = {"memory": [], "tcp": [], "tcp_fresh": []}
     with tempfile.TemporaryDirectory(prefix="fedproto-startup-") as tmp:
         for r in range(repeats):
-            home = Path(tmp) / f"pair-{r}"
-            modes["cold"].append(run_once(data, home, Path(tmp) / f"cold-{r}.json", cache=True))
+            home = Path(tmp) / ("pair-0" if args.targets else f"pair-{r}")
+            if not args.targets or r == 0:
+                modes["cold"].append(run_once(data, home, Path(tmp) / f"cold-{r}.json", cache=True))
             modes["warm"].append(run_once(data, home, Path(tmp) / f"warm-{r}.json", cache=True))
-            modes["no_cache"].append(run_once(data, Path(tmp) / f"off-{r}", Path(tmp) / f"off-{r}.json",
-                                              cache=False))
+            if not args.targets:
+                modes["no_cache"].append(run_once(data, Path(tmp) / f"off-{r}", Path(tmp) / f"off-{r}.json",
+                                                  cache=False))
             floor.append(process_seconds(FLOOR, home))
             tutorial["memory"].append(tutorial_seconds("memory", home))
             tutorial["tcp"].append(tutorial_seconds("tcp", home))
+            tutorial["tcp_fresh"].append(tutorial_seconds("tcp", home, fork_server=False))
             console.print(f"repeat {r + 1}/{repeats} done", highlight=False)
-    med = {mode: median_of(runs) for mode, runs in modes.items()}
+    med = {mode: median_of(runs) for mode, runs in modes.items() if runs}
     name = Path(data).stem if os.sep in data else data
     table = Table(title=f"Start-up of fedproto run fastlloyd on {name} (seconds, median of {repeats}); "
                         "ratio = cold / warm", title_justify="left")
     for col in ("mode", "process s", "to first round s", "compile s", "run s"):
         table.add_column(col, justify="right" if col != "mode" else "left")
     records = []
-    for mode in ("cold", "warm", "no_cache"):
+    for mode in [m for m in ("cold", "warm", "no_cache") if m in med]:
         m = med[mode]
         table.add_row(mode.replace("_", " "), f"{m['process_s']:.2f}", f"{m['to_first_round_s']:.2f}",
                       f"{m['compile_s']:.3f}", f"{m['run_s']:.3f}")
@@ -181,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                           "baseline measured in the same repeats)", title_justify="left")
     for col in ("target", "command s", "baseline s", "ratio", "limit"):
         targets.add_column(col, justify="right" if col != "target" else "left")
+    fresh_s = statistics.median(tutorial["tcp_fresh"])
     rows = {
         "floor": ("warm run / import jax, numpy, trio", med["warm"]["process_s"], statistics.median(floor), 1.5),
         "tcp_over_memory": ("tutorial secure sum: tcp / memory", statistics.median(tutorial["tcp"]),
@@ -189,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, (label, seconds, baseline, limit) in rows.items():
         ratio = seconds / baseline
         targets.add_row(label, f"{seconds:.2f}", f"{baseline:.2f}", f"{ratio:.2f}", f"{limit:.1f}")
+        extra = {"fresh_parties_s": fresh_s} if key == "tcp_over_memory" else {}
         records.append(record("startup_targets", target=key, process_s=seconds, baseline_s=baseline, ratio=ratio,
-                              limit=limit, repeats=repeats))
+                              limit=limit, repeats=repeats, **extra))
+    memory_s = statistics.median(tutorial["memory"])
+    targets.add_row("(tcp, every party a fresh interpreter) / memory", f"{fresh_s:.2f}", f"{memory_s:.2f}",
+                    f"{fresh_s / memory_s:.2f}", "-")
     console.print(targets)
     write_records(args.json, records, console)
     return 0
