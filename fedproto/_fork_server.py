@@ -59,8 +59,9 @@ __all__ = ["ForkServer", "ForkedProcess", "DEFAULT_PRELOAD"]
 #: What a server imports before forking: everything a ``fedproto party`` over TCP needs but the
 #: protocol (and never JAX).
 DEFAULT_PRELOAD = (
-    "fedproto.cli", "fedproto.transports.tcp", "fedproto.provision", "fedproto.roster", "msgpack", "numpy",
-    "trio", "ssl", "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.ec",
+    "fedproto.cli", "fedproto.transports.tcp", "fedproto.transports._tls", "fedproto.provision", "fedproto.roster",
+    "msgpack", "numpy", "numpy.random", "trio", "ssl", "encodings.idna", "cryptography.x509",
+    "cryptography.hazmat.backends.openssl.backend", "cryptography.hazmat.primitives.asymmetric.ec",
 )
 _MAX_MESSAGE = 1 << 20
 _PR_SET_PDEATHSIG = 1

@@ -60,6 +60,11 @@ Theory of operation:
   no party behind. The request is tied to the thread that started the child: call
   :func:`launch_local` from a thread that outlives the launch (normally the main thread). On
   other systems this guarantee is absent; the handlers above still cover ordinary termination.
+* **Forked parties.** With ``fork_server`` (a :class:`fedproto._fork_server.ForkServer`, which
+  ``fedproto run`` starts before it loads data or makes keys), a party whose command is
+  ``python -m MODULE ...`` is forked by that server instead of started as a fresh interpreter
+  that imports everything again; the server reports its exit status and signals it on request,
+  it dies with the server, and the server with the launcher. Everything above holds as is.
 """
 
 from __future__ import annotations
