@@ -1476,13 +1476,13 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
 def _check_network_options(args: argparse.Namespace, prog: str) -> None:
     """``--network`` (lean engine only; the preset or file is read here and kept in
     ``args.network_model``) and ``--compute`` (only with a model)."""
-    from fedproto.netmodel import LinkModel
-
     args.network_model = None
     if args.network == "none":
         if args.compute is not None:
             raise UsageError("argument --compute: applies with --network, not --network none", prog=prog)
         return
+    from fedproto.netmodel import LinkModel  # only with a model: its module and tomllib cost ~30 ms
+
     if getattr(args, "engine", "tasks") != "lean":
         raise UsageError("argument --network: the link model runs on --engine lean only", prog=prog)
     try:
