@@ -94,12 +94,12 @@ def test_forked_parties_get_their_own_streams_environment_socket_and_exit_status
 
 
 def test_a_command_the_server_cannot_run_starts_a_fresh_process(party_dir, server):
-    script = party_dir / "fork_party.py"
+    commands = {
+        "a": [sys.executable, "-m", "fork_party", "ok", "a"],
+        "b": [sys.executable, str(party_dir / "fork_party.py"), "ok", "b"],  # a script: not forked
+    }
     outcomes = launch_local(
-        ["a", "b"],
-        lambda party, roster, fd: (
-            [sys.executable, "-m", "fork_party", "ok", party] if party == "a" else [sys.executable, str(script), "ok", party]
-        ),
+        ["a", "b"], lambda party, roster, fd: commands[party],
         timeout_s=60, cwd=party_dir, fork_server=server, tls=False,
     )
     reports = {p: _report(o) for p, o in outcomes.items()}
