@@ -44,6 +44,7 @@ Everything is computed in float64 (Python floats): the noise multipliers are sol
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -274,13 +275,19 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
 def _solver_key(*args: float) -> list:
     """What a solved curve depends on: the arguments (exactly, as hex), the solver's tolerances
     and SciPy's version (its ``log_ndtr`` and ``brentq``), read without importing SciPy."""
+    return [*(float.hex(a) for a in args), float.hex(_RTOL), _MAX_BRACKET_STEPS, _scipy_version()]
+
+
+@functools.cache
+def _scipy_version() -> str:
+    """SciPy's installed version (``"unknown"`` without it), read once a process: each read scans
+    every installed distribution (about 8 ms), and a run's ledger looks up dozens of curves."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        scipy_version = version("scipy")
+        return version("scipy")
     except PackageNotFoundError:
-        scipy_version = "unknown"
-    return [*(float.hex(a) for a in args), float.hex(_RTOL), _MAX_BRACKET_STEPS, scipy_version]
+        return "unknown"
 
 
 def spent_epsilon(mu: float, delta: float) -> float:

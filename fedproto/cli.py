@@ -81,6 +81,7 @@ from fedproto.compilation import DEVICES, enable_compile_cache, select_device
 from fedproto.data import BUNDLED, PARTITIONS, Dataset, load_dataset, save_dataset, session_id
 from fedproto.errors import AgreementMismatch, FedProtoError, LocalProtocolError
 from fedproto.framesize import abort_notice_frame_bytes
+from fedproto._fork_server import ForkServer
 from fedproto._launch_dir import launch_directory, private_file
 from fedproto.launcher import LaunchError, LaunchInterrupted, discard_launched_kit, launch_local
 from fedproto.metering import Meter, RunReport, error_record
@@ -102,7 +103,7 @@ _LAUNCHER_OPTIONS = {
 #: gives it ``--data FILE`` instead): the whole data set and how it is cut.
 _WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
-_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model", "option_spelling"}
+_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model", "option_spelling", "fork_server"}
 #: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 _log = logging.getLogger("fedproto.cli")
@@ -953,6 +954,27 @@ def _child_argv(argv: Sequence[str], spec: str, strip: Mapping[str, bool] = _LAU
     return out
 
 
+@contextmanager
+def _party_fork_server(args: argparse.Namespace, *, zygote: bool) -> Iterator[None]:
+    """With ``--transport tcp``, a fork server for the parties while inside, as ``args.fork_server``
+    (:mod:`fedproto._fork_server`): this very process forked (``zygote``, where safe: before any
+    data, key or thread), else a fresh interpreter. ``FEDPROTO_FORK_SERVER=0``, another system or
+    a server that failed to start: ``None``, and every party is a fresh interpreter."""
+    server = None
+    run_tcp = args.command == "run" and getattr(args, "transport", None) == "tcp"
+    if run_tcp and os.environ.get("FEDPROTO_FORK_SERVER", "1") != "0":
+        try:
+            server = ForkServer.start(zygote=zygote)
+        except OSError as exc:
+            _log.info("no fork server (%s): every party starts a fresh interpreter", exc)
+    args.fork_server = server
+    try:
+        yield
+    finally:
+        if server is not None:
+            server.close()
+
+
 def _run_tcp_launcher(
     plan: RunPlan, args: argparse.Namespace, argv: Sequence[str], plugin: Any, dataset: Any
 ) -> tuple[dict[str, Any], RunReport]:
@@ -995,7 +1017,8 @@ def _run_tcp_launcher(
         with progress_task(description):
             try:
                 outcomes = launch_local(
-                    plan.roster, command, timeout_s=timeout_s, session=plan.session, topology=topology
+                    plan.roster, command, timeout_s=timeout_s, session=plan.session, topology=topology,
+                    fork_server=getattr(args, "fork_server", None),
                 )
             except (LaunchError, LaunchInterrupted) as exc:
                 if isinstance(exc, LaunchError):
@@ -1572,13 +1595,13 @@ def _check_placement_options(args: argparse.Namespace, prog: str) -> None:
 def _check_network_options(args: argparse.Namespace, prog: str) -> None:
     """``--network`` (lean engine only; the preset or file is read here and kept in
     ``args.network_model``) and ``--compute`` (only with a model)."""
-    from fedproto.netmodel import LinkModel
-
     args.network_model = None
     if args.network == "none":
         if args.compute is not None:
             raise UsageError("argument --compute: applies with --network, not --network none", prog=prog)
         return
+    from fedproto.netmodel import LinkModel  # only with a model: its module and tomllib cost ~30 ms
+
     if getattr(args, "engine", "tasks") != "lean":
         raise UsageError("argument --network: the link model runs on --engine lean only", prog=prog)
     try:
@@ -2030,21 +2053,23 @@ def _logging_to_stderr(verbose: int, level_name: str | None) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 run error, 2 usage error, 130 SIGINT,
     143 SIGTERM)."""
+    whole_process = argv is None  # this process is the command line (not a caller's library call)
     argv = list(sys.argv[1:] if argv is None else argv)
     epilogue: list[str] = []  # what follows a run's error line: where its report went
     try:
-        return _main(argv, epilogue)
+        return _main(argv, epilogue, whole_process=whole_process)
     finally:
         for line in epilogue:
             print(line, flush=True)
 
 
-def _main(argv: list[str], epilogue: list[str]) -> int:
+def _main(argv: list[str], epilogue: list[str], *, whole_process: bool = False) -> int:
     try:
         args = _parse(argv)
         if args.command in ("run", "party", "split"):
             args.protocol_name = _protocol_name(args.protocol)
-        with _logging_to_stderr(args.verbose, args.log_level):
+        # the fork server first: a zygote copies this process, logging set-up included
+        with _party_fork_server(args, zygote=whole_process), _logging_to_stderr(args.verbose, args.log_level):
             _log.debug("fedproto %s: %s", __version__, " ".join(argv))
             if args.command == "list":
                 return _command_list()

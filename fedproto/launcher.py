@@ -60,6 +60,11 @@ Theory of operation:
   no party behind. The request is tied to the thread that started the child: call
   :func:`launch_local` from a thread that outlives the launch (normally the main thread). On
   other systems this guarantee is absent; the handlers above still cover ordinary termination.
+* **Forked parties.** With ``fork_server`` (a :class:`fedproto._fork_server.ForkServer`, which
+  ``fedproto run`` starts before it loads data or makes keys), a party whose command is
+  ``python -m MODULE ...`` is forked by that server instead of started as a fresh interpreter
+  that imports everything again; the server reports its exit status and signals it on request,
+  it dies with the server, and the server with the launcher. Everything above holds as is.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedproto._fork_server import ForkServer
 from fedproto._launch_dir import KIT_ENV, discard_launched_kit, launch_directory
 from fedproto.errors import FedProtoError
 from fedproto.roster import Roster
@@ -230,7 +236,7 @@ class _Reader(threading.Thread):
 @dataclasses.dataclass
 class _Child:
     party: str
-    process: subprocess.Popen[bytes]
+    process: Any  # a subprocess.Popen, or a fedproto._fork_server.ForkedProcess
     readers: tuple[_Reader, _Reader]
     stopped: bool = False
 
@@ -275,6 +281,7 @@ def launch_local(
     on_started: Callable[[Mapping[str, int]], None] | None = None,
     tls: bool = True,
     topology: str = "mesh",
+    fork_server: ForkServer | None = None,
 ) -> dict[str, PartyOutcome]:
     """Run every party as its own process on loopback, each listening on a socket bound for it.
 
@@ -302,6 +309,10 @@ def launch_local(
             ``False``: each party's roster holds the same fresh shared secret instead.
         topology: ``"mesh"`` (every party listens) or ``"star"`` (only the first party does),
             written into the roster.
+        fork_server: forks every party whose command it can run (``[sys.executable, "-m",
+            MODULE, ...]``: :meth:`fedproto._fork_server.ForkServer.can_fork`) instead of
+            starting a fresh interpreter; the caller starts and closes it. Everything else
+            (the kits, the outcomes, stopping, the parent-death signal) is as without it.
 
     Returns:
         ``{party: PartyOutcome}`` in roster order.
@@ -343,16 +354,20 @@ def launch_local(
                 fd = listeners[party].fileno() if party in listeners else None
                 argv = [str(a) for a in command(party, roster_paths[party], fd)]
                 child_env = {**base_env, KIT_ENV: str(roster_paths[party].parent)}
-                _check_program(argv, child_env, cwd)
-                process = subprocess.Popen(
-                    _with_parent_death_signal(argv),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=() if fd is None else (fd,),
-                    env=child_env,
-                    cwd=cwd,
-                )
+                process: Any
+                if fork_server is not None and fork_server.can_fork(argv, child_env, cwd):
+                    process = fork_server.spawn(argv, env=child_env, cwd=cwd, listen_fd=fd)
+                else:
+                    _check_program(argv, child_env, cwd)
+                    process = subprocess.Popen(
+                        _with_parent_death_signal(argv),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        pass_fds=() if fd is None else (fd,),
+                        env=child_env,
+                        cwd=cwd,
+                    )
                 # The child holds its own copy; ours would keep accepting into the backlog after
                 # the child died, so a peer would wait for a handshake instead of being refused.
                 if fd is not None:
@@ -378,7 +393,10 @@ def launch_local(
                 if time.monotonic() >= deadline:
                     timed_out = True
                     break
-                time.sleep(_POLL_S)
+                if fork_server is not None:
+                    fork_server.pump(_POLL_S)  # returns as soon as a forked party ends
+                else:
+                    time.sleep(_POLL_S)
         finally:
             for listener in listeners.values():
                 listener.close()

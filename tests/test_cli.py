@@ -670,18 +670,31 @@ def test_a_broken_plugin_is_listed_and_breaks_nothing_else(monkeypatch, capsys):
 # --- the launcher stops every party when it is stopped ---------------------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
-    found = []
+def _process_tree(pid: int) -> dict[int, list[int]]:
+    """``{process: its children}`` of every live process below ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat_fields = (entry / "stat").read_text().rpartition(")")[2].split()
             except OSError:
                 continue
-            if int(stat_fields[1]) == pid and stat_fields[0] not in ("Z", "X"):
-                found.append(int(entry.name))
-    return found
+            if stat_fields[0] not in ("Z", "X"):
+                parents[int(entry.name)] = int(stat_fields[1])
+    tree: dict[int, list[int]] = {}
+    todo = [pid]
+    while todo:
+        below = [child for child, parent in parents.items() if parent == todo[-1]]
+        tree[todo.pop()] = below
+        todo += below
+    del tree[pid]
+    return tree
+
+
+def _children(pid: int) -> list[int]:
+    """The parties below the launcher ``pid``: its descendants without children of their own (a
+    fork server's children are the parties; without one, the launcher's are)."""
+    return [p for p, below in _process_tree(pid).items() if not below]
 
 
 def _alive(pid: int) -> bool:
@@ -707,6 +720,7 @@ def test_sigterm_to_a_tcp_run_stops_every_party_and_removes_its_files(tmp_path, 
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < limit, "the parties did not start"
             time.sleep(0.05)
+        processes = list(_process_tree(proc.pid))  # the parties, and a fork server if any
         assert any(p.name.startswith("fedproto-") for p in scratch.iterdir())  # the run's private files
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -717,6 +731,7 @@ def test_sigterm_to_a_tcp_run_stops_every_party_and_removes_its_files(tmp_path, 
     assert proc.returncode == 128 + signal.SIGTERM
     assert _single_line(err) == "fedproto: interrupted by SIGTERM; every party was stopped"
     assert [pid for pid in parties if _alive(pid)] == []
+    assert [pid for pid in processes if _alive(pid)] == []
     assert list(scratch.iterdir()) == []  # the roster and the parties' reports are gone
 
 

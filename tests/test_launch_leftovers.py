@@ -66,11 +66,26 @@ def _wait_dead(pids, timeout_s: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def _descendants(pid: int) -> dict[int, list[int]]:
+    """``{process: its children}`` of every process below ``pid``."""
+    tree: dict[int, list[int]] = {}
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            below = [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+        except OSError:
+            below = []
+        tree[current] = below
+        todo += below
+    del tree[pid]
+    return tree
+
+
 def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    """The parties below the launcher ``pid``: its descendants without children of their own (a
+    fork server's children are the parties; without one, the launcher's are)."""
+    return [p for p, below in _descendants(pid).items() if not below]
 
 
 def _tree(root: Path) -> tuple[list[Path], list[Path]]:
@@ -330,9 +345,10 @@ def test_sigkill_of_a_tcp_run_leaves_no_kit_no_ca_key_and_no_data_part(tmp_path,
                 break  # every party runs and has loaded (and given up) its kit and data part
             time.sleep(0.01)
         certificates = _ca_certificates(scratch)  # none left by now
+        processes = list(_descendants(proc.pid))  # the parties, and a fork server if any
         proc.kill()  # SIGKILL: no handler, no cleanup code runs
         proc.wait()
-        assert _wait_dead(parties, 5) == []
+        assert _wait_dead(processes, 5) == []
     finally:
         if proc.poll() is None:
             proc.kill()
