@@ -172,3 +172,72 @@ def test_what_the_fast_pass_builds_is_bounded(filler):
     assert peak < 2 * 1024 * 1024  # the module's bound for this pass
     with pytest.raises(DecodeError):
         decode_frame(frame)
+
+
+# --- how the fast pass builds a message ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Counted(codec.Message):
+    """A plain message: built by the fast pass without its dataclass ``__init__``."""
+
+    TAG = "test.fast.counted"
+    count: int
+    label: str = "x"
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError("count must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _OwnInit(codec.Message):
+    """A message whose ``__init__`` is its own: the fast pass must call it."""
+
+    TAG = "test.fast.own-init"
+    count: int
+
+    def __init__(self, *, count: int) -> None:
+        object.__setattr__(self, "count", count * 2)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Derived(codec.Message):
+    """A message with a field its ``__init__`` does not take (set from the others)."""
+
+    TAG = "test.fast.derived"
+    count: int
+    double: int = dataclasses.field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "double", 2 * self.count)
+
+
+def test_the_fast_pass_builds_a_message_as_its_constructor_does():
+    frame = encode_frame(_Counted(count=3, label="y"), session=1, round_idx=0, phase="p")
+    _, message = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
+    assert type(message) is _Counted and message == _Counted(count=3, label="y")
+    assert message.__dict__ == {"count": 3, "label": "y"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.count = 4  # still frozen
+    # __post_init__ still runs: its refusal declines the fast pass and the general path words it.
+    refused = msgpack.packb({"v": 1, "t": _Counted.TAG, "s": 1, "r": 0, "p": "p", "b": [-1, "y"]})
+    assert codec._decode_fast(refused, DEFAULT_MAX_FRAME_BYTES) is None
+    with pytest.raises(DecodeError, match="count must be >= 0"):
+        decode_frame(refused)
+
+
+def test_a_message_with_its_own_init_is_built_by_its_constructor():
+    # The constructor's own work (doubling) shows in what decoding gives: the fast pass calls
+    # cls(**kwargs) for any class other than a plain frozen dataclass.
+    frame = msgpack.packb({"v": 1, "t": _OwnInit.TAG, "s": 1, "r": 0, "p": "p", "b": [3]})
+    assert decode_frame(frame)[1].count == 6
+
+
+def test_a_field_the_constructor_does_not_take_is_still_refused():
+    # Its frame carries the derived field, which cls(**kwargs) refuses; filling the instance's
+    # __dict__ directly would have taken it.
+    frame = encode_frame(_Derived(count=3), session=1, round_idx=0, phase="p")
+    assert codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES) is None
+    with pytest.raises(DecodeError, match="invalid field values"):
+        decode_frame(frame)
