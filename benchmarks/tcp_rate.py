@@ -15,6 +15,10 @@ payloads (``uint32`` arrays of 24 B, 1 KiB and 64 KiB), ``--rounds`` round trips
   frame each way); per round trip the
   requester encodes a ``MaskedUpdate``, sends it, meters it, receives the ``NoisyAggregate`` answer
   and decodes it; the responder decodes, encodes the answer, sends and meters it;
+* **bare echo through an inbox** (a diagnostic column): the same echo, but each side's frames go
+  from a reader task through an unbounded memory channel to the task that uses them, as
+  ``TcpTransport`` passes a connection's frames to its party (2 scheduler passes more per round
+  trip): the cost of that design alone;
 * **TcpTransport alone** (a diagnostic column): pre-encoded frames through the two endpoints, no
   codec, meter or machine; it separates the transport's own cost from the codec's;
 * **fedproto full runtime**: the same over :func:`fedproto.runtime.run_parties` with a ping and a
@@ -48,7 +52,7 @@ runtime the top functions (records of table ``profile_area``, one set per path).
 
 ``--json PATH`` writes one record per row: table ``tcp_round_trips`` (``handshake``, ``payload``, ``raw_bytes``,
 ``bare_rt_per_s``, ``codec_tcp_rt_per_s``, ``runtime_rt_per_s``, ``codec_tcp_ratio``,
-``runtime_ratio``, ``target_ratio``, and the four ``*_us_per_rt``) and table ``envelope``
+``runtime_ratio``, ``target_ratio``, and the five ``*_us_per_rt``) and table ``envelope``
 (``k``, ``d``, ``ring_bits``, ``raw_bytes``, ``masked_update_frame_bytes``,
 ``masked_update_envelope_bytes``, ``noisy_aggregate_frame_bytes``,
 ``noisy_aggregate_envelope_bytes``, ``npy_header_bytes``, ``target_envelope_bytes``).
@@ -140,22 +144,32 @@ class _BareReader:
 class BareEcho:
     """A bare trio TCP echo server and one connected client; over TLS when given the two parties'
     contexts (``trio.SSLStream`` at both ends: the server with ``server``'s listener context, the
-    client with ``client``'s dialer context, verifying the server's name)."""
+    client with ``client``'s dialer context, verifying the server's name).
 
-    def __init__(self, server: TlsContexts | None = None, client: TlsContexts | None = None) -> None:
+    With ``through_inbox`` (a diagnostic), each side's frames go from a reader task through an
+    unbounded memory channel to the task that uses them, as :class:`TcpTransport` passes a
+    connection's frames to its party: the cost of that hop alone, all else bare.
+    """
+
+    def __init__(
+        self, server: TlsContexts | None = None, client: TlsContexts | None = None, *, through_inbox: bool = False
+    ) -> None:
         self.server, self.client = server, client
+        self.through_inbox = through_inbox
 
     async def _handler(self, stream: trio.SocketStream) -> None:
         wrapped: trio.abc.Stream = stream
         if self.server is not None:
             wrapped = trio.SSLStream(stream, self.server.listener, server_side=True)
         reader = _BareReader(wrapped)
-        async with wrapped:
+        async with wrapped, trio.open_nursery() as nursery:
+            frames = _inbox(nursery, reader) if self.through_inbox else None
             try:
-                while (frame := await reader.frame()) is not None:
+                while (frame := await (frames.receive() if frames else reader.frame())) is not None:
                     await wrapped.send_all(_PREFIX.pack(len(frame)) + frame)
-            except trio.BrokenResourceError:
-                return  # the client went away without a TLS goodbye
+            except (trio.BrokenResourceError, trio.EndOfChannel):
+                pass  # the client went away (without a TLS goodbye)
+            nursery.cancel_scope.cancel()
 
     async def open(self, nursery: trio.Nursery) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -166,6 +180,7 @@ class BareEcho:
             stream = trio.SSLStream(stream, self.client.dialer, server_hostname=self.server.party)
         self.stream = stream
         self.reader = _BareReader(stream)
+        self.inbox = _inbox(nursery, self.reader) if self.through_inbox else None
         await self.round_trips(b"warm-up", 1)
 
     async def close(self) -> None:
@@ -176,37 +191,58 @@ class BareEcho:
 
     async def round_trips(self, payload: bytes, rounds: int) -> float:
         frame = _PREFIX.pack(len(payload)) + payload
+        receive = self.inbox.receive if self.inbox is not None else self.reader.frame
         t0 = _timer()
         for _ in range(rounds):
             await self.stream.send_all(frame)
-            reply = await self.reader.frame()
+            reply = await receive()
             assert reply is not None and len(reply) == len(payload)
         return _timer() - t0
 
 
+def _inbox(nursery: trio.Nursery, reader: _BareReader) -> trio.MemoryReceiveChannel[bytes]:
+    """The frames of ``reader``, read by a task of ``nursery`` and passed through a memory channel."""
+    send, receive = trio.open_memory_channel[bytes](math.inf)
+
+    async def pump() -> None:
+        with send:
+            try:
+                while (frame := await reader.frame()) is not None:
+                    send.send_nowait(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    nursery.start_soon(pump)
+    return receive
+
+
 @contextlib.asynccontextmanager
-async def echo_and_network(handshake: str) -> AsyncIterator[tuple[BareEcho, dict]]:
-    """A bare echo and two fedproto endpoints ``a``, ``b``, handshakes done: for ``"tls"`` both over
-    TLS 1.3 with the kits of one throwaway federation (``b`` serves the echo, ``a`` dials it), for
-    ``"secret"`` the plain echo and the shared-secret handshake."""
+async def echo_and_network(handshake: str) -> AsyncIterator[tuple[BareEcho, BareEcho, dict]]:
+    """The bare echo, the bare echo through an inbox, and two fedproto endpoints ``a``, ``b``,
+    handshakes done: for ``"tls"`` all over TLS 1.3 with the kits of one throwaway federation
+    (``b`` serves the echoes, ``a`` dials them), for ``"secret"`` the plain echoes and the
+    shared-secret handshake."""
     async with trio.open_nursery() as nursery:
         with contextlib.ExitStack() as files:
             if handshake == "tls":
                 kits = files.enter_context(throwaway_tls(["a", "b"]))
-                bare = BareEcho(load_contexts(kits["b"], "b"), load_contexts(kits["a"], "a"))
+                contexts = (load_contexts(kits["b"], "b"), load_contexts(kits["a"], "a"))
                 network = open_tcp_network(["a", "b"], tls=kits)
             else:
-                bare = BareEcho()
+                contexts = (None, None)
                 network = open_tcp_network(["a", "b"], secrets.token_bytes(32))
+            bare, hop = BareEcho(*contexts), BareEcho(*contexts, through_inbox=True)
             await bare.open(nursery)
+            await hop.open(nursery)
             async with network as endpoints:
                 # Handshake both directions before timing.
                 await endpoints["a"].send("b", b"")
                 await endpoints["b"].send("a", b"")
                 await endpoints["a"].receive()
                 await endpoints["b"].receive()
-                yield bare, endpoints
+                yield bare, hop, endpoints
             await bare.close()
+            await hop.close()
         nursery.cancel_scope.cancel()
 
 
@@ -268,13 +304,14 @@ async def measure(
     """Best-of-``repeats`` seconds per (handshake, payload) for the bare echo and the fedproto paths."""
     out: dict[tuple[str, str], dict[str, float]] = {}
     for handshake in handshakes:
-        async with echo_and_network(handshake) as (bare, endpoints):
+        async with echo_and_network(handshake) as (bare, hop, endpoints):
             for i, name in enumerate(payload_names):
                 array = payload_array(PAYLOAD_SHAPES[name], seed=seed + i)
                 raw = array.tobytes()
-                best = {"bare": math.inf, "transport": math.inf, "codec": math.inf, "runtime": math.inf}
+                best = {"bare": math.inf, "hop": math.inf, "transport": math.inf, "codec": math.inf, "runtime": math.inf}
                 for _ in range(max(1, repeats)):
                     best["bare"] = min(best["bare"], await bare.round_trips(raw, rounds))
+                    best["hop"] = min(best["hop"], await hop.round_trips(raw, rounds))
                     best["transport"] = min(best["transport"], await transport_round_trips(endpoints, array, rounds))
                     best["codec"] = min(best["codec"], await codec_transport_round_trips(endpoints, array, rounds))
                     best["runtime"] = min(best["runtime"], await runtime_round_trips(endpoints, array, rounds))
@@ -286,7 +323,7 @@ async def profile_paths(console, rounds: int) -> list[dict]:
     """cProfile of ``rounds`` 24 B round trips of each path, TLS on (see :func:`print_profile`)."""
     array = payload_array(PAYLOAD_SHAPES["24 B"])
     records = []
-    async with echo_and_network("tls") as (bare, endpoints):
+    async with echo_and_network("tls") as (bare, _, endpoints):
         paths = (
             ("bare TLS echo", "bare", lambda: bare.round_trips(array.tobytes(), rounds), 0),
             ("TcpTransport alone", "tcp only", lambda: transport_round_trips(endpoints, array, rounds), 0),
@@ -410,12 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(
         title="Round trips/s over TCP loopback (best of repeats; tls: fedproto over mutual TLS 1.3 vs the bare "
         "echo over TLS, secret: the shared-secret handshake vs the plain echo; codec+tcp = codec + TcpTransport "
-        "+ meter, tcp only = pre-encoded frames)",
+        "+ meter, tcp only = pre-encoded frames, bare+inbox = the bare echo with each side's frames passed from a reader "
+        "task through a memory channel, as TcpTransport passes them)",
         title_justify="left",
     )
     for col in (
         "handshake", "payload", "raw B", "bare rt/s", "codec+tcp rt/s", "ratio", "runtime rt/s", "ratio",
-        "bare us/rt", "tcp only us/rt", "codec+tcp us/rt", "runtime us/rt",
+        "bare us/rt", "bare+inbox us/rt", "tcp only us/rt", "codec+tcp us/rt", "runtime us/rt",
     ):
         table.add_column(col, justify="left" if col in ("handshake", "payload") else "right")
     misses = []
@@ -430,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             handshake, name, f"{raw:,}", f"{args.rounds / b['bare']:,.0f}", f"{args.rounds / b['codec']:,.0f}",
             f"{r_codec:.2f}", f"{args.rounds / b['runtime']:,.0f}",
             fmt_ratio(r_runtime, TARGET_RATIO) if handshake == "tls" else f"{r_runtime:.2f}",
-            f"{1e6 * b['bare'] / args.rounds:.1f}", f"{1e6 * b['transport'] / args.rounds:.1f}",
+            f"{1e6 * b['bare'] / args.rounds:.1f}", f"{1e6 * b['hop'] / args.rounds:.1f}",
+            f"{1e6 * b['transport'] / args.rounds:.1f}",
             f"{1e6 * b['codec'] / args.rounds:.1f}",
             f"{1e6 * b['runtime'] / args.rounds:.1f}",
         )
@@ -440,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             codec_tcp_rt_per_s=args.rounds / b["codec"], runtime_rt_per_s=args.rounds / b["runtime"],
             codec_tcp_ratio=r_codec, runtime_ratio=r_runtime,
             target_ratio=TARGET_RATIO if handshake == "tls" else None,
-            bare_us_per_rt=1e6 * b["bare"] / args.rounds, tcp_only_us_per_rt=1e6 * b["transport"] / args.rounds,
+            bare_us_per_rt=1e6 * b["bare"] / args.rounds, bare_inbox_us_per_rt=1e6 * b["hop"] / args.rounds,
+            tcp_only_us_per_rt=1e6 * b["transport"] / args.rounds,
             codec_tcp_us_per_rt=1e6 * b["codec"] / args.rounds, runtime_us_per_rt=1e6 * b["runtime"] / args.rounds,
         ))
     console.print(table)
