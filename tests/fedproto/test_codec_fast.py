@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedproto import codec
+from fedproto import messages as messages_module
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate
 from fedproto.algorithms.mufc.messages import MaskedSyndromes
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
@@ -177,67 +178,78 @@ def test_what_the_fast_pass_builds_is_bounded(filler):
 # --- how the fast pass builds a message ------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Counted(codec.Message):
-    """A plain message: built by the fast pass without its dataclass ``__init__``."""
+@pytest.fixture
+def local_messages():
+    """Three message classes registered for one test only (other tests walk the registry):
+    ``counted``, a plain frozen dataclass the fast pass builds without its ``__init__``;
+    ``own_init``, one whose ``__init__`` is its own (it counts its calls) and must be called;
+    ``derived``, one with a field its ``__init__`` does not take (set by ``__post_init__``)."""
 
-    TAG = "test.fast.counted"
-    count: int
-    label: str = "x"
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Counted(codec.Message):
+        TAG = "test.fast.counted"
+        count: int
+        label: str = "x"
 
-    def __post_init__(self) -> None:
-        if self.count < 0:
-            raise ValueError("count must be >= 0")
+        def __post_init__(self) -> None:
+            if self.count < 0:
+                raise ValueError("count must be >= 0")
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class OwnInit(codec.Message):
+        TAG = "test.fast.own-init"
+        count: int
+        calls = [0]
+
+        def __init__(self, *, count: int) -> None:
+            type(self).calls[0] += 1
+            object.__setattr__(self, "count", count)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Derived(codec.Message):
+        TAG = "test.fast.derived"
+        count: int
+        double: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "double", 2 * self.count)
+
+    classes = {"counted": Counted, "own_init": OwnInit, "derived": Derived}
+    try:
+        yield classes
+    finally:
+        for cls in classes.values():
+            messages_module._REGISTRY.pop(cls.TAG, None)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _OwnInit(codec.Message):
-    """A message whose ``__init__`` is its own: the fast pass must call it."""
-
-    TAG = "test.fast.own-init"
-    count: int
-
-    def __init__(self, *, count: int) -> None:
-        object.__setattr__(self, "count", count * 2)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Derived(codec.Message):
-    """A message with a field its ``__init__`` does not take (set from the others)."""
-
-    TAG = "test.fast.derived"
-    count: int
-    double: int = dataclasses.field(init=False, default=0)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "double", 2 * self.count)
-
-
-def test_the_fast_pass_builds_a_message_as_its_constructor_does():
-    frame = encode_frame(_Counted(count=3, label="y"), session=1, round_idx=0, phase="p")
+def test_the_fast_pass_builds_a_message_as_its_constructor_does(local_messages):
+    counted = local_messages["counted"]
+    frame = encode_frame(counted(count=3, label="y"), session=1, round_idx=0, phase="p")
     _, message = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
-    assert type(message) is _Counted and message == _Counted(count=3, label="y")
+    assert type(message) is counted and message == counted(count=3, label="y")
     assert message.__dict__ == {"count": 3, "label": "y"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         message.count = 4  # still frozen
     # __post_init__ still runs: its refusal declines the fast pass and the general path words it.
-    refused = msgpack.packb({"v": 1, "t": _Counted.TAG, "s": 1, "r": 0, "p": "p", "b": [-1, "y"]})
+    refused = msgpack.packb({"v": 1, "t": counted.TAG, "s": 1, "r": 0, "p": "p", "b": [-1, "y"]})
     assert codec._decode_fast(refused, DEFAULT_MAX_FRAME_BYTES) is None
     with pytest.raises(DecodeError, match="count must be >= 0"):
         decode_frame(refused)
 
 
-def test_a_message_with_its_own_init_is_built_by_its_constructor():
-    # The constructor's own work (doubling) shows in what decoding gives: the fast pass calls
-    # cls(**kwargs) for any class other than a plain frozen dataclass.
-    frame = msgpack.packb({"v": 1, "t": _OwnInit.TAG, "s": 1, "r": 0, "p": "p", "b": [3]})
-    assert decode_frame(frame)[1].count == 6
+def test_a_message_with_its_own_init_is_built_by_its_constructor(local_messages):
+    own_init = local_messages["own_init"]
+    frame = encode_frame(own_init(count=3), session=1, round_idx=0, phase="p")
+    before = own_init.calls[0]
+    _, message = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
+    assert message == own_init(count=3) and own_init.calls[0] == before + 2  # decoding called it
 
 
-def test_a_field_the_constructor_does_not_take_is_still_refused():
+def test_a_field_the_constructor_does_not_take_is_still_refused(local_messages):
     # Its frame carries the derived field, which cls(**kwargs) refuses; filling the instance's
     # __dict__ directly would have taken it.
-    frame = encode_frame(_Derived(count=3), session=1, round_idx=0, phase="p")
+    derived = local_messages["derived"]
+    frame = encode_frame(derived(count=3), session=1, round_idx=0, phase="p")
     assert codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES) is None
     with pytest.raises(DecodeError, match="invalid field values"):
         decode_frame(frame)
