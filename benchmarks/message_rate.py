@@ -41,7 +41,7 @@ Run::
     python benchmarks/message_rate.py --quick    # smoke test, a few seconds
     python benchmarks/message_rate.py --profile  # also print where the time goes
     python benchmarks/message_rate.py --quick --json rate.json   # the tables as JSON records
-    python benchmarks/message_rate.py --clock process   # CPU time, on a machine shared with other work
+    python benchmarks/message_rate.py --clock cpu   # CPU time, on a machine shared with other work
 
 ``--json PATH`` writes one record per row: table ``message_rate`` (``pattern``, ``payload``,
 ``raw_bytes``, ``frame_bytes``, ``bare_us_per_msg``, ``encode_us``, ``decode_us``,
@@ -94,7 +94,7 @@ TARGET_COST_RATIO = 1.5
 #: Most metering one message may cost (microseconds), issue 29.
 TARGET_METER_US = 1.0
 #: What timings read: ``time.perf_counter`` (wall, the default) or ``time.process_time`` (this
-#: process's CPU time, ``--clock process``: every measured path runs in this one thread, so on a
+#: process's CPU time, ``--clock cpu``: every measured path runs in this one thread, so on a
 #: machine shared with other work it leaves out the time other processes held the CPU).
 _timer = time.perf_counter
 SESSION = 0x5EED_0001
@@ -306,13 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of the full runtime")
     parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
     parser.add_argument(
-        "--clock", choices=("wall", "process"), default="wall",
+        "--clock", choices=("wall", "cpu"), default="wall",
         help="time with the wall clock (default) or this process's CPU time (for a machine shared with other work)",
     )
     add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
     args = parse_args(parser, argv)
     global _timer
-    _timer = time.process_time if args.clock == "process" else time.perf_counter
+    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
         args.rounds, args.messages, args.burst, args.repeats = 300, 600, 100, 2
     if args.messages % args.burst:
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream messages per run": f"{args.messages:,} in bursts of {args.burst}",
             "codec calls per timing": f"{2 * args.rounds:,} encode_frame, then as many decode_frame",
             "repeats (best kept)": args.repeats,
-            "clock": "process CPU time" if args.clock == "process" else "wall (perf_counter)",
+            "clock": "process CPU time" if args.clock == "cpu" else "wall (perf_counter)",
             "target cost ratio (ping-pong)": f"<= {TARGET_COST_RATIO} x (bare channel + encode + decode)",
         },
     )

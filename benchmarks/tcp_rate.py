@@ -42,7 +42,7 @@ Run::
     python benchmarks/tcp_rate.py --quick    # smoke test, a few seconds
     python benchmarks/tcp_rate.py --quick --json tcp.json   # the tables as JSON records
     python benchmarks/tcp_rate.py --profile  # also: where a round trip's time goes, and why
-    python benchmarks/tcp_rate.py --clock process   # CPU time, on a machine shared with other work
+    python benchmarks/tcp_rate.py --clock cpu   # CPU time, on a machine shared with other work
 
 ``--profile`` adds a cProfile of the bare echo, of ``TcpTransport`` alone and of the full runtime
 (24 B, ``--rounds`` round trips each, after the timed runs): own time per round trip grouped by
@@ -105,7 +105,7 @@ TARGET_ENVELOPE_BYTES = 48
 ENVELOPE_SESSION = 2**32 - 1
 ENVELOPE_ROUND = 6
 #: What timings read: ``time.perf_counter`` (wall, the default) or ``time.process_time`` (this
-#: process's CPU time, ``--clock process``: every measured path runs in this one thread, so on a
+#: process's CPU time, ``--clock cpu``: every measured path runs in this one thread, so on a
 #: machine shared with other work it leaves out the time other processes held the CPU; the
 #: kernel's loopback work done in this process's system calls is counted, as system time).
 _timer = time.perf_counter
@@ -420,13 +420,13 @@ def main(argv: list[str] | None = None) -> int:
         "handshake against the plain echo",
     )
     parser.add_argument(
-        "--clock", choices=("wall", "process"), default="wall",
+        "--clock", choices=("wall", "cpu"), default="wall",
         help="time with the wall clock (default) or this process's CPU time (for a machine shared with other work)",
     )
     add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
     args = parse_args(parser, argv)
     global _timer
-    _timer = time.process_time if args.clock == "process" else time.perf_counter
+    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
         args.rounds, args.repeats = 200, 2
 
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             "round trips per run": f"{args.rounds:,}",
             "repeats (best kept)": args.repeats,
             "handshakes": ", ".join(args.handshakes),
-            "clock": "process CPU time" if args.clock == "process" else "wall (perf_counter)",
+            "clock": "process CPU time" if args.clock == "cpu" else "wall (perf_counter)",
             "target ratio (full runtime, TLS on)": f">= {TARGET_RATIO}",
         },
     )
