@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedproto import codec
+from fedproto import messages as messages_module
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate
 from fedproto.algorithms.mufc.messages import MaskedSyndromes
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
@@ -171,4 +172,85 @@ def test_what_the_fast_pass_builds_is_bounded(filler):
         tracemalloc.stop()
     assert peak < 2 * 1024 * 1024  # the module's bound for this pass
     with pytest.raises(DecodeError):
+        decode_frame(frame)
+
+
+# --- how the fast pass builds a message ------------------------------------------------------------
+
+
+@pytest.fixture
+def local_messages():
+    """Three message classes registered for one test only (other tests walk the registry):
+    ``counted``, a plain frozen dataclass the fast pass builds without its ``__init__``;
+    ``own_init``, one whose ``__init__`` is its own (it counts its calls) and must be called;
+    ``derived``, one with a field its ``__init__`` does not take (set by ``__post_init__``)."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Counted(codec.Message):
+        TAG = "test.fast.counted"
+        count: int
+        label: str = "x"
+
+        def __post_init__(self) -> None:
+            if self.count < 0:
+                raise ValueError("count must be >= 0")
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class OwnInit(codec.Message):
+        TAG = "test.fast.own-init"
+        count: int
+
+        def __init__(self, *, count: int) -> None:
+            own_init_calls.append(count)
+            object.__setattr__(self, "count", count)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Derived(codec.Message):
+        TAG = "test.fast.derived"
+        count: int
+        double: int = dataclasses.field(init=False, default=0)
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "double", 2 * self.count)
+
+    own_init_calls: list[int] = []
+    OwnInit.calls = own_init_calls  # type: ignore[attr-defined]  # set after the dataclass: no field
+    classes = {"counted": Counted, "own_init": OwnInit, "derived": Derived}
+    try:
+        yield classes
+    finally:
+        for cls in classes.values():
+            messages_module._REGISTRY.pop(cls.TAG, None)
+
+
+def test_the_fast_pass_builds_a_message_as_its_constructor_does(local_messages):
+    counted = local_messages["counted"]
+    frame = encode_frame(counted(count=3, label="y"), session=1, round_idx=0, phase="p")
+    _, message = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
+    assert type(message) is counted and message == counted(count=3, label="y")
+    assert message.__dict__ == {"count": 3, "label": "y"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.count = 4  # still frozen
+    # __post_init__ still runs: its refusal declines the fast pass and the general path words it.
+    refused = msgpack.packb({"v": 1, "t": counted.TAG, "s": 1, "r": 0, "p": "p", "b": [-1, "y"]})
+    assert codec._decode_fast(refused, DEFAULT_MAX_FRAME_BYTES) is None
+    with pytest.raises(DecodeError, match="count must be >= 0"):
+        decode_frame(refused)
+
+
+def test_a_message_with_its_own_init_is_built_by_its_constructor(local_messages):
+    own_init = local_messages["own_init"]
+    frame = encode_frame(own_init(count=3), session=1, round_idx=0, phase="p")
+    before = len(own_init.calls)
+    _, message = codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES)
+    assert message == own_init(count=3) and len(own_init.calls) == before + 2  # decoding called it
+
+
+def test_a_field_the_constructor_does_not_take_is_still_refused(local_messages):
+    # Its frame carries the derived field, which cls(**kwargs) refuses; filling the instance's
+    # __dict__ directly would have taken it.
+    derived = local_messages["derived"]
+    frame = encode_frame(derived(count=3), session=1, round_idx=0, phase="p")
+    assert codec._decode_fast(frame, DEFAULT_MAX_FRAME_BYTES) is None
+    with pytest.raises(DecodeError, match="invalid field values"):
         decode_frame(frame)
