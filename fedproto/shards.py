@@ -5,7 +5,10 @@
 loop, and the ranks meet in bulk-synchronous steps:
 
 1. **Local work.** A rank delivers the frames in its queue, first in, first out, until none is
-   left. Every action is encoded once and metered per link at the sender, exactly as in one
+   left, or, when frames wait in its outboxes, until it has made 1,024 deliveries since the last
+   exchange (``fedproto.simulation._FLUSH_DELIVERIES``; a broadcast counts one per local
+   receiver): it then ships them at once, so the other ranks work on them while it goes on
+   (a count, not a time: the order stays independent of timing). Every action is encoded once and metered per link at the sender, exactly as in one
    process; a frame for a party on this rank goes to the local queue, a frame for a party on
    another rank waits in that rank's outbox (a broadcast once per destination rank, with the
    receivers it has there).
@@ -63,7 +66,7 @@ from fedproto.metering import MAX_REJECTED_KEPT, Meter, error_record
 __all__ = ["Shards", "ShardFailed", "block_placement"]
 
 # The status each rank contributes to an exchange (float64 entries).
-_REMAINING, _OUT_BYTES, _FAILED, _EARLIEST, _PROGRESS, _SIZE = range(6)
+_REMAINING, _OUT_BYTES, _FAILED, _EARLIEST, _PROGRESS, _QUEUED, _SIZE = range(7)
 
 
 class ShardFailed(FedProtoError):
@@ -262,7 +265,9 @@ class Shards:
         self._outbox[rank].append([index[sender], [index[d] for d in dests], frame])
         self._out_bytes += len(frame)
 
-    def exchange(self, remaining: int, earliest: float, progress: bool, failure: dict[str, Any] | None = None) -> "_Step":
+    def exchange(
+        self, remaining: int, earliest: float, progress: bool, failure: dict[str, Any] | None = None, queued: int = 0
+    ) -> "_Step":
         """Meet every other rank: share the status, send the outboxes, receive this rank's frames.
 
         Args:
@@ -270,6 +275,9 @@ class Shards:
             earliest: the earliest deadline of this rank's live machines (``inf`` when none).
             progress: whether a machine of this rank moved or sent since the last deadline step.
             failure: this rank's failure record (:func:`fedproto.metering.error_record`), if any.
+            queued: frames still in this rank's local queue (an exchange called early, to ship
+                the outboxes before the rest of the local work; counted as in flight, so no
+                rank moves the clock on while another still has frames to deliver).
 
         Returns:
             The step's global view and the frames received, ``[(sender, dests, frame), ...]`` in
@@ -285,6 +293,7 @@ class Shards:
         mine[_FAILED] = failure is not None
         mine[_EARLIEST] = earliest
         mine[_PROGRESS] = progress
+        mine[_QUEUED] = queued
         every = np.empty((self.size, _SIZE), dtype=np.float64)
         self._wait(self._comm.Iallgather(mine, every))
         failed = np.flatnonzero(every[:, _FAILED])
@@ -300,7 +309,7 @@ class Shards:
         self.wait_s += time.perf_counter() - began
         return _Step(
             remaining=int(every[:, _REMAINING].sum()),
-            in_flight=len(received) + int(np.count_nonzero(every[:, _OUT_BYTES])),
+            in_flight=len(received) + int(np.count_nonzero(every[:, _OUT_BYTES])) + int(every[:, _QUEUED].sum()),
             earliest=float(every[:, _EARLIEST].min()),
             progress=bool(every[:, _PROGRESS].any()),
             frames=received,

@@ -82,6 +82,13 @@ log = logging.getLogger("fedproto.simulation")
 #: declared stalled.
 _IDLE_DEADLINES = 3
 
+#: With shards: a rank whose outboxes hold frames for other ranks ships them at an exchange
+#: before its next delivery once it has made this many deliveries since the last exchange (a
+#: broadcast counts one per local receiver), rather than after its whole queue: the other ranks
+#: start on them while it works on (a count, never a time, so the order of deliveries does not
+#: depend on timing).
+_FLUSH_DELIVERIES = 1024
+
 
 class SimulationStalled(FedProtoError):
     """Nothing is left to deliver, some machine is not done, and its deadlines pass without it
@@ -231,15 +238,22 @@ def _simulate(
         remaining = sum(1 for m in machines.values() if not m.done)
         idle_deadlines = 0
         timed_out = moved = False  # whether the last step was a deadline's, and whether it moved anything
+        delivered = 0  # with shards: deliveries since the last exchange
         while True:
-            if not queue or not remaining:
-                queue.clear()  # frames left for machines that are all done are read by nobody
+            early = (
+                shards is not None and bool(queue) and remaining > 0 and shards.has_outgoing()
+                and delivered + len(queue[0].dests) > _FLUSH_DELIVERIES
+            )
+            if not queue or not remaining or early:
+                if not remaining:
+                    queue.clear()  # frames left for machines that are all done are read by nobody
                 if shards is None:
                     if not remaining:
                         break
                     earliest = _earliest(deadline_of, machines)
                 else:
-                    step = shards.exchange(remaining, _earliest(deadline_of, machines), moved)
+                    step = shards.exchange(remaining, _earliest(deadline_of, machines), moved, queued=len(queue))
+                    delivered = 0
                     if step.failure is not None:
                         raise ShardFailed(step.failure[1], step.failure[0])
                     queue.extend(_Frame(sender, dests, frame) for sender, dests, frame in step.frames)
@@ -288,6 +302,7 @@ def _simulate(
                     continue
             envelope, message = decoded
             sender = item.sender
+            delivered += len(item.dests)
             receivers = [(dest, machines[dest]) for dest in item.dests]
             # A finished party's endpoint is read by nobody: frames to it are dropped.
             receivers = [(dest, m) for dest, m in receivers if not m.done]

@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +27,9 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
     "scale.py": (
         "FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client", "scale_engines"}
+    ),
+    "scale_out.py": (
+        "FastLloyd over R ranks: whole run and one steady round", {"scale_out_runs", "scale_out_ranks"}
     ),
     "kz_communication.py": (
         "(k,z)-center: communication and radius (z points removed) against z",
@@ -111,6 +117,50 @@ def test_benchmark_runs_quick_prints_its_table_and_writes_records(script, tmp_pa
         assert any(isinstance(v, int | float) and not isinstance(v, bool) for row in rows for v in row.values())
     if script in PLOTTING:
         assert (tmp_path / "figure.png").stat().st_size > 0
+
+
+def _mpiexec() -> str | None:
+    # The registry's MPICH installs mpiexec next to the interpreter of the environment.
+    search = [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    return shutil.which("mpiexec", path=os.pathsep.join(search))
+
+
+@pytest.mark.mpi
+def test_scale_out_under_mpiexec_measures_one_and_two_ranks_in_one_invocation(tmp_path):
+    if importlib.util.find_spec("mpi4py") is None or _mpiexec() is None:
+        pytest.skip("needs mpi4py and mpiexec (pip install 'fedproto[mpi]')")
+    path = tmp_path / "records.json"
+    command = [_mpiexec(), "-n", "2", sys.executable, str(BENCHMARKS / "scale_out.py"), "--quick", "--json", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:  # mpiexec and every rank it started end here, whatever happened
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-4000:]
+    assert "identical at every R" in out, out[-4000:]
+    records = json.loads(path.read_text())
+    runs = [r for r in records if r["table"] == "scale_out_runs"]
+    assert {(r["scaling"], r["ranks"], r["n_clients"]) for r in runs} == {
+        ("strong", 1, 1000), ("strong", 2, 1000), ("weak", 1, 500), ("weak", 2, 1000),
+    }
+    for r in runs:
+        assert r["round_bytes"] == r["analytic_round_bytes"] > 0
+        assert r["run_s"] > 0 and r["round_s"] > 0 and r["run_with_build_s"] > r["run_s"]
+        assert r["peak_rss_mib_max"] > 0 and 0 < r["serial_percent"] < 100
+        if r["ranks"] == 1:
+            assert r["speed_up"] == 1.0 and r["exchange_percent_max"] == 0.0
+        else:
+            assert r["speed_up"] > 0 and r["exchange_percent_max"] > 0
+    by_clients: dict[int, set] = {}
+    for r in runs:  # the same clients give the same centroids at every R, and the same bytes
+        by_clients.setdefault(r["n_clients"], set()).add((r["result_digest"], r["round_bytes"], r["setup_bytes"]))
+    assert all(len(v) == 1 for v in by_clients.values()), by_clients
+    two = [r for r in records if r["table"] == "scale_out_ranks" and r["ranks"] == 2 and r["scaling"] == "strong"]
+    assert sorted(r["rank"] for r in two) == [0, 1]
+    assert sum(r["parties"] for r in two) == 1001  # the server and every client, each on one rank
 
 
 def test_json_into_a_missing_directory_is_a_usage_error_before_any_work(tmp_path):
