@@ -28,6 +28,10 @@ configuration (``--ranks``: the rank counts, by default 1, 2, 4, ... and the job
 * **weak scaling**: ``--weak-clients`` clients per rank (default 50,000; 0: none); a
   configuration that strong scaling already ran (same clients, same R) is measured once.
 
+``--rank0-weight W`` places the clients in contiguous blocks with rank 0's ``W`` times another
+rank's (rank 0 also hosts the coordinator, whose work is serial): a placement of one's own, as
+``Shards(placement=)`` and ``fedproto run --placement`` allow; results and bytes are the same.
+
 Figures (rank 0's clock, ranks lined up by barriers):
 
 * ``build``: the ``Shards`` and this rank's machines (each client derives its X25519 key
@@ -71,7 +75,7 @@ centroids are those of the full run (the masks cancel in the sum whatever the se
 ``round_s``, ``speed_up``, ``speed_up_with_build``, ``serial_s``, ``coordinator_s``,
 ``seal_s``, ``serial_percent``, ``exchange_percent_mean``, ``exchange_percent_max``,
 ``peak_rss_mib_max``, ``peak_rss_mib_rank0``, ``start_rss_mib_max``, ``round_bytes``,
-``analytic_round_bytes``, ``setup_bytes``, ``messages``, ``result_digest``) and table
+``analytic_round_bytes``, ``setup_bytes``, ``messages``, ``result_digest``, ``rank0_weight``) and table
 ``scale_out_ranks`` (``scaling``, ``repeat``, ``ranks``, ``n_clients``, ``rank``, ``parties``,
 ``build_s``, ``exchange_s``, ``exchange_percent``, ``peak_rss_mib``, ``start_rss_mib``, ``coordinator_s``,
 ``seal_s``); with
@@ -322,7 +326,8 @@ def measure(comm: Any, n_clients: int, args: argparse.Namespace, profile: bool) 
     quiet_barrier(comm)
     t0 = time.perf_counter()
     roster = ("server", *(f"client-{i}" for i in range(n_clients)))
-    shards = Shards(roster, comm) if comm is not None else None
+    placement = weighted_placement(roster, comm.Get_size(), args.rank0_weight) if comm is not None else None
+    shards = Shards(roster, comm, placement=placement) if comm is not None else None
     local = shards.local if shards is not None else roster
     machines = build(local, n_clients, args.points, args.seed, args.round_only)
     built = time.perf_counter()
@@ -388,6 +393,23 @@ def _profile_rows(profiler: cProfile.Profile, top: int) -> list[list[Any]]:
     ]
 
 
+def weighted_placement(roster: tuple[str, ...], size: int, rank0_weight: float) -> dict[str, int] | None:
+    """The coordinator on rank 0 and the clients in contiguous blocks, rank 0's block
+    ``rank0_weight`` times the others' (it also does the coordinator's work); ``None`` (the default
+    block placement) for weight 1."""
+    if rank0_weight == 1.0 or size == 1:
+        return None
+    clients = roster[1:]
+    total = rank0_weight + size - 1
+    bounds = [round(len(clients) * (rank0_weight + r) / total) for r in range(size)]  # end of rank r's block
+    placement, rank = {roster[0]: 0}, 0
+    for j, party in enumerate(clients):
+        while j >= bounds[rank]:
+            rank += 1
+        placement[party] = rank
+    return placement
+
+
 def run_configuration(comm_world: Any, ranks: int, n_clients: int, args: argparse.Namespace, profile: bool) -> dict | None:
     """Run one configuration on the first ``ranks`` ranks of ``comm_world``; the others wait."""
     if comm_world is None:
@@ -432,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default=None, help="rank counts to measure, e.g. 4,8,16 (default: 1, 2, 4, ... and the job's size)")
     parser.add_argument("--repeats", type=int, default=1, help="measure every configuration this many times, interleaved")
     parser.add_argument("--round-only", action="store_true", help="no key agreement: a shared seed installed at start")
+    parser.add_argument("--rank0-weight", type=float, default=1.0,
+                        help="rank 0's block of clients relative to another rank's (it also hosts the coordinator); "
+                        "1: the default block placement")
     parser.add_argument("--points", type=int, default=10, help="points per client")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, entropy and noise")
     parser.add_argument("--profile", type=int, nargs="?", const=2, default=None, metavar="R",
@@ -455,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
             "points per client": args.points,
             "k, d, epsilon, iterations, ring": f"{K}, {D}, {EPSILON}, {ITERATIONS}, Z_2^{RING_BITS}",
             "repeats": args.repeats,
+            "placement": "block (default)" if args.rank0_weight == 1.0 else f"rank 0's block x{args.rank0_weight} of the others'",
             "each configuration": "the first R ranks (COMM_WORLD split); peak RSS reset before each",
         })
 
@@ -538,7 +564,7 @@ def report(console: Any, rows: list[tuple[str, int, int, dict]], args: argparse.
             seal_s=seal, serial_percent=100 * serial / whole, exchange_percent_mean=float(np.mean(exchange)),
             exchange_percent_max=max(exchange), peak_rss_mib_max=peak, peak_rss_mib_rank0=per_rank[0]["peak_rss_mib"],
             start_rss_mib_max=start, round_bytes=r["round_bytes"], analytic_round_bytes=analytic,
-            setup_bytes=r["setup_bytes"], messages=r["messages"], result_digest=r["digest"],
+            setup_bytes=r["setup_bytes"], messages=r["messages"], result_digest=r["digest"], rank0_weight=args.rank0_weight,
         ))
         for p in per_rank:
             rank_records.append(record(

@@ -5,10 +5,10 @@
 loop, and the ranks meet in bulk-synchronous steps:
 
 1. **Local work.** A rank delivers the frames in its queue, first in, first out, until none is
-   left, or, when frames wait in its outboxes, until it has made 1,024 deliveries since the last
-   exchange (``fedproto.simulation._FLUSH_DELIVERIES``; a broadcast counts one per local
-   receiver): it then ships them at once, so the other ranks work on them while it goes on
-   (a count, not a time: the order stays independent of timing). Every action is encoded once and metered per link at the sender, exactly as in one
+   left, or until it has made 1,024 deliveries since the last exchange
+   (``fedproto.simulation._FLUSH_DELIVERIES``; a broadcast counts one per local receiver): the
+   ranks then meet with work still queued, so what each sent reaches the others while they work
+   on (a count, not a time: the order stays independent of timing). Every action is encoded once and metered per link at the sender, exactly as in one
    process; a frame for a party on this rank goes to the local queue, a frame for a party on
    another rank waits in that rank's outbox (a broadcast once per destination rank, with the
    receivers it has there).

@@ -82,11 +82,12 @@ log = logging.getLogger("fedproto.simulation")
 #: declared stalled.
 _IDLE_DEADLINES = 3
 
-#: With shards: a rank whose outboxes hold frames for other ranks ships them at an exchange
-#: before its next delivery once it has made this many deliveries since the last exchange (a
-#: broadcast counts one per local receiver), rather than after its whole queue: the other ranks
-#: start on them while it works on (a count, never a time, so the order of deliveries does not
-#: depend on timing).
+#: With shards: a rank with frames still queued meets the other ranks at an exchange before its
+#: next delivery once it has made this many deliveries since the last exchange (a broadcast
+#: counts one per local receiver), rather than only when its queue is empty: what it sent reaches
+#: the other ranks while it works on, and what they sent reaches it, so the ranks work side by
+#: side instead of in turns (a count, never a time: the order of deliveries does not depend on
+#: timing).
 _FLUSH_DELIVERIES = 1024
 
 
@@ -241,7 +242,7 @@ def _simulate(
         delivered = 0  # with shards: deliveries since the last exchange
         while True:
             early = (
-                shards is not None and bool(queue) and remaining > 0 and shards.has_outgoing()
+                shards is not None and shards.size > 1 and bool(queue) and remaining > 0 and delivered > 0
                 and delivered + len(queue[0].dests) > _FLUSH_DELIVERIES
             )
             if not queue or not remaining or early:
