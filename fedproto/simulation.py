@@ -240,6 +240,7 @@ def _simulate(
         idle_deadlines = 0
         timed_out = moved = False  # whether the last step was a deadline's, and whether it moved anything
         delivered = 0  # with shards: deliveries since the last exchange
+        stale, earliest_here = True, math.inf  # with shards: this rank's earliest deadline, when last found
         while True:
             early = (
                 shards is not None and shards.size > 1 and bool(queue) and remaining > 0 and delivered > 0
@@ -253,7 +254,17 @@ def _simulate(
                         break
                     earliest = _earliest(deadline_of, machines)
                 else:
-                    step = shards.exchange(remaining, _earliest(deadline_of, machines), moved, queued=len(queue))
+                    # The clock can move at this step only if no rank has frames queued or waiting
+                    # to go; the earliest deadline (a scan of this rank's machines) is then needed,
+                    # and only if something was handled since it was last found.
+                    stale = stale or delivered > 0
+                    if queue or shards.has_outgoing():
+                        mine = math.inf
+                    else:
+                        if stale:
+                            earliest_here, stale = _earliest(deadline_of, machines), False
+                        mine = earliest_here
+                    step = shards.exchange(remaining, mine, moved, queued=len(queue))
                     delivered = 0
                     if step.failure is not None:
                         raise ShardFailed(step.failure[1], step.failure[0])
@@ -284,6 +295,7 @@ def _simulate(
                 remaining = sum(1 for m in machines.values() if not m.done)
                 if shards is not None:
                     timed_out, moved = True, moved or bool(queue) or shards.has_outgoing()
+                    stale = True
                     continue
                 # Nothing can ever arrive for a machine that shrugs off its timeouts: after a few
                 # deadlines without a frame or a step, say so instead of spinning for ever.
