@@ -878,7 +878,7 @@ def _abort_ranks(shards: Any, exc: BaseException) -> None:
     adds its own line, and ``mpiexec`` exits non-zero)."""
     print(f"fedproto: error: rank {shards.rank}: {' '.join(str(exc).split()) or type(exc).__name__}",
           file=sys.stderr, flush=True)
-    shards._comm.Abort(1)
+    shards.abort(1)
 
 
 def _read_placement(path: str, roster: Sequence[str]) -> dict[str, int]:
@@ -908,7 +908,7 @@ def _sharded_outcome(
         if shards.rank != 0:
             raise _QuietExit(143 if stopped_by == "SIGTERM" else 130)
         return {}, _unfinished_report(meter, error, reporter=None, stopped_by=stopped_by, **fields), error
-    blobs = _mpi_gather(shards._comm, json.dumps(as_json if error is None else {}).encode())
+    blobs = shards.gather(json.dumps(as_json if error is None else {}).encode())
     if blobs is None:
         raise _QuietExit(0 if error is None else 1)
     if error is None:

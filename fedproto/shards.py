@@ -399,7 +399,7 @@ class Shards:
             "rank": {"rank": self.rank, "parties": len(self.local), "peak_rss_mib": round(peak_kib / 1024, 1),
                      "exchange_s": round(self.wait_s, 6)},
         }
-        gathered = self._gather(msgpack.packb(mine, use_bin_type=True))
+        gathered = self.gather(msgpack.packb(mine, use_bin_type=True))
         if gathered is None:
             return
         parts = [msgpack.unpackb(blob, raw=False) for blob in gathered]
@@ -422,7 +422,9 @@ class Shards:
                 meter.round_started_s[r] = min(meter.round_started_s.get(r, when), when)
         meter.ranks = [part["rank"] for part in parts]
 
-    def _gather(self, payload: bytes) -> list[bytes] | None:
+    def gather(self, payload: bytes) -> list[bytes] | None:
+        """Every rank's ``payload`` at rank 0, in rank order (collective; ``None`` at the other
+        ranks): raw bytes, nothing pickled. The command line gathers the ranks' results with it."""
         MPI = self._mpi
         sizes = np.empty(self.size, dtype=np.int64)
         self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
@@ -434,6 +436,11 @@ class Shards:
             return [recv[o : o + s].tobytes() for o, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
         self._wait(self._comm.Igatherv(send, None, root=0))
         return None
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job at once (``MPI_Abort``): for a rank that fails where the
+        others cannot hear of it, before the run's first exchange."""
+        self._comm.Abort(code)
 
     def failure_record(self, exc: BaseException, machines: Mapping[str, Any]) -> dict[str, Any]:
         """The record of this rank's failure ``exc`` (the party whose machine raised it, else the
