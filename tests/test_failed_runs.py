@@ -210,10 +210,17 @@ def test_a_run_without_report_fails_as_before(protocol_file, tmp_path, capsys, m
 
 
 def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )
+    # A child inherits an ignored SIGINT (as a shell's background job has it, and then so has a
+    # suite started with `&`) but not a Python handler: with one in place while it starts, the
+    # child's SIGINT is the default, as in a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _kill(proc: subprocess.Popen) -> None:
