@@ -1260,24 +1260,6 @@ def _serve_party_tcp(
     return done["result"]
 
 
-def _mpi_gather(comm: Any, payload: bytes) -> list[bytes] | None:
-    """Gather one byte string per rank at rank 0 (raw buffers: nothing is pickled)."""
-    import numpy as np
-    from mpi4py import MPI
-
-    size = comm.Get_size()
-    sizes = np.zeros(size, dtype=np.int64)
-    comm.Allgather(np.array([len(payload)], dtype=np.int64), sizes)
-    displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    send = np.frombuffer(payload, dtype=np.uint8)
-    if comm.Get_rank() == 0:
-        recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-        comm.Gatherv(send, [recv, sizes.tolist(), displs.tolist(), MPI.BYTE], root=0)
-        return [recv[o : o + s].tobytes() for o, s in zip(displs, sizes)]
-    comm.Gatherv(send, None, root=0)
-    return None
-
-
 def _run_mpi(
     plan: RunPlan, args: argparse.Namespace, received: Sequence[int] = ()
 ) -> tuple[dict[str, Any], RunReport, BaseException | None] | None:
@@ -1349,7 +1331,9 @@ def _run_mpi(
     else:
         report = _unfinished_report(meter, error, reporter=party, **fields)
         doc = {"party": party, "error": str(error), "report": report.to_dict()}
-    docs = _mpi_gather(comm, json.dumps(doc).encode())
+    from fedproto.shards import gather_bytes
+
+    docs = gather_bytes(comm, json.dumps(doc).encode())
     if docs is None:
         if interrupt is not None:
             raise _QuietExit(143 if stopped_by == "SIGTERM" else 130)  # rank 0 says so, once

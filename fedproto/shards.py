@@ -49,6 +49,7 @@ Example (under ``mpiexec -n 4 python script.py``)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import resource
@@ -236,7 +237,7 @@ class Shards:
 
     def start(self) -> None:
         """Line the ranks up before the run's clock starts (a barrier)."""
-        self._wait(self._comm.Ibarrier())
+        _wait(self._comm.Ibarrier())
 
     def post(self, sender: str, dests: tuple[str, ...], frame: bytes) -> tuple[str, ...]:
         """File ``frame`` from ``sender`` for every receiver of ``dests`` on another rank (one
@@ -295,7 +296,7 @@ class Shards:
         mine[_PROGRESS] = progress
         mine[_QUEUED] = queued
         every = np.empty((self.size, _SIZE), dtype=np.float64)
-        self._wait(self._comm.Iallgather(mine, every))
+        _wait(self._comm.Iallgather(mine, every))
         failed = np.flatnonzero(every[:, _FAILED])
         if failed.size:
             self._drop_outbox()
@@ -322,12 +323,12 @@ class Shards:
         self._drop_outbox()
         send_counts = np.array([len(b) for b in blobs], dtype=np.int64)
         recv_counts = np.empty(self.size, dtype=np.int64)
-        self._wait(self._comm.Ialltoall(send_counts, recv_counts))
+        _wait(self._comm.Ialltoall(send_counts, recv_counts))
         send = np.frombuffer(b"".join(blobs), dtype=np.uint8)
         recv = np.empty(int(recv_counts.sum()), dtype=np.uint8)
         send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]]).astype(np.int64)
         recv_displs = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]).astype(np.int64)
-        self._wait(self._comm.Ialltoallv(
+        _wait(self._comm.Ialltoallv(
             [send, send_counts, send_displs, MPI.BYTE], [recv, recv_counts, recv_displs, MPI.BYTE]
         ))
         roster = self.roster
@@ -347,19 +348,10 @@ class Shards:
     def _broadcast_failure(self, root: int, record: dict[str, Any] | None) -> dict[str, Any]:
         payload = msgpack.packb(record, use_bin_type=True) if record is not None else b""
         length = np.array([len(payload)], dtype=np.int64)
-        self._wait(self._comm.Ibcast(length, root=root))
+        _wait(self._comm.Ibcast(length, root=root))
         buffer = np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == root else np.empty(int(length[0]), np.uint8)
-        self._wait(self._comm.Ibcast(buffer, root=root))
+        _wait(self._comm.Ibcast(buffer, root=root))
         return msgpack.unpackb(buffer.tobytes(), raw=False)
-
-    def _wait(self, request: Any) -> None:
-        """Wait for a non-blocking collective: test it, sleeping a little between tests once it
-        has not completed at once (MPICH progresses it inside ``Test``)."""
-        tests = 0
-        while not request.Test():
-            tests += 1
-            if tests > 64:
-                time.sleep(0.00005 if tests < 2000 else 0.0005)
 
     def waiting(self, parties: Sequence[str], keep: int) -> tuple[int, list[str]]:
         """Every rank's ``parties`` (this rank's, in roster order), gathered at every rank
@@ -367,10 +359,10 @@ class Shards:
         MPI = self._mpi
         payload = msgpack.packb([len(parties), [self._index[p] for p in parties[:keep]]], use_bin_type=True)
         sizes = np.empty(self.size, dtype=np.int64)
-        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
+        _wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
         displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-        self._wait(self._comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8), [recv, sizes, displs, MPI.BYTE]))
+        _wait(self._comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8), [recv, sizes, displs, MPI.BYTE]))
         count, indices = 0, []
         for offset, size in zip(displs.tolist(), sizes.tolist(), strict=True):
             n, first = msgpack.unpackb(recv[offset : offset + size].tobytes())
@@ -423,19 +415,9 @@ class Shards:
         meter.ranks = [part["rank"] for part in parts]
 
     def gather(self, payload: bytes) -> list[bytes] | None:
-        """Every rank's ``payload`` at rank 0, in rank order (collective; ``None`` at the other
-        ranks): raw bytes, nothing pickled. The command line gathers the ranks' results with it."""
-        MPI = self._mpi
-        sizes = np.empty(self.size, dtype=np.int64)
-        self._wait(self._comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
-        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        send = np.frombuffer(payload, dtype=np.uint8)
-        if self.rank == 0:
-            recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-            self._wait(self._comm.Igatherv(send, [recv, sizes, displs, MPI.BYTE], root=0))
-            return [recv[o : o + s].tobytes() for o, s in zip(displs.tolist(), sizes.tolist(), strict=True)]
-        self._wait(self._comm.Igatherv(send, None, root=0))
-        return None
+        """Every rank's ``payload`` at rank 0 (collective): see :func:`gather_bytes`. The command
+        line gathers the ranks' results with it."""
+        return gather_bytes(self._comm, payload)
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job at once (``MPI_Abort``): for a rank that fails where the
@@ -451,23 +433,45 @@ class Shards:
         return error_record(exc, reporter=reporter)
 
 
+def gather_bytes(comm: Any, payload: bytes) -> list[bytes] | None:
+    """Every rank's ``payload`` at rank 0 of ``comm``, in rank order (collective; ``None`` at the
+    other ranks): raw buffers, nothing pickled, waited on without spinning a core (:func:`_wait`)."""
+    from mpi4py import MPI
+
+    size = comm.Get_size()
+    sizes = np.empty(size, dtype=np.int64)
+    _wait(comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes))
+    displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    send = np.frombuffer(payload, dtype=np.uint8)
+    if comm.Get_rank() == 0:
+        recv = np.empty(int(sizes.sum()), dtype=np.uint8)
+        _wait(comm.Igatherv(send, [recv, sizes, displs, MPI.BYTE], root=0))
+        return [recv[o : o + n].tobytes() for o, n in zip(displs.tolist(), sizes.tolist(), strict=True)]
+    _wait(comm.Igatherv(send, None, root=0))
+    return None
+
+
+def _wait(request: Any) -> None:
+    """Wait for a non-blocking collective: test it, sleeping a little between tests once it has
+    not completed at once (MPICH progresses it inside ``Test``; its blocking collectives
+    busy-poll, which with more ranks than cores takes the CPU from the ranks still working)."""
+    tests = 0
+    while not request.Test():
+        tests += 1
+        if tests > 64:
+            time.sleep(0.00005 if tests < 2000 else 0.0005)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Step:
-    """What one exchange told every rank."""
+    """What one exchange told every rank: machines not done and frames in flight over all ranks,
+    the earliest deadline, whether any rank moved at its last deadline step, this rank's frames
+    received (``(sender, receivers, frame)`` in source-rank order), and a failure
+    (``(rank, record)``) or ``None``."""
 
-    __slots__ = ("remaining", "in_flight", "earliest", "progress", "frames", "failure")
-
-    def __init__(
-        self,
-        remaining: int,
-        in_flight: int,
-        earliest: float,
-        progress: bool,
-        frames: list[tuple[str, tuple[str, ...], bytes]],
-        failure: tuple[int, dict[str, Any]] | None,
-    ) -> None:
-        self.remaining = remaining
-        self.in_flight = in_flight
-        self.earliest = earliest
-        self.progress = progress
-        self.frames = frames
-        self.failure = failure
+    remaining: int
+    in_flight: int
+    earliest: float
+    progress: bool
+    frames: list[tuple[str, tuple[str, ...], bytes]]
+    failure: tuple[int, dict[str, Any]] | None
