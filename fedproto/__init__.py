@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from fedproto.roster import Roster, TlsFiles
     from fedproto.shards import ShardFailed, Shards
     from fedproto.simulation import SimulationStalled, simulate
+    from fedproto.star import StarParties, client_names, ids_owner
 
 # Names a run does not need load on first use (PEP 562): ``from fedproto import launch_local``
 # works as before, but ``fedproto run`` in memory does not import the launcher or the simulator.
@@ -65,6 +66,9 @@ _LAZY = {
     "simulate": "fedproto.simulation",
     "Shards": "fedproto.shards",
     "ShardFailed": "fedproto.shards",
+    "StarParties": "fedproto.star",
+    "client_names": "fedproto.star",
+    "ids_owner": "fedproto.star",
 }
 
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)
@@ -110,6 +114,9 @@ __all__ = [
     "Shards",
     "ShardFailed",
     "party_index",
+    "StarParties",
+    "client_names",
+    "ids_owner",
     "RuntimeConfig",
     "Transport",
     "Network",
