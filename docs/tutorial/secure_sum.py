@@ -52,7 +52,9 @@ from fedproto import (
     ProtocolMachine,
     RemoteProtocolError,
     RunReport,
+    StarParties,
     array_field,
+    client_names,
     encode_frame,
     run_parties,
 )
@@ -246,14 +248,29 @@ class SumServer(ProtocolMachine):
 
 
 # --8<-- [start:memory]
+class SecureSumParties(StarParties):
+    """The parties of one run: the server (the hub) and one client per entry of ``values``
+    (``{client: [d] integers}``), with the secret the clients share.
+
+    ``StarParties`` gives the roster (the server first), ``role_of``, ``make_machine(party)`` with
+    its check of the party's name, and ``machines()``; we say only what each machine is.
+    """
+
+    def __init__(self, values: Mapping[str, np.ndarray], secret: bytes) -> None:
+        super().__init__(hub=SERVER, clients=tuple(values))
+        self.values, self.secret = values, secret
+        self.d = len(next(iter(values.values())))
+
+    def hub_machine(self) -> ProtocolMachine:
+        return SumServer(self.hub, clients=self.clients, d=self.d)
+
+    def client_machine(self, index: int, party: str, data: None) -> ProtocolMachine:
+        return SumClient(party, server=self.hub, clients=self.clients, values=self.values[party], secret=self.secret)
+
+
 def make_machines(values: Mapping[str, np.ndarray], secret: bytes) -> dict[str, ProtocolMachine]:
-    """The server and one client per entry of ``values`` (``{client: [d] integers}``)."""
-    clients = tuple(values)
-    d = len(next(iter(values.values())))
-    machines: dict[str, ProtocolMachine] = {SERVER: SumServer(SERVER, clients=clients, d=d)}
-    for client, x in values.items():
-        machines[client] = SumClient(client, server=SERVER, clients=clients, values=x, secret=secret)
-    return machines
+    """Every party's machine, in roster order (the server first)."""
+    return SecureSumParties(values, secret).machines()
 
 
 def run_in_memory(values: Mapping[str, np.ndarray], secret: bytes) -> tuple[dict[str, Any], RunReport]:
@@ -307,7 +324,7 @@ class SecureSumPlugin:
     def plan(self, args: argparse.Namespace, dataset: None) -> RunPlan:
         if args.d < 1 or args.clients < 2:
             raise ValueError("a secure sum needs --d of at least 1 and at least two --clients")
-        clients = tuple(f"client-{i}" for i in range(args.clients))
+        clients = client_names(args.clients)
         inputs = {client: client_values(args.seed, i, args.d) for i, client in enumerate(clients)}
         # Demo only: every process derives the secret from --seed, the server's included.
         secret = hashlib.sha256(f"fedproto tutorial secret {args.seed}".encode()).digest()
@@ -319,13 +336,14 @@ class SecureSumPlugin:
             return {"n_clients": len(clients), "d": args.d, "sum": total, "sum_correct": total == expected.tolist()}
 
         upload_bytes = link_bytes(args.d, session, clients)[(clients[0], SERVER)]
+        parties = SecureSumParties(inputs, secret)
         return RunPlan(
-            roster=(SERVER, *clients),
+            roster=parties.roster,
             session=session,
-            make_machine=lambda party: make_machines(inputs, secret)[party],
+            make_machine=parties.make_machine,
             result_to_json=lambda party, result: {"sum": result.tolist()},
             summarize=summarize,
-            role_of=lambda party: "server" if party == SERVER else "client",
+            role_of=parties.role_of,
             iterations=1,
             phases=("upload", "result"),
             analytic={"analytic_upload_bytes": upload_bytes},
