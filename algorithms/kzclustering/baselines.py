@@ -284,19 +284,12 @@ class BaselineMachine(DataMachine):
     """A data-holding machine of a distributed baseline (sans-IO).
 
     Args:
-        party: this machine's party name.
-        config: the baseline's parameters.
-        points: local points ``[n_i, d]`` float64 (``n_i`` may be 0).
+        party, config, points, coordinator: as :class:`~fedproto.algorithms.kzclustering.parties.DataMachine`.
         index: this machine's index (folds its random key).
-        coordinator: the coordinator's party name.
-
-    Raises:
-        ValueError: ``points`` has the wrong shape or holds NaN/inf.
     """
 
     State = BaselineMachineState
     INITIAL_STATE = BaselineMachineState.SUMMARY
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (BaselineMachineState.AWAIT_BUDGET, OutlierBudget): ("_on_budget", BaselineMachineState.DONE),
     }

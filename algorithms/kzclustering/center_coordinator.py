@@ -283,6 +283,25 @@ class KzCoordinator(CollectingCoordinator):
             )
         return self._collect(sender, message)
 
+    def _check_guess_data(
+        self, sender: str, t: int, size: int, weight: int, count: int, discarded: int, n_i: int | None
+    ) -> None:
+        """A machine's points for guess ``t`` agree with its counts: ``size`` representatives of
+        total ``weight`` where it reported ``count`` of them and ``discarded`` points, and weight
+        plus discarded is its ``n_i`` (unchecked while ``n_i`` is unknown, ``None``).
+
+        Raises:
+            RemoteProtocolError: they do not agree, naming ``sender``.
+        """
+        if size != count or (n_i is not None and weight + discarded != n_i):
+            raise RemoteProtocolError(
+                f"{sender}'s data for guess {t} ({size} points of weight {weight}) does not "
+                f"match its counts ({count} points, {discarded} discarded of "
+                f"{'its points' if n_i is None else n_i})",
+                party=sender,
+                round_idx=self.round_idx,
+            )
+
     def _on_points(self, sender: str, message: WeightedPoints) -> list[Outgoing]:
         if tuple(int(t) for t in message.indices) != self._requested:
             raise RemoteProtocolError(
@@ -295,14 +314,10 @@ class KzCoordinator(CollectingCoordinator):
         offsets = np.concatenate([[0], np.cumsum(message.sizes)])
         for j, t in enumerate(self._requested):
             weight = int(message.weights[offsets[j] : offsets[j + 1]].sum())
-            if int(message.sizes[j]) != int(counts.counts[t]) or weight + int(counts.discarded[t]) != counts.n_points:
-                raise RemoteProtocolError(
-                    f"{sender}'s data for guess {t} ({int(message.sizes[j])} points of weight {weight}) does not "
-                    f"match its counts ({int(counts.counts[t])} points, {int(counts.discarded[t])} discarded of "
-                    f"{counts.n_points})",
-                    party=sender,
-                    round_idx=self.round_idx,
-                )
+            self._check_guess_data(
+                sender, t, int(message.sizes[j]), weight, int(counts.counts[t]), int(counts.discarded[t]),
+                counts.n_points,
+            )
         self._collect(sender, message)
         self._representatives += int(message.points.shape[0])
         return []
@@ -312,15 +327,7 @@ class KzCoordinator(CollectingCoordinator):
         (t,) = self._requested
         count, discarded = (int(v) for v in self._table[sender][t])
         weight = int(message.weights.sum())
-        n_i = self._n_of.get(sender)
-        if message.points.shape[0] != count or (n_i is not None and weight + discarded != n_i):
-            raise RemoteProtocolError(
-                f"{sender}'s data for guess {t} ({message.points.shape[0]} points of weight {weight}) does not "
-                f"match its counts ({count} points, {discarded} discarded of "
-                f"{'its points' if n_i is None else n_i})",
-                party=sender,
-                round_idx=self.round_idx,
-            )
+        self._check_guess_data(sender, t, message.points.shape[0], weight, count, discarded, self._n_of.get(sender))
         self._collect(sender, message)
         self._n_of[sender] = weight + discarded  # with radius bounds, n_i is learnt here
         self._representatives += int(message.points.shape[0])

@@ -52,11 +52,9 @@ class KzMachine(DataMachine):
     """A data-holding machine of distributed (k,z)-center (sans-IO).
 
     Args:
-        party: this machine's party name.
-        config: the run's public parameters.
+        party, config, coordinator: as :class:`~fedproto.algorithms.kzclustering.parties.DataMachine`.
         points: the machine's points P_i ``[n_i, d]`` float64 (``n_i`` may be 0; duplicates are
             fine).
-        coordinator: the coordinator's party name.
         workers: threads that aggregate the sub-machines (``config.sub_machines`` parts) at
             once, ``>= 1``; the results do not depend on it.
 
@@ -73,7 +71,6 @@ class KzMachine(DataMachine):
 
     State = MachineState
     INITIAL_STATE = MachineState.AWAIT_GRID
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (MachineState.AWAIT_GRID, RadiusGrid): ("_on_grid", MachineState.AWAIT_REQUEST),
         (MachineState.AWAIT_GRID, RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),

@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -94,8 +93,7 @@ from fedproto.algorithms.kzclustering.summaries import (
     plot_centres,
     run_baseline,
     run_means,
-    summarize_center,
-    summarize_means,
+    summarize,
 )
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.plugin import RunPlan
@@ -393,22 +391,26 @@ class _KzPlugin:
         check_instance(x.shape[0], args.k, args.z if args.z is not None else args.inject_outliers)
         return raw, parts, x
 
-    def _simulation(self, args: argparse.Namespace, raw: Dataset, parts: list[np.ndarray], config: Any,
-                    **plan: Any) -> RunPlan:
-        """The plan of the whole run in one process: every machine holds its raw part.
+    def _simulation(self, args: argparse.Namespace, raw: Dataset, parts: list[np.ndarray], x: np.ndarray,
+                    base: Any, compare: list[str], **plan: Any) -> RunPlan:
+        """The plan of the whole run in one process: every machine holds its raw part, and the
+        summary is computed on the pooled view ``x`` with the baselines ``compare``.
 
         Args:
-            config: the shared parameters with ``d = None`` (each party fills in its own).
-            plan: the rest of the :class:`RunPlan` (session, summarize, iterations, ...).
+            base: the shared parameters with ``d = None`` (each party fills in its own).
+            plan: the rest of the :class:`RunPlan` (session, iterations, ...).
         """
-        parties = self._parties(args, config, tuple(machine_name(i) for i in range(len(parts))))
+        parties = self._parties(args, base, tuple(machine_name(i) for i in range(len(parts))))
         own = {name: part.x for name, part in split_parts(raw, parts).items()}
+        config = dataclasses.replace(base, d=x.shape[1])  # as every machine states it
         return RunPlan(
             roster=parties.roster,
             make_machine=parties.machine_factory(own),
             result_to_json=self.result_to_json,
+            summarize=lambda results: summarize(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed),
             role_of=parties.role_of,
             phases=self._phases(args),
+            labels=self._labels(compare),
             **plan,
         )
 
@@ -509,14 +511,9 @@ class KzCenterPlugin(_KzPlugin):
         t = solvers.sub_machine_count(largest) if args.sub_machines == "auto" else args.sub_machines
         base = self._config(args, len(parts), t)
         config = dataclasses.replace(base, d=d)  # as every machine states it
-
-        def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_center(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
-
         return self._simulation(
-            args, raw, parts, base,
+            args, raw, parts, x, base, compare,
             session=session_id("kzcenter", raw.name, n, d, config, args.seed, args.partition),
-            summarize=summarize,
             iterations=center_rounds_bound(
                 config, grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
             ),
@@ -526,7 +523,6 @@ class KzCenterPlugin(_KzPlugin):
                 "round3_words_bound_per_guess": config.count_bound * (d + 1),
                 "count_threshold": config.threshold,
             },
-            labels=self._labels(compare),
             max_frame_bytes=center_frame_limit(config, x, largest, scale=args.normalize == "minmax"),
         )
 
@@ -633,20 +629,14 @@ class KzMeansPlugin(_KzPlugin):
         compare = parse_compare(args.compare, MEANS_BASELINES)
         base = self._config(args, len(parts))
         config = dataclasses.replace(base, d=d)  # as every machine states it
-
-        def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_means(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
-
         return self._simulation(
-            args, raw, parts, base,
+            args, raw, parts, x, base, compare,
             session=session_id(self.name, raw.name, n, d, config, args.partition),
-            summarize=summarize,
             iterations=self._iterations(config),
             plot_results=lambda ax, summary: plot_centres(
                 ax, x, summary, title="(k,z)-median" if self.power == 1 else "(k,z)-means"
             ),
             analytic={"objective_power": self.power, "score_outlier_budget": config.outlier_budget},
-            labels=self._labels(compare),
             max_frame_bytes=means_frame_limit(config, x, scale=args.normalize == "minmax"),
         )
 

@@ -275,19 +275,12 @@ class KzMeansMachine(DataMachine):
     """A data-holding machine of distributed (k,z)-median/means (sans-IO).
 
     Args:
-        party: this machine's party name.
-        config: the run's parameters.
-        points: local points ``[n_i, d]`` float64 (``n_i`` may be 0).
+        party, config, points, coordinator: as :class:`~fedproto.algorithms.kzclustering.parties.DataMachine`.
         index: this machine's index (folds its random keys).
-        coordinator: the coordinator's party name.
-
-    Raises:
-        ValueError: ``points`` has the wrong shape or holds NaN/inf.
     """
 
     State = MeansMachineState
     INITIAL_STATE = MeansMachineState.AWAIT_GRID
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (MeansMachineState.AWAIT_GRID, RadiusGrid): ("_on_grid", MeansMachineState.AWAIT_TOTALS),
         (MeansMachineState.AWAIT_TOTALS, CostTotals): ("_on_totals", MeansMachineState.AWAIT_CENTRES),

@@ -116,6 +116,8 @@ class DataMachine(ProtocolMachine):
         ValueError: as :func:`check_points`.
     """
 
+    DEADLINE_FACTOR = 2.0  # waits on the coordinator, whose own wait names a silent machine first
+
     def __init__(self, party: str, *, config: Any, points: Any, coordinator: str = COORDINATOR) -> None:
         super().__init__(party)
         self.config = config

@@ -1,9 +1,9 @@
 """What the (k,z)-clustering plugins report: the parties' results as JSON, the run's summary with
 its baselines, and the plot of the centres.
 
-The result keys are listed in `fedproto.algorithms.kzclustering.cli`. Both summaries (kzcenter,
-and kzmedian/kzmeans) have the same frame, :func:`summary_of`: the run's sizes, the keys of the
-objective, the words per phase, the baselines of ``--compare``, and the centres last. Baselines
+The result keys are listed in `fedproto.algorithms.kzclustering.cli`. One :func:`summarize`
+serves kzcenter and kzmedian/kzmeans: the run's sizes, the keys of the objective, the words per
+phase, the baselines of ``--compare``, and the centres last. Baselines
 are run here: the centralised ones on the pooled data, the distributed ones (and BEL) through the
 synchronous harness, so their words are counted as the protocol's are.
 """
@@ -17,16 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering.baselines import (
-    BaselineConfig,
-    BaselineCoordinator,
-    BaselineMachine,
-    BaselineResult,
-    centralised_kzc,
-    charikar,
-    greedy,
-)
+from fedproto.algorithms.kzclustering import _kernels, baselines, solvers
 from fedproto.algorithms.kzclustering.config import KzCenterConfig
 from fedproto.algorithms.kzclustering.means import (
     KzMeansConfig,
@@ -53,9 +44,7 @@ __all__ = [
     "plot_centres",
     "run_baseline",
     "run_means",
-    "summarize_center",
-    "summarize_means",
-    "summary_of",
+    "summarize",
 ]
 
 #: The centralised k-center baselines of ``kzcenter --compare`` (the distributed ones are
@@ -104,13 +93,15 @@ def _run_star(
     return Harness(parties.machines({name: x[p] for name, p in zip(names, parts)})).run()[COORDINATOR]
 
 
-def run_baseline(method: str, x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int) -> BaselineResult:
+def run_baseline(
+    method: str, x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int
+) -> baselines.BaselineResult:
     """Run a distributed baseline through the synchronous harness (same codec, same metering)."""
-    config = BaselineConfig(method, k=k, z=z, n_machines=len(parts), d=x.shape[1], seed=seed)
+    config = baselines.BaselineConfig(method, k=k, z=z, n_machines=len(parts), d=x.shape[1], seed=seed)
     return _run_star(
         x, parts,
-        lambda names: BaselineCoordinator(COORDINATOR, config=config, machines=names),
-        lambda i, name, points: BaselineMachine(name, config=config, points=points, index=i),
+        lambda names: baselines.BaselineCoordinator(COORDINATOR, config=config, machines=names),
+        lambda i, name, points: baselines.BaselineMachine(name, config=config, points=points, index=i),
     )
 
 
@@ -176,44 +167,6 @@ def means_result_to_json(party: str, result: Any) -> dict[str, Any]:
     return _machine_to_json(party, result)
 
 
-def summary_of(
-    config: KzCenterConfig | KzMeansConfig,
-    x: np.ndarray,
-    name: str,
-    coordinator: Mapping[str, Any],
-    keys: Mapping[str, Any],
-    baselines: Callable[[], Mapping[str, Any]],
-    centres: np.ndarray,
-) -> dict[str, Any]:
-    """The summary of a run, in report order: sizes, ``keys``, words per phase, the baselines'
-    keys, and the centres.
-
-    Args:
-        config: the run's parameters (``k``, ``z``, ``eps``, ``n_machines``).
-        x: the pooled data ``[n, d]``, as the run saw it.
-        name: the data set's name.
-        coordinator: the coordinator's result JSON (``words_by_phase``).
-        keys: the protocol's own result keys.
-        baselines: computes the baselines' keys (run after the run's own keys are in).
-        centres: the run's centres ``[c, d]`` float64.
-    """
-    summary: dict[str, Any] = {
-        "data_set": name,
-        "n_points": int(x.shape[0]),
-        "d": int(x.shape[1]),
-        "k": int(config.k),
-        "z": int(config.z),
-        "slack": float(config.eps),
-        "n_clients": int(config.n_machines),
-        **keys,
-    }
-    for phase, words in coordinator["words_by_phase"].items():
-        summary[f"words_phase_{phase}"] = int(words)
-    summary.update(baselines())
-    summary["centres"] = centres.tolist()
-    return summary
-
-
 def _compare_center(methods: list[str], x: np.ndarray, parts: list[np.ndarray], k: int, z: int,
                     seed: int) -> dict[str, Any]:
     """Radius (z removed) of each baseline, and the words of the distributed ones."""
@@ -223,11 +176,11 @@ def _compare_center(methods: list[str], x: np.ndarray, parts: list[np.ndarray], 
         key = method_key(method)
         with progress_task(f"baseline {method}", total=None):
             if method == "greedy":
-                centres = x[greedy(x, k, start=seed % x.shape[0])]
+                centres = x[baselines.greedy(x, k, start=seed % x.shape[0])]
             elif method == "charikar":
-                centres = x[charikar(x, k, z)[0]]
+                centres = x[baselines.charikar(x, k, z)[0]]
             elif method == "kzc":
-                centres = x[centralised_kzc(x, k, z)]
+                centres = x[baselines.centralised_kzc(x, k, z)]
             else:
                 result = run_baseline(method, x, parts, k, z, seed)
                 centres = result.centres
@@ -238,24 +191,10 @@ def _compare_center(methods: list[str], x: np.ndarray, parts: list[np.ndarray], 
     return out
 
 
-def summarize_center(
-    coordinator: Mapping[str, Any],
-    config: KzCenterConfig,
-    x: np.ndarray,
-    name: str,
-    parts: list[np.ndarray],
-    compare: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Costs (paper style and guarantee style), the certificate, words, and the baselines.
-
-    Returns:
-        The kzcenter result keys of `fedproto.algorithms.kzclustering.cli`.
-    """
-    centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    dist, _ = _kernels.nearest_centres(x, centres)
+def _center_keys(coordinator: Mapping[str, Any], config: KzCenterConfig, dist: np.ndarray) -> dict[str, Any]:
+    """The kzcenter keys: costs (paper style and guarantee style), the certificate and the search."""
     budget = math.floor(config.outlier_budget + 1e-9)
-    keys = {
+    return {
         "sub_machines": int(config.sub_machines),
         "search": config.search,
         "probe_batch": int(config.batch),
@@ -274,8 +213,6 @@ def summarize_center(
         "words_total": int(coordinator["total_words"]),
         "words_points": int(coordinator["representatives"] * config.d),
     }
-    return summary_of(config, x, name, coordinator, keys,
-                      lambda: _compare_center(compare, x, parts, config.k, config.z, seed), centres)
 
 
 def _compare_means(methods: list[str], config: KzMeansConfig, x: np.ndarray, parts: list[np.ndarray],
@@ -300,24 +237,11 @@ def _compare_means(methods: list[str], config: KzMeansConfig, x: np.ndarray, par
     return out
 
 
-def summarize_means(
-    coordinator: Mapping[str, Any],
-    config: KzMeansConfig,
-    x: np.ndarray,
-    name: str,
-    parts: list[np.ndarray],
-    compare: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Trimmed costs of the run (with (1+slack)z and z removed), its words, and the baselines' costs.
-
-    Returns:
-        The kzmedian/kzmeans result keys of `fedproto.algorithms.kzclustering.cli`.
-    """
+def _means_keys(coordinator: Mapping[str, Any], config: KzMeansConfig, dist: np.ndarray) -> dict[str, Any]:
+    """The kzmedian/kzmeans keys: trimmed costs (with (1+slack)z and z removed), the threshold and
+    the coresets."""
     power = config.power
-    centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    dist, _ = _kernels.nearest_centres(x, centres)
-    keys = {
+    return {
         "mode": config.mode,
         "cost_budget_removed": float(solvers.trimmed_cost(dist, (1 + config.eps) * config.z, power)),
         "cost_z_removed": float(solvers.trimmed_cost(dist, config.z, power)),
@@ -328,8 +252,57 @@ def summarize_means(
         "words_total": int(coordinator["total_words"]),
         "words_points": int(coordinator["coreset_points"] * (config.d + 1)),
     }
-    return summary_of(config, x, name, coordinator, keys, lambda: _compare_means(compare, config, x, parts, seed),
-                      centres)
+
+
+def summarize(
+    coordinator: Mapping[str, Any],
+    config: KzCenterConfig | KzMeansConfig,
+    x: np.ndarray,
+    name: str,
+    parts: list[np.ndarray],
+    compare: list[str],
+    seed: int,
+) -> dict[str, Any]:
+    """The summary of a run, in report order: sizes, the objective's keys (kzcenter for a
+    :class:`KzCenterConfig`, kzmedian/kzmeans for a :class:`KzMeansConfig`), words per phase, the
+    baselines of ``compare`` (computed here), and the centres last.
+
+    Args:
+        coordinator: the coordinator's result JSON (:func:`center_result_to_json`,
+            :func:`means_result_to_json`).
+        config: the run's parameters, with ``d``.
+        x: the pooled data ``[n, d]``, as the run saw it.
+        name: the data set's name.
+        parts: the machines' parts (indices into ``x``), for the distributed baselines.
+        compare: the baselines (:func:`parse_compare`).
+        seed: the run's seed (the baselines' randomness).
+
+    Returns:
+        The result keys of `fedproto.algorithms.kzclustering.cli`.
+    """
+    centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
+    dist, _ = _kernels.nearest_centres(x, centres)
+    summary: dict[str, Any] = {
+        "data_set": name,
+        "n_points": int(x.shape[0]),
+        "d": int(x.shape[1]),
+        "k": int(config.k),
+        "z": int(config.z),
+        "slack": float(config.eps),
+        "n_clients": int(config.n_machines),
+    }
+    if isinstance(config, KzCenterConfig):
+        summary.update(_center_keys(coordinator, config, dist))
+    else:
+        summary.update(_means_keys(coordinator, config, dist))
+    for phase, words in coordinator["words_by_phase"].items():
+        summary[f"words_phase_{phase}"] = int(words)
+    if isinstance(config, KzCenterConfig):
+        summary.update(_compare_center(compare, x, parts, config.k, config.z, seed))
+    else:
+        summary.update(_compare_means(compare, config, x, parts, seed))
+    summary["centres"] = centres.tolist()
+    return summary
 
 
 def plot_centres(ax, x: np.ndarray, summary: Mapping[str, Any], *, title: str = "(k,z)-center") -> None:
