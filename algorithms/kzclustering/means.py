@@ -434,7 +434,6 @@ class KzMeansCoordinator(CollectingCoordinator):
             self._check_width(sender, message.anchor.shape[1], anchor=True)
         if isinstance(message, Coresets):
             self._check_width(sender, message.points.shape[1])
-        if isinstance(message, Coresets):
             if message.sizes.shape != self._grid.shape:
                 raise RemoteProtocolError(f"{sender} sent coresets of the wrong shape", party=sender,
                                           round_idx=self.round_idx)
