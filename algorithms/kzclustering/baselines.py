@@ -49,16 +49,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import defaultdict
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering.messages import CostCurve, LocalSummary, OutlierBudget, message_words
-from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.algorithms.kzclustering.collect import CollectingCoordinator, RunWords
+from fedproto.algorithms.kzclustering.messages import CostCurve, LocalSummary, OutlierBudget
+from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine
 from fedproto.messages import Message, Outgoing
 
 __all__ = [
@@ -254,7 +253,7 @@ class BaselineConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class BaselineResult:
+class BaselineResult(RunWords):
     """A baseline coordinator's output.
 
     Attributes:
@@ -271,11 +270,6 @@ class BaselineResult:
     words: dict[tuple[int, str], int]
     budgets: tuple[int, ...] = ()
 
-    @property
-    def total_words(self) -> int:
-        """All words of the run."""
-        return sum(self.words.values())
-
 
 class BaselineMachineState(enum.Enum):
     """States of a baseline machine."""
@@ -286,40 +280,25 @@ class BaselineMachineState(enum.Enum):
     ERROR = enum.auto()
 
 
-class BaselineMachine(ProtocolMachine):
+class BaselineMachine(DataMachine):
     """A data-holding machine of a distributed baseline (sans-IO).
 
     Args:
-        party: this machine's party name.
-        config: the baseline's parameters.
-        points: local points ``[n_i, d]`` float64 (``n_i`` may be 0).
+        party, config, points, coordinator: as :class:`~fedproto.algorithms.kzclustering.parties.DataMachine`.
         index: this machine's index (folds its random key).
-        coordinator: the coordinator's party name.
-
-    Raises:
-        ValueError: ``points`` has the wrong shape or holds NaN/inf.
     """
 
     State = BaselineMachineState
     INITIAL_STATE = BaselineMachineState.SUMMARY
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (BaselineMachineState.AWAIT_BUDGET, OutlierBudget): ("_on_budget", BaselineMachineState.DONE),
     }
 
     def __init__(
-        self, party: str, *, config: BaselineConfig, points: np.ndarray, index: int, coordinator: str = "coordinator"
+        self, party: str, *, config: BaselineConfig, points: np.ndarray, index: int, coordinator: str = COORDINATOR
     ) -> None:
-        super().__init__(party)
-        points = np.asarray(points, dtype=np.float64)
-        if points.ndim != 2 or points.shape[1] != config.d:
-            raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
-        if not np.all(np.isfinite(points)):
-            raise ValueError("points contain NaN or infinite values")
-        self.config = config
-        self.points = points
+        super().__init__(party, config=config, points=points, coordinator=coordinator)
         self.index = index
-        self.coordinator = coordinator
         self._order = np.zeros(0, dtype=np.int64)
 
     def _start(self) -> list[Outgoing]:
@@ -345,8 +324,7 @@ class BaselineMachine(ProtocolMachine):
         return [out]
 
     def _on_budget(self, sender: str, message: OutlierBudget) -> list[Outgoing]:
-        if sender != self.coordinator:
-            raise RemoteProtocolError(f"{sender} is not the coordinator", party=sender, round_idx=self.round_idx)
+        self._check_sender(sender)
         cfg = self.config
         x = self.points
         t = min(int(message.outliers), x.shape[0])
@@ -374,7 +352,7 @@ class BaselineCoordinatorState(enum.Enum):
     ERROR = enum.auto()
 
 
-class BaselineCoordinator(ProtocolMachine):
+class BaselineCoordinator(CollectingCoordinator):
     """The coordinator of a distributed baseline (sans-IO).
 
     Args:
@@ -394,14 +372,8 @@ class BaselineCoordinator(ProtocolMachine):
     }
 
     def __init__(self, party: str, *, config: BaselineConfig, machines: Sequence[str]) -> None:
-        super().__init__(party)
-        machines = tuple(machines)
-        if len(machines) != config.n_machines or len(set(machines)) != len(machines) or party in machines:
-            raise ValueError("need config.n_machines unique machine names, without the coordinator")
+        super().__init__(party, machines=machines, n_machines=config.n_machines, d=config.d)
         self.config = config
-        self.machines = machines
-        self._inbox: dict[str, Message] = {}
-        self._words: dict[tuple[int, str], int] = defaultdict(int)
         self._budgets: tuple[int, ...] = ()
         if config.method in _TWO_ROUNDS:
             self.move_to(BaselineCoordinatorState.CURVES)
@@ -410,48 +382,24 @@ class BaselineCoordinator(ProtocolMachine):
     def phase(self) -> str:
         return "curve" if self._state is BaselineCoordinatorState.CURVES else "summary"
 
-    def pending(self) -> Sequence[str]:
-        if self._state in (BaselineCoordinatorState.DONE, BaselineCoordinatorState.ERROR):
-            return []
-        return [m for m in self.machines if m not in self._inbox]
-
     def _on_message(self, sender: str, message: Message) -> list[Outgoing]:
-        if sender not in self.machines:
-            raise RemoteProtocolError(f"{sender} is not a machine of this run", party=sender, round_idx=self.round_idx)
-        if sender in self._inbox:
-            raise RemoteProtocolError(
-                f"second {self.phase} message from {sender}", party=sender, round_idx=self.round_idx
-            )
-        if isinstance(message, LocalSummary) and message.points.shape[1] != self.config.d:
-            raise RemoteProtocolError(
-                f"{sender} sent points of the wrong width", party=sender, round_idx=self.round_idx
-            )
-        self._inbox[sender] = message
-        self._words[(self.round_idx, self.phase)] += message_words(message)
-        return []
+        self._admit(sender)
+        if isinstance(message, LocalSummary):
+            self._check_width(sender, message.points.shape[1])
+        return self._collect(sender, message)
 
     def _advance(self) -> list[Outgoing]:
-        if self._state in (BaselineCoordinatorState.DONE, BaselineCoordinatorState.ERROR):
-            return []
-        if len(self._inbox) < len(self.machines):
+        if not self._round_complete():
             return []
         cfg = self.config
         if self._state is BaselineCoordinatorState.CURVES:
-            curves = [
-                (self._inbox[m].outliers, self._inbox[m].radii)  # type: ignore[attr-defined]
-                for m in self.machines
-            ]
+            curves = [(c.outliers, c.radii) for c in self._replies()]  # type: ignore[attr-defined]
             self._budgets = tuple(glz_budgets(curves, cfg.z, cfg.rho))
-            out: list[Outgoing] = []
-            for machine, t in zip(self.machines, self._budgets):
-                message = OutlierBudget(outliers=t)
-                self._words[(self.round_idx, "budget")] += message_words(message)
-                out.append(self.send(machine, message, phase="budget"))
-            self._inbox = {}
-            self.round_idx += 1
+            budgets = {m: OutlierBudget(outliers=t) for m, t in zip(self.machines, self._budgets)}
+            out = self._send_each(budgets, "budget")
             self.move_to(BaselineCoordinatorState.SUMMARIES)
             return out
-        summaries: list[LocalSummary] = [self._inbox[m] for m in self.machines]  # type: ignore[misc]
+        summaries: list[LocalSummary] = self._replies()  # type: ignore[assignment]
         points = np.concatenate([s.points for s in summaries], axis=0)
         weights = np.concatenate(
             [s.weights if s.weights.shape[0] else np.ones(s.points.shape[0], np.int64) for s in summaries]

@@ -16,10 +16,13 @@ budget.
 
 Each party holds only its own data (issue 10). ``split`` cuts the data set (with the synthetic
 mixture and the injected outliers, never scaled) into the machines' raw parts, and every party is
-built from its own part and the public options only (``make_party``), in the simulation
-(``plan`` = ``split`` + that builder + the pooled summaries and baselines) as in a process per
-party (``plan_party``, ``fedproto party --data FILE``): equal results and payload bytes by
-construction. The coordinator holds no data and learns n, the n_i and d inside the protocol;
+built from its own part and the public options only
+(:class:`~fedproto.algorithms.kzclustering.parties.KzParties`), in the simulation (``plan`` =
+``split`` + that builder + the pooled summaries and baselines) as in a process per party
+(``plan_party``, ``fedproto party --data FILE``): equal results and payload bytes by
+construction. The summaries, the parties' result JSON and the plot are in
+:mod:`fedproto.algorithms.kzclustering.summaries`; the frame, grid and round bounds in
+:mod:`fedproto.algorithms.kzclustering.limits`. The coordinator holds no data and learns n, the n_i and d inside the protocol;
 ``--normalize minmax`` adds the setup phase ``setup.data`` that agrees the federation's
 per-feature extent (:mod:`fedproto.algorithms.kzclustering.setup`). ``--sub-machines auto``
 depends on the largest machine: ``plan`` resolves it from the split, ``resolved_options`` passes
@@ -58,66 +61,42 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering.baselines import (
-    METHODS,
-    BaselineConfig,
-    BaselineCoordinator,
-    BaselineMachine,
-    BaselineResult,
-    centralised_kzc,
-    charikar,
-    greedy,
-)
+from fedproto.algorithms.kzclustering import solvers
+from fedproto.algorithms.kzclustering.baselines import METHODS
 from fedproto.algorithms.kzclustering.config import COUNT_TESTS, SEARCHES, KzCenterConfig, check_instance
 from fedproto.algorithms.kzclustering.data import synthetic_dataset, with_outliers
-from fedproto.algorithms.kzclustering.messages import (
-    AggregatedCounts,
-    Coresets,
-    CostTotals,
-    DataSummary,
-    FederationSummary,
-    FinalCentres,
-    LocalCosts,
-    LocalExtent,
-    OutlierCount,
-    ProbeCounts,
-    RadiusFetch,
-    RadiusGrid,
-    RadiusGuesses,
-    RadiusProbes,
-    Representatives,
-    WeightedPoints,
+from fedproto.algorithms.kzclustering.limits import (
+    GRID_CAP,
+    center_frame_limit,
+    center_rounds_bound,
+    grid_size_bound,
+    means_frame_limit,
+    setup_frame_limit,
 )
-from fedproto.algorithms.kzclustering.means import (
-    KzMeansConfig,
-    KzMeansCoordinator,
-    KzMeansMachine,
-    MeansResult,
-    centralised_kmeans,
-    centralised_kmeans_minus_minus,
+from fedproto.algorithms.kzclustering.means import KzMeansConfig, KzMeansCoordinator, KzMeansMachine
+from fedproto.algorithms.kzclustering.parties import COORDINATOR, KzParties, machine_name
+from fedproto.algorithms.kzclustering.protocol import KzCoordinator, KzMachine
+from fedproto.algorithms.kzclustering.setup import SETUP_PHASE
+from fedproto.algorithms.kzclustering.summaries import (
+    CENTRALISED,
+    MEANS_BASELINES,
+    baseline_labels,
+    center_result_to_json,
+    means_result_to_json,
+    method_key,
+    parse_compare,
+    plot_centres,
+    run_baseline,
+    run_means,
+    summarize,
 )
-from fedproto.algorithms.kzclustering.protocol import (
-    COORDINATOR,
-    CoordinatorResult,
-    KzCoordinator,
-    KzMachine,
-    MachineResult,
-    machine_name,
-)
-from fedproto.algorithms.kzclustering.setup import SETUP_PHASE, DataSetupCoordinator, DataSetupMachine
 from fedproto.data import Dataset, normalize, partition, session_id
-from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
-from fedproto.progress import progress_task
-from fedproto.testing.harness import Harness
 
 __all__ = [
     "KZCENTER",
@@ -132,12 +111,13 @@ __all__ = [
     "grid_size_bound",
     "make_party",
     "means_frame_limit",
+    "method_key",
     "prepare_data",
     "run_baseline",
+    "run_means",
     "setup_frame_limit",
 ]
 
-CENTRALISED = ("greedy", "charikar", "kzc")
 CENTER_PHASES = ("extent", "grid", "probe", "counts", "fetch", "points", "centres", "outliers")
 NORMALIZATIONS = ("minmax", "none")
 
@@ -171,12 +151,6 @@ LABELS: dict[str, str] = {
     "objective_power": "objective exponent l",
     "score_outlier_budget": "outlier budget of the score",
 }
-
-
-def method_key(method: str) -> str:
-    """A baseline's name as a result-key suffix (``"random-kzc"`` -> ``"random_kzc"``,
-    ``"kmeans--"`` -> ``"kmeans_minus_minus"``)."""
-    return method.replace("--", "_minus_minus").replace("-", "_")
 
 
 def _add_alias(group: argparse._ArgumentGroup, old: str, dest: str, **kwargs: Any) -> None:
@@ -322,7 +296,7 @@ def make_party(
     machine_of: Any,
 ) -> Any:
     """The machine of ``party`` built from its own points only (the builder shared by the
-    simulation and a run of one process per party).
+    simulation and a run of one process per party; :class:`~fedproto.algorithms.kzclustering.parties.KzParties`).
 
     Args:
         party: the coordinator or a machine.
@@ -332,16 +306,14 @@ def make_party(
             extent in ``setup.data`` and each machine scales its points by it.
         coordinator_of: ``(d or None) -> coordinator`` (``None``: it learns d from the machines).
         machine_of: ``(party, points) -> machine``.
+
+    Raises:
+        ValueError: ``party`` is not a party of this run, data given to the coordinator, or a
+            machine without its points.
     """
-    if party == COORDINATOR:
-        if scale:
-            return DataSetupCoordinator(COORDINATOR, machines=machines, build=coordinator_of)
-        return coordinator_of(None)
-    if party not in machines:
-        raise ValueError(f"{party} is not a party of this run ({COORDINATOR}, {', '.join(machines)})")
-    if scale:
-        return DataSetupMachine(party, points=points, build=lambda x: machine_of(party, x), coordinator=COORDINATOR)
-    return machine_of(party, points)
+    parties = KzParties(machines, scale=scale, coordinator_of=coordinator_of,
+                        machine_of=lambda index, name, x: machine_of(name, x))
+    return parties.make_machine(party, points)
 
 
 def _own_party_only(party: str, make: Any) -> Any:
@@ -353,184 +325,6 @@ def _own_party_only(party: str, make: Any) -> Any:
         return make(name)
 
     return make_machine
-
-
-#: Most values :func:`~fedproto.algorithms.kzclustering.solvers.radius_grid` builds (it refuses more).
-_GRID_CAP = 100_001
-
-
-def _geometric_count_bound(lower: float, upper: float, eps: float) -> int:
-    """Most values of ``solvers.radius_grid(l, u, eps)`` for any ``l >= lower`` and ``u <= upper``
-    (``ceil(log(u / l) / log(1 + eps)) + 2``, one more for the rounding of the logarithms)."""
-    if not (math.isfinite(lower) and lower > 0) or not math.isfinite(upper):
-        return _GRID_CAP
-    if upper <= lower:
-        return 1
-    return min(_GRID_CAP, math.ceil(math.log(upper / lower) / math.log1p(eps)) + 3)
-
-
-def grid_size_bound(x: np.ndarray, eps: float, *, objective: str, radius_bounds: Any = None) -> int:
-    """Most radius guesses ``T`` the coordinator's grid can hold for the points ``x``, however they
-    are split over the machines (so every party computes the same bound without the machines'
-    extents), in ``O(n d log n)``.
-
-    The grid spans the machines' smallest nonzero distance to the anchor bound on the diameter
-    (see the protocols' ``_build_grid``). Two distinct points differ in some coordinate by at least
-    ``g``, the smallest nonzero gap between the sorted values of a column, so every machine's
-    smallest nonzero distance is at least ``g / 2`` (halved for the rounding of the distance
-    kernel); every anchor bound is at most ``6 R``, ``R`` the largest distance to the mean.
-
-    Args:
-        x: all points ``[n, d]`` float64.
-        eps: the grid ratio ``1 + eps``.
-        objective: ``"center"`` (grid ``[0, g/4, ...]`` up to half the diameter) or ``"means"``
-            (``eps dmin / (2 (1+eps) n)`` up to twice the diameter).
-        radius_bounds: ``(A, B)`` when the grid is ``A (1+eps)^t`` up to ``B`` (no extent round).
-
-    Returns:
-        An upper bound of the grid's length (at most 100,002: the grid builder refuses longer grids).
-    """
-    if radius_bounds is not None:
-        lo, hi = radius_bounds
-        return _geometric_count_bound(float(lo), float(hi), eps)
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[0]
-    if n < 2:
-        return 1
-    # values near the float64 limits overflow to inf here, and an infinite reach gives the cap
-    with np.errstate(over="ignore", invalid="ignore"):
-        gaps = np.diff(np.sort(x, axis=0), axis=0)
-        positive = gaps[gaps > 0]
-        if positive.size == 0:
-            return 1  # every point in one place: no nonzero distance, a one-value grid
-        dmin = float(positive.min()) / 2.0
-        reach = 6.0 * float(np.sqrt(np.max(np.sum((x - x.mean(axis=0)) ** 2, axis=1)))) * (1.0 + 1e-9)
-    if objective == "center":
-        return 1 + _geometric_count_bound(dmin / 4.0, reach / 2.0, eps)
-    return _geometric_count_bound(eps * dmin / (2.0 * (1.0 + eps) * n), 2.0 * reach, eps)
-
-
-def setup_frame_limit(d: int) -> int:
-    """The largest frame of ``setup.data`` (``--normalize minmax``): one extent ``[2, d]``."""
-    arrays = {"extent": (2, d)}
-    return max(max_frame_bytes(DataSummary, arrays=arrays), max_frame_bytes(FederationSummary, arrays=arrays))
-
-
-def center_frame_limit(config: KzCenterConfig, x: np.ndarray, largest_machine: int, *, scale: bool = False) -> int:
-    """The largest frame any party of a (k,z)-center run sends (bytes, envelope included).
-
-    The grid, the counts (two per guess) and a fetch or probe round of every guess at once
-    (``--probe-batch 0``) are ``T`` long (:func:`grid_size_bound`); a fetch reply holds, for each
-    fetched guess, at most ``min(n_i, count bound)`` representatives ``[d]`` with their weights (a
-    machine's count above the bound fails the count test, so that guess is never fetched), ``n_i``
-    at most ``largest_machine``. How many a machine sends depends on its data, so this bound can
-    exceed the observed frames several times; it is what an honest machine may send. ``scale``:
-    the run has the ``setup.data`` phase of ``--normalize minmax`` (:func:`setup_frame_limit`).
-    """
-    d, k = x.shape[1], config.k
-    t = grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
-    asked = min(config.batch, t) if config.batch else t
-    reps = min(largest_machine, config.max_reps)
-    return max(
-        max_frame_bytes(LocalExtent, arrays={"anchor": (1, d)}),
-        max_frame_bytes(RadiusGrid, arrays={"radii": (t,)}),
-        max_frame_bytes(AggregatedCounts, arrays={"counts": (t,), "discarded": (t,)}),
-        max_frame_bytes(RadiusGuesses, arrays={"indices": (asked,)}),
-        max_frame_bytes(
-            WeightedPoints,
-            arrays={"indices": (asked,), "sizes": (asked,), "points": (asked * reps, d), "weights": (asked * reps,)},
-        ),
-        max_frame_bytes(RadiusProbes, arrays={"radii": (asked,)}),
-        max_frame_bytes(ProbeCounts, arrays={"counts": (asked,), "discarded": (asked,)}),
-        max_frame_bytes(RadiusFetch),
-        max_frame_bytes(Representatives, arrays={"points": (reps, d), "weights": (reps,)}),
-        max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
-        max_frame_bytes(OutlierCount),
-        setup_frame_limit(d) if scale else 0,
-    )
-
-
-def center_rounds_bound(config: KzCenterConfig, grid_size: int) -> int:
-    """Algorithm rounds of a (k,z)-center run when the first fetch succeeds (for progress bars and
-    the run's time limit): the extent round (without radius bounds), then the counts (``linear``,
-    ``binary``) or at most ``ceil(log_{b+1} T) + 1`` probe rounds (``probe``, b guesses per
-    round), a fetch, and the answer."""
-    extent = 0 if config.radius_bounds else 1
-    if config.search != "probe":
-        return extent + 3
-    b = config.batch
-    probes = 1 if b == 0 or grid_size <= 1 else math.ceil(math.log(grid_size) / math.log(b + 1)) + 1
-    return extent + probes + 2
-
-
-def means_frame_limit(config: KzMeansConfig, x: np.ndarray, *, scale: bool = False) -> int:
-    """The largest frame any party of a (k,z)-median/means run sends (bytes, envelope included).
-
-    The grid, costs and totals are ``T`` long (:func:`grid_size_bound`; 1 in ``bel`` mode); a
-    machine's coresets hold, per guess, at most ``t`` samples (its share of the ``t`` samples
-    per radius) and its at most ``k`` local centres ``[d]`` with their weights, ``t`` being
-    ``--samples`` or the coordinator's ``max(10 k, n / (10 T))``. A machine's share of the
-    samples depends on its data, and the bound on ``T`` on the smallest gap between coordinates,
-    so this bound can exceed the observed frames several times; it is what an honest machine
-    may send. ``scale``: the run has the ``setup.data`` phase (:func:`setup_frame_limit`).
-    """
-    (n, d), k = x.shape, config.k
-    if config.mode == "bel":
-        t = 1
-    else:
-        t = grid_size_bound(x, config.eps, objective="means", radius_bounds=config.radius_bounds)
-    if config.samples is not None:
-        rows = t * (config.samples + k)
-    else:  # T' (max(10 k, n // (10 T')) + k) <= T (11 k) + n // 10 for the grid's true length T' <= T
-        rows = t * 11 * k + n // 10
-    return max(
-        max_frame_bytes(LocalExtent, arrays={"anchor": (1, d)}),
-        max_frame_bytes(RadiusGrid, arrays={"radii": (t,)}),
-        max_frame_bytes(LocalCosts, arrays={"costs": (t,)}),
-        max_frame_bytes(CostTotals, arrays={"totals": (t,)}),
-        max_frame_bytes(Coresets, arrays={"sizes": (t,), "points": (rows, d), "weights": (rows,)}),
-        max_frame_bytes(FinalCentres, arrays={"centres": (k, d)}),
-        max_frame_bytes(OutlierCount),
-        setup_frame_limit(d) if scale else 0,
-    )
-
-
-def run_baseline(method: str, x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int) -> BaselineResult:
-    """Run a distributed baseline through the synchronous harness (same codec, same metering)."""
-    config = BaselineConfig(method, k=k, z=z, n_machines=len(parts), d=x.shape[1], seed=seed)
-    names = [machine_name(i) for i in range(len(parts))]
-    machines: dict[str, Any] = {COORDINATOR: BaselineCoordinator(COORDINATOR, config=config, machines=names)}
-    for i, name in enumerate(names):
-        machines[name] = BaselineMachine(name, config=config, points=x[parts[i]], index=i)
-    return Harness(machines).run()[COORDINATOR]
-
-
-def _compare(methods: list[str], x: np.ndarray, parts: list[np.ndarray], k: int, z: int, seed: int) -> dict[str, Any]:
-    """Radius (z removed) of each baseline, and the words of the distributed ones."""
-    out: dict[str, Any] = {}
-    d = x.shape[1]
-    for method in methods:
-        key = method_key(method)
-        with progress_task(f"baseline {method}", total=None):
-            if method == "greedy":
-                centres = x[greedy(x, k, start=seed % x.shape[0])]
-            elif method == "charikar":
-                centres = x[charikar(x, k, z)[0]]
-            elif method == "kzc":
-                centres = x[centralised_kzc(x, k, z)]
-            else:
-                result = run_baseline(method, x, parts, k, z, seed)
-                centres = result.centres
-                out[f"words_total_{key}"] = int(result.total_words)
-                out[f"words_points_{key}"] = int(result.points_received * d)
-            dist, _ = _kernels.nearest_centres(x, centres)
-        out[f"radius_z_removed_{key}"] = float(solvers.center_cost(dist, z))
-    return out
-
-
-def _baseline_labels(methods: list[str], quantities: Mapping[str, str]) -> dict[str, str]:
-    """Labels of the baseline keys: ``{quantity: label}`` for each method."""
-    return {f"{q}_{method_key(m)}": f"{m}: {label}" for m in methods for q, label in quantities.items()}
 
 
 def _sub_machines(text: str) -> str | int:
@@ -546,21 +340,112 @@ def _sub_machines(text: str) -> str | int:
     return value
 
 
-def _parse_compare(text: str) -> list[str]:
-    if text in ("", "none"):
-        return []
-    names = list(CENTRALISED + METHODS) if text == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in names if t not in CENTRALISED + METHODS]
-    if unknown:
-        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(CENTRALISED + METHODS)}")
-    return names
+class _KzPlugin:
+    """What the kzcenter and kzmedian/kzmeans plugins do alike: cut the data into the machines'
+    raw parts, build every party from its own part only (:class:`KzParties`, behind ``setup.data``
+    with ``--normalize minmax``), and plan a simulated run or one party's process.
+
+    Subclasses give ``name``, ``PHASES``, ``result_to_json``, ``_config``, ``_coordinator`` and
+    ``_machine``.
+    """
+
+    name: str
+    PHASES: tuple[str, ...]
+
+    def _coordinator(self, config: Any, names: tuple[str, ...]) -> Any:
+        raise NotImplementedError
+
+    def _machine(self, index: int, party: str, config: Any, points: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def _parties(self, args: argparse.Namespace, config: Any, names: tuple[str, ...]) -> KzParties:
+        """Every party built from its own data only: the coordinator learns d (its configuration
+        says ``None``), a machine states its points' d."""
+        return KzParties(
+            names,
+            scale=args.normalize == "minmax",
+            coordinator_of=lambda d: self._coordinator(dataclasses.replace(config, d=d), names),
+            machine_of=lambda index, party, points: self._machine(
+                index, party, dataclasses.replace(config, d=int(points.shape[1])), points
+            ),
+        )
+
+    def _phases(self, args: argparse.Namespace) -> tuple[str, ...]:
+        return (SETUP_PHASE, *self.PHASES) if args.normalize == "minmax" else self.PHASES
+
+    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
+        """Each machine's raw part (``machine-0`` ...), as :meth:`plan` cuts the data: the data
+        set or the synthetic mixture with the injected outliers, never scaled (``--normalize``
+        happens inside the run, from the extent the machines agree in ``setup.data``)."""
+        return split_parts(*cut_data(args, dataset))
+
+    def _pooled(self, args: argparse.Namespace, dataset: Dataset) -> tuple[Dataset, list[np.ndarray], np.ndarray]:
+        """The raw data, the machines' parts and the pooled view the summaries use (scaled as
+        the machines scale it).
+
+        Raises:
+            ValueError: bad sizes or options, or not a (k,z) instance (`config.check_instance`).
+        """
+        raw, parts = cut_data(args, dataset)
+        x = normalize(raw.x) if args.normalize == "minmax" else raw.x
+        check_instance(x.shape[0], args.k, args.z if args.z is not None else args.inject_outliers)
+        return raw, parts, x
+
+    def _simulation(self, args: argparse.Namespace, raw: Dataset, parts: list[np.ndarray], x: np.ndarray,
+                    base: Any, compare: list[str], **plan: Any) -> RunPlan:
+        """The plan of the whole run in one process: every machine holds its raw part, and the
+        summary is computed on the pooled view ``x`` with the baselines ``compare``.
+
+        Args:
+            base: the shared parameters with ``d = None`` (each party fills in its own).
+            plan: the rest of the :class:`RunPlan` (session, iterations, ...).
+        """
+        parties = self._parties(args, base, tuple(machine_name(i) for i in range(len(parts))))
+        own = {name: part.x for name, part in split_parts(raw, parts).items()}
+        config = dataclasses.replace(base, d=x.shape[1])  # as every machine states it
+        return RunPlan(
+            roster=parties.roster,
+            make_machine=parties.machine_factory(own),
+            result_to_json=self.result_to_json,
+            summarize=lambda results: summarize(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed),
+            role_of=parties.role_of,
+            phases=self._phases(args),
+            labels=self._labels(compare),
+            **plan,
+        )
+
+    def _party_plan(self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int,
+                    data: Dataset | None, config: Any, iterations: int) -> RunPlan:
+        """The plan of one party holding only ``data`` (``None`` for the coordinator).
+
+        Raises:
+            ValueError: the coordinator given data or a machine none.
+        """
+        parties = self._parties(args, config, machines_of(roster, args))
+        points = party_points(party, data)
+        return RunPlan(
+            roster=tuple(roster),
+            session=session,
+            make_machine=_own_party_only(party, lambda name: parties.make_machine(name, points)),
+            result_to_json=self.result_to_json,
+            summarize=lambda results: {},
+            role_of=parties.role_of,
+            iterations=iterations,
+            phases=self._phases(args),
+            labels=self._labels([]),
+        )
+
+    def _labels(self, compare: list[str]) -> dict[str, str]:
+        raise NotImplementedError
 
 
-class KzCenterPlugin:
+class KzCenterPlugin(_KzPlugin):
     """Guo & Li's distributed (k,z)-center as a ``fedproto`` protocol plugin."""
 
     name = "kzcenter"
     description = "distributed (k,z)-center with (1+slack)z outliers (Guo & Li, NeurIPS 2018)"
+    PHASES = CENTER_PHASES
+    result_to_json = staticmethod(center_result_to_json)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("kzcenter")
@@ -604,31 +489,11 @@ class KzCenterPlugin:
             count_test=args.count_test, polish=not args.no_polish, sub_machines=sub_machines,
         )
 
-    def _builder(self, args: argparse.Namespace, config: KzCenterConfig, names: tuple[str, ...]) -> Any:
-        """``(party, its raw points or None) -> machine``: every party built from its own data only."""
-        workers = min(2, os.cpu_count() or 1)
+    def _coordinator(self, config: KzCenterConfig, names: tuple[str, ...]) -> KzCoordinator:
+        return KzCoordinator(COORDINATOR, config=config, machines=names)
 
-        def coordinator_of(d: int | None) -> KzCoordinator:
-            return KzCoordinator(COORDINATOR, config=dataclasses.replace(config, d=d), machines=names)
-
-        def machine_of(party: str, points: np.ndarray) -> KzMachine:
-            own = dataclasses.replace(config, d=int(points.shape[1]))
-            return KzMachine(party, config=own, points=points, workers=workers)
-
-        def build(party: str, points: np.ndarray | None) -> Any:
-            return make_party(party, points, machines=names, scale=args.normalize == "minmax",
-                              coordinator_of=coordinator_of, machine_of=machine_of)
-
-        return build
-
-    def _phases(self, args: argparse.Namespace) -> tuple[str, ...]:
-        return (SETUP_PHASE, *CENTER_PHASES) if args.normalize == "minmax" else CENTER_PHASES
-
-    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
-        """Each machine's raw part (``machine-0`` ...), as :meth:`plan` cuts the data: the data
-        set or the synthetic mixture with the injected outliers, never scaled (``--normalize``
-        happens inside the run, from the extent the machines agree in ``setup.data``)."""
-        return split_parts(*cut_data(args, dataset))
+    def _machine(self, index: int, party: str, config: KzCenterConfig, points: np.ndarray) -> KzMachine:
+        return KzMachine(party, config=config, points=points, workers=min(2, os.cpu_count() or 1))
 
     def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
         """``["--sub-machines", T]`` when ``--sub-machines auto`` (T follows from the largest
@@ -639,43 +504,25 @@ class KzCenterPlugin:
         return ["--sub-machines", str(solvers.sub_machine_count(max((len(p) for p in parts), default=0)))]
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        raw, parts = cut_data(args, dataset)
-        m = len(parts)
-        x = normalize(raw.x) if args.normalize == "minmax" else raw.x  # the pooled view, for summaries
+        raw, parts, x = self._pooled(args, dataset)
         n, d = x.shape
-        z = args.z if args.z is not None else args.inject_outliers
-        check_instance(n, args.k, z)
-        compare = _parse_compare(args.compare)
+        compare = parse_compare(args.compare, CENTRALISED + METHODS)
         largest = max((len(p) for p in parts), default=0)
         t = solvers.sub_machine_count(largest) if args.sub_machines == "auto" else args.sub_machines
-        base = self._config(args, m, t)
+        base = self._config(args, len(parts), t)
         config = dataclasses.replace(base, d=d)  # as every machine states it
-        names = tuple(machine_name(i) for i in range(m))
-        session = session_id("kzcenter", raw.name, n, d, config, args.seed, args.partition)
-        build = self._builder(args, base, names)
-        own = {name: part.x for name, part in split_parts(raw, parts).items()}
-
-        def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_center(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
-
-        return RunPlan(
-            roster=(COORDINATOR, *names),
-            session=session,
-            make_machine=lambda party: build(party, own.get(party)),
-            result_to_json=center_result_to_json,
-            summarize=summarize,
-            role_of=_role_of,
+        return self._simulation(
+            args, raw, parts, x, base, compare,
+            session=session_id("kzcenter", raw.name, n, d, config, args.seed, args.partition),
             iterations=center_rounds_bound(
                 config, grid_size_bound(x, config.eps, objective="center", radius_bounds=config.radius_bounds)
             ),
-            phases=self._phases(args),
             plot_results=lambda ax, summary: plot_centres(ax, x, summary),
             analytic={
                 "max_representatives_per_guess": config.count_bound,
                 "round3_words_bound_per_guess": config.count_bound * (d + 1),
                 "count_threshold": config.threshold,
             },
-            labels=self._labels(compare),
             max_frame_bytes=center_frame_limit(config, x, largest, scale=args.normalize == "minmax"),
         )
 
@@ -700,170 +547,33 @@ class KzCenterPlugin:
                 "points; fedproto run --transport tcp passes the value it resolved)"
             )
         config = self._config(args, len(names), args.sub_machines)
-        build = self._builder(args, config, names)
-        points = party_points(party, data)
-        return RunPlan(
-            roster=tuple(roster),
-            session=session,
-            make_machine=_own_party_only(party, lambda name: build(name, points)),
-            result_to_json=center_result_to_json,
-            summarize=lambda results: {},
-            role_of=_role_of,
-            iterations=center_rounds_bound(config, _GRID_CAP + 1),
-            phases=self._phases(args),
-            labels=self._labels([]),
-        )
+        return self._party_plan(args, party, roster, session, data, config, center_rounds_bound(config, GRID_CAP + 1))
 
     def _labels(self, compare: list[str]) -> dict[str, str]:
         return {
             **LABELS,
             "words_points": "words (paper: Round-3 points x d)",
             **{f"words_phase_{phase}": f"words: {phase}" for phase in CENTER_PHASES},
-            **_baseline_labels(compare, {"radius_z_removed": "radius (z removed)",
-                                         "words_total": "words (all messages)",
-                                         "words_points": "words (paper: points x d)"}),
+            **baseline_labels(compare, {"radius_z_removed": "radius (z removed)",
+                                        "words_total": "words (all messages)",
+                                        "words_points": "words (paper: points x d)"}),
         }
-
-
-def _role_of(party: str) -> str:
-    return "coordinator" if party == COORDINATOR else "machine"
-
-
-def center_result_to_json(party: str, result: Any) -> dict[str, Any]:
-    """A party's result as JSON-ready data."""
-    if isinstance(result, CoordinatorResult):
-        return {
-            "centres": result.centres.tolist(),
-            "radius": result.radius,
-            "guess": result.guess,
-            "guess_index": result.guess_index,
-            "kzc_radius": result.kzc_radius,
-            "z_prime": result.z_prime,
-            "discarded": result.discarded,
-            "n_points": result.n,
-            "grid_size": int(result.grid.shape[0]),
-            "probed": result.probed.astype(int).tolist(),
-            "pass2": result.pass2.astype(int).tolist(),
-            "probe_rounds": [list(p) for p in result.probe_rounds],
-            "fetches": [list(f) for f in result.fetches],
-            "rejected": list(result.rejected),
-            "polished": bool(result.polished),
-            "outliers": result.outliers,
-            "representatives": result.representatives,
-            "words_by_phase": result.words_by_phase(),
-            "total_words": result.total_words,
-        }
-    if isinstance(result, MachineResult):
-        return {"outliers": int(result.outliers.sum()), "n_points": int(result.outliers.shape[0])}
-    raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
-
-
-def summarize_center(
-    coordinator: Mapping[str, Any],
-    config: KzCenterConfig,
-    x: np.ndarray,
-    name: str,
-    parts: list[np.ndarray],
-    compare: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Costs (paper style and guarantee style), the certificate, words, and the baselines.
-
-    Returns:
-        The kzcenter result keys of the module docstring.
-    """
-    centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    dist, _ = _kernels.nearest_centres(x, centres)
-    budget = math.floor(config.outlier_budget + 1e-9)
-    summary: dict[str, Any] = {
-        "data_set": name,
-        "n_points": int(x.shape[0]),
-        "d": int(x.shape[1]),
-        "k": int(config.k),
-        "z": int(config.z),
-        "slack": float(config.eps),
-        "n_clients": int(config.n_machines),
-        "sub_machines": int(config.sub_machines),
-        "search": config.search,
-        "probe_batch": int(config.batch),
-        "radius_z_removed": float(solvers.center_cost(dist, config.z)),
-        "radius_budget_removed": float(solvers.center_cost(dist, budget)),
-        "radius": float(coordinator["radius"]),
-        "n_outliers": int(coordinator["outliers"]),
-        "outlier_budget": float(config.outlier_budget),
-        "accepted_guess": float(coordinator["guess"]),
-        "grid_size": int(coordinator["grid_size"]),
-        "probe_rounds": len(coordinator["probe_rounds"]),
-        "probes": sum(len(p) for p in coordinator["probe_rounds"]),
-        "fetch_rounds": len(coordinator["fetches"]),
-        "rejected_guesses": len(coordinator["rejected"]),
-        "polished": bool(coordinator["polished"]),
-        "words_total": int(coordinator["total_words"]),
-        "words_points": int(coordinator["representatives"] * config.d),
-    }
-    for phase, words in coordinator["words_by_phase"].items():
-        summary[f"words_phase_{phase}"] = int(words)
-    summary.update(_compare(compare, x, parts, config.k, config.z, seed))
-    summary["centres"] = centres.tolist()
-    return summary
-
-
-def plot_centres(ax, x: np.ndarray, summary: Mapping[str, Any], *, title: str = "(k,z)-center") -> None:
-    """Points (first two principal components), outliers in red, centres as black crosses.
-
-    Args:
-        ax: the matplotlib axes to draw on.
-        x: the data ``[n, d]``, as the run saw it.
-        summary: the run's result keys (``centres``, and ``radius`` or ``outlier_threshold``).
-        title: the protocol's objective, e.g. ``"(k,z)-center"`` or ``"(k,z)-means"``; a run in
-            BEL mode (``summary["mode"] == "bel"``) says so.
-    """
-    centres = np.asarray(summary["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    threshold_key = "radius" if "radius" in summary else "outlier_threshold"
-    radius = summary.get(threshold_key, math.inf)
-    dist, _ = _kernels.nearest_centres(x, centres)
-    if x.shape[1] > 2:
-        from sklearn.decomposition import PCA
-
-        pca = PCA(n_components=2, random_state=0).fit(x)
-        px, pc = pca.transform(x), pca.transform(centres) if centres.size else np.zeros((0, 2))
-    else:
-        pad = (lambda a: np.pad(a, ((0, 0), (0, 2 - a.shape[1]))))  # noqa: E731
-        px, pc = pad(x), pad(centres)
-    far = dist > radius
-    beyond = "radius" if threshold_key == "radius" else "threshold"
-    ax.scatter(px[~far, 0], px[~far, 1], s=5, alpha=0.5, label=f"inliers ({int((~far).sum()):,})")
-    ax.scatter(px[far, 0], px[far, 1], s=8, color="red", label=f"outliers beyond the {beyond} ({int(far.sum()):,})")
-    ax.scatter(pc[:, 0], pc[:, 1], marker="x", color="black", s=60, label=f"centres ({len(centres)})")
-    if summary.get("mode") == "bel":
-        title += " (BEL baseline)"
-    ax.set_title(title + (" (first two principal components)" if x.shape[1] > 2 else ""))
-    legend = ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small", frameon=False)
-    for handle in legend.legend_handles:
-        handle.set_sizes([30])  # legend markers of one readable size, whatever the points' size
 
 
 KZCENTER = KzCenterPlugin()
 
-MEANS_BASELINES = ("kmeans", "kmeans--", "bel")
 MEANS_PHASES = ("extent", "grid", "costs", "totals", "coresets", "centres", "outliers")
 
 
-def run_means(config: KzMeansConfig, x: np.ndarray, parts: list[np.ndarray]) -> MeansResult:
-    """Run the median/means protocol (or BEL) through the synchronous harness."""
-    names = [machine_name(i) for i in range(len(parts))]
-    machines: dict[str, Any] = {COORDINATOR: KzMeansCoordinator(COORDINATOR, config=config, machines=names)}
-    for i, name in enumerate(names):
-        machines[name] = KzMeansMachine(name, config=config, points=x[parts[i]], index=i)
-    return Harness(machines).run()[COORDINATOR]
-
-
-class KzMeansPlugin:
+class KzMeansPlugin(_KzPlugin):
     """Guo & Li's distributed (k,z)-median or (k,z)-means (Appendix C) as a ``fedproto`` plugin.
 
     Args:
         power: 1 (median) or 2 (means).
     """
+
+    PHASES = MEANS_PHASES
+    result_to_json = staticmethod(means_result_to_json)
 
     def __init__(self, power: int) -> None:
         self.power = power
@@ -899,32 +609,14 @@ class KzMeansPlugin:
             polish=not args.no_polish, seed=args.seed,
         )
 
-    def _builder(self, args: argparse.Namespace, config: KzMeansConfig, names: tuple[str, ...]) -> Any:
-        """``(party, its raw points or None) -> machine``: every party built from its own data only."""
+    def _coordinator(self, config: KzMeansConfig, names: tuple[str, ...]) -> KzMeansCoordinator:
+        return KzMeansCoordinator(COORDINATOR, config=config, machines=names)
 
-        def coordinator_of(d: int | None) -> KzMeansCoordinator:
-            return KzMeansCoordinator(COORDINATOR, config=dataclasses.replace(config, d=d), machines=names)
-
-        def machine_of(party: str, points: np.ndarray) -> KzMeansMachine:
-            own = dataclasses.replace(config, d=int(points.shape[1]))
-            return KzMeansMachine(party, config=own, points=points, index=names.index(party))
-
-        def build(party: str, points: np.ndarray | None) -> Any:
-            return make_party(party, points, machines=names, scale=args.normalize == "minmax",
-                              coordinator_of=coordinator_of, machine_of=machine_of)
-
-        return build
-
-    def _phases(self, args: argparse.Namespace) -> tuple[str, ...]:
-        return (SETUP_PHASE, *MEANS_PHASES) if args.normalize == "minmax" else MEANS_PHASES
+    def _machine(self, index: int, party: str, config: KzMeansConfig, points: np.ndarray) -> KzMeansMachine:
+        return KzMeansMachine(party, config=config, points=points, index=index)
 
     def _iterations(self, config: KzMeansConfig) -> int:
         return 3 if config.mode == "bel" or config.radius_bounds is not None else 4
-
-    def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
-        """Each machine's raw part (``machine-0`` ...), as :meth:`plan` cuts the data (see
-        :meth:`KzCenterPlugin.split`)."""
-        return split_parts(*cut_data(args, dataset))
 
     def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
         """``[]``: no option's default depends on the whole data set (n, d and the coreset size
@@ -932,45 +624,19 @@ class KzMeansPlugin:
         return []
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
-        raw, parts = cut_data(args, dataset)
-        m = len(parts)
-        x = normalize(raw.x) if args.normalize == "minmax" else raw.x  # the pooled view, for summaries
+        raw, parts, x = self._pooled(args, dataset)
         n, d = x.shape
-        z = args.z if args.z is not None else args.inject_outliers
-        check_instance(n, args.k, z)
-        if args.compare in ("", "none"):
-            compare: list[str] = []
-        elif args.compare == "all":
-            compare = list(MEANS_BASELINES)
-        else:
-            compare = [t.strip() for t in args.compare.split(",") if t.strip()]
-            unknown = [t for t in compare if t not in MEANS_BASELINES]
-            if unknown:
-                raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(MEANS_BASELINES)}")
-        base = self._config(args, m)
+        compare = parse_compare(args.compare, MEANS_BASELINES)
+        base = self._config(args, len(parts))
         config = dataclasses.replace(base, d=d)  # as every machine states it
-        names = tuple(machine_name(i) for i in range(m))
-        session = session_id(self.name, raw.name, n, d, config, args.partition)
-        build = self._builder(args, base, names)
-        own = {name: part.x for name, part in split_parts(raw, parts).items()}
-
-        def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            return summarize_means(results[COORDINATOR], config, x, raw.name, parts, compare, args.seed)
-
-        return RunPlan(
-            roster=(COORDINATOR, *names),
-            session=session,
-            make_machine=lambda party: build(party, own.get(party)),
-            result_to_json=means_result_to_json,
-            summarize=summarize,
-            role_of=_role_of,
+        return self._simulation(
+            args, raw, parts, x, base, compare,
+            session=session_id(self.name, raw.name, n, d, config, args.partition),
             iterations=self._iterations(config),
-            phases=self._phases(args),
             plot_results=lambda ax, summary: plot_centres(
                 ax, x, summary, title="(k,z)-median" if self.power == 1 else "(k,z)-means"
             ),
             analytic={"objective_power": self.power, "score_outlier_budget": config.outlier_budget},
-            labels=self._labels(compare),
             max_frame_bytes=means_frame_limit(config, x, scale=args.normalize == "minmax"),
         )
 
@@ -983,106 +649,16 @@ class KzMeansPlugin:
         Raises:
             ValueError: the coordinator given data or a machine none, or bad options.
         """
-        names = machines_of(roster, args)
-        config = self._config(args, len(names))
-        build = self._builder(args, config, names)
-        points = party_points(party, data)
-        return RunPlan(
-            roster=tuple(roster),
-            session=session,
-            make_machine=_own_party_only(party, lambda name: build(name, points)),
-            result_to_json=means_result_to_json,
-            summarize=lambda results: {},
-            role_of=_role_of,
-            iterations=self._iterations(config),
-            phases=self._phases(args),
-            labels=self._labels([]),
-        )
+        config = self._config(args, len(machines_of(roster, args)))
+        return self._party_plan(args, party, roster, session, data, config, self._iterations(config))
 
     def _labels(self, compare: list[str]) -> dict[str, str]:
         return {
             **LABELS,
             "words_points": "words (paper: coreset points x (d+1))",
             **{f"words_phase_{phase}": f"words: {phase}" for phase in MEANS_PHASES},
-            **_baseline_labels(compare, {"cost_z_removed": "cost (z removed)", "words_total": "words"}),
+            **baseline_labels(compare, {"cost_z_removed": "cost (z removed)", "words_total": "words"}),
         }
-
-
-def means_result_to_json(party: str, result: Any) -> dict[str, Any]:
-    """A party's result as JSON-ready data."""
-    if isinstance(result, MeansResult):
-        return {
-            "centres": result.centres.tolist(),
-            "threshold": result.threshold,
-            "score": result.score,
-            "bound": result.bound,
-            "n_points": result.n,
-            "grid_size": int(result.grid.shape[0]),
-            "samples": result.samples,
-            "coreset_points": result.coreset_points,
-            "outliers": result.outliers,
-            "words_by_phase": result.words_by_phase(),
-            "total_words": result.total_words,
-        }
-    if isinstance(result, MachineResult):
-        return {"outliers": int(result.outliers.sum()), "n_points": int(result.outliers.shape[0])}
-    raise TypeError(f"unexpected result of {party}: {type(result).__name__}")
-
-
-def summarize_means(
-    coordinator: Mapping[str, Any],
-    config: KzMeansConfig,
-    x: np.ndarray,
-    name: str,
-    parts: list[np.ndarray],
-    compare: list[str],
-    seed: int,
-) -> dict[str, Any]:
-    """Trimmed costs of the run (with (1+slack)z and z removed), its words, and the baselines' costs.
-
-    Returns:
-        The kzmedian/kzmeans result keys of the module docstring.
-    """
-    power = config.power
-    centres = np.asarray(coordinator["centres"], dtype=np.float64).reshape(-1, x.shape[1])
-    dist, _ = _kernels.nearest_centres(x, centres)
-    summary: dict[str, Any] = {
-        "data_set": name,
-        "n_points": int(x.shape[0]),
-        "d": int(x.shape[1]),
-        "k": int(config.k),
-        "z": int(config.z),
-        "slack": float(config.eps),
-        "n_clients": int(config.n_machines),
-        "mode": config.mode,
-        "cost_budget_removed": float(solvers.trimmed_cost(dist, (1 + config.eps) * config.z, power)),
-        "cost_z_removed": float(solvers.trimmed_cost(dist, config.z, power)),
-        "outlier_threshold": float(coordinator["threshold"]),
-        "n_outliers": int(coordinator["outliers"]),
-        "grid_size": int(coordinator["grid_size"]),
-        "coreset_samples": int(coordinator["samples"]),
-        "words_total": int(coordinator["total_words"]),
-        "words_points": int(coordinator["coreset_points"] * (config.d + 1)),
-    }
-    for phase, words in coordinator["words_by_phase"].items():
-        summary[f"words_phase_{phase}"] = int(words)
-    for method in compare:
-        key = method_key(method)
-        with progress_task(f"baseline {method}", total=None):
-            if method == "kmeans":
-                other = centralised_kmeans(x, config.k, seed=seed)
-            elif method == "kmeans--":
-                other = centralised_kmeans_minus_minus(x, config.k, config.z, seed=seed)
-            else:
-                bel = dataclasses.replace(config, mode="bel", radius_bounds=None)
-                result = run_means(bel, x, parts)
-                other = result.centres
-                summary[f"words_total_{key}"] = int(result.total_words)
-            summary[f"cost_z_removed_{key}"] = float(
-                solvers.trimmed_cost(_kernels.nearest_centres(x, other)[0], config.z, power)
-            )
-    summary["centres"] = centres.tolist()
-    return summary
 
 
 KZMEDIAN = KzMeansPlugin(1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["COUNT_TESTS", "KzCenterConfig", "SEARCHES", "check_instance"]
+__all__ = ["COUNT_TESTS", "SEARCHES", "KzCenterConfig", "check_instance", "check_radius_bounds", "check_slack"]
 
 #: Radius searches: ``probe`` (the default: bisection with count probes, then one fetch),
 #: ``linear`` and ``binary`` (counts of every guess first, then fetches).
@@ -40,6 +40,29 @@ def check_instance(n: int, k: int, z: int) -> None:
         raise ValueError(f"z must be >= 0, got {z}")
     if z >= n:
         raise ValueError(f"z = {z} outliers leave no inliers among n = {n} points (need z < n)")
+
+
+def check_slack(eps: float) -> None:
+    """Refuse a bicriteria slack (the paper's eps) outside ``(0, 1]``.
+
+    Raises:
+        ValueError: ``eps`` is not a number in ``(0, 1]``.
+    """
+    if not (isinstance(eps, float | int) and 0 < eps <= 1):
+        raise ValueError(f"eps must be in (0, 1], got {eps}")
+
+
+def check_radius_bounds(bounds: tuple[float, float] | None) -> None:
+    """Refuse radius bounds ``(A, B)`` (Guo & Li, Appendix B, "domain knowledge") that are not
+    ``0 < A <= B < inf``; ``None`` (no bounds) is fine.
+
+    Raises:
+        ValueError: the bounds are out of order, not positive, or not finite.
+    """
+    if bounds is not None:
+        lo, hi = bounds
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+            raise ValueError(f"radius_bounds must satisfy 0 < A <= B < inf, got {bounds}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +140,7 @@ class KzCenterConfig:
             raise ValueError(f"k must be at least 1, got {self.k}")
         if self.z < 0:
             raise ValueError(f"z must be >= 0, got {self.z}")
-        if not (isinstance(self.eps, float | int) and 0 < self.eps <= 1):
-            raise ValueError(f"eps must be in (0, 1], got {self.eps}")
+        check_slack(self.eps)
         if self.n_machines < 1:
             raise ValueError(f"the number of machines must be at least 1, got {self.n_machines}")
         if self.d is not None and self.d < 1:
@@ -136,10 +158,7 @@ class KzCenterConfig:
         for name in ("refine", "polish"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        if self.radius_bounds is not None:
-            lo, hi = self.radius_bounds
-            if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-                raise ValueError(f"radius_bounds must satisfy 0 < A <= B < inf, got {self.radius_bounds}")
+        check_radius_bounds(self.radius_bounds)
 
     @property
     def virtual_machines(self) -> int:

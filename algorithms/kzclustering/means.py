@@ -56,14 +56,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering.config import check_instance
+from fedproto.algorithms.kzclustering.collect import CollectingCoordinator, RunWords, extents_diameter
+from fedproto.algorithms.kzclustering.config import check_instance, check_radius_bounds, check_slack
 from fedproto.algorithms.kzclustering.messages import (
     Coresets,
     CostTotals,
@@ -72,12 +72,9 @@ from fedproto.algorithms.kzclustering.messages import (
     LocalExtent,
     OutlierCount,
     RadiusGrid,
-    message_words,
 )
-from fedproto.algorithms.kzclustering.protocol import COORDINATOR, label_outliers
-from fedproto.algorithms.kzclustering.setup import agree_feature_count
+from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine, extent_message
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
 
 __all__ = [
@@ -139,8 +136,7 @@ class KzMeansConfig:
     def __post_init__(self) -> None:
         if self.k < 1 or self.z < 0 or self.n_machines < 1 or (self.d is not None and self.d < 1):
             raise ValueError("need k >= 1, z >= 0, n_machines >= 1 and d >= 1")
-        if not (isinstance(self.eps, float | int) and 0 < self.eps <= 1):
-            raise ValueError(f"eps must be in (0, 1], got {self.eps}")
+        check_slack(self.eps)
         if self.power not in (1, 2):
             raise ValueError("power must be 1 (median) or 2 (means)")
         if self.mode not in MODES:
@@ -151,10 +147,7 @@ class KzMeansConfig:
             raise ValueError("facilities must be at least k")
         if self.local_iterations < 0:
             raise ValueError("local_iterations must be >= 0")
-        if self.radius_bounds is not None:
-            lo, hi = self.radius_bounds
-            if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-                raise ValueError(f"radius_bounds must satisfy 0 < A <= B < inf, got {self.radius_bounds}")
+        check_radius_bounds(self.radius_bounds)
 
     @property
     def outlier_budget(self) -> float:
@@ -167,7 +160,7 @@ class KzMeansConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class MeansResult:
+class MeansResult(RunWords):
     """The coordinator's output.
 
     Attributes:
@@ -193,18 +186,6 @@ class MeansResult:
     coreset_points: int
     outliers: int
     words: dict[tuple[int, str], int]
-
-    @property
-    def total_words(self) -> int:
-        """All words of the run."""
-        return sum(self.words.values())
-
-    def words_by_phase(self) -> dict[str, int]:
-        """Words per phase name."""
-        out: dict[str, int] = defaultdict(int)
-        for (_, phase), words in self.words.items():
-            out[phase] += words
-        return dict(out)
 
 
 def _grid_from_bounds(config: KzMeansConfig) -> np.ndarray:
@@ -290,23 +271,16 @@ class MeansMachineState(enum.Enum):
     ERROR = enum.auto()
 
 
-class KzMeansMachine(ProtocolMachine):
+class KzMeansMachine(DataMachine):
     """A data-holding machine of distributed (k,z)-median/means (sans-IO).
 
     Args:
-        party: this machine's party name.
-        config: the run's parameters.
-        points: local points ``[n_i, d]`` float64 (``n_i`` may be 0).
+        party, config, points, coordinator: as :class:`~fedproto.algorithms.kzclustering.parties.DataMachine`.
         index: this machine's index (folds its random keys).
-        coordinator: the coordinator's party name.
-
-    Raises:
-        ValueError: ``points`` has the wrong shape or holds NaN/inf.
     """
 
     State = MeansMachineState
     INITIAL_STATE = MeansMachineState.AWAIT_GRID
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         (MeansMachineState.AWAIT_GRID, RadiusGrid): ("_on_grid", MeansMachineState.AWAIT_TOTALS),
         (MeansMachineState.AWAIT_TOTALS, CostTotals): ("_on_totals", MeansMachineState.AWAIT_CENTRES),
@@ -316,27 +290,13 @@ class KzMeansMachine(ProtocolMachine):
     def __init__(
         self, party: str, *, config: KzMeansConfig, points: np.ndarray, index: int, coordinator: str = COORDINATOR
     ) -> None:
-        super().__init__(party)
-        if config.d is None:
-            raise ValueError("a machine's configuration must state d, its points' number of features")
-        points = np.asarray(points, dtype=np.float64)
-        if points.ndim != 2 or points.shape[1] != config.d:
-            raise ValueError(f"points must have shape [n_i, {config.d}], got {points.shape}")
-        if not np.all(np.isfinite(points)):
-            raise ValueError("points contain NaN or infinite values")
-        self.config = config
-        self.points = points
+        super().__init__(party, config=config, points=points, coordinator=coordinator)
         self.index = index
-        self.coordinator = coordinator
         self._key = config.key(index)
         self._grid = np.zeros(0)
         self._centres = np.zeros((0, config.d))
         self._nearest: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0, dtype=np.int64))
         self._costs = np.zeros(0)
-
-    def _check_sender(self, sender: str) -> None:
-        if sender != self.coordinator:
-            raise RemoteProtocolError(f"{sender} is not the coordinator", party=sender, round_idx=self.round_idx)
 
     def local_solution(self) -> np.ndarray:
         """B_i: k-means++ seeding and Lloyd on the local points (``[min(k, n_i), d]``)."""
@@ -352,13 +312,7 @@ class KzMeansMachine(ProtocolMachine):
         cfg = self.config
         if cfg.mode == "truncated" and cfg.radius_bounds is None:
             # k-d tree and distance rows: the same numbers as the dense matrix, without the n_i^2 memory
-            local = solvers.local_extent(self.points)
-            extent = LocalExtent(
-                n_points=local.n_points,
-                min_distance=local.min_distance,
-                radius=local.radius,
-                anchor=self.points[: min(local.n_points, 1)].copy(),
-            )
+            extent = extent_message(self.points, solvers.local_extent(self.points))
             return [self.send(self.coordinator, extent, phase="extent")]
         self.move_to(MeansMachineState.AWAIT_TOTALS)
         return [self._local_costs(_grid_from_bounds(cfg))]
@@ -408,9 +362,6 @@ class KzMeansMachine(ProtocolMachine):
         )
         return [self.send(self.coordinator, coresets, phase="coresets")]
 
-    def _on_centres(self, sender: str, message: FinalCentres) -> list[Outgoing]:
-        return label_outliers(self, sender, message)
-
 
 class MeansCoordinatorState(enum.Enum):
     """States of the median/means coordinator."""
@@ -431,7 +382,7 @@ _PHASES = {
 }
 
 
-class KzMeansCoordinator(ProtocolMachine):
+class KzMeansCoordinator(CollectingCoordinator):
     """The coordinator of distributed (k,z)-median/means (sans-IO).
 
     Args:
@@ -453,16 +404,8 @@ class KzMeansCoordinator(ProtocolMachine):
     }
 
     def __init__(self, party: str, *, config: KzMeansConfig, machines: Sequence[str]) -> None:
-        super().__init__(party)
-        machines = tuple(machines)
-        if len(machines) != config.n_machines or len(set(machines)) != len(machines) or party in machines:
-            raise ValueError("need config.n_machines unique machine names, without the coordinator")
+        super().__init__(party, machines=machines, n_machines=config.n_machines, d=config.d)
         self.config = config
-        self.machines = machines
-        self._inbox: dict[str, Message] = {}
-        self._words: dict[tuple[int, str], int] = defaultdict(int)
-        self._d = config.d  # None: learnt from the machines' first points (agree_feature_count)
-        self._widths: dict[str, int] = {}
         self._grid = np.zeros(0)
         self._n = 0
         self._local_n: dict[str, int] = {}
@@ -474,11 +417,6 @@ class KzMeansCoordinator(ProtocolMachine):
     def phase(self) -> str:
         return _PHASES.get(self._state, "done")
 
-    def pending(self) -> Sequence[str]:
-        if self._state in (MeansCoordinatorState.DONE, MeansCoordinatorState.ERROR):
-            return []
-        return [m for m in self.machines if m not in self._inbox]
-
     def _start(self) -> list[Outgoing]:
         if self.config.mode == "bel" or self.config.radius_bounds is not None:
             self._grid = _grid_from_bounds(self.config)
@@ -486,27 +424,16 @@ class KzMeansCoordinator(ProtocolMachine):
         return []
 
     def _on_message(self, sender: str, message: Message) -> list[Outgoing]:
-        if sender not in self.machines:
-            raise RemoteProtocolError(f"{sender} is not a machine of this run", party=sender, round_idx=self.round_idx)
-        if sender in self._inbox:
-            raise RemoteProtocolError(
-                f"second {self.phase} message from {sender}", party=sender, round_idx=self.round_idx
-            )
+        self._admit(sender)
         if isinstance(message, LocalCosts) and message.costs.shape != self._grid.shape:
             raise RemoteProtocolError(
                 f"{sender} sent {message.costs.shape[0]} costs for a grid of {self._grid.shape[0]}",
                 party=sender, round_idx=self.round_idx,
             )
-        if isinstance(message, LocalExtent | Coresets):
-            width = int((message.anchor if isinstance(message, LocalExtent) else message.points).shape[1])
-            if self._d is None:
-                self._widths[sender] = width  # compared when the round is complete (_advance)
-            elif width != self._d:
-                raise RemoteProtocolError(
-                    f"{sender} sent points with {width} features, expected {self._d}", party=sender,
-                    round_idx=self.round_idx,
-                )
+        if isinstance(message, LocalExtent):
+            self._check_width(sender, message.anchor.shape[1], anchor=True)
         if isinstance(message, Coresets):
+            self._check_width(sender, message.points.shape[1])
             if message.sizes.shape != self._grid.shape:
                 raise RemoteProtocolError(f"{sender} sent coresets of the wrong shape", party=sender,
                                           round_idx=self.round_idx)
@@ -518,29 +445,14 @@ class KzMeansCoordinator(ProtocolMachine):
                     f"{sender}'s coreset weights sum to {sums.tolist()}, not its {n_i} points",
                     party=sender, round_idx=self.round_idx,
                 )
-        self._inbox[sender] = message
-        self._words[(self.round_idx, self.phase)] += message_words(message)
-        return []
-
-    def _broadcast(self, message: Message, phase: str) -> Outgoing:
-        self._words[(self.round_idx, phase)] += message_words(message) * len(self.machines)
-        out = self.broadcast(self.machines, message, phase=phase)
-        self._inbox = {}
-        self.round_idx += 1
-        return out
+        return self._collect(sender, message)
 
     def _advance(self) -> list[Outgoing]:
-        if self._state in (MeansCoordinatorState.DONE, MeansCoordinatorState.ERROR):
-            return []
-        if len(self._inbox) < len(self.machines):
+        if not self._round_complete():
             return []
         cfg = self.config
-        if self._d is None and self._widths:  # the first round with every machine's points
-            self._d = agree_feature_count(
-                {m: self._widths[m] for m in self.machines}, round_idx=self.round_idx, phase=self.phase
-            )
-            self._widths = {}
-        inbox = [self._inbox[m] for m in self.machines]
+        self._settle_features()  # the first round with every machine's points
+        inbox = self._replies()
         if self._state is MeansCoordinatorState.EXTENT:
             self._grid = self._build_grid(inbox)  # type: ignore[arg-type]
             self.move_to(MeansCoordinatorState.COSTS)
@@ -571,12 +483,7 @@ class KzMeansCoordinator(ProtocolMachine):
     def _build_grid(self, extents: list[LocalExtent]) -> np.ndarray:
         """``(1+eps)^t`` steps over ``(eps dmin / (2 (1+eps) n), 2 diameter]`` (spec 3.2)."""
         n = sum(e.n_points for e in extents)
-        anchors = [(e.anchor[0], e.radius) for e in extents if e.anchor.shape[0]]
-        diameter = 0.0
-        if anchors:
-            a = np.asarray([p for p, _ in anchors])
-            r = np.asarray([q for _, q in anchors])
-            diameter = float(np.max(r[:, None] + _kernels.pairwise_distances(a) + r[None, :]))
+        _, diameter = extents_diameter(extents, self._d)
         spacing = min(e.min_distance for e in extents)
         if diameter <= 0 or not math.isfinite(spacing):
             return np.array([max(diameter, 1.0)])  # every point on one location per machine

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fedproto.algorithms  # noqa: F401
-from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering import _kernels, solvers, solvers_covers
 
 # --- fixtures ----------------------------------------------------------------------------------------
 
@@ -309,9 +309,9 @@ def test_sampled_breakpoint_search_ends_on_a_breakpoint_whose_predecessor_fails(
     """The large-input search (forced here on small inputs, with tiny samples) keeps the invariant of
     the plain one: hi succeeds, hi is a breakpoint, and the breakpoint before it fails; where success
     is monotone over the breakpoints it finds the same radius."""
-    monkeypatch.setattr(solvers, "_FULL_BREAKPOINTS", 0)
-    monkeypatch.setattr(solvers, "_SAMPLE_BREAKPOINTS", 5)
-    monkeypatch.setattr(solvers, "_BLOCK_ROWS", 7)
+    monkeypatch.setattr(solvers_covers, "_FULL_BREAKPOINTS", 0)
+    monkeypatch.setattr(solvers_covers, "_SAMPLE_BREAKPOINTS", 5)
+    monkeypatch.setattr(solvers_covers, "_BLOCK_ROWS", 7)
     rng = np.random.default_rng(int(grow))
     for trial in range(30):
         n = int(rng.integers(2, 40))
@@ -334,7 +334,7 @@ def test_sampled_breakpoint_search_ends_on_a_breakpoint_whose_predecessor_fails(
 
 def test_greedy_cover_counts_integer_weights_exactly_in_blocks(monkeypatch):
     """Integer weights go through blocks of float rows; the result equals the float-weight product path."""
-    monkeypatch.setattr(solvers, "_BLOCK_ROWS", 3)
+    monkeypatch.setattr(solvers_covers, "_BLOCK_ROWS", 3)
     rng = np.random.default_rng(12)
     for _ in range(20):
         n = int(rng.integers(1, 30))

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import fedproto.algorithms  # noqa: F401
-from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering import _kernels, solvers, solvers_aggregation
 from fedproto.algorithms.kzclustering import polish as polish_module
 from fedproto.algorithms.kzclustering.config import KzCenterConfig
 from fedproto.algorithms.kzclustering.data import synthetic_dataset
@@ -236,7 +236,7 @@ def test_machines_aggregate_only_at_the_radii_asked(kz, monkeypatch):
         calls.append(dist.shape[0])
         return original(dist, radius, *args, **kwargs)
 
-    monkeypatch.setattr(solvers, "aggregate", counting)
+    monkeypatch.setattr(solvers_aggregation, "aggregate", counting)
     x = kz.blobs(16, per_blob=30, blobs=4, outliers=20)
     parts = kz.parts(np.random.default_rng(16), x.shape[0], 3)
     config = KzCenterConfig(k=4, z=20, eps=0.5, n_machines=3, d=2)
