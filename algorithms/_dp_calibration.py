@@ -495,6 +495,45 @@ class GaussianCalibration:
                 f"entry per iteration ({self.iterations})"
             )
 
+    @classmethod
+    def split_evenly(
+        cls,
+        epsilon: float,
+        delta: float,
+        sigma: float,
+        sigma_sum: float,
+        sigma_count: float,
+        radii: Sequence[float],
+    ) -> GaussianCalibration:
+        """The calibration that spends a budget evenly over ``T = len(radii)`` iterations.
+
+        Iteration t releases the ``[k, d]`` sums with L2 sensitivity ``radii[t]`` and
+        per-coordinate noise standard deviation ``sigma_sum sqrt(T) radii[t]``, and the ``[k]``
+        counts (sensitivity 1) with ``sigma_count sqrt(T)``; when ``(1/sigma_sum)^2 +
+        (1/sigma_count)^2 = (1/sigma)^2`` (the split of :func:`fastlloyd_noise_split` or
+        :func:`glloyd_noise_split`), the T iterations compose to exactly ``(1/sigma)``-GDP, i.e.
+        (epsilon, delta)-DP under add/remove-one adjacency.
+
+        Args:
+            epsilon: the run's total epsilon (natural-log units).
+            delta: the run's delta, in (0, 1).
+            sigma: total noise multiplier, :func:`gaussian_sigma` of (epsilon, delta).
+            sigma_sum: noise multiplier of the sums, before the ``sqrt(T)`` split.
+            sigma_count: noise multiplier of the counts, before the ``sqrt(T)`` split.
+            radii: ``[T]`` L2 sensitivities of the sums per iteration (data units), T >= 1.
+
+        Returns:
+            The calibration, with ``iterations == T``.
+
+        References:
+            FastLloyd Sec. 5.5 and Lemma A.1 (the sqrt(T) split over iterations); spec
+            fastlloyd.md section 2.3 items 4-6.
+        """
+        radii = tuple(radii)
+        root_t = math.sqrt(len(radii))
+        std_sum = tuple(sigma_sum * root_t * r for r in radii)
+        return cls(epsilon, delta, sigma, sigma_sum, sigma_count, len(radii), radii, std_sum, sigma_count * root_t)
+
     def mu(self) -> float:
         """GDP parameter of all iterations composed (== ``1 / sigma`` up to rounding).
 
@@ -505,52 +544,6 @@ class GaussianCalibration:
             FastLloyd Lemma A.1; Dong, Roth, Su 2019, Corollary 3.3.
         """
         return composed_mu(self.radii, self.std_sum, self.std_count)
-
-
-def _spread_over_iterations(
-    epsilon: float,
-    delta: float,
-    sigma: float,
-    sigma_sum: float,
-    sigma_count: float,
-    radii: Sequence[float],
-) -> GaussianCalibration:
-    """A Gaussian calibration that spends its budget evenly over ``T = len(radii)`` iterations.
-
-    Iteration t releases the ``[k, d]`` sums with L2 sensitivity ``radii[t]`` and per-coordinate
-    noise standard deviation ``sigma_sum sqrt(T) radii[t]``, and the ``[k]`` counts (sensitivity
-    1) with ``sigma_count sqrt(T)``; when ``(1/sigma_sum)^2 + (1/sigma_count)^2 = (1/sigma)^2``
-    (the split of :func:`fastlloyd_noise_split` or :func:`glloyd_noise_split`), the T iterations
-    compose to exactly ``(1/sigma)``-GDP, i.e. (epsilon, delta)-DP under add/remove-one adjacency.
-
-    Args:
-        epsilon: the run's total epsilon (natural-log units), as checked by the caller.
-        delta: the run's delta, in (0, 1).
-        sigma: total noise multiplier, :func:`gaussian_sigma` of (epsilon, delta).
-        sigma_sum: noise multiplier of the sums, before the ``sqrt(T)`` split.
-        sigma_count: noise multiplier of the counts, before the ``sqrt(T)`` split.
-        radii: ``[T]`` L2 sensitivities of the sums per iteration (data units), T >= 1.
-
-    Returns:
-        The :class:`GaussianCalibration` with ``iterations == T``.
-
-    References:
-        FastLloyd Sec. 5.5 and Lemma A.1 (the sqrt(T) split over iterations); spec fastlloyd.md
-        section 2.3 items 4-6.
-    """
-    radii = tuple(radii)
-    root_t = math.sqrt(len(radii))
-    return GaussianCalibration(
-        epsilon=epsilon,
-        delta=delta,
-        sigma=sigma,
-        sigma_sum=sigma_sum,
-        sigma_count=sigma_count,
-        iterations=len(radii),
-        radii=radii,
-        std_sum=tuple(sigma_sum * root_t * r for r in radii),
-        std_count=sigma_count * root_t,
-    )
 
 
 def _resolve_budget(
@@ -616,7 +609,7 @@ def calibrate_fastlloyd(
     iterations = _check_int("iterations", iterations, 1)
     sigma_r, sigma_c = fastlloyd_noise_split(sigma, d)
     radii = radius_schedule(strategy, k, d, iterations, alpha, bound)
-    return _spread_over_iterations(epsilon, delta, sigma, sigma_r, sigma_c, radii)
+    return GaussianCalibration.split_evenly(epsilon, delta, sigma, sigma_r, sigma_c, radii)
 
 
 def calibrate_glloyd(
@@ -666,4 +659,4 @@ def calibrate_glloyd(
     iterations = _check_int("iterations", iterations, 1)
     sigma_s, sigma_c = glloyd_noise_split(sigma, d, rho)
     sensitivity = math.sqrt(d) * bound
-    return _spread_over_iterations(epsilon, delta, sigma, sigma_s, sigma_c, (sensitivity,) * iterations)
+    return GaussianCalibration.split_evenly(epsilon, delta, sigma, sigma_s, sigma_c, (sensitivity,) * iterations)

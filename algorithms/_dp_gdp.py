@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Callable
 
 import numpy as np
 
@@ -197,16 +198,36 @@ def gaussian_sigma(epsilon: float, delta: float) -> float:
     """
     epsilon = _check_epsilon(epsilon)
     delta = _check_delta(delta)
-    key = _solver_key(epsilon, delta)
-    found = memo.lookup("gaussian_sigma", key)
-    if isinstance(found, float):
-        return found
     log_delta = math.log(delta)
     # gdp_delta grows with mu: more signal per unit of noise means a larger delta.
-    mu = _solve_increasing(lambda m: _log_gdp_delta(m, epsilon) - log_delta, start=1.0)
-    sigma = 1.0 / mu
-    memo.store("gaussian_sigma", key, sigma)
-    return sigma
+    return _memoized(
+        "gaussian_sigma",
+        (epsilon, delta),
+        lambda: 1.0 / _solve_increasing(lambda m: _log_gdp_delta(m, epsilon) - log_delta, start=1.0),
+    )
+
+
+def _memoized(name: str, args: tuple[float, ...], solve: Callable[[], float]) -> float:
+    """``solve()``, kept on disk (:mod:`fedproto.memo`) under ``name`` and the key of ``args``.
+
+    A float found under the key is returned without solving (so without importing SciPy);
+    otherwise the solved float is stored, bit for bit, for the next call.
+
+    Args:
+        name: the memo's namespace, the public function's name (``"gaussian_sigma"``).
+        args: the floats the solution depends on (see :func:`_solver_key`).
+        solve: computes the float when it is not kept.
+
+    Returns:
+        The float, from disk or solved.
+    """
+    key = _solver_key(*args)
+    found = memo.lookup(name, key)
+    if isinstance(found, float):
+        return found
+    value = solve()
+    memo.store(name, key, value)
+    return value
 
 
 def _solver_key(*args: float) -> list:
@@ -250,18 +271,15 @@ def spent_epsilon(mu: float, delta: float) -> float:
     """
     mu = _check_positive("mu", mu)
     delta = _check_delta(delta)
-    key = _solver_key(mu, delta)
-    found = memo.lookup("spent_epsilon", key)
-    if isinstance(found, float):
-        return found
     log_delta = math.log(delta)
-    if _log_gdp_delta(mu, 0.0) <= log_delta:
-        epsilon = 0.0
-    else:
+
+    def solve() -> float:
+        if _log_gdp_delta(mu, 0.0) <= log_delta:
+            return 0.0
         # gdp_delta falls with epsilon, so solve the negated curve, which rises.
-        epsilon = _solve_increasing(lambda e: log_delta - _log_gdp_delta(mu, e), start=1.0)
-    memo.store("spent_epsilon", key, epsilon)
-    return epsilon
+        return _solve_increasing(lambda e: log_delta - _log_gdp_delta(mu, e), start=1.0)
+
+    return _memoized("spent_epsilon", (mu, delta), solve)
 
 
 def default_delta(n: int) -> float:
