@@ -686,17 +686,7 @@ def open_with_shared(shared: bytes, sender_public: bytes, receiver_public: bytes
         raise TypeError(f"sealed must be bytes, got {type(sealed).__name__}")
     sealed = bytes(sealed)
     key = _key_from_shared(bytes(shared), bytes(sender_public), bytes(receiver_public), context)
-    if len(sealed) <= _SEAL_TAG_BYTES:
-        raise ValueError(
-            f"sealed seed failed authentication: {len(sealed)} bytes is too short "
-            f"(need more than the {_SEAL_TAG_BYTES}-byte tag)"
-        )
-    try:
-        return ChaCha20Poly1305(key).decrypt(_SEAL_NONCE, sealed, context)
-    except InvalidTag:
-        raise ValueError(
-            "sealed seed failed authentication (wrong key, wrong sender, wrong context or tampered data)"
-        ) from None
+    return _open_sealed(key, sealed, context)
 
 
 def seal_seed(private_key: X25519PrivateKey, peer_public: bytes, seed: bytes, context: bytes) -> bytes:
@@ -760,6 +750,17 @@ def open_seed(private_key: X25519PrivateKey, peer_public: bytes, sealed: bytes, 
     sealed = bytes(sealed)
     own_public = private_key.public_key().public_bytes_raw()
     key = _sealing_key(private_key, peer_public, bytes(peer_public), own_public, context)
+    return _open_sealed(key, sealed, context)
+
+
+def _open_sealed(key: bytes, sealed: bytes, context: bytes) -> bytes:
+    """The seed in ``sealed`` (``ciphertext || tag``) under the 32-byte ChaCha20-Poly1305 ``key``
+    and associated data ``context``, for `open_seed` and `open_with_shared` once they hold the key.
+
+    Raises:
+        ValueError: "sealed seed failed authentication": ``sealed`` no longer than the tag, or the
+            tag does not verify (a wrong key, sender or context, or tampered data).
+    """
     if len(sealed) <= _SEAL_TAG_BYTES:
         raise ValueError(
             f"sealed seed failed authentication: {len(sealed)} bytes is too short "

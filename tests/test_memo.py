@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedproto import memo
-from fedproto.algorithms import dp
+from fedproto.algorithms import _dp_gdp, dp
 
 
 @pytest.fixture
@@ -36,8 +36,8 @@ def test_cached_calibrations_are_the_solved_floats_bit_for_bit(cache, monkeypatc
     first = [dp.gaussian_sigma(e, d) for e, d in cases]
     first_spent = [dp.spent_epsilon(1.0 / s, d) for s, (_, d) in zip(fresh_sigma, cases)]
     assert len(list((memo.memo_dir() / "gaussian_sigma").glob("*.json"))) == len(cases)
-    monkeypatch.setattr(dp, "_solve_increasing", _no_solve)
-    monkeypatch.setattr(dp, "_log_gdp_delta", _no_solve)
+    monkeypatch.setattr(_dp_gdp, "_solve_increasing", _no_solve)  # where the curve is solved
+    monkeypatch.setattr(_dp_gdp, "_log_gdp_delta", _no_solve)
     cached = [dp.gaussian_sigma(e, d) for e, d in cases]
     cached_spent = [dp.spent_epsilon(1.0 / s, d) for s, (_, d) in zip(fresh_sigma, cases)]
     for got in (first, cached):

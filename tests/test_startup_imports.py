@@ -87,14 +87,16 @@ def test_a_warm_fastlloyd_run_imports_no_sklearn_and_no_scipy_stats(tmp_path):
     warm = _imported(tmp_path, *argv)
     assert _protocol_modules(warm) and all(
         m.startswith(("fedproto.algorithms.fastlloyd", "fedproto.algorithms.secagg", "fedproto.algorithms.dp",
-                      "fedproto.algorithms.kmeans", "fedproto.algorithms.scma"))
+                      "fedproto.algorithms._dp_", "fedproto.algorithms.kmeans", "fedproto.algorithms.scma",
+                      "fedproto.algorithms._scma_"))
         for m in _protocol_modules(warm)
     ), _protocol_modules(warm)  # only the named protocol (and what it builds on)
     assert "sklearn" not in warm and "scipy.stats" not in warm
     # the calibration and the spent epsilon were kept on disk by the first run: no SciPy at all
     assert "scipy" not in warm
     # MSA (the default --secagg) needs neither SecAgg+'s engine nor SCMA's arithmetic nor FLINT
-    assert not {"flint", "fedproto.algorithms.scma", "fedproto.algorithms.secagg_plus.engine"} & warm
+    assert not {"flint", "fedproto.algorithms.scma", "fedproto.algorithms._scma_field",
+                "fedproto.algorithms.secagg_plus.engine"} & warm
     plus = _imported(tmp_path, *argv[:4], "--clients", "3", *argv[6:], "--secagg", "plus")
     assert {"flint", "fedproto.algorithms.secagg_plus.engine"} <= plus
     lloyd = _imported(tmp_path, *argv, "--variant", "lloyd")  # no noise: nothing to calibrate

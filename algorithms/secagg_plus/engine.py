@@ -70,6 +70,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedproto.algorithms import scma, secagg
+from fedproto.algorithms._scma_field import _is_prime
 from fedproto.algorithms.secagg_plus import graph, shamir
 from fedproto.algorithms.secagg_plus.messages import (
     CIPHERTEXT_BYTES,
@@ -162,7 +163,7 @@ class Modulus:
             secagg.ring_dtype(self.ring_bits)
         else:
             p = _check_int("prime", self.prime, 2)
-            if not scma._is_prime(p):
+            if not _is_prime(p):
                 raise ValueError(f"prime must be a prime number, got {p}")
 
     @classmethod

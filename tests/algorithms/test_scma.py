@@ -17,7 +17,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedproto.algorithms import scma
+from fedproto.algorithms import _scma_decoding, _scma_encoding, _scma_field, scma
 from fedproto.algorithms.scma import SyndromeDecodingError
 from fedproto.algorithms.secagg import x25519_keypair
 from fedproto.errors import RemoteProtocolError
@@ -587,7 +587,7 @@ def test_reencoding_check_catches_a_locator_that_does_not_generate_all_syndromes
     ctx = flint.fmpz_mod_poly_ctx(p)
     true_locator = ctx.minpoly(good)
     assert [int(c) for c in true_locator.coeffs()] == [9000 % p, (-910) % p, 1]
-    monkeypatch.setattr(scma, "_locator", lambda _ctx, _sums: true_locator)
+    monkeypatch.setattr(_scma_decoding, "_locator", lambda _ctx, _sums: true_locator)
     assert scma.decode_syndromes(good, p, max_support=4, max_index=1000) == {10: 4, 900: 6}
     with pytest.raises(SyndromeDecodingError, match="do not reproduce all syndromes"):
         scma.decode_syndromes(bad, p, max_support=4, max_index=1000)
@@ -793,7 +793,7 @@ def test_packed_pair_masks_equal_the_element_by_element_definition():
     seeds = {m: bytes([m]) * 32 for m in (0, 2, 3, 5)}
     for p in (13, P69, scma.field_prime(10, 2**300)):
         mask = scma.pairwise_masks(1, seeds, p, 17, 4)
-        vectors = {m: scma._pair_vector(s, p, 17, 4) for m, s in seeds.items()}
+        vectors = {m: _scma_encoding._pair_vector(s, p, 17, 4) for m, s in seeds.items()}
         expected = [
             (sum(vectors[m][i] for m in seeds if m > 1) - sum(vectors[m][i] for m in seeds if m < 1)) % p
             for i in range(17)
@@ -921,20 +921,20 @@ def test_a_single_bin_change_decodes_like_the_general_decoder():
         diff = _difference(after, before, P69, t)
         general = scma.decode_syndromes(diff, P69, max_support=t // 2, max_index=bins, signed=True)
         assert len(general) == 1
-        assert scma._single_change(np.asarray(diff, dtype=object), P69, bins) == general
+        assert _scma_decoding._single_change(np.asarray(diff, dtype=object), P69, bins) == general
         kwargs = dict(max_support=t // 2, max_index=bins, max_total=10**6)
         sums, previous = scma.rs_syndromes(after, P69, t), scma.rs_syndromes(before, P69, t)
         assert scma.decode_update(sums, previous, before, P69, **kwargs) == dict(sorted(after.items()))
         assert scma.decode_update(sums, previous, before, P69, validated=True, **kwargs) == dict(sorted(after.items()))
     two = {**before, j0: before[j0] + 1, j1: before[j1] + 1}
-    assert scma._single_change(np.asarray(_difference(two, before, P69, t), dtype=object), P69, bins) is None
+    assert _scma_decoding._single_change(np.asarray(_difference(two, before, P69, t), dtype=object), P69, bins) is None
     off = _difference(cases[2], before, P69, t)
     off[-1] = (off[-1] + 1) % P69
-    assert scma._single_change(np.asarray(off, dtype=object), P69, bins) is None
+    assert _scma_decoding._single_change(np.asarray(off, dtype=object), P69, bins) is None
     # an index beyond the grid is not a bin: the shortcut declines
-    assert scma._single_change(np.asarray(_difference({5: 1}, {}, P69, t), dtype=object), P69, 4) is None
+    assert _scma_decoding._single_change(np.asarray(_difference({5: 1}, {}, P69, t), dtype=object), P69, 4) is None
     # a difference of T = 1 term cannot name its bin
-    assert scma._single_change(np.asarray([3], dtype=object), P69, bins) is None
+    assert _scma_decoding._single_change(np.asarray([3], dtype=object), P69, bins) is None
 
 
 def test_decode_update_with_one_syndrome_off_still_raises_and_checks_lengths():
@@ -1001,7 +1001,7 @@ def test_column_sums_are_exact_on_both_paths(depth):
         words = rng.integers(0, 256, (depth, 6, width), dtype=np.uint8)
         words[:, 0] = 255
         expected = [sum(int.from_bytes(words[s, i].tobytes(), "big") for s in range(depth)) for i in range(6)]
-        assert scma._column_sums(words).tolist() == expected
+        assert _scma_field._column_sums(words).tolist() == expected
 
 
 def _prime_below(bits):
@@ -1079,15 +1079,15 @@ def test_the_packed_single_change_decides_like_the_object_array_one(p):
         new = [(a + b) % p for a, b in zip(previous, diff, strict=True)]
         sums, before = _aggregate([new], p), _aggregate([previous], p)
         for max_index in (bins, 1):
-            decided = scma._packed_single_change(sums, before, p, max_index)
-            single = scma._single_change(np.asarray([x % p for x in diff], dtype=object), p, max_index)
+            decided = _scma_decoding._packed_single_change(sums, before, p, max_index)
+            single = _scma_decoding._single_change(np.asarray([x % p for x in diff], dtype=object), p, max_index)
             assert decided == (single if single is not None else False)
-    assert scma._packed_single_change(sums, _aggregate([new], p), p, bins) is True
+    assert _scma_decoding._packed_single_change(sums, _aggregate([new], p), p, bins) is True
     listed = scma.aggregate_packed([scma.pack_elements(new, p)], p, t)
     assert listed == sums.tolist()
-    assert scma._packed_single_change(listed, before, p, bins) is None  # a list: no packed test
-    assert scma._packed_single_change(sums, before.tolist(), p, bins) is None
-    assert scma._packed_single_change(sums, before, p + 2, bins) is None  # another field
+    assert _scma_decoding._packed_single_change(listed, before, p, bins) is None  # a list: no packed test
+    assert _scma_decoding._packed_single_change(sums, before.tolist(), p, bins) is None
+    assert _scma_decoding._packed_single_change(sums, before, p + 2, bins) is None  # another field
 
 
 def test_the_packed_check_needs_every_quotient_digit():
@@ -1095,15 +1095,15 @@ def test_the_packed_check_needs_every_quotient_digit():
     integer as a whole (j = 2^-W mod p carries the error into the next slot): only the digit
     bound of the quotient tells it from a single bin, as `_single_change` does."""
     p, t = P69, 6
-    slot = scma._slot_bytes(p, -(-scma.field_width(p) // 4))
+    slot = _scma_decoding._slot_bytes(p, -(-scma.field_width(p) // 4))
     j = pow(2, -8 * slot, p)
     diff = [5 * pow(j, i, p) % p for i in range(t)]
     diff[2] = (diff[2] - 7) % p
     previous = [random.Random(1).randrange(p) for _ in range(t)]
     sums = _aggregate([[(a + b) % p for a, b in zip(previous, diff, strict=True)]], p)
     before = _aggregate([previous], p)
-    assert scma._single_change(np.asarray(diff, dtype=object), p, p - 1) is None
-    assert scma._packed_single_change(sums, before, p, p - 1) is False
+    assert _scma_decoding._single_change(np.asarray(diff, dtype=object), p, p - 1) is None
+    assert _scma_decoding._packed_single_change(sums, before, p, p - 1) is False
 
 
 def _five_clients(seed: int) -> tuple[int, int, list[dict[int, int]], dict[int, int], dict]:
@@ -1133,9 +1133,9 @@ def test_decode_update_is_the_same_with_lists_and_with_packed_sums():
             moved[0][j] = moved[0].get(j, 0) + c
         shares = [scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in moved]
         sums, sums_list = scma.sum_packed(shares, P69, t), scma.aggregate_packed(shares, P69, t)
-        decided = scma._packed_single_change(sums, before, P69, bins)
+        decided = _scma_decoding._packed_single_change(sums, before, P69, bins)
         assert decided == ({first: change[first]} if len(change) == 1 else (change == {} or False))
-        assert scma._packed_single_change(sums_list, before_list, P69, bins) is None
+        assert _scma_decoding._packed_single_change(sums_list, before_list, P69, bins) is None
         fast = scma.decode_update(sums, before, dict(sorted(total.items())), P69, validated=True, **kwargs)
         listed = scma.decode_update(sums_list, before_list, dict(sorted(total.items())), P69, validated=True, **kwargs)
         plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, **kwargs)
@@ -1157,7 +1157,7 @@ def test_sum_packed_is_the_integer_sum_as_a_sequence(p):
             sums = scma.sum_packed(packed, p, t)
             assert isinstance(sums, scma.PackedSums) and sums.p == p and len(sums) == t
             assert sums.tolist() == list(sums) == expected and sums[t - 1] == expected[-1]
-            assert scma._limbs_to_ints(sums.limbs) == expected  # the limbs themselves, any width
+            assert _scma_field._limbs_to_ints(sums.limbs) == expected  # the limbs themselves, any width
             again = scma.sum_packed([np.asfortranarray(s) for s in packed], p, t)
             assert again.tolist() == expected and again == sums
             assert scma.aggregate_packed(packed, p, t) == expected
@@ -1220,7 +1220,7 @@ def test_decode_update_takes_packed_sums():
             moved[0][j] = moved[0].get(j, 0) + c
         moved[0] = {j: c for j, c in moved[0].items() if c}
         sums = scma.sum_packed([scma.pack_elements(scma.rs_syndromes(c, P69, t), P69) for c in moved], P69, t)
-        decided = scma._packed_single_change(sums, before, P69, bins)
+        decided = _scma_decoding._packed_single_change(sums, before, P69, bins)
         assert decided == ({first: change[first]} if len(change) == 1 else (change == {} or False))
         fast = scma.decode_update(sums, before, dict(sorted(total.items())), P69, validated=True, **kwargs)
         plain = scma.decode_update(tuple(sums), tuple(before), dict(sorted(total.items())), P69, **kwargs)
