@@ -87,7 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedproto.algorithms.deletion import _kernels, _variant_kernels
-from fedproto.algorithms.deletion._roles import FollowsRounds, StreamClient, remote_error
+from fedproto.algorithms.deletion._base import FollowsRounds, StreamClient, remote_error
 from fedproto.algorithms.deletion._store import PointStore
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.messages import (

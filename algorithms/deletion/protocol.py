@@ -57,11 +57,12 @@ that does not own the point, is a :class:`~fedproto.errors.RemoteProtocolError`:
 never left silently stale. A deletion stream is checked when the coordinator is built (unknown
 ids, repeats, fewer than k points left: ``ValueError``).
 
-Where the parts live: the roles shared by every variant (the stream check, the serving party's
-patience) in `_roles`; DC-k-means' roles in `dctree`; the curated Q-k-means roles in `curated`;
-federated Q-k-means' roles in `federated`. This module holds the plans that build them
-(:class:`DCTree`, :class:`LocalDCTree`, :class:`QKMeansParties`, :class:`LocalQKMeansParties`,
-the last two curated or federated) and re-exports the roles.
+Where the parts live: this module holds the theory of operation and the plans that build the
+parties (:class:`DCTree`, :class:`LocalDCTree`, :class:`QKMeansParties`,
+:class:`LocalQKMeansParties`, the last two curated or federated) and re-exports the roles; the
+roles of DC-k-means and of curated Q-k-means are in `roles`, federated Q-k-means' in
+`federated`, and what they all share (the stream check, the serving party's patience, the
+Q-k-means client) in `_base`.
 """
 
 from __future__ import annotations
@@ -73,33 +74,33 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedproto.algorithms.deletion._roles import check_stream
+from fedproto.algorithms.deletion._base import check_stream
 from fedproto.algorithms.deletion._store import check_points
-from fedproto.algorithms.deletion.curated import (
-    SERVER,
-    QKMeansClient,
-    QKMeansClientResult,
-    QKMeansServer,
-    QKMeansServerResult,
-)
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig, Tree, assign_leaves
-from fedproto.algorithms.deletion.dctree import (
+from fedproto.algorithms.deletion.federated import COORDINATOR, QKMeansCoordinator, QKMeansParty
+from fedproto.algorithms.deletion.local_data import DataCollector, LocalPoints, StreamTerms
+from fedproto.algorithms.deletion.qkmeans import QKMeansConfig
+from fedproto.algorithms.deletion.roles import (
     ROOT,
+    SERVER,
     DCLeaf,
     DCNode,
     DCNodeResult,
     DCRootResult,
+    QKMeansClient,
+    QKMeansClientResult,
+    QKMeansServer,
+    QKMeansServerResult,
     root_route,
     tree_party,
     tree_roster,
 )
-from fedproto.algorithms.deletion.federated import COORDINATOR, QKMeansCoordinator, QKMeansParty
-from fedproto.algorithms.deletion.local_data import DataCollector, LocalPoints, StreamTerms
-from fedproto.algorithms.deletion.qkmeans import QKMeansConfig
 from fedproto.machine import ProtocolMachine, party_index
 from fedproto.star import StarParties, ids_owner
 
 __all__ = [
+    "ROOT",
+    "SERVER",
     "DCLeaf",
     "DCNode",
     "DCNodeResult",
@@ -113,8 +114,6 @@ __all__ = [
     "QKMeansParties",
     "QKMeansServer",
     "QKMeansServerResult",
-    "ROOT",
-    "SERVER",
     "check_stream",
     "tree_party",
 ]
@@ -326,7 +325,7 @@ class _QKMeansStar(StarParties):
     Args:
         n_clients: clients. config: hyper-parameters; key: the run's `jax.random` key.
         federated: the points stay at the clients (`federated`), else the server curates them
-            (`curated`).
+            (`roles`).
 
     Raises:
         ValueError: fewer than one client.
@@ -338,7 +337,7 @@ class _QKMeansStar(StarParties):
         super().__init__(n_clients, hub=COORDINATOR if federated else SERVER)
         self.config, self.key, self.federated = config, key, federated
 
-    def _hub(self, n_deletions: int, **held: Any) -> ProtocolMachine:
+    def _hub_with(self, n_deletions: int, **held: Any) -> ProtocolMachine:
         """The hub's machine; ``held``: what it holds beside the public terms (the federated
         coordinator's ``d`` and ``owners``, or either hub's ``setup``)."""
         if self.federated:
@@ -347,7 +346,7 @@ class _QKMeansStar(StarParties):
         return QKMeansServer(self.hub, clients=self.clients, config=self.config, key=self.key,
                              n_deletions=n_deletions, **held)
 
-    def _client(self, party: str, n_deletions: int, **held: Any) -> ProtocolMachine:
+    def _client_with(self, party: str, n_deletions: int, **held: Any) -> ProtocolMachine:
         """The machine of client ``party``; ``held``: its points (``points``, ``ids`` and
         ``requests``, or ``local`` and ``stream``)."""
         if self.federated:
@@ -400,12 +399,12 @@ class QKMeansParties(_QKMeansStar):
     def hub_machine(self) -> ProtocolMachine:
         """The server (curated) or the coordinator with ``d`` and the id table (federated)."""
         held = {"d": self.d, "owners": self.owners} if self.federated else {}
-        return self._hub(len(self.deletions), **held)
+        return self._hub_with(len(self.deletions), **held)
 
     def client_machine(self, index: int, party: str, data: Any) -> ProtocolMachine:
         """Client ``party`` with its part and the requests of its points."""
         x, ids = self.parts[index]
-        return self._client(party, len(self.deletions), points=x, ids=ids, requests=self._requests[index])
+        return self._client_with(party, len(self.deletions), points=x, ids=ids, requests=self._requests[index])
 
 
 #: :class:`QKMeansParties` of federated Q-k-means (``coordinator`` and ``client-<i>``), called as
@@ -444,8 +443,8 @@ class LocalQKMeansParties(_QKMeansStar):
 
     def hub_machine(self) -> ProtocolMachine:
         """The hub, which first runs the setup phase with the clients."""
-        return self._hub(self.stream.removals, setup=DataCollector(self.clients, self.scale))
+        return self._hub_with(self.stream.removals, setup=DataCollector(self.clients, self.scale))
 
     def client_machine(self, index: int, party: str, data: Any) -> ProtocolMachine:
         """Client ``party`` holding its raw points ``data`` ``[n_i, d]``."""
-        return self._client(party, self.stream.removals, local=LocalPoints(data, self.scale), stream=self.stream)
+        return self._client_with(party, self.stream.removals, local=LocalPoints(data, self.scale), stream=self.stream)

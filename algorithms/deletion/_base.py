@@ -1,11 +1,10 @@
 """What the roles of the deletion protocols share: the stream check, the remote error, the
-serving party's patience, the states of a party that collects uploads, then serves the stream,
-and the data-holding client of Q-k-means (curated or federated).
+serving party's patience, and the data-holding client of Q-k-means (curated or federated).
 
-`fedproto.algorithms.deletion.dctree` (DC-k-means), `fedproto.algorithms.deletion.curated`
-(Q-k-means with a data curator) and `fedproto.algorithms.deletion.federated` (federated
-Q-k-means) build their roles on these; the theory of operation is in
-`fedproto.algorithms.deletion.protocol` and `fedproto.algorithms.deletion.federated`.
+`fedproto.algorithms.deletion.roles` (DC-k-means, Q-k-means with a data curator) and
+`fedproto.algorithms.deletion.federated` (federated Q-k-means) build their roles on these; the
+theory of operation is in `fedproto.algorithms.deletion.protocol` and
+`fedproto.algorithms.deletion.federated`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Outgoing, PhaseTimedOut
 
-__all__ = ["FollowsRounds", "ServingState", "StreamClient", "check_stream", "remote_error"]
+__all__ = ["FollowsRounds", "StreamClient", "check_stream", "remote_error"]
 
 
 def check_stream(deletions: Sequence[int], known: Mapping[int, Any] | set[int], n: int, k: int) -> tuple[int, ...]:
@@ -54,18 +53,6 @@ def remote_error(message: str, sender: str, machine: ProtocolMachine) -> RemoteP
     """The :class:`~fedproto.errors.RemoteProtocolError` for ``sender``'s bad input to
     ``machine``, naming ``machine``'s round and state."""
     return RemoteProtocolError(message, party=sender, round_idx=machine.round_idx, state=machine.state.name)
-
-
-class ServingState(enum.Enum):
-    """States of a party that collects the training uploads, then serves the deletion stream (a
-    DC-k-means internal node or root, the curated Q-k-means server): ``SETUP`` (the setup phase
-    ``setup.data``), ``COLLECT``, ``SERVING``, ``DONE``, ``ERROR``."""
-
-    SETUP = enum.auto()
-    COLLECT = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
 
 
 class FollowsRounds(ProtocolMachine):
@@ -101,7 +88,7 @@ class FollowsRounds(ProtocolMachine):
 
 
 class StreamClient(ProtocolMachine):
-    """A data-holding client of Q-k-means, curated (`curated.QKMeansClient`) or federated
+    """A data-holding client of Q-k-means, curated (`roles.QKMeansClient`) or federated
     (`federated.QKMeansParty`): it holds its points with their ids, or its raw local points until
     the setup phase ``setup.data`` agrees their scaling and ids (`local_data`); it asks the hub to
     delete its points at the stream positions that name them; and it follows the hub's models,
