@@ -3,7 +3,10 @@
 * `fedproto.algorithms.deletion.qkmeans`: Q-k-means (quantised Lloyd's) with exact deletion;
 * `fedproto.algorithms.deletion.dckmeans`: DC-k-means (a w-ary tree of k-means++ nodes) with exact deletion;
 * `fedproto.algorithms.deletion.protocol`: both as message-passing parties, deletion requests as messages
-  (DC-k-means as a tree of parties, optionally mass-weighted; Q-k-means with a data curator);
+  (DC-k-means as a tree of parties, optionally mass-weighted; Q-k-means with a data curator or
+  federated): the theory of operation and the plans, re-exporting the roles;
+* `fedproto.algorithms.deletion.roles`: the parties' roles of those protocols (DC-k-means' leaves,
+  internal nodes and root; curated Q-k-means' server and clients);
 * `fedproto.algorithms.deletion.federated`: federated Q-k-means, points kept at the parties (a coordinator
   runs keyed k-means++ and one round per Lloyd iteration on their statistics);
 * `fedproto.algorithms.deletion.streams`: deletion streams, amortised time, quality metrics and the paper's

@@ -21,10 +21,9 @@ weighted kernels, weight 0 on padding). Dtypes: float64 throughout; counts are f
 exact integers.
 
 References:
-    Ginart, Guan, Valiant, Zou. Making AI Forget You: Data Deletion in Machine Learning (NeurIPS
-    2019): Alg. 2 (DC nodes), Alg. 4 (Q-k-means iteration), Alg. 7 (k-means++); spec
-    deletion-kmeans.md sections 2.3, 3.3 and 8.
-    Arthur, Vassilvitskii. k-means++: the advantages of careful seeding. SODA 2007.
+    The papers of `_kernels` (Ginart et al. 2019; Arthur and Vassilvitskii 2007): here Alg. 2
+    (DC nodes), Alg. 4 (one Q-k-means iteration) and Alg. 7 (k-means++); spec deletion-kmeans.md
+    sections 2.3, 3.3 and 8.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ replacement with ``--seed + 1`` (default: min(1000, n/10)); the model key is ``P
 its lattice) and ``--balance`` (the paper's gamma); ``--retrains`` k-means retrainings are timed
 for the baseline.
 
-The summary's keys (the report's ``results``) are snake_case with units in their names
+The summary (the report's ``results``; both plugins build it in
+`fedproto.algorithms.deletion.summary`) has snake_case keys with units in their names
 (``loss_ratio``, ``removal_ms_mean``, ``amortised_ms``, ``retrain_ms``, ``speedup_over_retrain``,
 ...; the plan's ``labels`` give readable labels); the paper's Tables 1-4 figures for the data set
 go under ``paper`` (:func:`paper_figures`). The checks, baselines and timed replays after the
@@ -100,10 +101,18 @@ from fedproto.algorithms.deletion.federated import (
     COORDINATOR,
     FederatedPartyResult,
     FederatedQKMeansResult,
-    LocalQKMeansFederation,
     training_payload_bytes,
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, default_epsilon, train_qkmeans
+from fedproto.algorithms.deletion.summary import (
+    HEADLINE,
+    paper_figures,
+    plot_cumulative,
+    remaining,
+    stream_summary,
+    summary_labels,
+    timed_rows,
+)
 from fedproto.data import Dataset, find_data_file, partition, session_id
 from fedproto.framesize import max_frame_bytes
 from fedproto.plugin import RunPlan
@@ -120,15 +129,6 @@ __all__ = [
     "qkmeans_frame_limit",
     "summary_labels",
 ]
-
-#: Summary keys printed first (the terminal table shows its first rows unless ``--full``).
-HEADLINE = ("data_set", "method", "n_points", "d", "k", "n_removals", "loss_ratio", "model_equals_retrain",
-            "federated_equals_centralised", "clients_agree", "removal_ms_mean", "amortised_ms",
-            "retrain_amortised_ms", "speedup_over_retrain")
-
-#: Column of each method in :data:`~fedproto.algorithms.deletion.streams.PAPER_TABLES`.
-_PAPER_COLUMN = {"k-means": 0, "Q-k-means": 1, "DC-k-means": 2}
-
 
 def prepare(dataset: Dataset, scale: str) -> np.ndarray:
     """The points the algorithms see: min-max scaled to ``[0, 1]^d`` (``"minmax"``) or unchanged
@@ -185,94 +185,6 @@ def dckmeans_frame_limit(k: int, d: int, *, weighted: bool) -> int:
     if weighted:
         bounds.append(max_frame_bytes(WeightedNodeCentroids, arrays={"centroids": (k, d), "counts": (k,)}))
     return max(bounds)
-
-
-def summary_labels(method: str) -> dict[str, str]:
-    """Readable label of each summary key (and each :func:`paper_figures` key) of ``method``
-    (``"Q-k-means"`` or ``"DC-k-means"``, optionally with a variant in parentheses)."""
-    return {
-        "data_set": "data set",
-        "n_points": "N (points)",
-        "n_clients": "clients",
-        "n_removals": "deletion requests",
-        "lattice_step": "lattice step eps (after the stream)",
-        "balance": "balance gamma",
-        "iterations": "Lloyd iterations T",
-        "n_certified_removals": "certified deletions",
-        "n_retrained_removals": "retrained deletions",
-        "n_trainings": "federated trainings (1 + retrains)",
-        "federated_equals_centralised": "federated equals centralised Q-k-means on the stream (same key)",
-        "width": "width w",
-        "height": "height h",
-        "leaves": "leaves",
-        "leaf_size_min": "leaf size min",
-        "leaf_size_mean": "leaf size mean",
-        "leaf_size_max": "leaf size max",
-        "node_recomputations_per_removal": "node recomputations per deletion",
-        "root_computations": "root computations",
-        "model_equals_retrain": "model equals training on the remaining data (same key)",
-        "clients_agree": "clients agree on the model",
-        "loss": f"loss ({method}, after the stream)",
-        "loss_kmeans": "loss (k-means++ and Lloyd's to convergence)",
-        "loss_ratio": "loss ratio",
-        "silhouette": f"silhouette ({method})",
-        "silhouette_kmeans": "silhouette (k-means++)",
-        "nmi": f"NMI ({method}, arithmetic)",
-        "nmi_kmeans": "NMI (k-means++, arithmetic)",
-        "train_ms": f"train ms ({method}, centralised replay)",
-        "removal_ms_mean": f"mean ms per deletion ({method})",
-        "removal_ms_std": f"std of ms per deletion ({method})",
-        "amortised_ms": f"amortised ms per deletion ({method}, training included)",
-        "retrain_ms": "k-means retraining ms (mean of the timed ones)",
-        "retrain_amortised_ms": "amortised ms per deletion (k-means, retrain each time)",
-        "speedup_over_retrain": "speedup over retraining (amortised)",
-        "n_retrains_timed": "k-means retrains timed",
-    }
-
-
-def paper_figures(data_set: str, method: str) -> dict[str, float]:
-    """The paper's Tables 1-4 figures of ``method`` on ``data_set``, keyed like the summary.
-
-    Args:
-        data_set: the data set's name (the tables have celltype, covtype, mnist, postures,
-            gaussian and botnet). method: ``"Q-k-means"`` or ``"DC-k-means"``, optionally
-            followed by a variant in parentheses.
-
-    Returns:
-        ``loss_ratio``, ``silhouette``, ``nmi``, ``silhouette_kmeans``, ``nmi_kmeans``,
-        ``amortised_ms``, ``retrain_amortised_ms`` and ``speedup_over_retrain`` (the ratio of the
-        two amortised times, Table 4); empty for other data sets.
-
-    References:
-        Ginart et al., "Making AI Forget You: Data Deletion in Machine Learning", NeurIPS 2019,
-        Tables 1-4.
-    """
-    table = streams.PAPER_TABLES.get(data_set)
-    if table is None:
-        return {}
-    col = _PAPER_COLUMN[method.split(" (")[0]]
-    amortised_s = table["amortised s"]
-    return {
-        "loss_ratio": table["loss ratio"][col],
-        "silhouette": table["silhouette"][col],
-        "nmi": table["nmi"][col],
-        "silhouette_kmeans": table["silhouette"][0],
-        "nmi_kmeans": table["nmi"][0],
-        "amortised_ms": 1e3 * amortised_s[col],
-        "retrain_amortised_ms": 1e3 * amortised_s[0],
-        "speedup_over_retrain": amortised_s[0] / amortised_s[col],
-    }
-
-
-def _headline_first(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """``summary`` with the keys of :data:`HEADLINE` first, in that order, then the others."""
-    return {**{key: summary[key] for key in HEADLINE if key in summary}, **summary}
-
-
-def _number(value: float) -> float | None:
-    """``value`` as a float, or ``None`` where it is not finite (JSON has no NaN or infinity)."""
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def file_partition(path: str, x: np.ndarray) -> np.ndarray:
@@ -383,96 +295,6 @@ def _pooled(parts: list[Dataset], scale: str) -> tuple[np.ndarray, np.ndarray | 
     return scale_points(raw, scale), y, ids
 
 
-def _quality_rows(
-    x: np.ndarray, y: np.ndarray | None, keep: np.ndarray, centroids: np.ndarray, key: jax.Array, k: int
-) -> dict[str, Any]:
-    """Loss, silhouette and NMI of the model on the remaining data, beside k-means++ with Lloyd's
-    to convergence (same key); ``None`` where a figure is not defined (no labels, one cluster)."""
-    ids = np.flatnonzero(keep)
-    xr, yr = x[keep], (y[keep] if y is not None else None)
-    with progress_task("quality: k-means++ to convergence, silhouette, NMI"):
-        mine = streams.quality(xr, yr, centroids)
-        base = streams.quality(xr, yr, streams.converged_kmeans(xr, ids, k, key))
-    return {
-        "loss": mine["loss"],
-        "loss_kmeans": base["loss"],
-        "loss_ratio": _number(mine["loss"] / base["loss"]) if base["loss"] > 0 else None,
-        "silhouette": _number(mine["silhouette"]),
-        "silhouette_kmeans": _number(base["silhouette"]),
-        "nmi": _number(mine["nmi"]),
-        "nmi_kmeans": _number(base["nmi"]),
-    }
-
-
-def _timed_rows(
-    method: str, x: np.ndarray, ids: np.ndarray, stream: tuple[int, ...], k: int, key: jax.Array, retrains: int,
-    **stream_options: Any,
-) -> dict[str, Any]:
-    """Time ``method`` on the stream in one process, and plain k-means retrained after each
-    deletion, after compiling every shape they meet (so that compilation is not timed).
-
-    Args:
-        method: ``"q"`` (Q-k-means) or ``"dc"`` (DC-k-means).
-        x: ``[n, d]`` float64 points; ids: ``[n]`` int64 their ids; stream: the ids to delete.
-        k: clusters; key: the model key; retrains: k-means retrains timed (evenly spread; the
-            other deletions are charged their mean).
-        **stream_options: ``iterations`` (T) and ``widths`` (DC widths) for the warm-up, the rest
-            (``q_config``, or ``dc_config`` and ``leaves``) for :func:`streams.time_stream`.
-
-    Returns:
-        The timing keys of the summary, in milliseconds (``train_ms``, ``removal_ms_mean``,
-        ``removal_ms_std``, ``amortised_ms``, ``retrain_ms``, ``retrain_amortised_ms``), the
-        speed-up of the amortised times, and the cumulative times (seconds) for the plot.
-    """
-    warm = {"iterations": stream_options.pop("iterations"), "widths": stream_options.pop("widths", ())}
-    with progress_task("compiling the kernels of the timed replay"):
-        streams.warm_up(x, k, len(stream), method=method, **warm)
-    with progress_task(f"timed replay of the {len(stream)} deletions"):
-        timing = streams.time_stream(method, x, ids, stream, key=key, **stream_options)
-    with progress_task(f"k-means baseline: {retrains} timed retrains"):
-        baseline = streams.time_baseline(x, ids, stream, k, key=key, retrains=retrains)
-    removal_ms = 1e3 * np.asarray(timing.deletion_s)
-    measured = 1e3 * np.asarray(baseline.deletion_s)  # estimated entries repeat the measured mean
-    return {
-        "train_ms": 1e3 * timing.train_s,
-        "removal_ms_mean": float(removal_ms.mean()),
-        "removal_ms_std": float(removal_ms.std()),
-        "amortised_ms": 1e3 * timing.amortised_s,
-        "retrain_ms": float(measured.mean()),
-        "retrain_amortised_ms": 1e3 * baseline.amortised_s,
-        "speedup_over_retrain": _number(baseline.amortised_s / timing.amortised_s),
-        "n_retrains_timed": min(retrains, len(stream)),
-        "cumulative_time_s": timing.cumulative_s.tolist(),
-        "retrain_cumulative_time_s": baseline.cumulative_s.tolist(),
-    }
-
-
-def plot_cumulative(ax: Any, summary: Mapping[str, Any]) -> None:
-    """Cumulative time over the deletion stream: the method against retraining from scratch.
-
-    The time axis is logarithmic when the values span more than two decades; deletions (a count)
-    get integer ticks; the legend sits below the axes.
-    """
-    from matplotlib.ticker import MaxNLocator
-
-    mine, base = summary.get("cumulative_time_s"), summary.get("retrain_cumulative_time_s")
-    if not mine:
-        ax.text(0.5, 0.5, "no timing (--no-timing)", ha="center", va="center")
-        ax.set_axis_off()
-        return
-    ax.plot(range(len(mine)), mine, label=f"{summary.get('method', 'method')} (train, then deletions)")
-    ax.plot(range(len(base)), base, label="k-means (retrain on every deletion)")
-    times = [t for t in (*mine, *base) if t > 0]
-    log = len(times) >= 2 and max(times) > 100 * min(times)
-    if log:
-        ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("deletions served")
-    ax.set_ylabel("cumulative time s" + (" (log scale)" if log else ""))
-    ax.set_title("cumulative time over the stream")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize="small", frameon=False)
-
-
 def _q_result_to_json(party: str, result: Any) -> dict[str, Any]:
     if isinstance(result, QKMeansServerResult | FederatedQKMeansResult):
         out = {"centroids": result.centroids.tolist(), "reasons": list(result.reasons),
@@ -505,7 +327,41 @@ def _setup_analytic(n_parties: int, d: int, scale: str) -> dict[str, int]:
             setup_payload_bytes(n_parties, d, scale)}
 
 
-class QKMeansPlugin:
+class _DeletionPlugin:
+    """What the ``qkmeans`` and ``dckmeans`` plugins share: the generated data sets, the common
+    options, and the :class:`~fedproto.plugin.RunPlan` of a run (subclasses give
+    :meth:`_variant` and their own options in :meth:`_add_variant_arguments`)."""
+
+    name = ""
+    generated_datasets = streams.GENERATED_DATASETS
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(self.name)
+        _common_arguments(group)
+        self._add_variant_arguments(group)
+
+    def _add_variant_arguments(self, group: argparse._ArgumentGroup) -> None:
+        raise NotImplementedError
+
+    def _variant(self, parties: Any, d: int | None, largest_client: int) -> tuple[str, dict[str, Any]]:
+        """The method's name and its :class:`~fedproto.plugin.RunPlan` terms (``result_to_json``,
+        ``iterations``, ``phases``, ``max_frame_bytes``; no frame limit when ``d`` is ``None``)."""
+        raise NotImplementedError
+
+    def _run_plan(self, parties: Any, *, d: int | None, largest_client: int = 0, **run: Any) -> RunPlan:
+        """The plan of ``parties`` (a Q-k-means star or a DC-k-means tree); ``run``: ``session``,
+        ``make_machine``, ``summarize`` and ``analytic``."""
+        method, variant = self._variant(parties, d, largest_client)
+        return RunPlan(roster=parties.roster, role_of=parties.role_of, plot_results=plot_cumulative,
+                       labels=summary_labels(method), **variant, **run)
+
+
+def _held(parts: Mapping[str, Dataset]) -> dict[str, np.ndarray]:
+    """``{party: its raw rows [n_i, d]}`` of the data-holding parties."""
+    return {party: part.x for party, part in parts.items()}
+
+
+class QKMeansPlugin(_DeletionPlugin):
     """Q-k-means with deletion requests as a ``fedproto`` protocol plugin (curated or federated).
 
     Each client may hold only its own data (:meth:`split`, :meth:`plan_party`): the setup phase
@@ -515,11 +371,8 @@ class QKMeansPlugin:
 
     name = "qkmeans"
     description = "Q-k-means (quantised Lloyd's) with exact deletion: clients request deletions of their points"
-    generated_datasets = streams.GENERATED_DATASETS
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("qkmeans")
-        _common_arguments(group)
+    def _add_variant_arguments(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--lattice-step", type=float, default=None,
                            help="lattice granularity, the paper's epsilon (default: the paper's rule for n, k, d)")
         group.add_argument("--eps", dest="lattice_step", type=float, help=argparse.SUPPRESS)
@@ -542,12 +395,10 @@ class QKMeansPlugin:
         return QKMeansConfig(k=k, iterations=args.iterations, gamma=args.balance, eps=args.lattice_step)
 
     @staticmethod
-    def _parties(
-        args: argparse.Namespace, n_clients: int, config: QKMeansConfig, m: int
-    ) -> LocalQKMeansParties | LocalQKMeansFederation:
-        cls = LocalQKMeansFederation if getattr(args, "federated", False) else LocalQKMeansParties
-        return cls(n_clients, config, key=jax.random.PRNGKey(args.seed), stream=StreamTerms(m, args.seed + 1),
-                   scale=args.normalize)
+    def _parties(args: argparse.Namespace, n_clients: int, config: QKMeansConfig, m: int) -> LocalQKMeansParties:
+        return LocalQKMeansParties(n_clients, config, key=jax.random.PRNGKey(args.seed),
+                                   stream=StreamTerms(m, args.seed + 1), scale=args.normalize,
+                                   federated=bool(getattr(args, "federated", False)))
 
     def split(self, args: argparse.Namespace, dataset: Dataset) -> dict[str, Dataset]:
         """Each client's raw points (``client-<i>``, in roster order): the ``--clients`` /
@@ -567,35 +418,20 @@ class QKMeansPlugin:
         k, m = _whole_terms(args, dataset)
         return ["--k", str(k), "--removals", str(m)]
 
-    def _run_plan(
-        self, args: argparse.Namespace, parties: LocalQKMeansParties | LocalQKMeansFederation, *, session: int,
-        make_machine: Any, summarize: Any, d: int | None, largest_client: int, analytic: dict[str, Any],
-    ) -> RunPlan:
-        federated = isinstance(parties, LocalQKMeansFederation)
-        config, m = parties.config, parties.stream.removals
+    def _variant(
+        self, parties: LocalQKMeansParties, d: int | None, largest_client: int
+    ) -> tuple[str, dict[str, Any]]:
+        config, m, federated = parties.config, parties.stream.removals, parties.federated
         if federated:
             phases: tuple[str, ...] = (SETUP_PHASE, "seed", "seed-point", "lloyd", "model", "request")
             iterations = config.k + config.iterations + 1 + m
         else:
             phases = (SETUP_PHASE, "upload", "request", "model")
             iterations = m + 1
+        frame = None if d is None else qkmeans_frame_limit(config.k, d, largest_client, federated=federated)
         method = "Q-k-means (federated)" if federated else "Q-k-means"
-        return RunPlan(
-            roster=parties.roster,
-            session=session,
-            make_machine=make_machine,
-            result_to_json=_q_result_to_json,
-            summarize=summarize,
-            role_of=parties.role_of,
-            iterations=iterations,
-            phases=phases,
-            plot_results=plot_cumulative,
-            labels=summary_labels(method),
-            analytic=analytic,
-            max_frame_bytes=None if d is None else qkmeans_frame_limit(
-                config.k, d, largest_client, federated=federated
-            ),
-        )
+        return method, {"result_to_json": _q_result_to_json, "iterations": iterations, "phases": phases,
+                        "max_frame_bytes": frame}
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
         k, m = _whole_terms(args, dataset)
@@ -606,22 +442,19 @@ class QKMeansPlugin:
         x, y, ids = _pooled(list(parts.values()), args.normalize)
         n, d = x.shape
         stream = parties.stream.stream(n)
-        federated = isinstance(parties, LocalQKMeansFederation)
-        head = COORDINATOR if federated else SERVER
+        federated = parties.federated
         session = session_id("qkmeans", dataset.name, n, d, k, args.clients, args.seed, m, args.lattice_step,
                              *(("federated",) if federated else ()))
-        method = "Q-k-means (federated)" if federated else "Q-k-means"
+        method, _ = self._variant(parties, None, 0)
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-            head_result = results[head]
+            head_result = results[parties.hub]
             centroids = np.asarray(head_result["centroids"])
-            keep = np.ones(n, dtype=bool)
-            keep[list(stream)] = False
+            keep = remaining(n, stream)
             with progress_task("Q-k-means retrained on the remaining data (exactness check)"):
                 fresh = train_qkmeans(x[keep], ids[keep], config, key).centroids
-            summary: dict[str, Any] = {
-                "data_set": dataset.name, "method": method,
-                "n_points": n, "d": d, "k": k, "n_clients": args.clients, "n_removals": m,
+            variant: dict[str, Any] = {
+                "n_clients": args.clients,
                 "lattice_step": config.resolve_eps(int(keep.sum()), d), "balance": config.gamma,
                 "iterations": config.iterations, "n_certified_removals": head_result["certified"],
                 "n_retrained_removals": head_result["retrained"],
@@ -639,19 +472,14 @@ class QKMeansPlugin:
                     for i in stream:
                         reasons.append(central.delete(i).reason)
                         advance()
-                summary["n_trainings"] = head_result["trainings"]
-                summary["federated_equals_centralised"] = bool(
+                variant["n_trainings"] = head_result["trainings"]
+                variant["federated_equals_centralised"] = bool(
                     np.array_equal(centroids, central.centroids) and reasons == list(head_result["reasons"])
                 )
-            summary.update(_quality_rows(x, y, keep, centroids, key, k))
-            if not args.no_timing and stream:
-                summary.update(_timed_rows("q", x, ids, stream, k, key, args.retrains,
-                                           iterations=config.iterations, q_config=config))
-            paper = paper_figures(dataset.name, method)
-            if paper:
-                summary["paper"] = paper
-            summary["centroids"] = centroids.tolist()
-            return _headline_first(summary)
+            timed = None if args.no_timing or not stream else lambda: timed_rows(
+                "q", x, ids, stream, k, key, args.retrains, iterations=config.iterations, q_config=config)
+            return stream_summary(variant, data_set=dataset.name, method=method, x=x, y=y, stream=stream,
+                                   centroids=centroids, key=key, k=k, timed=timed)
 
         clients = len(parts)
         analytic: dict[str, Any] = {
@@ -667,11 +495,9 @@ class QKMeansPlugin:
             })
         else:
             analytic["analytic model bytes per deletion (M·k·d·8, plus framing)"] = clients * k * d * 8
-        return self._run_plan(
-            args, parties, session=session,
-            make_machine=lambda party: parties.make_machine(party, parts[party].x if party in parts else None),
-            summarize=summarize, d=d, largest_client=max(p.n for p in parts.values()), analytic=analytic,
-        )
+        return self._run_plan(parties, session=session, make_machine=parties.machine_factory(_held(parts)),
+                              summarize=summarize, d=d, largest_client=max(p.n for p in parts.values()),
+                              analytic=analytic)
 
     def plan_party(
         self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
@@ -696,15 +522,17 @@ class QKMeansPlugin:
                              f"{'federated ' if federated else ''}Q-k-means run{hint}")
         k, m = _party_terms(args, party, data, party != head)
         parties = self._parties(args, len(clients), self._config(args, k), m)
-        return self._run_plan(
-            args, parties, session=session,
-            make_machine=lambda name: parties.make_machine(name, data.x if data is not None else None),
-            summarize=_no_summary, d=data.d if data is not None else None,
-            largest_client=data.n if data is not None else 0, analytic={},
-        )
+        return self._run_plan(parties, session=session, make_machine=parties.machine_factory(_own(party, data)),
+                              summarize=_no_summary, d=data.d if data is not None else None,
+                              largest_client=data.n if data is not None else 0, analytic={})
 
 
-class DCKMeansPlugin:
+def _own(party: str, data: Dataset | None) -> dict[str, np.ndarray]:
+    """``{party: its raw rows}`` of a party process holding ``data`` (empty: it holds none)."""
+    return {} if data is None else {party: data.x}
+
+
+class DCKMeansPlugin(_DeletionPlugin):
     """DC-k-means as a tree of parties, with deletion requests, as a ``fedproto`` plugin.
 
     Each leaf may hold only its own data (:meth:`split`, :meth:`plan_party`): the setup phase
@@ -714,11 +542,8 @@ class DCKMeansPlugin:
 
     name = "dckmeans"
     description = "DC-k-means as a tree of parties: a deletion recomputes only its leaf-to-root path"
-    generated_datasets = streams.GENERATED_DATASETS
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("dckmeans")
-        _common_arguments(group)
+    def _add_variant_arguments(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument("--width", type=int, default=None, help="branching factor w (default 2^round(log2 n^0.3))")
         group.add_argument("--height", type=int, default=1, help="tree height h (default 1)")
         group.add_argument(
@@ -797,26 +622,12 @@ class DCKMeansPlugin:
         return LocalDCTree(config, key=jax.random.PRNGKey(args.seed), stream=StreamTerms(m, args.seed + 1),
                            scale=args.normalize)
 
-    def _run_plan(
-        self, tree: LocalDCTree, *, session: int, make_machine: Any, summarize: Any, d: int | None,
-        analytic: dict[str, Any],
-    ) -> RunPlan:
+    def _variant(self, tree: LocalDCTree, d: int | None, largest_client: int) -> tuple[str, dict[str, Any]]:
         cfg = tree.config
+        frame = None if d is None else dckmeans_frame_limit(cfg.k, d, weighted=cfg.weighted)
         method = "DC-k-means (weighted)" if cfg.weighted else "DC-k-means"
-        return RunPlan(
-            roster=tree.roster,
-            session=session,
-            make_machine=make_machine,
-            result_to_json=_dc_result_to_json,
-            summarize=summarize,
-            role_of=tree.role_of,
-            iterations=tree.stream.removals + 2,
-            phases=(SETUP_PHASE, "local", "merge", "request", "model"),
-            plot_results=plot_cumulative,
-            labels=summary_labels(method),
-            analytic=analytic,
-            max_frame_bytes=None if d is None else dckmeans_frame_limit(cfg.k, d, weighted=cfg.weighted),
-        )
+        return method, {"result_to_json": _dc_result_to_json, "iterations": tree.stream.removals + 2,
+                        "phases": (SETUP_PHASE, "local", "merge", "request", "model"), "max_frame_bytes": frame}
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
         k, m = _whole_terms(args, dataset)
@@ -832,33 +643,27 @@ class DCKMeansPlugin:
         assert w is not None
         session = session_id("dckmeans", dataset.name, n, d, k, w, h, args.leaves, args.seed, m,
                              *(("weighted",) if weighted else ()))
-        method = "DC-k-means (weighted)" if weighted else "DC-k-means"
+        method, _ = self._variant(tree, None, 0)
 
         def summarize(results: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             root = results["root"]
             centroids = np.asarray(root["centroids"])
-            keep = np.ones(n, dtype=bool)
-            keep[list(stream)] = False
+            keep = remaining(n, stream)
             with progress_task("DC-k-means retrained on the remaining data (exactness check)"):
                 fresh = DCKMeans(cfg, key=key).fit(x[keep], ids[keep], leaves=leaf_of[keep])
-            summary: dict[str, Any] = {
-                "data_set": dataset.name, "method": method,
-                "n_points": n, "d": d, "k": k, "n_removals": m, "width": w, "height": h,
+            variant: dict[str, Any] = {
+                "width": w, "height": h,
                 "leaves": args.leaves, "leaf_size_min": int(sizes.min()), "leaf_size_mean": float(sizes.mean()),
                 "leaf_size_max": int(sizes.max()), "iterations": cfg.iterations,
                 "node_recomputations_per_removal": h + 1,
                 "root_computations": root["version"],
                 "model_equals_retrain": bool(np.array_equal(centroids, fresh.centroids)),
             }
-            summary.update(_quality_rows(x, y, keep, centroids, key, k))
-            if not args.no_timing and stream:
-                summary.update(_timed_rows("dc", x, ids, stream, k, key, args.retrains, iterations=cfg.iterations,
-                                           widths=(w,) if h == 1 else (), dc_config=cfg, leaves=leaf_of))
-            paper = paper_figures(dataset.name, method)
-            if paper:
-                summary["paper"] = paper
-            summary["centroids"] = centroids.tolist()
-            return _headline_first(summary)
+            timed = None if args.no_timing or not stream else lambda: timed_rows(
+                "dc", x, ids, stream, k, key, args.retrains, iterations=cfg.iterations,
+                widths=(w,) if h == 1 else (), dc_config=cfg, leaves=leaf_of)
+            return stream_summary(variant, data_set=dataset.name, method=method, x=x, y=y, stream=stream,
+                                   centroids=centroids, key=key, k=k, timed=timed)
 
         analytic = {
             **_setup_analytic(len(parts), d, args.normalize),
@@ -867,11 +672,8 @@ class DCKMeansPlugin:
             "analytic upward bytes per deletion (h·k·(d + weighted)·8, plus framing and the request)":
                 h * k * (d + weighted) * 8,
         }
-        return self._run_plan(
-            tree, session=session,
-            make_machine=lambda party: tree.make_machine(party, parts[party].x if party in parts else None),
-            summarize=summarize, d=d, analytic=analytic,
-        )
+        return self._run_plan(tree, session=session, make_machine=tree.machine_factory(_held(parts)),
+                              summarize=summarize, d=d, analytic=analytic)
 
     def plan_party(
         self, args: argparse.Namespace, party: str, roster: tuple[str, ...], session: int, data: Dataset | None
@@ -891,11 +693,8 @@ class DCKMeansPlugin:
         width = LocalDCTree.width_of(roster, args.height, args.width)
         k, m = _party_terms(args, party, data, party.startswith("leaf-"))
         tree = self._tree(args, k, m, width)
-        return self._run_plan(
-            tree, session=session,
-            make_machine=lambda name: tree.make_machine(name, data.x if data is not None else None),
-            summarize=_no_summary, d=data.d if data is not None else None, analytic={},
-        )
+        return self._run_plan(tree, session=session, make_machine=tree.machine_factory(_own(party, data)),
+                              summarize=_no_summary, d=data.d if data is not None else None, analytic={})
 
 
 QKMEANS = QKMeansPlugin()

@@ -61,12 +61,13 @@ step s: ``P * 8d * [s > 0]`` down, P scores up, ``8d`` for the chosen point; Llo
 ``P * 8kd`` down and ``P * 8(kd + k)`` up; model: ``P * 8kd``; certified deletion: ``8d`` up plus
 the model. Each message adds a constant envelope (tag, round, phase, field headers).
 
-Each party's own data: built by :class:`LocalQKMeansFederation` (what ``fedproto run`` and
-``fedproto party`` use), the coordinator is given neither d nor the id table, and each party only
-its raw points: the run opens with the setup phase ``setup.data`` (`local_data`), after which the
-coordinator knows d, n and the table, each party its ids and scaled points, and each party draws
-its own removal requests from the stream's public terms. :class:`QKMeansFederation` builds the
-same protocol from pooled data with given ids, without that phase.
+Each party's own data: built by `protocol.LocalQKMeansParties` with ``federated=True`` (what
+``fedproto run`` and ``fedproto party`` use), the coordinator is given neither d nor the id
+table, and each party only its raw points: the run opens with the setup phase ``setup.data``
+(`local_data`), after which the coordinator knows d, n and the table, each party its ids and
+scaled points, and each party draws its own removal requests from the stream's public terms.
+`protocol.QKMeansParties` (``federated=True``) builds the same protocol from pooled data with
+given ids, without that phase.
 
 Dropout and errors: no quorum, every party is needed; a silent party makes the coordinator fail
 with :class:`~fedproto.errors.InsufficientParticipants` naming it. Messages out of order, for the
@@ -86,7 +87,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedproto.algorithms.deletion import _kernels, _variant_kernels
-from fedproto.algorithms.deletion._store import PointStore, check_points
+from fedproto.algorithms.deletion._base import FollowsRounds, StreamClient, remote_error
+from fedproto.algorithms.deletion._store import PointStore
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
@@ -100,7 +102,6 @@ from fedproto.algorithms.deletion.messages import (
     SeedScore,
     SeedStep,
 )
-from fedproto.algorithms.deletion.protocol import _FollowsRounds, _remote, check_stream
 from fedproto.algorithms.deletion.qkmeans import (
     PHASE_STREAM,
     SEEDING_STREAM,
@@ -108,16 +109,14 @@ from fedproto.algorithms.deletion.qkmeans import (
     QKMeansModel,
     removal_decision,
 )
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.machine import ProtocolMachine
 from fedproto.messages import Outgoing
 
 __all__ = [
     "COORDINATOR",
     "FederatedPartyResult",
     "FederatedQKMeansResult",
-    "LocalQKMeansFederation",
     "QKMeansCoordinator",
-    "QKMeansFederation",
     "QKMeansParty",
     "training_payload_bytes",
 ]
@@ -336,28 +335,28 @@ class QKMeansCoordinator(ProtocolMachine):
 
     def _check_party(self, sender: str) -> None:
         if sender not in self.parties:
-            raise _remote(f"{sender} is not a party of this run", sender, self)
+            raise remote_error(f"{sender} is not a party of this run", sender, self)
         if sender in self._replies:
-            raise _remote(f"second reply from {sender} in this round", sender, self)
+            raise remote_error(f"second reply from {sender} in this round", sender, self)
 
     def _on_score(self, sender: str, message: SeedScore) -> list[Outgoing]:
         self._check_party(sender)
         if message.step != self._step:
-            raise _remote(f"{sender} scored step {message.step}, the current step is {self._step}", sender, self)
+            raise remote_error(f"{sender} scored step {message.step}, the current step is {self._step}", sender, self)
         if message.score > -np.inf and (
             self.owners.get(message.point_id) != sender or message.point_id in self._deleted
         ):
-            raise _remote(f"{sender} proposed point {message.point_id}, which it does not hold", sender, self)
+            raise remote_error(f"{sender} proposed point {message.point_id}, which it does not hold", sender, self)
         self._replies[sender] = message
         return []
 
     def _on_point(self, sender: str, message: SeedPoint) -> list[Outgoing]:
         party, point_id = self._winner
         if sender != party or message.step != self._step or message.point_id != point_id:
-            raise _remote(f"{sender} sent point {message.point_id} of step {message.step}; expected point "
+            raise remote_error(f"{sender} sent point {message.point_id} of step {message.step}; expected point "
                           f"{point_id} of step {self._step} from {party}", sender, self)
         if message.point.shape != (self.d,):
-            raise _remote(f"{sender} sent a point of dimension {message.point.shape[0]}, expected {self.d}",
+            raise remote_error(f"{sender} sent a point of dimension {message.point.shape[0]}, expected {self.d}",
                           sender, self)
         self._replies[sender] = message
         return []
@@ -365,10 +364,10 @@ class QKMeansCoordinator(ProtocolMachine):
     def _on_statistics(self, sender: str, message: ClusterStatistics) -> list[Outgoing]:
         self._check_party(sender)
         if message.iteration != self._iteration:
-            raise _remote(f"{sender} sent statistics of round {message.iteration}, expected {self._iteration}",
+            raise remote_error(f"{sender} sent statistics of round {message.iteration}, expected {self._iteration}",
                           sender, self)
         if message.sums.shape != (self.config.k, self.d):
-            raise _remote(f"{sender} sent sums of shape {message.sums.shape}, expected {(self.config.k, self.d)}",
+            raise remote_error(f"{sender} sent sums of shape {message.sums.shape}, expected {(self.config.k, self.d)}",
                           sender, self)
         self._replies[sender] = message
         return []
@@ -429,7 +428,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._replies = {}
         if j == 0:
             if int(counts.sum()) != self._n:
-                raise _remote(f"the parties report {int(counts.sum())} points, the table lists {self._n}",
+                raise remote_error(f"the parties report {int(counts.sum())} points, the table lists {self._n}",
                               self.parties[0], self)
             self._eps = cfg.resolve_eps(self._n, self.d)
             self._mass = cfg.gamma * self._n / k
@@ -490,19 +489,19 @@ class QKMeansCoordinator(ProtocolMachine):
         assert model is not None
         owner = self.owners.get(point_id)
         if owner is None:
-            raise _remote(f"{sender} asked to delete point {point_id}, which is not in the data set", sender, self)
+            raise remote_error(f"{sender} asked to delete point {point_id}, which is not in the data set", sender, self)
         if owner != sender:
-            raise _remote(f"{sender} asked to delete point {point_id}, which {owner} owns", sender, self)
+            raise remote_error(f"{sender} asked to delete point {point_id}, which {owner} owns", sender, self)
         if point_id in self._deleted:
-            raise _remote(f"{sender} asked to delete point {point_id}, which was already deleted", sender, self)
+            raise remote_error(f"{sender} asked to delete point {point_id}, which was already deleted", sender, self)
         if message.point.shape != (self.d,):
-            raise _remote(f"{sender} sent a point of dimension {message.point.shape[0]}, expected {self.d}",
+            raise remote_error(f"{sender} sent a point of dimension {message.point.shape[0]}, expected {self.d}",
                           sender, self)
         seeds = model.seed_ids.tolist()
         if point_id in seeds and not np.array_equal(message.point, model.seed_centroids[seeds.index(point_id)]):
-            raise _remote(f"{sender} sent coordinates of seed {point_id} that differ from the seed's", sender, self)
+            raise remote_error(f"{sender} sent coordinates of seed {point_id} that differ from the seed's", sender, self)
         if self._n - 1 < self.config.k:
-            raise _remote(f"deleting point {point_id} would leave fewer than k = {self.config.k} points",
+            raise remote_error(f"deleting point {point_id} would leave fewer than k = {self.config.k} points",
                           sender, self)
         reason, updated = removal_decision(model, message.point, point_id, self.config)
         self._deleted.add(point_id)
@@ -518,7 +517,7 @@ class QKMeansCoordinator(ProtocolMachine):
         return self._begin_training()
 
 
-class QKMeansParty(_FollowsRounds):
+class QKMeansParty(FollowsRounds, StreamClient):
     """A data-holding party of federated Q-k-means.
 
     Args:
@@ -538,6 +537,7 @@ class QKMeansParty(_FollowsRounds):
             position outside the stream, or both or neither of ``points`` and ``local``.
     """
 
+    ROLE, HUB_ROLE = "party", "coordinator"
     State = PartyState
     INITIAL_STATE = PartyState.WAITING
     SERVING_STATES = (PartyState.WAITING, PartyState.SEEDING, PartyState.LLOYD)
@@ -569,30 +569,15 @@ class QKMeansParty(_FollowsRounds):
         stream: StreamTerms | None = None,
     ) -> None:
         super().__init__(party, patience=patience)
-        self.coordinator, self.config = coordinator, config
-        self.n_deletions = n_deletions
-        if (points is None) == (local is None):
-            raise ValueError("give a party either its points (and ids) or its raw local points, not both or neither")
-        if local is not None and (stream is None or stream.removals != n_deletions or requests):
-            raise ValueError("a party with raw local points draws its requests from the stream's terms")
-        self._local, self._stream = local, stream
-        if local is not None:
-            self._state = PartyState.SETUP
-        else:
-            self._take(PointStore(points, ids), requests or {})  # type: ignore[arg-type]
+        self.coordinator = self.hub = coordinator
+        self.config, self.n_deletions = config, n_deletions
+        self._hold(points, ids, requests, local, stream)
         self._seed_key = jax.random.fold_in(key, SEEDING_STREAM)
-        self._expected = 0
-        self._retrained: list[bool] = []
         self._removed: list[int] = []
 
-    def _take(self, store: PointStore, requests: Mapping[int, int]) -> None:
-        self._store = store
-        self.requests = {int(pos): int(i) for pos, i in requests.items()}
-        held = set(self._store.ids.tolist())
-        if any(i not in held for i in self.requests.values()):
-            raise ValueError(f"{self.party} can only request deletion of its own points")
-        if any(not 0 <= pos < self.n_deletions for pos in self.requests):
-            raise ValueError("request positions must lie in the stream")
+    def _take(self, points: np.ndarray, ids: np.ndarray, requests: Mapping[int, int]) -> None:
+        self._store = PointStore(points, ids)
+        self._take_requests(self._store.ids, requests)
 
     @property
     def phase(self) -> str:
@@ -603,38 +588,21 @@ class QKMeansParty(_FollowsRounds):
     def pending(self) -> Sequence[str]:
         return [self.coordinator] if self._state in (PartyState.SETUP, *self.SERVING_STATES) else []
 
-    def _start(self) -> list[Outgoing]:
-        if self._local is not None:
-            return [self.send(self.coordinator, self._local.summary(), phase=SETUP_PHASE)]
-        return []
-
-    def _on_agreement(self, sender: str, message: DataAgreement) -> list[Outgoing]:
-        self._check_sender(sender)
-        assert self._local is not None and self._stream is not None
-        try:
-            points, ids = self._local.agreed(message)
-            requests = self._stream.requests(message.n_points, message.offset, self._local.n)
-        except ValueError as exc:
-            raise _remote(f"{sender}'s data agreement does not fit {self.party}: {exc}", sender, self) from exc
-        self._take(PointStore(points, ids), requests)
-        return []
-
-    def _check_sender(self, sender: str) -> None:
-        if sender != self.coordinator:
-            raise _remote(f"{sender} is not the coordinator", sender, self)
+    def _ready(self) -> list[Outgoing]:
+        return []  # the coordinator starts training
 
     def _on_seed_step(self, sender: str, message: SeedStep) -> list[Outgoing]:
-        self._check_sender(sender)
+        self._check_hub(sender)
         d = self._store.d
         if message.centre.shape[1] != d:
-            raise _remote(f"centre of dimension {message.centre.shape[1]}, this party's points have {d}", sender, self)
+            raise remote_error(f"centre of dimension {message.centre.shape[1]}, this party's points have {d}", sender, self)
         if self._state is PartyState.WAITING:
             if message.step != 0:
-                raise _remote(f"training must start at step 0, got step {message.step}", sender, self)
+                raise remote_error(f"training must start at step 0, got step {message.step}", sender, self)
             self._x, self._ids, self._valid = _kernels.pad_rows(self._store.x, self._store.ids)
             self._mind = jnp.where(self._valid, jnp.inf, 0.0)
         elif message.step != self._step + 1:
-            raise _remote(f"seeding step {message.step} after step {self._step}", sender, self)
+            raise remote_error(f"seeding step {message.step} after step {self._step}", sender, self)
         self._step = message.step
         has_centre = message.step > 0
         centre = message.centre[0] if has_centre else np.zeros(d)
@@ -649,24 +617,24 @@ class QKMeansParty(_FollowsRounds):
                           phase="seed")]
 
     def _on_pick(self, sender: str, message: SeedPick) -> list[Outgoing]:
-        self._check_sender(sender)
+        self._check_hub(sender)
         if message.step != self._step or self._candidate is None or message.point_id != self._candidate[0]:
-            raise _remote(f"picked point {message.point_id} at step {message.step}, which {self.party} did not "
+            raise remote_error(f"picked point {message.point_id} at step {message.step}, which {self.party} did not "
                           "propose", sender, self)
         point = self._store.x[self._candidate[1]]
         return [self.send(self.coordinator, SeedPoint(step=message.step, point_id=message.point_id, point=point),
                           phase="seed-point")]
 
     def _on_centroids(self, sender: str, message: IterationCentroids) -> list[Outgoing]:
-        self._check_sender(sender)
+        self._check_hub(sender)
         k, d = self.config.k, self._store.d
         if self._state is PartyState.SEEDING:
             if message.iteration != 0 or self._step != k - 1:
-                raise _remote(f"Lloyd round {message.iteration} before seeding finished", sender, self)
+                raise remote_error(f"Lloyd round {message.iteration} before seeding finished", sender, self)
         elif message.iteration != self._iteration + 1:
-            raise _remote(f"Lloyd round {message.iteration} after round {self._iteration}", sender, self)
+            raise remote_error(f"Lloyd round {message.iteration} after round {self._iteration}", sender, self)
         if message.centroids.shape != (k, d):
-            raise _remote(f"centroids of shape {message.centroids.shape}, expected {(k, d)}", sender, self)
+            raise remote_error(f"centroids of shape {message.centroids.shape}, expected {(k, d)}", sender, self)
         self._iteration = message.iteration
         sums, counts, loss = _variant_kernels.local_statistics(
             self._x, self._valid, jnp.asarray(message.centroids), k
@@ -677,144 +645,14 @@ class QKMeansParty(_FollowsRounds):
         )
         return [self.send(self.coordinator, stats, phase="lloyd")]
 
-    def _on_model(self, sender: str, message: ModelUpdate) -> list[Outgoing]:
-        self._check_sender(sender)
-        if message.version != self._expected:
-            raise _remote(f"model version {message.version}, expected {self._expected}", sender, self)
-        if message.version:
-            self._retrained.append(message.retrained)
-        self._expected += 1
-        if message.version == self.n_deletions:
-            self._finish(FederatedPartyResult(
-                message.centroids, message.version, tuple(self._retrained), self._store.n, tuple(self._removed)
-            ))
-            return []
-        self.round_idx += 1
-        point_id = self.requests.get(message.version)
-        if point_id is None:
-            return []
+    def _final(self, message: ModelUpdate) -> FederatedPartyResult:
+        return FederatedPartyResult(
+            message.centroids, message.version, tuple(self._retrained), self._store.n, tuple(self._removed)
+        )
+
+    def _request(self, point_id: int) -> Outgoing:
         row = self._store.row_of(point_id)  # held: the stream was checked at construction
         point = self._store.x[row].copy()
         self._store.remove(row)
         self._removed.append(point_id)
-        return [self.send(self.coordinator, PointRemoval(point_id=point_id, point=point), phase="request")]
-
-
-class QKMeansFederation:
-    """The parties of one federated Q-k-means run: ``coordinator`` and ``client-<i>``.
-
-    Args:
-        parts: each party's ``(points [n_i, d], ids [n_i])`` (a part may be empty).
-        config: hyper-parameters; key: the run's `jax.random` key.
-        deletions: the global stream of ids; each request is sent by the party owning the id.
-
-    Raises:
-        ValueError: no parts, parts of different dimensions, ids held twice, or a stream that
-            does not fit the data (unknown ids, repeats, fewer than k points left).
-    """
-
-    def __init__(
-        self,
-        parts: Sequence[tuple[np.ndarray, np.ndarray]],
-        config: QKMeansConfig,
-        *,
-        key: jax.Array,
-        deletions: Sequence[int] = (),
-    ) -> None:
-        if not parts:
-            raise ValueError("a federation needs at least one party")
-        self.parts = [check_points(x, ids) for x, ids in parts]
-        dims = {x.shape[1] for x, _ in self.parts}
-        if len(dims) != 1:
-            raise ValueError(f"the parties' points have different dimensions {sorted(dims)}")
-        self.d = dims.pop()
-        self.clients = tuple(f"client-{i}" for i in range(len(self.parts)))
-        self.owners: dict[int, str] = {}
-        for party, (_, ids) in zip(self.clients, self.parts):
-            for i in ids.tolist():
-                if i in self.owners:
-                    raise ValueError(f"point id {i} is held by two parties")
-                self.owners[i] = party
-        self.deletions = check_stream(deletions, self.owners, len(self.owners), config.k)
-        self.requests: dict[str, dict[int, int]] = {c: {} for c in self.clients}
-        for pos, i in enumerate(self.deletions):
-            self.requests[self.owners[i]][pos] = i
-        self.config, self.key = config, key
-        self.roster = (COORDINATOR, *self.clients)
-
-    def role_of(self, party: str) -> str:
-        """``coordinator`` or ``client``."""
-        return "coordinator" if party == COORDINATOR else "client"
-
-    def make_machine(self, party: str) -> ProtocolMachine:
-        """The machine of ``party`` (only this party's data is handed to it).
-
-        Raises:
-            ValueError: not a party of this run.
-        """
-        m = len(self.deletions)
-        if party == COORDINATOR:
-            return QKMeansCoordinator(COORDINATOR, parties=self.clients, config=self.config, key=self.key, d=self.d,
-                                      owners=self.owners, n_deletions=m)
-        c = party_index(self.clients).get(party)  # (one index for the run: no roster scan per party)
-        if c is None:
-            raise ValueError(f"{party!r} is not a party of this run")
-        x, ids = self.parts[c]
-        return QKMeansParty(party, coordinator=COORDINATOR, points=x, ids=ids, config=self.config, key=self.key,
-                            requests=self.requests[party], n_deletions=m)
-
-    def machines(self) -> dict[str, ProtocolMachine]:
-        """Every party's machine, in roster order."""
-        return {p: self.make_machine(p) for p in self.roster}
-
-
-class LocalQKMeansFederation:
-    """The parties of one federated Q-k-means run whose parties each hold only their own data:
-    ``coordinator`` and ``client-<i>``.
-
-    Every machine is built from public terms and, for a party, its own raw points only; the
-    coordinator learns d, n and the id table in the setup phase ``setup.data`` (`local_data`), and
-    each party draws its own requests from the stream's terms. The simulation (``fedproto run``)
-    and a party process (``fedproto party``) build their machines with this class.
-
-    Args:
-        n_clients: data-holding parties. config: hyper-parameters; key: the run's `jax.random`
-            key. stream: the terms of the deletion stream. scale: ``"minmax"`` or ``"none"``.
-
-    Raises:
-        ValueError: fewer than one party.
-    """
-
-    def __init__(
-        self, n_clients: int, config: QKMeansConfig, *, key: jax.Array, stream: StreamTerms, scale: str
-    ) -> None:
-        if n_clients < 1:
-            raise ValueError("a federation needs at least one party")
-        self.clients = tuple(f"client-{i}" for i in range(n_clients))
-        self.config, self.key, self.stream, self.scale = config, key, stream, scale
-        self.roster = (COORDINATOR, *self.clients)
-
-    def role_of(self, party: str) -> str:
-        """``coordinator`` or ``client``."""
-        return "coordinator" if party == COORDINATOR else "client"
-
-    def make_machine(self, party: str, raw: np.ndarray | None) -> ProtocolMachine:
-        """The machine of ``party``, given its own raw points ``[n_i, d]`` (a client) or ``None``
-        (the coordinator).
-
-        Raises:
-            ValueError: not a party of this run, a client without points, or points for the
-                coordinator.
-        """
-        m = self.stream.removals
-        if party == COORDINATOR:
-            if raw is not None:
-                raise ValueError("the coordinator holds no data")
-            return QKMeansCoordinator(COORDINATOR, parties=self.clients, config=self.config, key=self.key,
-                                      n_deletions=m, setup=DataCollector(self.clients, self.scale))
-        if party not in self.clients:
-            raise ValueError(f"{party!r} is not a party of this run")
-        if raw is None:
-            raise ValueError(f"{party} holds data: give it its own points")
-        return QKMeansParty(party, coordinator=COORDINATOR, config=self.config, key=self.key, n_deletions=m,
-                            local=LocalPoints(raw, self.scale), stream=self.stream)
+        return self.send(self.coordinator, PointRemoval(point_id=point_id, point=point), phase="request")

@@ -81,6 +81,22 @@ def _check_finite(array: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} contain NaN or infinite values")
 
 
+def _check_counts(counts: np.ndarray, rows: int, per: str) -> None:
+    """``counts`` holds one finite, non-negative entry per row (``[rows]``); ``per`` names a row."""
+    if counts.shape != (rows,):
+        raise ValueError(f"counts must have one entry per {per}")
+    _check_finite(counts, "counts")
+    if np.any(counts < 0):
+        raise ValueError("counts must be non-negative")
+
+
+def _check_point(point: np.ndarray) -> None:
+    """``point`` holds d >= 1 finite coordinates."""
+    if point.shape[0] < 1:
+        raise ValueError("point must have d >= 1 coordinates")
+    _check_finite(point, "point")
+
+
 def _check_centroids(centroids: np.ndarray) -> None:
     if centroids.ndim != 2 or centroids.shape[1] < 1:
         raise ValueError(f"centroids must have shape [r, d] with d >= 1, got {centroids.shape}")
@@ -110,10 +126,8 @@ class NodeCentroids(Message):
     centroids: np.ndarray = array_field("float64", 2)
 
     def __post_init__(self) -> None:
-        if isinstance(self.node, bool) or not isinstance(self.node, int) or self.node < 1:
-            raise ValueError("node must be a positive integer (the root sends no NodeCentroids)")
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
-            raise ValueError("version must be a positive integer")
+        _check_count(self.node, "node", 1)  # the root (node 0) sends no NodeCentroids
+        _check_count(self.version, "version", 1)
         _check_centroids(self.centroids)
 
 
@@ -128,8 +142,7 @@ class ModelUpdate(Message):
     centroids: np.ndarray = array_field("float64", 2)
 
     def __post_init__(self) -> None:
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
-            raise ValueError("version must be a non-negative integer")
+        _check_count(self.version, "version")
         if not isinstance(self.retrained, bool):
             raise TypeError("retrained must be a bool")
         _check_centroids(self.centroids)
@@ -167,11 +180,7 @@ class WeightedNodeCentroids(Message):
         _check_count(self.node, "node", 1)
         _check_count(self.version, "version", 1)
         _check_centroids(self.centroids)
-        if self.counts.shape != (self.centroids.shape[0],):
-            raise ValueError("counts must have one entry per centroid")
-        _check_finite(self.counts, "counts")
-        if np.any(self.counts < 0):
-            raise ValueError("counts must be non-negative")
+        _check_counts(self.counts, self.centroids.shape[0], "centroid")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -234,9 +243,7 @@ class SeedPoint(Message):
     def __post_init__(self) -> None:
         _check_count(self.step, "step")
         _check_id(self.point_id, "point_id")
-        if self.point.shape[0] < 1:
-            raise ValueError("point must have d >= 1 coordinates")
-        _check_finite(self.point, "point")
+        _check_point(self.point)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -270,11 +277,8 @@ class ClusterStatistics(Message):
             raise TypeError("loss must be a float")
         if not (self.loss >= 0 and self.loss != float("inf")):
             raise ValueError("loss must be finite and non-negative")
-        if self.counts.shape != (self.sums.shape[0],):
-            raise ValueError("counts must have one entry per row of sums")
+        _check_counts(self.counts, self.sums.shape[0], "row of sums")
         _check_finite(self.sums, "sums")
-        if np.any(self.counts < 0):
-            raise ValueError("counts must be non-negative")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -288,9 +292,7 @@ class PointRemoval(Message):
 
     def __post_init__(self) -> None:
         _check_id(self.point_id, "point_id")
-        if self.point.shape[0] < 1:
-            raise ValueError("point must have d >= 1 coordinates")
-        _check_finite(self.point, "point")
+        _check_point(self.point)
 
 
 def _check_extent(lo: np.ndarray, hi: np.ndarray, d: int | None) -> None:

@@ -15,12 +15,7 @@ import numpy as np
 import pytest
 import trio
 
-from fedproto.algorithms.deletion.federated import (
-    COORDINATOR,
-    QKMeansCoordinator,
-    QKMeansFederation,
-    training_payload_bytes,
-)
+from fedproto.algorithms.deletion.federated import COORDINATOR, QKMeansCoordinator, training_payload_bytes
 from fedproto.algorithms.deletion.messages import (
     ClusterStatistics,
     IterationCentroids,
@@ -31,6 +26,7 @@ from fedproto.algorithms.deletion.messages import (
     SeedScore,
     SeedStep,
 )
+from fedproto.algorithms.deletion.protocol import QKMeansFederation
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, removal_decision, train_qkmeans
 from fedproto.codec import array_payload_bytes, decode_frame, encode_frame
 from fedproto.errors import DecodeError, InsufficientParticipants, LocalProtocolError, RemoteProtocolError
