@@ -38,23 +38,18 @@ __all__ = [
 
 
 COMMANDS = ("run", "party", "split", "provision", "list", "data")
-
-
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
+#: ``fedproto run`` options that only the launching process uses (not passed to TCP parties).
 _LAUNCHER_OPTIONS = {
     "--transport": True, "--report": True, "--plot": True, "--no-plot": False, "--quiet": False, "--full": False,
     "--topology": True,
 }
-
-
+#: ``fedproto run`` options that a TCP party holding only its own data does not take (the launcher
+#: gives it ``--data FILE`` instead): the whole data set and how it is cut.
 _WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
-
-
+#: Namespace entries that are the CLI's bookkeeping, not options of the run.
 _INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model", "option_spelling", "fork_server"}
-
-
+#: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 
 
