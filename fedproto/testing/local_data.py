@@ -119,7 +119,11 @@ def run_per_party(
             outside the roster; whatever the plugin raises for the options.
         fedproto.cli.UsageError: an option the ``run`` or ``party`` command refuses.
     """
-    from fedproto._cli_parser import _WHOLE_DATA_OPTIONS, _without_options, holds_local_data
+    from fedproto._cli_parser import (
+        _WHOLE_DATA_OPTIONS,
+        _without_options,
+        holds_local_data,
+    )
     from fedproto._cli_shared import _dataset, _resolved_options, _split_parts
 
     plugin = registry.load_protocol(protocol)
