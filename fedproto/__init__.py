@@ -12,37 +12,12 @@ helpers (harness, fault injection, conformance suite) in :mod:`fedproto.testing`
 import importlib.metadata
 from typing import TYPE_CHECKING
 
+from fedproto import errors, messages
 from fedproto._lazy import lazy_exports
 from fedproto.codec import Envelope, decode_frame, encode_frame
-from fedproto.errors import (
-    AgreementMismatch,
-    DecodeError,
-    FedProtoError,
-    InsufficientParticipants,
-    LocalProtocolError,
-    PartyCrashed,
-    PeerDropped,
-    PeerUnreachable,
-    ProtocolError,
-    RemoteProtocolError,
-    RunAborted,
-    TransportBroken,
-    TransportClosed,
-    TransportError,
-)
+from fedproto.errors import *  # the whole hierarchy: fedproto.errors.__all__
 from fedproto.machine import ProtocolMachine, party_index
-from fedproto.messages import (
-    Broadcast,
-    Event,
-    Message,
-    Outgoing,
-    PartyDropped,
-    PhaseTimedOut,
-    Send,
-    SendFailed,
-    array_field,
-    bigints_field,
-)
+from fedproto.messages import *  # messages, fields, actions, events: fedproto.messages.__all__
 from fedproto.metering import LinkRecord, Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.transport import Network, Transport
@@ -79,33 +54,7 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree th
     __version__ = "0.0.0+unknown"
 
 __all__ = [
-    # machines and messages
     "ProtocolMachine",
-    "Message",
-    "array_field",
-    "bigints_field",
-    "Send",
-    "Broadcast",
-    "Outgoing",
-    "Event",
-    "PhaseTimedOut",
-    "PartyDropped",
-    "SendFailed",
-    # errors
-    "FedProtoError",
-    "ProtocolError",
-    "LocalProtocolError",
-    "RemoteProtocolError",
-    "DecodeError",
-    "InsufficientParticipants",
-    "RunAborted",
-    "TransportError",
-    "TransportClosed",
-    "TransportBroken",
-    "PeerUnreachable",
-    "PartyCrashed",
-    "PeerDropped",
-    "AgreementMismatch",
     # runtime, transports, wire, metering
     "run_party",
     "run_parties",
@@ -132,3 +81,6 @@ __all__ = [
     "launch_local",
     "__version__",
 ]
+# Messages and errors as their modules list them, so that a new one needs one entry.
+__all__ += messages.__all__
+__all__ += errors.__all__

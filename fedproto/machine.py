@@ -20,7 +20,10 @@ global randomness. The subclass supplies:
 
 The base class owns the lookup, the round check, and the failure rule: any exception raised while
 handling an input moves the machine to ``ERROR`` and every later call raises
-:class:`~fedproto.errors.LocalProtocolError` chained to the original error.
+:class:`~fedproto.errors.LocalProtocolError` chained to the original error. An error a subclass
+raises names where the machine is with ``**self.error_context()`` (round, state, phase), and
+``self.insufficient(message, missing)`` is the error of a machine that cannot go on without the
+parties ``missing``.
 
 A subclass is checked when it is defined, once it has ``State``, ``INITIAL_STATE`` and
 ``TRANSITIONS`` (abstract intermediate bases without them are skipped): ``State`` is an enum with
@@ -193,18 +196,14 @@ class ProtocolMachine:
                 raise RemoteProtocolError(
                     f"unexpected {type(message).__name__} from {sender} in state {self._state.name}",
                     party=sender,
-                    round_idx=self.round_idx,
-                    state=self._state.name,
-                    phase=self.phase,
+                    **self.error_context(),
                 )
             if round_idx is not None and round_idx != self.round_idx:
                 raise RemoteProtocolError(
                     f"{type(message).__name__} from {sender} is for round {round_idx}, "
                     f"this machine is in round {self.round_idx}",
                     party=sender,
-                    round_idx=self.round_idx,
-                    state=self._state.name,
-                    phase=self.phase,
+                    **self.error_context(),
                 )
             handler_name, next_state = entry
             before = self._state
@@ -312,6 +311,20 @@ class ProtocolMachine:
             )
         self._state = state
 
+    def error_context(self) -> dict[str, Any]:
+        """Where this machine is, as the keywords of a :class:`~fedproto.errors.FedProtoError`:
+        ``{"round_idx": int, "state": str, "phase": str}`` (the state's name), for
+        ``raise RemoteProtocolError(message, party=sender, **self.error_context())``."""
+        return {"round_idx": self.round_idx, "state": self._state.name, "phase": self.phase}
+
+    def insufficient(self, message: str, missing: Sequence[str]) -> InsufficientParticipants:
+        """The :class:`~fedproto.errors.InsufficientParticipants` error of this machine, which
+        cannot go on without the parties ``missing`` (its ``party`` when there is one only), with
+        :meth:`error_context`: ``raise self.insufficient(message, missing)``."""
+        return InsufficientParticipants(
+            message, missing=tuple(missing), party=missing[0] if len(missing) == 1 else None, **self.error_context()
+        )
+
     def send(self, dest: str, message: Message, *, phase: str | None = None) -> Send:
         """A :class:`Send` stamped with the current round and ``phase`` (default: :attr:`phase`)."""
         return Send(dest, message, self.round_idx, phase or self.phase)
@@ -343,33 +356,18 @@ class ProtocolMachine:
     def _on_event(self, event: Event) -> list[Outgoing]:
         if isinstance(event, PhaseTimedOut):
             missing = list(self.pending())
-            raise InsufficientParticipants(
+            raise self.insufficient(
                 f"no progress within {event.deadline_s:g} s; still waiting for "
                 f"{', '.join(missing) if missing else 'nothing'}",
-                missing=missing,
-                party=missing[0] if len(missing) == 1 else None,
-                round_idx=self.round_idx,
-                state=self._state.name,
-                phase=self.phase,
+                missing,
             )
         if isinstance(event, PartyDropped):
             if event.party in self.pending():
-                raise InsufficientParticipants(
-                    f"{event.party} dropped out while this machine waited for it",
-                    missing=[event.party],
-                    party=event.party,
-                    round_idx=self.round_idx,
-                    state=self._state.name,
-                    phase=self.phase,
-                )
+                raise self.insufficient(f"{event.party} dropped out while this machine waited for it", [event.party])
             return []
         if isinstance(event, SendFailed):
             raise ProtocolError(
-                f"sending to {event.dest} failed: {describe(event.error)}",
-                party=event.dest,
-                round_idx=self.round_idx,
-                state=self._state.name,
-                phase=self.phase,
+                f"sending to {event.dest} failed: {describe(event.error)}", party=event.dest, **self.error_context()
             ) from event.error
         raise LocalProtocolError(f"unknown event {event!r}", party=self.party)
 

@@ -111,6 +111,32 @@ def _validity(valid_days: int, not_before: datetime.datetime | None) -> tuple[da
     return not_before, not_before + datetime.timedelta(days=valid_days)
 
 
+def _certificate_builder(
+    subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePublicKey,
+    start: datetime.datetime, end: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """A certificate, extensions still to add, of ``subject``'s key ``public`` by ``issuer``,
+    valid from ``start`` to ``end`` (UTC), with a random serial number."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """What a key may do: the CA's signs certificates and CRLs only, a party's signs only (its
+    TLS handshakes)."""
+    return x509.KeyUsage(
+        digital_signature=not ca, content_commitment=False, key_encipherment=False, data_encipherment=False,
+        key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
+    )
+
+
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -199,22 +225,9 @@ class FederationCA:
         ])
         public = key.public_key()
         certificate = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
+            _certificate_builder(subject, subject, public, start, end)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(key, hashes.SHA256())
         )
@@ -250,24 +263,12 @@ class FederationCA:
         key = ec.generate_private_key(_CURVE)
         public = key.public_key()
         ca_key_id = self.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, party)])
         certificate = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, party)]))
-            .issuer_name(self.certificate.subject)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
+            _certificate_builder(subject, self.certificate.subject, public, start, end)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(party)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=False), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,

@@ -628,9 +628,7 @@ def _run_aborted(machine: ProtocolMachine, sender: str, notice: AbortNotice, ros
         reason=reason,
         relayed_by=sender if origin else "",
         party=reporter,
-        round_idx=machine.round_idx,
-        state=machine.state.name,
-        phase=machine.phase,
+        **machine.error_context(),
     )
 
 

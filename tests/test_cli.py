@@ -738,7 +738,7 @@ def test_sigterm_to_a_tcp_run_stops_every_party_and_removes_its_files(tmp_path, 
 def test_the_run_shows_its_rounds_through_the_progress_display(tmp_path, capsys, monkeypatch, toy_plugin):
     import contextlib
 
-    from fedproto import cli
+    from fedproto import _cli_run, cli
     from fedproto.progress import use_display
 
     installed: list = []
@@ -764,7 +764,7 @@ def test_the_run_shows_its_rounds_through_the_progress_display(tmp_path, capsys,
         with use_display(display):
             yield display
 
-    monkeypatch.setattr(cli, "progress_display", recording_display)
+    monkeypatch.setattr(_cli_run, "progress_display", recording_display)  # where `fedproto run` uses it
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert cli.main(["run", str(toy_plugin), "--rounds", "5"]) == 0
     assert installed[0].tasks == {0: ["toysum rounds", 5, 5]}

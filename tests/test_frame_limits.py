@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+import fedproto._cli_run as cli_run
 import fedproto.cli as cli
 from fedproto import registry
 from fedproto.framesize import abort_notice_frame_bytes
@@ -89,9 +90,10 @@ def observed(monkeypatch) -> dict[str, Any]:
         seen["reports"].append(report)
         print_run(plan, args, summary, report, console)
 
-    monkeypatch.setattr(cli, "Meter", RecordingMeter)
-    monkeypatch.setattr(cli, "_frame_limit", spy_limit)
-    monkeypatch.setattr(cli, "_print_run", spy_print)
+    # patched where `fedproto run` uses them
+    monkeypatch.setattr(cli_run, "Meter", RecordingMeter)
+    monkeypatch.setattr(cli_run, "_frame_limit", spy_limit)
+    monkeypatch.setattr(cli_run, "_print_run", spy_print)
     return seen
 
 

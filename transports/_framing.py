@@ -143,17 +143,7 @@ async def send_frame(stream: trio.abc.SendStream, frame: bytes | bytearray | mem
     length = len(frame)
     if length > MAX_WIRE_FRAME_BYTES:
         raise ValueError(f"frame of {length} bytes cannot be framed (maximum {MAX_WIRE_FRAME_BYTES})")
-    prefix = _PREFIX.pack(length)
-    try:
-        if length <= _COALESCE_BYTES:
-            await stream.send_all(prefix + frame)
-        else:
-            await stream.send_all(prefix)
-            await stream.send_all(frame)
-    except trio.BrokenResourceError as exc:
-        raise TransportBroken(f"stream broke while sending a frame of {length} bytes") from exc
-    except trio.ClosedResourceError as exc:
-        raise TransportClosed("stream was closed while sending a frame") from exc
+    await _write(stream, _PREFIX.pack(length), frame, "a frame")
 
 
 async def send_routed_frame(
@@ -178,7 +168,21 @@ async def send_routed_frame(
         raise ValueError(f"frame of {length} bytes cannot be routed (maximum {MAX_ROUTED_STREAM_FRAME_BYTES})")
     if not 0 <= party_index < 2**32:
         raise ValueError(f"party index {party_index} does not fit a route header")
-    header = _ROUTE.pack(ROUTE_MARKER, party_index, length)
+    await _write(stream, _ROUTE.pack(ROUTE_MARKER, party_index, length), frame, "a routed frame")
+
+
+async def _write(
+    stream: trio.abc.SendStream, header: bytes, frame: bytes | bytearray | memoryview, what: str
+) -> None:
+    """Write ``header`` and then ``frame``: in one write up to ``_COALESCE_BYTES`` of frame, else
+    in two (no copy of a large frame).
+
+    Raises:
+        TransportBroken: the stream failed (``__cause__`` is trio's error); the message names
+            ``what`` ("a frame") and its length.
+        TransportClosed: the stream was closed by us.
+    """
+    length = len(frame)
     try:
         if length <= _COALESCE_BYTES:
             await stream.send_all(header + frame)
@@ -186,7 +190,7 @@ async def send_routed_frame(
             await stream.send_all(header)
             await stream.send_all(frame)
     except trio.BrokenResourceError as exc:
-        raise TransportBroken(f"stream broke while sending a routed frame of {length} bytes") from exc
+        raise TransportBroken(f"stream broke while sending {what} of {length} bytes") from exc
     except trio.ClosedResourceError as exc:
         raise TransportClosed("stream was closed while sending a frame") from exc
 

@@ -88,24 +88,8 @@ def _run_memory(
     return results, meter.report(protocol="per-party", transport="memory", session=session, parties=roster)
 
 
-def _strip_whole_data(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--data``, ``--clients`` and ``--partition`` (and their values)."""
-    from fedproto.cli import _WHOLE_DATA_OPTIONS
-
-    out: list[str] = []
-    tokens = iter(argv)
-    for token in tokens:
-        name = token.split("=", 1)[0]
-        if name in _WHOLE_DATA_OPTIONS:
-            if _WHOLE_DATA_OPTIONS[name] and "=" not in token:
-                next(tokens, None)
-            continue
-        out.append(token)
-    return out
-
-
 def _parse(command: str, spec: str, argv: Sequence[str]) -> argparse.Namespace:
-    from fedproto.cli import _parse as parse
+    from fedproto._cli_parser import _parse as parse
 
     args = parse([command, spec, *argv])
     args.protocol_name = getattr(registry.load_protocol(spec), "name", spec)
@@ -135,7 +119,12 @@ def run_per_party(
             outside the roster; whatever the plugin raises for the options.
         fedproto.cli.UsageError: an option the ``run`` or ``party`` command refuses.
     """
-    from fedproto.cli import _dataset, _resolved_options, _split_parts, holds_local_data
+    from fedproto._cli_parser import (
+        _WHOLE_DATA_OPTIONS,
+        _without_options,
+        holds_local_data,
+    )
+    from fedproto._cli_shared import _dataset, _resolved_options, _split_parts
 
     plugin = registry.load_protocol(protocol)
     if not holds_local_data(plugin):
@@ -150,7 +139,7 @@ def run_per_party(
 
     parts = _split_parts(plugin, args, dataset, plan.roster)
     files = {party: save_dataset(Path(directory) / f"{party}.npz", part) for party, part in parts.items()}
-    party_argv = [*_strip_whole_data(run_argv), *_resolved_options(plugin, args, dataset)]
+    party_argv = [*_without_options(run_argv, _WHOLE_DATA_OPTIONS), *_resolved_options(plugin, args, dataset)]
     machines = {}
     plans = {}
     for party in plan.roster:

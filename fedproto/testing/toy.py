@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedproto.errors import InsufficientParticipants, RemoteProtocolError
+from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut, array_field
 
@@ -108,14 +108,10 @@ class SumCoordinator(ProtocolMachine):
             return []
         if isinstance(event, PhaseTimedOut):
             missing = list(self.pending())
-            raise InsufficientParticipants(
+            raise self.insufficient(
                 f"{len(self._received)} of {len(self._active)} workers answered, {self.min_responses} needed; "
                 f"silent: {', '.join(missing)}",
-                missing=missing,
-                party=missing[0] if len(missing) == 1 else None,
-                round_idx=self.round_idx,
-                state=self._state.name,
-                phase=self.phase,
+                missing,
             )
         return super()._on_event(event)
 
