@@ -54,16 +54,9 @@ import jax
 import numpy as np
 
 from fedproto.algorithms.mufc.data import Federation
-from fedproto.algorithms.mufc.protocol import (
-    SECAGG_CHOICES,
-    SERVER,
-    MUFCClient,
-    MUFCConfig,
-    MUFCServer,
-    client_key_entropy,
-    make_config,
-    secagg_plus_config,
-)
+from fedproto.algorithms.mufc.client import MUFCClient, client_key_entropy
+from fedproto.algorithms.mufc.config import SECAGG_CHOICES, SERVER, MUFCConfig, make_config, secagg_plus_config
+from fedproto.algorithms.mufc.server import MUFCServer
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
 from fedproto.machine import ProtocolMachine
 
