@@ -13,6 +13,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,12 +22,12 @@ from fedproto.algorithms.mufc.client import MUFCClient, client_key_entropy
 from fedproto.algorithms.mufc.config import SERVER, MUFCConfig, check_secagg_plus
 from fedproto.algorithms.mufc.server import MUFCServer
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.star import StarParties, ids_owner
 
 __all__ = ["MUFCParties"]
 
 
-class MUFCParties:
+class MUFCParties(StarParties):
     """The parties of one MUFC run: ``server`` and ``client-<c>``.
 
     Args:
@@ -41,9 +42,9 @@ class MUFCParties:
         session: the run's session id (names each SecAgg+ instance; unused with SCMA).
 
     Raises:
-        ValueError: overlapping ids, a request that does not fit the data, a client count that
-            does not match the config, a stream that would leave no client, or a
-            ``secagg_plus`` that does not fit the run.
+        ValueError: overlapping ids (:func:`fedproto.star.ids_owner`), a request that does not fit
+            the data, a client count that does not match the config, a stream that would leave no
+            client, or a ``secagg_plus`` that does not fit the run.
     """
 
     def __init__(
@@ -60,16 +61,11 @@ class MUFCParties:
         if len(parts) != config.n_clients:
             raise ValueError(f"{len(parts)} clients' data for a config of {config.n_clients} clients")
         check_secagg_plus(config, secagg_plus)
+        super().__init__(config.n_clients, hub=SERVER)
         self.secagg_plus, self.session = secagg_plus, session
         self.parts = [(np.asarray(x, np.float64), np.asarray(ids, np.int64)) for x, ids in parts]
-        seen: set[int] = set()
-        for _, ids in self.parts:
-            if seen.intersection(ids.tolist()) or len(set(ids.tolist())) != len(ids):
-                raise ValueError("point ids must be unique across clients")
-            seen.update(ids.tolist())
+        ids_owner([ids for _, ids in self.parts])
         self.config, self.key, self.seed = config, key, seed
-        self.clients = tuple(f"client-{c}" for c in range(config.n_clients))
-        self.roster = (SERVER, *self.clients)
         self.requests = tuple((int(c), None if b is None else tuple(int(i) for i in b)) for c, b in requests)
         self.per_client: list[dict[int, tuple[int, ...] | None]] = [{} for _ in self.parts]
         leaving = set()
@@ -85,51 +81,42 @@ class MUFCParties:
             raise ValueError("the removal stream would leave no client in the federation")
         self.n_points = sum(x.shape[0] for x, _ in self.parts)
 
-    def role_of(self, party: str) -> str:
-        """``server`` or ``client``."""
-        return "server" if party == SERVER else "client"
-
     def key_entropy(self, c: int) -> bytes:
         """Client c's key-pair entropy, derived from the run seed (simulation; :func:`client_key_entropy`)."""
         return client_key_entropy(self.seed, c)
 
-    def make_machine(self, party: str) -> ProtocolMachine:
-        """The machine of ``party``.
-
-        Raises:
-            ValueError: not a party of this run, or the client's requests do not fit its data.
-        """
-        m = len(self.requests)
-        if party == SERVER:
-            return MUFCServer(
-                SERVER,
-                clients=self.clients,
-                config=self.config,
-                key=jax.random.fold_in(self.key, 0),
-                n_requests=m,
-                n_points=self.n_points,
-                session=self.session,
-                secagg_plus=self.secagg_plus,
-            )
-        c = party_index(self.clients).get(party)  # (one index for the run: no roster scan per party)
-        if c is None:
-            raise ValueError(f"{party!r} is not a party of this run")
-        x, ids = self.parts[c]
-        return MUFCClient(
-            party,
-            server=SERVER,
-            index=c,
+    def hub_machine(self) -> MUFCServer:
+        """The server, built with the public parameters and the public total n."""
+        return MUFCServer(
+            SERVER,
+            clients=self.clients,
             config=self.config,
-            x=x,
-            ids=ids,
-            key=jax.random.fold_in(self.key, c + 1),
-            requests=self.per_client[c],
-            n_requests=m,
-            key_entropy=self.key_entropy(c),
+            key=jax.random.fold_in(self.key, 0),
+            n_requests=len(self.requests),
+            n_points=self.n_points,
             session=self.session,
             secagg_plus=self.secagg_plus,
         )
 
-    def machines(self) -> dict[str, ProtocolMachine]:
-        """Every party's machine, in roster order."""
-        return {p: self.make_machine(p) for p in self.roster}
+    def client_machine(self, index: int, party: str, data: Any) -> MUFCClient:
+        """Client ``index`` with its part of the data and its requests (``data``: always ``None``,
+        the plan holds the parts).
+
+        Raises:
+            ValueError: the client's requests do not fit its data.
+        """
+        x, ids = self.parts[index]
+        return MUFCClient(
+            party,
+            server=SERVER,
+            index=index,
+            config=self.config,
+            x=x,
+            ids=ids,
+            key=jax.random.fold_in(self.key, index + 1),
+            requests=self.per_client[index],
+            n_requests=len(self.requests),
+            key_entropy=self.key_entropy(index),
+            session=self.session,
+            secagg_plus=self.secagg_plus,
+        )

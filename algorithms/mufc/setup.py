@@ -58,7 +58,7 @@ from fedproto.algorithms.mufc.client import MUFCClient, client_key_entropy
 from fedproto.algorithms.mufc.config import SECAGG_CHOICES, SERVER, MUFCConfig, make_config, secagg_plus_config
 from fedproto.algorithms.mufc.server import MUFCServer
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
-from fedproto.machine import ProtocolMachine
+from fedproto.star import StarParties, client_names
 
 __all__ = [
     "Agreement",
@@ -231,12 +231,14 @@ def setup_data_bytes(n_clients: int, d: int) -> dict[str, int]:
     return {"up": 16 * d, "down": 8 * n_clients + 16 * d}
 
 
-class LocalDataParties:
+class LocalDataParties(StarParties):
     """The parties of a MUFC run in which each client holds only its own raw data.
 
     Every client machine is built from its own raw ``[n_l, d]`` rows and the public options; the
     server from the public options only. They agree the rest in ``setup.data`` (module
-    docstring). The simulation and the per-party processes build their machines here.
+    docstring). The simulation and the per-party processes build their machines here
+    (:meth:`~fedproto.star.StarParties.make_machine` takes a party and the rows it holds,
+    :meth:`~fedproto.star.StarParties.machine_factory` the ``make_machine`` of a run plan).
 
     Args:
         setup: the public options (``setup.n_clients`` clients).
@@ -251,38 +253,29 @@ class LocalDataParties:
             the server.
     """
 
+    own_data = True
+
     def __init__(
         self, setup: DataSetup, *, key: jax.Array, seed: int, session: int, clients: Sequence[str] | None = None
     ) -> None:
-        names = tuple(f"client-{c}" for c in range(setup.n_clients)) if clients is None else tuple(clients)
+        names = client_names(setup.n_clients) if clients is None else tuple(clients)
         if len(names) != setup.n_clients or len(set(names)) != len(names) or SERVER in names:
             raise ValueError(f"a MUFC run needs {setup.n_clients} distinct clients besides {SERVER!r}")
+        super().__init__(hub=SERVER, clients=names)
         self.setup, self.key, self.seed, self.session = setup, key, seed, session
-        self.clients = names
-        self.roster = (SERVER, *names)
 
-    def role_of(self, party: str) -> str:
-        """``server`` or ``client``."""
-        return "server" if party == SERVER else "client"
+    def hub_machine(self) -> MUFCServer:
+        """The server, from the public options only."""
+        return MUFCServer(SERVER, clients=self.clients, key=jax.random.fold_in(self.key, 0),
+                          n_requests=self.setup.n_requests, session=self.session, setup=self.setup)
 
-    def make_machine(self, party: str, x: np.ndarray | None = None) -> ProtocolMachine:
-        """The machine of ``party``, holding ``x`` (a client's raw ``[n_l, d]`` points; ``None``
-        for the server).
+    def client_machine(self, index: int, party: str, data: np.ndarray) -> MUFCClient:
+        """Client ``index`` holding ``data``, its raw ``[n_l, d]`` points.
 
         Raises:
-            ValueError: not a party of this run, a client without data or a server with data.
+            ValueError: points that are not a finite ``[n_l, d]`` array with ``n_l, d >= 1``.
         """
         setup = self.setup
-        if party == SERVER:
-            if x is not None:
-                raise ValueError("the MUFC server holds no data")
-            return MUFCServer(SERVER, clients=self.clients, key=jax.random.fold_in(self.key, 0),
-                              n_requests=setup.n_requests, session=self.session, setup=setup)
-        if party not in self.clients:
-            raise ValueError(f"{party!r} is not a party of this run")
-        if x is None:
-            raise ValueError(f"{party} needs its data (a MUFC client holds points)")
-        c = self.clients.index(party)
-        return MUFCClient(party, server=SERVER, index=c, x=x, key=jax.random.fold_in(self.key, c + 1),
-                          n_requests=setup.n_requests, key_entropy=client_key_entropy(self.seed, c),
+        return MUFCClient(party, server=SERVER, index=index, x=data, key=jax.random.fold_in(self.key, index + 1),
+                          n_requests=setup.n_requests, key_entropy=client_key_entropy(self.seed, index),
                           session=self.session, setup=setup)
