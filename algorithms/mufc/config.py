@@ -33,6 +33,7 @@ __all__ = [
     "SERVER",
     "SERVER_MODES",
     "MUFCConfig",
+    "MUFCOptions",
     "check_secagg_plus",
     "make_config",
     "remote_error",
@@ -50,17 +51,15 @@ SECAGG_PURPOSE = b"fedproto/mufc/secagg-plus"
 _SECAGG_GRAPH = b"fedproto/mufc/secagg-graph"
 
 
-@dataclasses.dataclass(frozen=True)
-class MUFCConfig:
-    """The public parameters of one MUFC run (agreed before it starts; spec 1.2).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MUFCOptions:
+    """The options of a MUFC run that neither the data nor the grid fix: how the server clusters,
+    how the clients unlearn, and the dropout quorum. :class:`MUFCConfig` holds them with the
+    public parameters; the public options of a run whose parties hold only their own data
+    (:class:`~fedproto.algorithms.mufc.setup.DataSetup`) hold them until ``setup.data`` gives
+    the rest, and pass them on with :meth:`options`.
 
     Attributes:
-        k: clusters at the server (K).
-        k_client: seeds per client (the paper's K; the authors' ``k_prime`` in non-i.i.d. runs).
-        n_clients: L, the clients at the start.
-        grid: the quantization grid (gamma, box, bins per dimension B, B^d bins).
-        prime: p > max(n, B^d), the field of the syndromes.
-        n_syndromes: T = 2 * k_client * L.
         server_mode: ``weighted`` (bin centres with weights) or ``uniform`` (samples in the bins).
         unlearning: ``exact``, ``literal`` or ``lazy`` (see :mod:`fedproto.algorithms.mufc.protocol`).
         n_init: K-means++ restarts at the server (best weighted cost wins).
@@ -70,6 +69,39 @@ class MUFCConfig:
         fresh_randomness: re-seeding and re-clustering draw fresh keys per round.
         min_clients: fewest clients an aggregation may go on with after dropouts (default: all
             with SCMA; with SecAgg+, no quorum beyond what SecAgg+ itself can recover).
+
+    The values are checked by :class:`MUFCConfig`.
+    """
+
+    server_mode: str = "weighted"
+    unlearning: str = "exact"
+    n_init: int = 10
+    max_iter: int = 300
+    lloyd_iterations: int = 0
+    fresh_randomness: bool = False
+    min_clients: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        """These options by name, as :func:`make_config` takes them."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(MUFCOptions)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MUFCConfig(MUFCOptions):
+    """The public parameters of one MUFC run (agreed before it starts; spec 1.2).
+
+    Attributes:
+        k: clusters at the server (K).
+        k_client: seeds per client (the paper's K; the authors' ``k_prime`` in non-i.i.d. runs).
+        n_clients: L, the clients at the start.
+        grid: the quantization grid (gamma, box, bins per dimension B, B^d bins).
+        prime: p > max(n, B^d), the field of the syndromes.
+        n_syndromes: T = 2 * k_client * L.
+        server_mode, unlearning, n_init, max_iter, lloyd_iterations, fresh_randomness,
+            min_clients: the run's :class:`MUFCOptions` (keyword-only).
+
+    Raises:
+        ValueError: a parameter or an option out of range.
     """
 
     k: int
@@ -78,13 +110,6 @@ class MUFCConfig:
     grid: Grid
     prime: int
     n_syndromes: int
-    server_mode: str = "weighted"
-    unlearning: str = "exact"
-    n_init: int = 10
-    max_iter: int = 300
-    lloyd_iterations: int = 0
-    fresh_randomness: bool = False
-    min_clients: int | None = None
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.k_client < 1 or self.n_clients < 1:

@@ -55,7 +55,14 @@ import numpy as np
 
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.client import MUFCClient, client_key_entropy
-from fedproto.algorithms.mufc.config import SECAGG_CHOICES, SERVER, MUFCConfig, make_config, secagg_plus_config
+from fedproto.algorithms.mufc.config import (
+    SECAGG_CHOICES,
+    SERVER,
+    MUFCConfig,
+    MUFCOptions,
+    make_config,
+    secagg_plus_config,
+)
 from fedproto.algorithms.mufc.server import MUFCServer
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
 from fedproto.star import StarParties, client_names
@@ -136,7 +143,7 @@ class Agreement:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSetup:
+class DataSetup(MUFCOptions):
     """The public options of a MUFC run, fixed before the data are known.
 
     Every quantity that depends on the data (n, d, the extent, the sizes) is agreed in
@@ -149,7 +156,8 @@ class DataSetup:
         secagg: ``scma``, ``plus`` or ``complete``.
         removals, points_per_removal, leave, stream_seed: the removal stream (:func:`removal_stream`).
         server_mode, unlearning, n_init, max_iter, lloyd_iterations, fresh_randomness,
-            min_clients: as in :class:`~fedproto.algorithms.mufc.protocol.MUFCConfig`.
+            min_clients: the run's :class:`~fedproto.algorithms.mufc.config.MUFCOptions`
+            (keyword-only), passed on to :class:`~fedproto.algorithms.mufc.config.MUFCConfig`.
 
     Raises:
         ValueError: an option out of range (checked again, with the data, by :meth:`configure`).
@@ -164,13 +172,6 @@ class DataSetup:
     points_per_removal: int = 1
     leave: int = 0
     stream_seed: int = 1
-    server_mode: str = "weighted"
-    unlearning: str = "exact"
-    n_init: int = 10
-    max_iter: int = 300
-    lloyd_iterations: int = 0
-    fresh_randomness: bool = False
-    min_clients: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_clients < 1:
@@ -207,12 +208,8 @@ class DataSetup:
         n = federation.n
         if self.k > n:
             raise ValueError(f"K = {self.k} is larger than the number of points ({n})")
-        config = make_config(
-            n, federation.d, self.k, self.n_clients, k_client=self.k_client, gamma=self.gamma,
-            server_mode=self.server_mode, unlearning=self.unlearning, n_init=self.n_init, max_iter=self.max_iter,
-            lloyd_iterations=self.lloyd_iterations, fresh_randomness=self.fresh_randomness,
-            min_clients=self.min_clients,
-        )
+        config = make_config(n, federation.d, self.k, self.n_clients, k_client=self.k_client, gamma=self.gamma,
+                             **self.options())
         plus = secagg_plus_config(config, self.secagg, session=session)
         stream = removal_stream(
             federation.client_points, [federation.ids(c) for c in range(self.n_clients)], self.removals,
