@@ -52,26 +52,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from fedproto.algorithms.mufc import baselines
+from fedproto.algorithms.mufc import baselines, messages
 from fedproto.algorithms.mufc.clustering import federated_loss, kmeans_cost, reference_loss
 from fedproto.algorithms.mufc.data import Federation, client_split, file_clients, gaussian_mixture, unit_box
-from fedproto.algorithms.mufc.messages import (
-    AggregationRequest,
-    DataSummary,
-    FederationSummary,
-    MaskedSyndromes,
-    ModelUpdate,
-    PeerKeys,
-    PublicKey,
-    RemovalRequest,
-)
 from fedproto.algorithms.mufc.protocol import (
     MODES,
     SECAGG_CHOICES,
@@ -207,14 +197,14 @@ def frame_limit(config: MUFCConfig, d: int) -> int:
     """
     key = bytes(32)
     return max(
-        max_frame_bytes(DataSummary, arrays={"extent": (2, d)}),
-        max_frame_bytes(FederationSummary, arrays={"client_points": (config.n_clients,), "extent": (2, d)}),
-        max_frame_bytes(PublicKey, plain={"public_key": key}),
-        max_frame_bytes(PeerKeys, plain={"keys": (key,) * config.n_clients}),
-        max_frame_bytes(AggregationRequest, plain={"active": (0,) * config.n_clients}),
-        max_frame_bytes(MaskedSyndromes, bigints={"values": (config.n_syndromes, config.width)}),
-        max_frame_bytes(RemovalRequest),
-        max_frame_bytes(ModelUpdate, arrays={"centroids": (config.k, d)}),
+        max_frame_bytes(messages.DataSummary, arrays={"extent": (2, d)}),
+        max_frame_bytes(messages.FederationSummary, arrays={"client_points": (config.n_clients,), "extent": (2, d)}),
+        max_frame_bytes(messages.PublicKey, plain={"public_key": key}),
+        max_frame_bytes(messages.PeerKeys, plain={"keys": (key,) * config.n_clients}),
+        max_frame_bytes(messages.AggregationRequest, plain={"active": (0,) * config.n_clients}),
+        max_frame_bytes(messages.MaskedSyndromes, bigints={"values": (config.n_syndromes, config.width)}),
+        max_frame_bytes(messages.RemovalRequest),
+        max_frame_bytes(messages.ModelUpdate, arrays={"centroids": (config.k, d)}),
     )
 
 
@@ -282,6 +272,29 @@ def _phases(secagg: str) -> tuple[str, ...]:
     if secagg == "scma":
         return ("setup.data", "setup", "aggregate", "removal", "model")
     return ("setup.data", "removal", *secagg_plus.STAGES, "model")
+
+
+def _run_plan(parties: LocalDataParties, make_machine: Callable[[str], Any], **plan: Any) -> RunPlan:
+    """The :class:`~fedproto.plugin.RunPlan` of a MUFC run (the simulation's, or one party's).
+
+    What both kinds of plan share comes from ``parties`` (roster, session, roles, the iterations
+    and phases of its setup's removal stream and aggregation, the dropout stages); ``plan`` adds
+    the rest (``summarize``, ``labels``, ...).
+    """
+    setup = parties.setup
+    plus = setup.secagg != "scma"
+    return RunPlan(
+        roster=parties.roster,
+        session=parties.session,
+        make_machine=make_machine,
+        result_to_json=result_to_json,
+        role_of=parties.role_of,
+        iterations=setup.n_requests + 1,
+        phases=_phases(setup.secagg),
+        dropout_stages=secagg_plus.STAGES if plus else (),
+        dropout_unsupported="" if plus else "mufc survives dropouts at a stage only with --secagg plus or complete",
+        **plan,
+    )
 
 
 def _client_parts(dataset: Dataset, rows: list[np.ndarray]) -> dict[str, Dataset]:
@@ -477,26 +490,14 @@ class MUFCPlugin:
         setup = self._setup(args, k, len(clients))
         parties = LocalDataParties(setup, key=jax.random.PRNGKey(args.seed), seed=args.seed, session=session,
                                    clients=clients)
+        build = parties.machine_factory({party: None if data is None else data.x})
 
         def make_machine(name: str) -> Any:
             if name != party:
                 raise ValueError(f"this process holds only {party}'s data, not {name}'s")
-            return parties.make_machine(name, None if data is None else data.x)
+            return build(name)
 
-        return RunPlan(
-            roster=parties.roster,
-            session=session,
-            make_machine=make_machine,
-            result_to_json=result_to_json,
-            summarize=lambda results: {},
-            role_of=parties.role_of,
-            iterations=setup.n_requests + 1,
-            phases=_phases(setup.secagg),
-            labels=LABELS,
-            dropout_stages=secagg_plus.STAGES if setup.secagg != "scma" else (),
-            dropout_unsupported="" if setup.secagg != "scma" else (
-                "mufc survives dropouts at a stage only with --secagg plus or complete"),
-        )
+        return _run_plan(parties, make_machine, summarize=lambda results: {}, labels=LABELS)
 
     def plan(self, args: argparse.Namespace, dataset: Dataset) -> RunPlan:
         """The simulation: :meth:`split`'s parts, every machine built from its own part as in
@@ -636,19 +637,12 @@ class MUFCPlugin:
             analytic["analytic_secagg_bytes_per_client_per_aggregation"] = sum(
                 v["sent"] + v["received"] for v in secagg_plus.stage_bytes(plus).values())
 
-        def make_machine(party: str) -> Any:
-            # every client from its own raw rows only, the server from the public options only
-            return parties.make_machine(party, own[party].x if party in own else None)
-
-        return RunPlan(
-            roster=parties.roster,
-            session=session,
-            make_machine=make_machine,
-            result_to_json=result_to_json,
+        # every client from its own raw rows only, the server from the public options only
+        make_machine = parties.machine_factory({name: part.x for name, part in own.items()})
+        return _run_plan(
+            parties,
+            make_machine,
             summarize=summarize,
-            role_of=parties.role_of,
-            iterations=len(stream) + 1,
-            phases=_phases(choice),
             plot_results=plot_stream,
             labels={
                 **LABELS,
@@ -663,9 +657,6 @@ class MUFCPlugin:
             },
             analytic=analytic,
             max_frame_bytes=limit,
-            dropout_stages=secagg_plus.STAGES if plus is not None else (),
-            dropout_unsupported="" if plus is not None else (
-                "mufc survives dropouts at a stage only with --secagg plus or complete"),
         )
 
 

@@ -30,10 +30,12 @@ import jax
 import numpy as np
 
 from fedproto.algorithms import kmeans, scma
+from fedproto.algorithms.mufc.client import bin_powers_ahead, refresh_syndromes
 from fedproto.algorithms.mufc.clustering import federated_loss
+from fedproto.algorithms.mufc.config import MUFCConfig
 from fedproto.algorithms.mufc.messages import MaskedSyndromes, ModelUpdate
-from fedproto.algorithms.mufc.protocol import MUFCConfig, ServerModel, bin_powers_ahead, refresh_syndromes
 from fedproto.algorithms.mufc.seeding import LocalSeeding
+from fedproto.algorithms.mufc.server import ServerModel
 from fedproto.codec import decode_frame, encode_frame
 
 __all__ = ["RemovalStep", "Replay", "replay", "warm_up_requests"]

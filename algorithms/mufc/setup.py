@@ -54,18 +54,18 @@ import jax
 import numpy as np
 
 from fedproto.algorithms.mufc.data import Federation
-from fedproto.algorithms.mufc.protocol import (
+from fedproto.algorithms.mufc.client import MUFCClient, client_key_entropy
+from fedproto.algorithms.mufc.config import (
     SECAGG_CHOICES,
     SERVER,
-    MUFCClient,
     MUFCConfig,
-    MUFCServer,
-    client_key_entropy,
+    MUFCOptions,
     make_config,
     secagg_plus_config,
 )
+from fedproto.algorithms.mufc.server import MUFCServer
 from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
-from fedproto.machine import ProtocolMachine
+from fedproto.star import StarParties, client_names
 
 __all__ = [
     "Agreement",
@@ -143,7 +143,7 @@ class Agreement:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSetup:
+class DataSetup(MUFCOptions):
     """The public options of a MUFC run, fixed before the data are known.
 
     Every quantity that depends on the data (n, d, the extent, the sizes) is agreed in
@@ -156,7 +156,8 @@ class DataSetup:
         secagg: ``scma``, ``plus`` or ``complete``.
         removals, points_per_removal, leave, stream_seed: the removal stream (:func:`removal_stream`).
         server_mode, unlearning, n_init, max_iter, lloyd_iterations, fresh_randomness,
-            min_clients: as in :class:`~fedproto.algorithms.mufc.protocol.MUFCConfig`.
+            min_clients: the run's :class:`~fedproto.algorithms.mufc.config.MUFCOptions`
+            (keyword-only), passed on to :class:`~fedproto.algorithms.mufc.config.MUFCConfig`.
 
     Raises:
         ValueError: an option out of range (checked again, with the data, by :meth:`configure`).
@@ -171,13 +172,6 @@ class DataSetup:
     points_per_removal: int = 1
     leave: int = 0
     stream_seed: int = 1
-    server_mode: str = "weighted"
-    unlearning: str = "exact"
-    n_init: int = 10
-    max_iter: int = 300
-    lloyd_iterations: int = 0
-    fresh_randomness: bool = False
-    min_clients: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_clients < 1:
@@ -214,12 +208,8 @@ class DataSetup:
         n = federation.n
         if self.k > n:
             raise ValueError(f"K = {self.k} is larger than the number of points ({n})")
-        config = make_config(
-            n, federation.d, self.k, self.n_clients, k_client=self.k_client, gamma=self.gamma,
-            server_mode=self.server_mode, unlearning=self.unlearning, n_init=self.n_init, max_iter=self.max_iter,
-            lloyd_iterations=self.lloyd_iterations, fresh_randomness=self.fresh_randomness,
-            min_clients=self.min_clients,
-        )
+        config = make_config(n, federation.d, self.k, self.n_clients, k_client=self.k_client, gamma=self.gamma,
+                             **self.options())
         plus = secagg_plus_config(config, self.secagg, session=session)
         stream = removal_stream(
             federation.client_points, [federation.ids(c) for c in range(self.n_clients)], self.removals,
@@ -238,12 +228,14 @@ def setup_data_bytes(n_clients: int, d: int) -> dict[str, int]:
     return {"up": 16 * d, "down": 8 * n_clients + 16 * d}
 
 
-class LocalDataParties:
+class LocalDataParties(StarParties):
     """The parties of a MUFC run in which each client holds only its own raw data.
 
     Every client machine is built from its own raw ``[n_l, d]`` rows and the public options; the
     server from the public options only. They agree the rest in ``setup.data`` (module
-    docstring). The simulation and the per-party processes build their machines here.
+    docstring). The simulation and the per-party processes build their machines here
+    (:meth:`~fedproto.star.StarParties.make_machine` takes a party and the rows it holds,
+    :meth:`~fedproto.star.StarParties.machine_factory` the ``make_machine`` of a run plan).
 
     Args:
         setup: the public options (``setup.n_clients`` clients).
@@ -258,38 +250,29 @@ class LocalDataParties:
             the server.
     """
 
+    own_data = True
+
     def __init__(
         self, setup: DataSetup, *, key: jax.Array, seed: int, session: int, clients: Sequence[str] | None = None
     ) -> None:
-        names = tuple(f"client-{c}" for c in range(setup.n_clients)) if clients is None else tuple(clients)
+        names = client_names(setup.n_clients) if clients is None else tuple(clients)
         if len(names) != setup.n_clients or len(set(names)) != len(names) or SERVER in names:
             raise ValueError(f"a MUFC run needs {setup.n_clients} distinct clients besides {SERVER!r}")
+        super().__init__(hub=SERVER, clients=names)
         self.setup, self.key, self.seed, self.session = setup, key, seed, session
-        self.clients = names
-        self.roster = (SERVER, *names)
 
-    def role_of(self, party: str) -> str:
-        """``server`` or ``client``."""
-        return "server" if party == SERVER else "client"
+    def hub_machine(self) -> MUFCServer:
+        """The server, from the public options only."""
+        return MUFCServer(SERVER, clients=self.clients, key=jax.random.fold_in(self.key, 0),
+                          n_requests=self.setup.n_requests, session=self.session, setup=self.setup)
 
-    def make_machine(self, party: str, x: np.ndarray | None = None) -> ProtocolMachine:
-        """The machine of ``party``, holding ``x`` (a client's raw ``[n_l, d]`` points; ``None``
-        for the server).
+    def client_machine(self, index: int, party: str, data: np.ndarray) -> MUFCClient:
+        """Client ``index`` holding ``data``, its raw ``[n_l, d]`` points.
 
         Raises:
-            ValueError: not a party of this run, a client without data or a server with data.
+            ValueError: points that are not a finite ``[n_l, d]`` array with ``n_l, d >= 1``.
         """
         setup = self.setup
-        if party == SERVER:
-            if x is not None:
-                raise ValueError("the MUFC server holds no data")
-            return MUFCServer(SERVER, clients=self.clients, key=jax.random.fold_in(self.key, 0),
-                              n_requests=setup.n_requests, session=self.session, setup=setup)
-        if party not in self.clients:
-            raise ValueError(f"{party!r} is not a party of this run")
-        if x is None:
-            raise ValueError(f"{party} needs its data (a MUFC client holds points)")
-        c = self.clients.index(party)
-        return MUFCClient(party, server=SERVER, index=c, x=x, key=jax.random.fold_in(self.key, c + 1),
-                          n_requests=setup.n_requests, key_entropy=client_key_entropy(self.seed, c),
+        return MUFCClient(party, server=SERVER, index=index, x=data, key=jax.random.fold_in(self.key, index + 1),
+                          n_requests=setup.n_requests, key_entropy=client_key_entropy(self.seed, index),
                           session=self.session, setup=setup)
