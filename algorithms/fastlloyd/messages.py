@@ -31,7 +31,7 @@ clients whose updates the sum holds.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -56,24 +56,41 @@ def _check_key(key: bytes, what: str) -> None:
         raise ValueError(f"{what} must be {_KEY_BYTES} bytes")
 
 
-def _check_extent(n_points: int, extent: np.ndarray, *, empty_allowed: bool) -> None:
-    if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < (0 if empty_allowed else 1):
-        raise ValueError(f"n_points must be an int >= {0 if empty_allowed else 1}, got {n_points!r}")
-    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
-        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
-    if n_points == 0:
-        # the identities of min and max: what the extent of no points is
-        if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
-            raise ValueError("the extent of no points must be [+inf, -inf] per feature")
-        return
-    if not np.all(np.isfinite(extent)):
-        raise ValueError("extent holds NaN or infinite values")
-    if np.any(extent[0] > extent[1]):
-        raise ValueError("extent has a minimum above its maximum")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Summary(Message):
+    """Base of the two ``setup.data`` messages: a number of points and the per-feature extent of
+    those points, ``float64 [2, d]`` (row 0 the minima, row 1 the maxima). It has no tag: it is
+    never sent itself.
+
+    Raises:
+        ValueError: ``n_points`` not an int (>= 0 where ``EMPTY_ALLOWED``, else >= 1), an extent
+            that is not ``[2, d]`` with ``d >= 1``, holds NaN or inf (but for the ``[+inf, -inf]``
+            of no points), or has a minimum above its maximum.
+    """
+
+    EMPTY_ALLOWED: ClassVar[bool] = False
+    n_points: int
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        n_points, extent, least = self.n_points, self.extent, 0 if self.EMPTY_ALLOWED else 1
+        if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < least:
+            raise ValueError(f"n_points must be an int >= {least}, got {n_points!r}")
+        if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+            raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+        if n_points == 0:
+            # the identities of min and max: what the extent of no points is
+            if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
+                raise ValueError("the extent of no points must be [+inf, -inf] per feature")
+            return
+        if not np.all(np.isfinite(extent)):
+            raise ValueError("extent holds NaN or infinite values")
+        if np.any(extent[0] > extent[1]):
+            raise ValueError("extent has a minimum above its maximum")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(Message):
+class DataSummary(_Summary):
     """A client's share of the federation's public quantities (client -> server, ``setup.data``).
 
     Attributes:
@@ -84,15 +101,11 @@ class DataSummary(Message):
     """
 
     TAG = "fl.data"
-    n_points: int
-    extent: np.ndarray = array_field("float64", 2)
-
-    def __post_init__(self) -> None:
-        _check_extent(self.n_points, self.extent, empty_allowed=True)
+    EMPTY_ALLOWED = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FederationSummary(Message):
+class FederationSummary(_Summary):
     """The federation's public quantities (server -> every client, ``setup.data``).
 
     Attributes:
@@ -103,11 +116,6 @@ class FederationSummary(Message):
     """
 
     TAG = "fl.fed"
-    n_points: int
-    extent: np.ndarray = array_field("float64", 2)
-
-    def __post_init__(self) -> None:
-        _check_extent(self.n_points, self.extent, empty_allowed=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
