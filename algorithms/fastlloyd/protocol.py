@@ -87,8 +87,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedproto.algorithms.fastlloyd.client import ClientState, FastLloydClient, FastLloydResult
-from fedproto.algorithms.fastlloyd.server import FastLloydServer, ServerState, ServerSummary
 from fedproto.algorithms.fastlloyd.config import FastLloydOptions
+from fedproto.algorithms.fastlloyd.server import FastLloydServer, ServerState, ServerSummary
 from fedproto.algorithms.fastlloyd.shared import check_secagg_plus, initial_centroids, secagg_plus_config
 from fedproto.star import StarParties
 
@@ -96,8 +96,8 @@ __all__ = [
     "ClientState",
     "FastLloydClient",
     "FastLloydParties",
-    "FastLloydServer",
     "FastLloydResult",
+    "FastLloydServer",
     "ServerState",
     "ServerSummary",
     "check_secagg_plus",

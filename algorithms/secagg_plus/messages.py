@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-
 from typing import TYPE_CHECKING
 
 import numpy as np
