@@ -96,7 +96,7 @@ class ClientState(enum.Enum):
 class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
     """A FastLloyd client (sans-IO).
 
-    Give exactly one of ``config`` and ``options`` (see the module docstring).
+    Give exactly one of ``config`` and ``options`` (see :mod:`fedproto.algorithms.fastlloyd.protocol`).
 
     Args:
         party: this client's party name.
@@ -113,9 +113,10 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         session: the run's session id (bound into the seed-sealing context and, with SecAgg+,
             the graph seed).
         secagg_plus: with ``config``: aggregate each iteration with SecAgg+ (dropout-tolerant;
-            see the module docstring) under these parameters; ``None`` (default) is the paper's
-            MSA. With ``options`` leave it out: ``options.secagg`` chooses, and the parameters
-            follow after ``setup.data`` (:func:`secagg_plus_config`).
+            see :mod:`fedproto.algorithms.fastlloyd.protocol`) under these parameters; ``None``
+            (default) is the paper's MSA. With ``options`` leave it out: ``options.secagg``
+            chooses, and the parameters follow after ``setup.data``
+            (:func:`~fedproto.algorithms.fastlloyd.shared.secagg_plus_config`).
 
     Attributes:
         config: the run's public parameters (``None`` until ``setup.data`` is done when built

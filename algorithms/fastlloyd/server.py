@@ -84,7 +84,7 @@ class FastLloydServer(ProtocolMachine):
     """The FastLloyd server (sans-IO): agrees the federation's quantities, relays the seed setup,
     aggregates and adds noise.
 
-    Give exactly one of ``config`` and ``options`` (see the module docstring).
+    Give exactly one of ``config`` and ``options`` (see :mod:`fedproto.algorithms.fastlloyd.protocol`).
 
     Args:
         party: the server's party name.
