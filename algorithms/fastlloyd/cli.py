@@ -72,32 +72,14 @@ import numpy as np
 
 from fedproto.algorithms import dp, kmeans
 from fedproto.algorithms.fastlloyd.config import SECAGG_CHOICES, VARIANTS, FastLloydConfig, FastLloydOptions
-from fedproto.algorithms.fastlloyd.messages import (
-    DataSummary,
-    FederationSummary,
-    MaskedUpdate,
-    NoisyAggregate,
-    PublicKey,
-    PublicKeys,
-    SealedSeed,
-    SealedSeeds,
-    SurvivorAggregate,
-)
-from fedproto.algorithms.fastlloyd.protocol import (
-    FastLloydClient,
-    FastLloydResult,
-    FastLloydServer,
-    ServerSummary,
-    initial_centroids,
-    secagg_plus_config,
-)
+from fedproto.algorithms.fastlloyd.messages import frame_bound
+from fedproto.algorithms.fastlloyd.protocol import FastLloydParties, FastLloydResult, ServerSummary, initial_centroids
 from fedproto.algorithms.fastlloyd.reference import sklearn_reference
-from fedproto.algorithms.secagg import ring_dtype
+from fedproto.algorithms.fastlloyd.shared import secagg_config, secagg_plus_config
 from fedproto.algorithms.secagg_plus.messages import STAGES as SECAGG_PLUS_STAGES
 from fedproto.data import Dataset, normalize, partition, session_id
-from fedproto.framesize import max_frame_bytes
-from fedproto.machine import ProtocolMachine
 from fedproto.plugin import RunPlan
+from fedproto.star import client_names
 from fedproto.progress import progress_task
 
 if TYPE_CHECKING:
@@ -144,20 +126,6 @@ LABELS: dict[str, str] = {
     "secagg_threshold": "SecAgg+ threshold t",
     "survivors_final": "clients in the last aggregate",
 }
-
-def secagg_config(choice: str, config: FastLloydConfig, n_clients: int, session: int) -> SecAggPlusConfig | None:
-    """The SecAgg+ parameters of a run at ``config``, or ``None`` for the paper's MSA
-    (:func:`~fedproto.algorithms.fastlloyd.protocol.secagg_plus_config`; the graph seed is
-    SHA-256 of the public session id)."""
-    return secagg_plus_config(
-        choice, ring_bits=config.ring_bits, length=config.k * (config.d + 1), n_clients=n_clients, session=session
-    )
-
-
-def client_name(i: int) -> str:
-    """Party name of client ``i``."""
-    return f"client-{i}"
-
 
 def privacy_ledger(config: FastLloydConfig) -> dict[str, Any]:
     """The privacy ledger of a run at ``config`` (the report's ``privacy`` field).
@@ -218,34 +186,7 @@ def frame_limit(config: FastLloydConfig, n_clients: int, secagg_plus: SecAggPlus
     ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of ``w / 8`` bytes each
     way, or with SecAgg+ (``secagg_plus``) its stages' messages.
     """
-    return _frame_bound(config.k, config.d, config.ring_bits, n_clients, secagg_plus)
-
-
-def _frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlusConfig | None) -> int:
-    key, sealed = bytes(32), bytes(48)
-    ring = {"masked": (k, d + 1)}
-    dtype = {"masked": ring_dtype(ring_bits)}
-    extent = {"extent": (2, d)}
-    limit = max(
-        max_frame_bytes(DataSummary, arrays=extent),
-        max_frame_bytes(FederationSummary, arrays=extent),
-        max_frame_bytes(PublicKey, plain={"public_key": key}),
-        max_frame_bytes(PublicKeys, plain={"public_keys": (key,) * n_clients}),
-        max_frame_bytes(SealedSeeds, plain={"sealed": (sealed,) * max(n_clients - 1, 0)}),
-        max_frame_bytes(SealedSeed, plain={"sender_key": key, "sealed": sealed}),
-        max_frame_bytes(MaskedUpdate, arrays=ring, dtypes=dtype),
-        max_frame_bytes(NoisyAggregate, arrays=ring, dtypes=dtype),
-    )
-    if plus is not None:
-        from fedproto.algorithms.secagg_plus import engine as secagg_plus  # only a SecAgg+ run loads it
-
-        survivors = {"masked": (k, d + 1), "survivors": (n_clients,)}
-        limit = max(
-            limit,
-            secagg_plus.frame_limit(plus),
-            max_frame_bytes(SurvivorAggregate, arrays=survivors, dtypes=dtype),
-        )
-    return limit
+    return frame_bound(config.k, config.d, config.ring_bits, n_clients, secagg_plus)
 
 
 def centralised_lloyd(x: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
@@ -297,41 +238,11 @@ def _noise_seed(args: argparse.Namespace) -> int:
     return int.from_bytes(os.urandom(8), "big") if args.fresh_noise else args.seed
 
 
-def _machine(
-    options: FastLloydOptions,
-    party: str,
-    clients: tuple[str, ...],
-    session: int,
-    noise_seed: int,
-    points: np.ndarray | None,
-) -> ProtocolMachine:
-    """The machine of ``party``, built from the public options and (a client) its own raw rows
-    ``[n_i, d]`` float64: the one builder of :meth:`FastLloydPlugin.plan` and
-    :meth:`FastLloydPlugin.plan_party`."""
-    if party == SERVER:
-        return FastLloydServer(SERVER, options=options, clients=clients, noise_seed=noise_seed, session=session)
-    if points is None:
-        raise ValueError(f"{party} is a client and needs its data")
-    return FastLloydClient(
-        party,
-        options=options,
-        server=SERVER,
-        clients=clients,
-        points=points,
-        entropy=os.urandom(32),
-        session=session,
-    )
-
-
 def _phases(options: FastLloydOptions) -> tuple[str, ...]:
     setup = ("setup.data", "setup.keys", "setup.roster", "setup.seal", "setup.relay")
     if options.secagg == "msa":
         return (*setup, "update", "aggregate")
     return (*setup, *SECAGG_PLUS_STAGES, "aggregate")
-
-
-def _role_of(party: str) -> str:
-    return "server" if party == SERVER else "client"
 
 
 def _result_to_json(with_secagg_plus: bool):
@@ -402,10 +313,8 @@ class FastLloydPlugin:
             raise ValueError("--clients must be at least 1")
         parts = partition(dataset.n, args.clients, scheme=args.partition, seed=args.seed, labels=dataset.y)
         return {
-            client_name(i): Dataset(
-                dataset.name, dataset.x[idx], None if dataset.y is None else dataset.y[idx], dataset.paper_k
-            )
-            for i, idx in enumerate(parts)
+            party: Dataset(dataset.name, dataset.x[idx], None if dataset.y is None else dataset.y[idx], dataset.paper_k)
+            for party, idx in zip(client_names(len(parts)), parts, strict=True)
         }
 
     def resolved_options(self, args: argparse.Namespace, dataset: Dataset) -> list[str]:
@@ -423,17 +332,13 @@ class FastLloydPlugin:
         options = _options(args, k)
         parts = self.split(args, dataset)
         clients = tuple(parts)
-        roster = (SERVER, *clients)
         n, d = dataset.n, dataset.d
         session = session_id("fastlloyd", dataset.name, n, d, k, args.clients, args.seed, args.variant, args.epsilon)
         # What every party derives in setup.data, computed here for the summary, the analytic
         # costs and the frame limit (and to refuse options that do not fit before any work).
         config = options.config(n, d)
         plus = secagg_config(options.secagg, config, len(clients), session)
-        noise_seed = _noise_seed(args)
-
-        def make_machine(party: str) -> ProtocolMachine:
-            return _machine(options, party, clients, session, noise_seed, parts[party].x if party in parts else None)
+        parties = FastLloydParties(options, clients=clients, session=session, noise_seed=_noise_seed(args))
 
         x = normalize(dataset.x)  # the pooled data, for the references only
 
@@ -466,12 +371,12 @@ class FastLloydPlugin:
                 v["sent"] + v["received"] for v in per_client.values()
             )
         return RunPlan(
-            roster=roster,
+            roster=parties.roster,
             session=session,
-            make_machine=make_machine,
+            make_machine=parties.machine_factory({c: parts[c].x for c in clients}),
             result_to_json=_result_to_json(plus is not None),
             summarize=summarize,
-            role_of=_role_of,
+            role_of=parties.role_of,
             iterations=config.iterations,
             phases=_phases(options),
             plot_results=lambda ax, summary: plot_clusters(ax, x, summary),
@@ -536,13 +441,13 @@ class FastLloydPlugin:
         if plus_possible and len(clients) < 2:
             raise ValueError("--secagg plus needs at least 2 clients")
         points = data.x if (party != SERVER and data is not None) else None
-        noise_seed = _noise_seed(args)
+        parties = FastLloydParties(options, clients=clients, session=session, noise_seed=_noise_seed(args))
         limit = None
         if points is not None:
             d = points.shape[1]
             widths = (32, 64) if options.ring_bits == "auto" else (int(options.ring_bits),)
             limit = max(
-                _frame_bound(
+                frame_bound(
                     k, d, w, len(clients),
                     secagg_plus_config(options.secagg, ring_bits=w, length=k * (d + 1), n_clients=len(clients),
                                        session=session),
@@ -552,10 +457,10 @@ class FastLloydPlugin:
         return RunPlan(
             roster=roster,
             session=session,
-            make_machine=lambda p: _machine(options, p, clients, session, noise_seed, points),
+            make_machine=parties.machine_factory({party: points}),
             result_to_json=_result_to_json(plus_possible),
             summarize=lambda results: {},
-            role_of=_role_of,
+            role_of=parties.role_of,
             iterations=args.iterations or 0,
             phases=_phases(options),
             labels=LABELS,

@@ -31,15 +31,21 @@ clients whose updates the sum holds.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from fedproto.messages import Message, array_field
 
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.config import SecAggPlusConfig
+
 __all__ = [
     "DataSummary",
     "FederationSummary",
-    "PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate", "SurvivorAggregate"]
+    "PublicKey", "PublicKeys", "SealedSeeds", "SealedSeed", "MaskedUpdate", "NoisyAggregate", "SurvivorAggregate",
+    "frame_bound",
+]
 
 _KEY_BYTES = 32
 _SEALED_BYTES = 48  # a 32-byte seed plus the 16-byte Poly1305 tag
@@ -50,29 +56,41 @@ def _check_key(key: bytes, what: str) -> None:
         raise ValueError(f"{what} must be {_KEY_BYTES} bytes")
 
 
-def _check_extent(n_points: int, extent: np.ndarray, *, empty_allowed: bool) -> None:
-    if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < (0 if empty_allowed else 1):
-        raise ValueError(f"n_points must be an int >= {0 if empty_allowed else 1}, got {n_points!r}")
-    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
-        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
-    if n_points == 0:
-        # the identities of min and max: what the extent of no points is
-        if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
-            raise ValueError("the extent of no points must be [+inf, -inf] per feature")
-        return
-    if not np.all(np.isfinite(extent)):
-        raise ValueError("extent holds NaN or infinite values")
-    if np.any(extent[0] > extent[1]):
-        raise ValueError("extent has a minimum above its maximum")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Summary(Message):
+    """Base of the two ``setup.data`` messages: a number of points and the per-feature extent of
+    those points, ``float64 [2, d]`` (row 0 the minima, row 1 the maxima). It has no tag: it is
+    never sent itself.
 
+    Raises:
+        ValueError: ``n_points`` not an int (>= 0 where ``EMPTY_ALLOWED``, else >= 1), an extent
+            that is not ``[2, d]`` with ``d >= 1``, holds NaN or inf (but for the ``[+inf, -inf]``
+            of no points), or has a minimum above its maximum.
+    """
 
-def _check_ring(values: np.ndarray, what: str) -> None:
-    if values.ndim != 2 or values.shape[1] < 2 or values.shape[0] < 1:
-        raise ValueError(f"{what} must have shape [k, d+1] with k >= 1 and d >= 1, got {values.shape}")
+    EMPTY_ALLOWED: ClassVar[bool] = False
+    n_points: int
+    extent: np.ndarray = array_field("float64", 2)
+
+    def __post_init__(self) -> None:
+        n_points, extent, least = self.n_points, self.extent, 0 if self.EMPTY_ALLOWED else 1
+        if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < least:
+            raise ValueError(f"n_points must be an int >= {least}, got {n_points!r}")
+        if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+            raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+        if n_points == 0:
+            # the identities of min and max: what the extent of no points is
+            if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
+                raise ValueError("the extent of no points must be [+inf, -inf] per feature")
+            return
+        if not np.all(np.isfinite(extent)):
+            raise ValueError("extent holds NaN or infinite values")
+        if np.any(extent[0] > extent[1]):
+            raise ValueError("extent has a minimum above its maximum")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(Message):
+class DataSummary(_Summary):
     """A client's share of the federation's public quantities (client -> server, ``setup.data``).
 
     Attributes:
@@ -83,15 +101,11 @@ class DataSummary(Message):
     """
 
     TAG = "fl.data"
-    n_points: int
-    extent: np.ndarray = array_field("float64", 2)
-
-    def __post_init__(self) -> None:
-        _check_extent(self.n_points, self.extent, empty_allowed=True)
+    EMPTY_ALLOWED = True
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FederationSummary(Message):
+class FederationSummary(_Summary):
     """The federation's public quantities (server -> every client, ``setup.data``).
 
     Attributes:
@@ -102,11 +116,6 @@ class FederationSummary(Message):
     """
 
     TAG = "fl.fed"
-    n_points: int
-    extent: np.ndarray = array_field("float64", 2)
-
-    def __post_init__(self) -> None:
-        _check_extent(self.n_points, self.extent, empty_allowed=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,40 +171,88 @@ class SealedSeed(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MaskedUpdate(Message):
+class _RingStatistics(Message):
+    """Base of the messages carrying ``[k, d+1]`` statistics in the ring (``uint32`` or ``uint64``
+    for ``Z_2^32``/``Z_2^64``): fixed-point sums in columns ``0..d-1``, counts in column ``d``.
+    It has no tag: it is never sent itself.
+
+    Raises:
+        ValueError: ``masked`` is not ``[k, d+1]`` with ``k >= 1`` and ``d >= 1``.
+    """
+
+    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
+
+    def __post_init__(self) -> None:
+        if self.masked.ndim != 2 or self.masked.shape[1] < 2 or self.masked.shape[0] < 1:
+            raise ValueError(f"masked must have shape [k, d+1] with k >= 1 and d >= 1, got {self.masked.shape}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaskedUpdate(_RingStatistics):
     """One client's masked fixed-point statistics, ``uint32`` or ``uint64`` ``[k, d+1]``."""
 
     TAG = "fl.update"
-    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
-
-    def __post_init__(self) -> None:
-        _check_ring(self.masked, "masked")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class NoisyAggregate(Message):
+class NoisyAggregate(_RingStatistics):
     """Sum of the masked updates plus quantised noise, ``uint32`` or ``uint64`` ``[k, d+1]``."""
 
     TAG = "fl.agg"
-    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
-
-    def __post_init__(self) -> None:
-        _check_ring(self.masked, "masked")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SurvivorAggregate(Message):
+class SurvivorAggregate(_RingStatistics):
     """With ``--secagg plus``: the survivors' masked sum plus quantised noise, ``uint32`` or
     ``uint64`` ``[k, d+1]``, and the client indices whose updates it holds (``uint32 [m]``,
     increasing), so each client removes exactly their shared-seed masks."""
 
     TAG = "fl.agg+"
-    masked: np.ndarray = array_field(("uint32", "uint64"), 2)
     survivors: np.ndarray = array_field("uint32", 1)
 
     def __post_init__(self) -> None:
-        _check_ring(self.masked, "masked")
+        super().__post_init__()
         if self.survivors.ndim != 1 or self.survivors.size == 0:
             raise ValueError("survivors must be a non-empty 1-D array of client indices")
         if self.survivors.size > 1 and not bool(np.all(self.survivors[1:] > self.survivors[:-1])):
             raise ValueError("survivors must be strictly increasing client indices")
+
+
+def frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlusConfig | None = None) -> int:
+    """The largest frame (bytes, envelope included) any party of a FastLloyd run sends.
+
+    ``setup.data`` sends ``float64 [2, d]`` extents and a count each way; the key setup sends
+    32-byte keys (every client's to client 0) and 48-byte sealed seeds (client 0's for the other
+    ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of ``w / 8`` bytes each
+    way, or with SecAgg+ (``plus``) its stages' messages
+    (:func:`fedproto.algorithms.secagg_plus.messages.frame_limit`) and a
+    :class:`SurvivorAggregate` naming up to ``n_clients`` survivors.
+
+    Args:
+        k: clusters. d: features. ring_bits: the ring width w (32 or 64).
+        n_clients: clients M.
+        plus: the run's SecAgg+ parameters, ``None`` for MSA.
+    """
+    from fedproto.algorithms.secagg import ring_dtype
+    from fedproto.framesize import max_frame_bytes
+
+    key, sealed = bytes(_KEY_BYTES), bytes(_SEALED_BYTES)
+    ring = {"masked": (k, d + 1)}
+    dtype = {"masked": ring_dtype(ring_bits)}
+    extent = {"extent": (2, d)}
+    limit = max(
+        max_frame_bytes(DataSummary, arrays=extent),
+        max_frame_bytes(FederationSummary, arrays=extent),
+        max_frame_bytes(PublicKey, plain={"public_key": key}),
+        max_frame_bytes(PublicKeys, plain={"public_keys": (key,) * n_clients}),
+        max_frame_bytes(SealedSeeds, plain={"sealed": (sealed,) * max(n_clients - 1, 0)}),
+        max_frame_bytes(SealedSeed, plain={"sender_key": key, "sealed": sealed}),
+        max_frame_bytes(MaskedUpdate, arrays=ring, dtypes=dtype),
+        max_frame_bytes(NoisyAggregate, arrays=ring, dtypes=dtype),
+    )
+    if plus is not None:
+        from fedproto.algorithms.secagg_plus.messages import frame_limit
+
+        survivors = {"masked": (k, d + 1), "survivors": (n_clients,)}
+        limit = max(limit, frame_limit(plus), max_frame_bytes(SurvivorAggregate, arrays=survivors, dtypes=dtype))
+    return limit

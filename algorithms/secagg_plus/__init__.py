@@ -5,12 +5,13 @@ sparse random neighbourhood (Bell et al., CCS 2020) or among all clients (classi
 Bonawitz et al., CCS 2017), so the server removes the masks of clients that drop from t
 surviving neighbours. Sums over the ring ``Z_{2^w}`` or a prime field.
 
-* :mod:`~fedproto.algorithms.secagg_plus.engine`: the configuration and the client and server
-  stage engines that protocol machines embed;
+* :mod:`~fedproto.algorithms.secagg_plus.config`: the public parameters (the algebra, the graph);
+* :mod:`~fedproto.algorithms.secagg_plus.engine`: the client and server stage engines that
+  protocol machines embed (it re-exports the parameters);
 * :mod:`~fedproto.algorithms.secagg_plus.protocol`: a summation protocol built on them;
 * :mod:`~fedproto.algorithms.secagg_plus.shamir` and :mod:`~fedproto.algorithms.secagg_plus.graph`:
   Shamir sharing and the neighbourhood graph with its parameters;
-* :mod:`~fedproto.algorithms.secagg_plus.messages`: the wire messages.
+* :mod:`~fedproto.algorithms.secagg_plus.messages`: the wire messages and their sizes.
 """
 
 
@@ -19,31 +20,21 @@ from typing import TYPE_CHECKING
 from fedproto._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fedproto.algorithms.secagg_plus.engine import (
-        STAGES,
-        Modulus,
-        SecAggPlusClient,
-        SecAggPlusConfig,
-        SecAggPlusServer,
-        SumOutcome,
-        complete_config,
-        plus_config,
-        stage_bytes,
-    )
+    from fedproto.algorithms.secagg_plus.config import Modulus, SecAggPlusConfig, complete_config, plus_config
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient, SecAggPlusServer, SumOutcome
+    from fedproto.algorithms.secagg_plus.messages import STAGES, stage_bytes
     from fedproto.algorithms.secagg_plus.protocol import SumClient, SumResult, SumServer, instance_bytes
 
-# The public names load on first use (PEP 562), so importing one submodule (the messages, or the
-# protocol's client role) does not load the engine with SCMA and FLINT.
+# The public names load on first use (PEP 562), each from the module defining it, so importing one
+# submodule (the messages, or the protocol's client role) does not load the engine with FLINT.
 _LAZY = {
-    **dict.fromkeys(
-        ("STAGES", "Modulus", "SecAggPlusClient", "SecAggPlusConfig", "SecAggPlusServer", "SumOutcome",
-         "complete_config", "plus_config", "stage_bytes"),
-        "engine",
-    ),
-    **dict.fromkeys(("SumClient", "SumResult", "SumServer", "instance_bytes"), "protocol"),
+    **dict.fromkeys(("Modulus", "SecAggPlusConfig", "complete_config", "plus_config"), ".config"),
+    **dict.fromkeys(("SecAggPlusClient", "SecAggPlusServer", "SumOutcome"), ".engine"),
+    **dict.fromkeys(("STAGES", "stage_bytes"), ".messages"),
+    **dict.fromkeys(("SumClient", "SumResult", "SumServer", "instance_bytes"), ".protocol"),
 }
 
-__getattr__, __dir__ = lazy_exports(globals(), {name: f".{module}" for name, module in _LAZY.items()})
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
 
 
 __all__ = [

@@ -61,17 +61,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from fedproto.algorithms import scma, secagg
-from fedproto.algorithms._scma_field import _is_prime
-from fedproto.algorithms.secagg_plus import graph, shamir
+from fedproto.algorithms import secagg
+from fedproto.algorithms.secagg_plus import shamir
+from fedproto.algorithms.secagg_plus.config import Modulus, SecAggPlusConfig, _check_int, complete_config, plus_config
 from fedproto.algorithms.secagg_plus.messages import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,
@@ -83,6 +81,8 @@ from fedproto.algorithms.secagg_plus.messages import (
     NeighbourKeys,
     UnmaskRequest,
     UnmaskShares,
+    frame_limit,
+    stage_bytes,
 )
 from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import Broadcast, Message, Outgoing, Send
@@ -100,23 +100,11 @@ __all__ = [
     "stage_bytes",
 ]
 
-# STAGES (the four stages in order, each the metering phase of its messages) lives with the
-# messages, which import without FLINT; re-exported here.
+# The public parameters (Modulus, SecAggPlusConfig, plus_config, complete_config) live in
+# secagg_plus.config; STAGES and the wire sizes (stage_bytes, frame_limit) with the messages,
+# which import without FLINT. All are re-exported here.
 
 _LABEL = b"fedproto/secagg-plus/v1"
-_UINT64_FIELD_LIMIT = 1 << 63  # primes below this are summed in uint64 without overflow
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _info(*fields: bytes | int) -> bytes:
@@ -128,306 +116,6 @@ def _info(*fields: bytes | int) -> bytes:
     return b"".join(parts)
 
 
-def _keystream(key: bytes, n_bytes: int) -> bytes:
-    # Every key is derived for one (aggregation, purpose, pair) and used for one stream, so the
-    # zero nonce is safe.
-    encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    return encryptor.update(bytes(n_bytes)) + encryptor.finalize()
-
-
-# --------------------------------------------------------------------------------------------
-# Vectors: a ring Z_{2^w} or a prime field F_p
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Modulus:
-    """The algebra an aggregation sums in: the ring ``Z_{2^w}`` or the prime field ``F_p``.
-
-    Build one with :meth:`ring` or :meth:`field`. Vectors are 1-D numpy arrays: ``uint32`` or
-    ``uint64`` for the ring (numpy's wrap-around is the ring's addition), ``uint64`` for a prime
-    below ``2^63`` and ``object`` (Python ints) for a larger prime.
-
-    Attributes:
-        ring_bits: ``w`` for the ring, else ``None``.
-        prime: ``p`` for the field, else ``None``.
-    """
-
-    ring_bits: int | None = None
-    prime: int | None = None
-
-    def __post_init__(self) -> None:
-        if (self.ring_bits is None) == (self.prime is None):
-            raise ValueError("a Modulus is either a ring (ring_bits) or a prime field (prime), not both or neither")
-        if self.ring_bits is not None:
-            secagg.ring_dtype(self.ring_bits)
-        else:
-            p = _check_int("prime", self.prime, 2)
-            if not _is_prime(p):
-                raise ValueError(f"prime must be a prime number, got {p}")
-
-    @classmethod
-    def ring(cls, ring_bits: int) -> Modulus:
-        """The ring ``Z_{2^ring_bits}`` (``ring_bits`` = 32 or 64)."""
-        return cls(ring_bits=ring_bits)
-
-    @classmethod
-    def field(cls, prime: int) -> Modulus:
-        """The prime field ``F_prime``.
-
-        Raises:
-            ValueError: ``prime`` is not a prime >= 2.
-        """
-        return cls(prime=prime)
-
-    @property
-    def size(self) -> int:
-        """The number of elements: ``2^w`` or ``p``."""
-        return 1 << self.ring_bits if self.ring_bits is not None else int(self.prime)
-
-    @property
-    def width(self) -> int:
-        """Bytes per element on the wire: ``w / 8`` or ``ceil(bitlength(p) / 8)``."""
-        return self.ring_bits // 8 if self.ring_bits is not None else scma.field_width(self.prime)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The numpy dtype of a vector."""
-        if self.ring_bits is not None:
-            return secagg.ring_dtype(self.ring_bits)
-        return np.dtype(np.uint64) if self.prime < _UINT64_FIELD_LIMIT else np.dtype(object)
-
-    def describe(self) -> str:
-        """``"Z_2^32"``, ``"Z_2^64"`` or ``"F_p (b bits)"``."""
-        return f"Z_2^{self.ring_bits}" if self.ring_bits is not None else f"F_p ({self.prime.bit_length()} bits)"
-
-    def zeros(self, length: int) -> np.ndarray:
-        """The zero vector ``[length]``."""
-        return np.zeros(length, dtype=self.dtype) if self.dtype != object else np.array([0] * length, dtype=object)
-
-    def vector(self, values: object, length: int | None = None) -> np.ndarray:
-        """``values`` as a vector of this algebra (a copy), checked.
-
-        Args:
-            values: ``[L]`` integers in ``[0, size)``.
-            length: the expected ``L``, if any.
-
-        Raises:
-            ValueError: wrong length, not 1-D, or an element outside ``[0, size)``.
-            TypeError: non-integer values.
-        """
-        if isinstance(values, np.ndarray) and values.dtype.kind in "ui" and self.dtype != object:
-            if values.ndim != 1:
-                raise ValueError(f"a vector must be 1-D, got shape {values.shape}")
-            if values.size and (int(values.min()) < 0 or int(values.max()) >= self.size):
-                raise ValueError(f"vector elements must lie in [0, {self.size}) for {self.describe()}")
-            arr = values.astype(self.dtype)
-        else:
-            objects = np.asarray(values, dtype=object)
-            if objects.ndim != 1:
-                raise ValueError(f"a vector must be 1-D, got shape {objects.shape}")
-            try:
-                ints = [operator.index(v) for v in objects]
-            except TypeError:
-                raise TypeError("vector elements must be integers") from None
-            if any(v < 0 or v >= self.size for v in ints):
-                raise ValueError(f"vector elements must lie in [0, {self.size}) for {self.describe()}")
-            arr = np.array(ints, dtype=self.dtype)
-        if length is not None and arr.shape[0] != length:
-            raise ValueError(f"the vector has {arr.shape[0]} elements, the aggregation sums {length}")
-        return arr
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """``a + b`` element-wise in the algebra (a new array)."""
-        if self.ring_bits is not None:
-            return a + b
-        s = a + b
-        if self.dtype == object:
-            return s % self.prime
-        return np.where(s >= self.prime, s - np.uint64(self.prime), s)
-
-    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """``a - b`` element-wise in the algebra (a new array)."""
-        if self.ring_bits is not None:
-            return a - b
-        if self.dtype == object:
-            return (a - b) % self.prime
-        return np.where(a >= b, a - b, a + (np.uint64(self.prime) - b))
-
-    def expand(self, key: bytes, length: int) -> np.ndarray:
-        """``length`` independent uniform elements from a 32-byte key (ChaCha20 keystream).
-
-        The ring reads little-endian ``w``-bit words; the field rejection-samples
-        (:func:`fedproto.algorithms.scma.uniform_elements`), so both are exactly uniform.
-        """
-        if self.ring_bits is not None:
-            dtype = np.dtype(self.dtype).newbyteorder("<")
-            return np.frombuffer(_keystream(key, length * self.width), dtype=dtype).astype(self.dtype)
-        return self.vector(scma.uniform_elements(key, self.prime, length))
-
-    def to_wire(self, vector: np.ndarray) -> np.ndarray:
-        """The wire form: ``[L, 1]`` ring elements or ``uint8 [L, width]`` big-endian rows."""
-        if self.ring_bits is not None:
-            return np.ascontiguousarray(vector.reshape(-1, 1))
-        if self.dtype == object:
-            return scma.pack_elements([int(v) for v in vector], self.prime)
-        width = self.width
-        rows = vector.astype(">u8").view(np.uint8).reshape(-1, 8)
-        return np.ascontiguousarray(rows[:, 8 - width :])
-
-    def from_wire(self, wire: np.ndarray, length: int) -> np.ndarray:
-        """A vector from its wire form, checked (shape, dtype, every element below ``size``).
-
-        Raises:
-            ValueError: wrong shape or dtype, or an element outside the algebra.
-        """
-        if self.ring_bits is not None:
-            if wire.dtype != self.dtype or wire.shape != (length, 1):
-                raise ValueError(
-                    f"expected {self.describe()} elements as {self.dtype} [{length}, 1], "
-                    f"got {wire.dtype} {list(wire.shape)}"
-                )
-            return wire.reshape(-1).astype(self.dtype)
-        width = self.width
-        if wire.dtype != np.uint8 or wire.shape != (length, width):
-            raise ValueError(f"expected {self.describe()} elements as uint8 [{length}, {width}], got {wire.dtype} {list(wire.shape)}")
-        if self.dtype == object:
-            values = scma.unpack_elements(wire)
-        else:
-            padded = np.zeros((length, 8), dtype=np.uint8)
-            padded[:, 8 - width :] = wire
-            values = padded.view(">u8").reshape(-1).astype(np.uint64)
-        return self.vector(values, length)
-
-
-# --------------------------------------------------------------------------------------------
-# Public parameters
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class SecAggPlusConfig:
-    """The public parameters of a SecAgg+ aggregation, the same for every party.
-
-    Attributes:
-        n_clients: ``n``, the clients the graph is drawn over (indices ``0..n-1``).
-        vector_length: ``L``, elements per input.
-        modulus: the ring or field (:class:`Modulus`).
-        degree: ``k``, neighbours per client (``n - 1``: the complete graph, classic SecAgg).
-        threshold: ``t``, shares that reconstruct a secret (``1 <= t <= k``).
-        graph_seed: 32 bytes of public randomness the graph is drawn from.
-
-    Raises:
-        ValueError: a size out of range (``n >= 2``, ``L >= 1``, ``2 <= k <= n - 1``,
-            ``1 <= t <= k``) or a seed that is not 32 bytes.
-    """
-
-    n_clients: int
-    vector_length: int
-    modulus: Modulus
-    degree: int
-    threshold: int
-    graph_seed: bytes = bytes(32)
-
-    def __post_init__(self) -> None:
-        n = _check_int("n_clients", self.n_clients, 2)
-        _check_int("vector_length", self.vector_length, 1)
-        if not isinstance(self.modulus, Modulus):
-            raise TypeError(f"modulus must be a Modulus, got {type(self.modulus).__name__}")
-        k = _check_int("degree", self.degree, 1)
-        if k > n - 1:
-            raise ValueError(f"degree must be at most n_clients - 1 = {n - 1}, got {k}")
-        t = _check_int("threshold", self.threshold, 1)
-        if t > k:
-            raise ValueError(f"threshold must be at most the degree {k}, got {t}")
-        if not isinstance(self.graph_seed, bytes) or len(self.graph_seed) != 32:
-            raise ValueError("graph_seed must be 32 bytes")
-
-    @property
-    def complete(self) -> bool:
-        """True for the complete graph (classic SecAgg)."""
-        return self.degree == self.n_clients - 1
-
-    @functools.cached_property
-    def neighbours(self) -> tuple[tuple[int, ...], ...]:
-        """Each client's neighbours, sorted client indices (computed once)."""
-        return graph.neighbourhoods(self.n_clients, self.degree, self.graph_seed)
-
-    @functools.cached_property
-    def _neighbour_sets(self) -> tuple[frozenset[int], ...]:
-        return tuple(frozenset(nb) for nb in self.neighbours)
-
-
-def plus_config(
-    n_clients: int,
-    vector_length: int,
-    modulus: Modulus,
-    *,
-    graph_seed: bytes = bytes(32),
-    failure_log2: float = 40.0,
-    corrupt_fraction: float = 0.2,
-    dropout_fraction: float = 0.1,
-) -> SecAggPlusConfig:
-    """SecAgg+ parameters: a random ``k``-regular graph with Bell et al.'s ``(k, t)``.
-
-    ``k`` and ``t`` come from :func:`~fedproto.algorithms.secagg_plus.graph.plus_parameters` for
-    the stated failure probability ``2^-failure_log2``, fraction of corrupt clients and fraction
-    of dropouts. Where ``n`` is too small for any graph to meet them, classic SecAgg's complete
-    graph and threshold (:func:`complete_config`): with few clients, the bounds cannot hold.
-
-    References:
-        Bell et al., ACM CCS 2020, Sec. 3-4.
-    """
-    try:
-        k, t = graph.plus_parameters(
-            n_clients, failure_log2=failure_log2, corrupt_fraction=corrupt_fraction, dropout_fraction=dropout_fraction
-        )
-    except ValueError:
-        # Too few clients for the statistical bounds: every client is every other's neighbour.
-        k, t = graph.complete_parameters(n_clients)
-    return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
-
-
-def complete_config(n_clients: int, vector_length: int, modulus: Modulus, *, graph_seed: bytes = bytes(32), **bounds: float) -> SecAggPlusConfig:
-    """Classic SecAgg: the complete graph, ``t`` from
-    :func:`~fedproto.algorithms.secagg_plus.graph.complete_parameters`.
-
-    References:
-        Bonawitz et al., ACM CCS 2017, Sec. 4.
-    """
-    k, t = graph.complete_parameters(n_clients, **bounds)
-    return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
-
-
-def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict[str, int]]:
-    """Data bytes one client sends and receives per stage when no one drops (or ``dropped`` of its
-    neighbours drop at the masked input): the analytic cost, without envelopes.
-
-    Per client (``k`` = degree, ``L`` = vector length, ``w`` = element bytes, ``s`` =
-    :data:`~fedproto.algorithms.secagg_plus.shamir.SHARE_BYTES`, ``c`` = ciphertext bytes
-    ``2 s + 16``, indices 4 bytes):
-
-    * ``advertise-keys``: sent ``64``; received ``k (4 + 64)``;
-    * ``share-keys``: sent ``k (4 + c)``; received ``k (4 + c)``;
-    * ``masked-input``: sent ``L w``; received ``4 D`` (its neighbours that dropped, ``D``);
-    * ``unmask``: sent ``k (4 + s)``; received nothing.
-
-    So a client's bytes grow as ``k``: ``O(log n)`` for SecAgg+, ``n - 1`` for the complete graph.
-
-    Returns:
-        ``{stage: {"sent": bytes, "received": bytes}}``.
-
-    References:
-        Bell et al., ACM CCS 2020, Table 1 (client communication ``O(log n + L)``).
-    """
-    k, s = config.degree, shamir.SHARE_BYTES
-    w = config.modulus.width
-    return {
-        "advertise-keys": {"sent": 2 * KEY_BYTES, "received": k * (4 + 2 * KEY_BYTES)},
-        "share-keys": {"sent": k * (4 + CIPHERTEXT_BYTES), "received": k * (4 + CIPHERTEXT_BYTES)},
-        "masked-input": {"sent": config.vector_length * w, "received": 4 * dropped},
-        "unmask": {"sent": k * (4 + s), "received": 0},
-    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -1020,31 +708,3 @@ class SecAggPlusServer:
         self.outcome = SumOutcome(
             total=total, survivors=tuple(self.clients[u] for u in survivors), dropouts=dict(self.dropouts)
         )
-
-
-
-def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
-    """The largest frame (bytes, envelope included) any party of an aggregation sends: the
-    stage messages at ``k`` neighbours, an unmask request naming up to ``n`` dropped clients,
-    and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
-    from fedproto.framesize import max_frame_bytes
-
-    k, n, length = config.degree, config.n_clients, config.vector_length
-    modulus = config.modulus
-    wire = (length, 1) if modulus.ring_bits is not None else (length, modulus.width)
-    wire_dtype = modulus.dtype if modulus.ring_bits is not None else np.dtype(np.uint8)
-    ct = (k, CIPHERTEXT_BYTES)
-    share = (k, shamir.SHARE_BYTES)
-    bound = functools.partial(max_frame_bytes, phase_bytes=phase_bytes)
-    return max(
-        bound(AdvertiseKeys, plain={"encryption_key": bytes(KEY_BYTES), "masking_key": bytes(KEY_BYTES)}),
-        bound(NeighbourKeys, arrays={"neighbours": (k,), "keys": (k, 2 * KEY_BYTES)}),
-        bound(EncryptedShares, arrays={"recipients": (k,), "ciphertexts": ct}),
-        bound(ForwardedShares, arrays={"senders": (k,), "ciphertexts": ct}),
-        bound(MaskedInput, arrays={"masked": wire}, dtypes={"masked": wire_dtype}),
-        bound(UnmaskRequest, arrays={"dropped": (n,)}),
-        bound(
-            UnmaskShares,
-            arrays={"self_owners": (k,), "self_shares": share, "key_owners": (k,), "key_shares": share},
-        ),
-    )

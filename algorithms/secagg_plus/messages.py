@@ -23,16 +23,23 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedproto.messages import Message, array_field
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.config import SecAggPlusConfig
 
 __all__ = [
     "CIPHERTEXT_BYTES",
     "KEY_BYTES",
     "SHARE_BYTES",
     "STAGES",
+    "TO_CLIENT",
+    "TO_SERVER",
     "AdvertiseKeys",
     "EncryptedShares",
     "ForwardedShares",
@@ -40,6 +47,8 @@ __all__ = [
     "NeighbourKeys",
     "UnmaskRequest",
     "UnmaskShares",
+    "frame_limit",
+    "stage_bytes",
 ]
 
 STAGES = ("advertise-keys", "share-keys", "masked-input", "unmask")
@@ -183,3 +192,69 @@ class UnmaskShares(Message):
         _check_rows(self.key_shares, self.key_owners.size, SHARE_BYTES, "key_shares")
         if np.intersect1d(self.self_owners, self.key_owners).size:
             raise ValueError("a client's self-mask seed and masking key shares cannot both be revealed")
+
+
+TO_SERVER: tuple[type[Message], ...] = (AdvertiseKeys, EncryptedShares, MaskedInput, UnmaskShares)
+"""The client -> server message of each stage, in :data:`STAGES` order: what a server machine
+routes to its :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusServer`."""
+TO_CLIENT: tuple[type[Message], ...] = (NeighbourKeys, ForwardedShares, UnmaskRequest)
+"""The server -> client replies of the first three stages, in :data:`STAGES` order (the last
+stage's reply is the embedding protocol's own result message)."""
+
+
+def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict[str, int]]:
+    """Data bytes one client sends and receives per stage when no one drops (or ``dropped`` of its
+    neighbours drop at the masked input): the analytic cost, without envelopes.
+
+    Per client (``k`` = degree, ``L`` = vector length, ``w`` = element bytes, ``s`` =
+    :data:`~fedproto.algorithms.secagg_plus.SHARE_BYTES`, ``c`` = ciphertext bytes
+    ``2 s + 16``, indices 4 bytes):
+
+    * ``advertise-keys``: sent ``64``; received ``k (4 + 64)``;
+    * ``share-keys``: sent ``k (4 + c)``; received ``k (4 + c)``;
+    * ``masked-input``: sent ``L w``; received ``4 D`` (its neighbours that dropped, ``D``);
+    * ``unmask``: sent ``k (4 + s)``; received nothing.
+
+    So a client's bytes grow as ``k``: ``O(log n)`` for SecAgg+, ``n - 1`` for the complete graph.
+
+    Returns:
+        ``{stage: {"sent": bytes, "received": bytes}}``.
+
+    References:
+        Bell et al., ACM CCS 2020, Table 1 (client communication ``O(log n + L)``).
+    """
+    k, s = config.degree, SHARE_BYTES
+    w = config.modulus.width
+    return {
+        "advertise-keys": {"sent": 2 * KEY_BYTES, "received": k * (4 + 2 * KEY_BYTES)},
+        "share-keys": {"sent": k * (4 + CIPHERTEXT_BYTES), "received": k * (4 + CIPHERTEXT_BYTES)},
+        "masked-input": {"sent": config.vector_length * w, "received": 4 * dropped},
+        "unmask": {"sent": k * (4 + s), "received": 0},
+    }
+
+
+def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
+    """The largest frame (bytes, envelope included) any party of an aggregation sends: the
+    stage messages at ``k`` neighbours, an unmask request naming up to ``n`` dropped clients,
+    and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
+    from fedproto.framesize import max_frame_bytes
+
+    k, n, length = config.degree, config.n_clients, config.vector_length
+    modulus = config.modulus
+    wire = (length, 1) if modulus.ring_bits is not None else (length, modulus.width)
+    wire_dtype = modulus.dtype if modulus.ring_bits is not None else np.dtype(np.uint8)
+    ct = (k, CIPHERTEXT_BYTES)
+    share = (k, SHARE_BYTES)
+    bound = functools.partial(max_frame_bytes, phase_bytes=phase_bytes)
+    return max(
+        bound(AdvertiseKeys, plain={"encryption_key": bytes(KEY_BYTES), "masking_key": bytes(KEY_BYTES)}),
+        bound(NeighbourKeys, arrays={"neighbours": (k,), "keys": (k, 2 * KEY_BYTES)}),
+        bound(EncryptedShares, arrays={"recipients": (k,), "ciphertexts": ct}),
+        bound(ForwardedShares, arrays={"senders": (k,), "ciphertexts": ct}),
+        bound(MaskedInput, arrays={"masked": wire}, dtypes={"masked": wire_dtype}),
+        bound(UnmaskRequest, arrays={"dropped": (n,)}),
+        bound(
+            UnmaskShares,
+            arrays={"self_owners": (k,), "self_shares": share, "key_owners": (k,), "key_shares": share},
+        ),
+    )

@@ -27,16 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedproto.algorithms.secagg_plus.messages import (
-    STAGES,
-    AdvertiseKeys,
-    EncryptedShares,
-    ForwardedShares,
-    MaskedInput,
-    NeighbourKeys,
-    UnmaskRequest,
-    UnmaskShares,
-)
+from fedproto.algorithms.secagg_plus.messages import STAGES, TO_CLIENT, TO_SERVER, ForwardedShares, NeighbourKeys, UnmaskRequest
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
@@ -55,6 +46,7 @@ __all__ = [
     "SumServer",
     "SumServerResult",
     "instance_bytes",
+    "server_transitions",
 ]
 
 
@@ -101,6 +93,19 @@ class SumClientResult:
     totals: tuple[np.ndarray, ...]
 
 
+def server_transitions(state: enum.Enum, handler: str = "_on_stage") -> dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]:
+    """The ``TRANSITIONS`` entries of a server machine that runs SecAgg+ aggregations in ``state``.
+
+    Each stage's client message (:data:`~fedproto.algorithms.secagg_plus.messages.TO_SERVER`) goes
+    to ``handler`` (a method that hands it to the round's
+    :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusServer`), and the machine stays in
+    ``state``. Spread them into the machine's table::
+
+        TRANSITIONS = {..., **server_transitions(State.COLLECT)}
+    """
+    return {(state, message): (handler, state) for message in TO_SERVER}
+
+
 class SumServerState(enum.Enum):
     """States of the summation server."""
 
@@ -121,8 +126,7 @@ class SecAggPlusClientRole:
     """The client side of an embedded SecAgg+ aggregation, for a :class:`ProtocolMachine` subclass.
 
     Mix it into a client role (``class MyClient(SecAggPlusClientRole, ProtocolMachine)``), put
-    ``_on_neighbour_keys``, ``_on_forwarded_shares`` and ``_on_unmask_request`` in its transition
-    table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
+    :meth:`secagg_transitions` in its transition table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
     aggregation starts and send what it returns, and implement :meth:`_secagg_input`: the vector
     this client contributes, asked for when the masked input is due. The role needs the machine's
     ``server`` (party name) and keeps the round's engine in ``_aggregation``.
@@ -130,6 +134,17 @@ class SecAggPlusClientRole:
 
     server: str
     _aggregation: SecAggPlusClient | None = None
+    _HANDLERS = ("_on_neighbour_keys", "_on_forwarded_shares", "_on_unmask_request")  # TO_CLIENT's, in order
+
+    @classmethod
+    def secagg_transitions(cls, state: enum.Enum) -> dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]:
+        """The role's ``TRANSITIONS`` entries for a state where the client aggregates: each
+        server reply of :data:`~fedproto.algorithms.secagg_plus.messages.TO_CLIENT` to its
+        handler, staying in ``state``. Spread them into the machine's table::
+
+            TRANSITIONS = {..., **SecAggPlusClientRole.secagg_transitions(State.ITERATING)}
+        """
+        return {(state, message): (handler, state) for message, handler in zip(TO_CLIENT, cls._HANDLERS, strict=True)}
 
     def _open_aggregation(self, config: SecAggPlusConfig, index: int, *, entropy: bytes, instance: bytes) -> Outgoing:
         """Start this round's aggregation; return the stage-1 message to send."""
@@ -180,12 +195,7 @@ class SumServer(ProtocolMachine):
 
     State = SumServerState
     INITIAL_STATE = SumServerState.AGGREGATING
-    TRANSITIONS = {
-        (SumServerState.AGGREGATING, AdvertiseKeys): ("_on_stage", SumServerState.AGGREGATING),
-        (SumServerState.AGGREGATING, EncryptedShares): ("_on_stage", SumServerState.AGGREGATING),
-        (SumServerState.AGGREGATING, MaskedInput): ("_on_stage", SumServerState.AGGREGATING),
-        (SumServerState.AGGREGATING, UnmaskShares): ("_on_stage", SumServerState.AGGREGATING),
-    }
+    TRANSITIONS = server_transitions(SumServerState.AGGREGATING)
 
     def __init__(
         self, party: str, *, config: SecAggPlusConfig, clients: Sequence[str], rounds: int, session: int = 0
@@ -295,9 +305,7 @@ class SumClient(SecAggPlusClientRole, ProtocolMachine):
     DEADLINE_FACTOR = 2.0
     INITIAL_STATE = SumClientState.AGGREGATING
     TRANSITIONS = {
-        (SumClientState.AGGREGATING, NeighbourKeys): ("_on_neighbour_keys", SumClientState.AGGREGATING),
-        (SumClientState.AGGREGATING, ForwardedShares): ("_on_forwarded_shares", SumClientState.AGGREGATING),
-        (SumClientState.AGGREGATING, UnmaskRequest): ("_on_unmask_request", SumClientState.AGGREGATING),
+        **SecAggPlusClientRole.secagg_transitions(SumClientState.AGGREGATING),
         (SumClientState.AGGREGATING, SumResult): ("_on_result", SumClientState.AGGREGATING),
     }
 

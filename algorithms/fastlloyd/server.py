@@ -1,0 +1,378 @@
+"""The FastLloyd server role: it agrees the federation's quantities, relays the mask-seed setup,
+and sums the clients' masked updates with its DP noise each Lloyd iteration.
+
+The protocol (setup, iterations, SecAgg+, dropout) is described in
+:mod:`fedproto.algorithms.fastlloyd.protocol`, which re-exports these names.
+
+References:
+    Diaa, Humphries, Kerschbaum, "FastLloyd", Sec. 5, Alg. 1 (lines 14-17) and Fig. 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+
+from fedproto.algorithms import kmeans, secagg
+from fedproto.algorithms.fastlloyd.config import FastLloydConfig, FastLloydOptions
+from fedproto.algorithms.fastlloyd.messages import (
+    DataSummary,
+    FederationSummary,
+    MaskedUpdate,
+    NoisyAggregate,
+    PublicKey,
+    PublicKeys,
+    SealedSeed,
+    SealedSeeds,
+    SurvivorAggregate,
+)
+from fedproto.algorithms.fastlloyd.shared import SECAGG_PURPOSE, check_ring_values, check_secagg_plus, one_of, secagg_config
+from fedproto.algorithms.secagg_plus.protocol import instance_bytes, server_transitions
+from fedproto.errors import RemoteProtocolError
+from fedproto.machine import ProtocolMachine, party_index
+from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
+
+if TYPE_CHECKING:
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
+
+__all__ = ["FastLloydServer", "ServerState", "ServerSummary"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSummary:
+    """The server's output: what it did, nothing it learned (it sees only masked values).
+
+    Attributes:
+        iterations: iterations aggregated.
+        noise_sum: per-iteration noise std/scale per sum coordinate.
+        noise_count: per-iteration noise std/scale per count.
+        survivors: with SecAgg+, per iteration the clients whose updates the aggregate holds;
+            else empty.
+        dropouts: with SecAgg+, ``{client: (iteration, stage)}`` for each client that dropped.
+        n_points: the federation's total number of points N agreed in ``setup.data``; ``None``
+            when the server was built from a ready config (no ``setup.data``).
+        d: the number of features.
+    """
+
+    iterations: int
+    noise_sum: tuple[float, ...]
+    noise_count: tuple[float, ...]
+    survivors: tuple[tuple[str, ...], ...] = ()
+    dropouts: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    n_points: int | None = None
+    d: int | None = None
+
+
+class ServerState(enum.Enum):
+    """States of the FastLloyd server."""
+
+    SETUP_DATA = enum.auto()
+    SETUP_KEYS = enum.auto()
+    SETUP_SEAL = enum.auto()
+    COLLECT = enum.auto()
+    DONE = enum.auto()
+    ERROR = enum.auto()
+
+
+class FastLloydServer(ProtocolMachine):
+    """The FastLloyd server (sans-IO): agrees the federation's quantities, relays the seed setup,
+    aggregates and adds noise.
+
+    Give exactly one of ``config`` and ``options`` (see :mod:`fedproto.algorithms.fastlloyd.protocol`).
+
+    Args:
+        party: the server's party name.
+        config: the run's public parameters, when known in advance (no ``setup.data``).
+        options: the run's public options: the server holds no data, collects each client's
+            count and extent in ``setup.data``, checks that every client has the same number of
+            features, and derives :attr:`config` from the options at the total N.
+        clients: every client's party name, in client order.
+        noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
+        session: the run's session id (names each SecAgg+ aggregation, and seeds its graph).
+        secagg_plus: with ``config``: aggregate with SecAgg+ under these parameters (the
+            clients' must be the same); ``None`` (default) is the paper's MSA. With ``options``
+            leave it out (``options.secagg`` chooses).
+
+    Attributes:
+        config: the run's public parameters (``None`` until ``setup.data`` is done when built
+            from ``options``).
+        secagg_plus: the SecAgg+ parameters, ``None`` for MSA (and until ``setup.data``).
+        n_points: the federation's N agreed in ``setup.data`` (``None`` with ``config``).
+
+    Raises:
+        ValueError: not exactly one of ``config`` and ``options``; no clients, duplicate names,
+            the server among the clients; a ``secagg_plus`` that does not fit the run or is
+            given with ``options``. In ``setup.data`` (the machine fails):
+            :class:`~fedproto.errors.RemoteProtocolError` naming the clients whose number of
+            features differs from the others' (the most common, ties going to the earliest
+            client), ``ValueError`` when the clients hold no point or the options do not fit N
+            (e.g. ``k > N``).
+    """
+
+    State = ServerState
+    INITIAL_STATE = ServerState.SETUP_DATA
+    TRANSITIONS = {
+        (ServerState.SETUP_DATA, DataSummary): ("_on_data_summary", ServerState.SETUP_DATA),
+        (ServerState.SETUP_KEYS, PublicKey): ("_on_public_key", ServerState.SETUP_KEYS),
+        (ServerState.SETUP_SEAL, SealedSeeds): ("_on_sealed_seeds", ServerState.COLLECT),
+        (ServerState.COLLECT, MaskedUpdate): ("_on_update", ServerState.COLLECT),
+        **server_transitions(ServerState.COLLECT),
+    }
+
+    def __init__(
+        self,
+        party: str,
+        *,
+        config: FastLloydConfig | None = None,
+        options: FastLloydOptions | None = None,
+        clients: Sequence[str],
+        noise_seed: int = 0,
+        session: int = 0,
+        secagg_plus: SecAggPlusConfig | None = None,
+    ) -> None:
+        super().__init__(party)
+        clients = tuple(clients)
+        if not clients or len(set(clients)) != len(clients) or party in clients:
+            raise ValueError("clients must be unique, non-empty and must not include the server")
+        one_of(config, options, secagg_plus)
+        if config is not None:
+            check_secagg_plus(config, secagg_plus, len(clients))
+        self.config: FastLloydConfig | None = config
+        self.options = options
+        self.clients = clients
+        self._client_index = party_index(clients)
+        self.session = session
+        self.secagg_plus: SecAggPlusConfig | None = secagg_plus
+        self.n_points: int | None = None
+        self._summaries: dict[str, DataSummary] = {}
+        self._key = jax.random.PRNGKey(noise_seed)
+        self._keys: dict[str, bytes] = {}
+        self._updates: dict[str, np.ndarray] = {}
+        self._aggregation: SecAggPlusServer | None = None
+        self._active = clients
+        self._gone: set[str] = set()
+        self._survivors: list[tuple[str, ...]] = []
+        self._dropouts: dict[str, tuple[int, str]] = {}
+
+    @property
+    def phase(self) -> str:
+        if self._aggregation is not None and self._state is ServerState.COLLECT:
+            return self._aggregation.stage
+        return {
+            ServerState.SETUP_DATA: "setup.data",
+            ServerState.SETUP_KEYS: "setup.keys",
+            ServerState.SETUP_SEAL: "setup.seal",
+        }.get(self._state, "aggregate")
+
+    def pending(self) -> Sequence[str]:
+        if self._state is ServerState.SETUP_DATA:
+            return [c for c in self.clients if c not in self._summaries]
+        if self._state is ServerState.SETUP_KEYS:
+            return [c for c in self.clients if c not in self._keys]
+        if self._state is ServerState.SETUP_SEAL:
+            return [self.clients[0]]
+        if self._state is ServerState.COLLECT:
+            if self._aggregation is not None:
+                return self._aggregation.pending()
+            return [c for c in self.clients if c not in self._updates]
+        return []
+
+    def _ignores(self, sender: str) -> bool:
+        return sender in self._gone
+
+    def _open_aggregation(self) -> list[Outgoing]:
+        assert self.secagg_plus is not None
+        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
+
+        self._aggregation = SecAggPlusServer(
+            self.secagg_plus,
+            self.clients,
+            round_idx=self.round_idx,
+            instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
+            active=self._active,
+        )
+        return self._aggregation.drop(self._gone)
+
+    def _on_stage(self, sender: str, message) -> list[Outgoing]:
+        if self._aggregation is None:
+            raise RemoteProtocolError(
+                f"a SecAgg+ message from {sender} in a run without SecAgg+", party=sender, round_idx=self.round_idx
+            )
+        return self._after_stage(self._aggregation.receive(sender, message))
+
+    def carries_on_without(self, party: str) -> bool:
+        """With SecAgg+, while it collects, a client's failure notice is that client's dropout."""
+        return self._aggregation is not None and self._state is ServerState.COLLECT and party in self._client_index
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if self._aggregation is not None and self._state is ServerState.COLLECT:
+            if isinstance(event, PhaseTimedOut):
+                silent = list(self.pending())
+                self._gone.update(silent)
+                return self._after_stage(self._aggregation.drop(silent))
+            if isinstance(event, PartyDropped) and event.party in self._client_index:
+                self._gone.add(event.party)
+                return self._after_stage(self._aggregation.drop([event.party]))
+        return super()._on_event(event)
+
+    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
+        aggregation = self._aggregation
+        assert aggregation is not None
+        outcome = aggregation.outcome
+        if outcome is None:
+            return out
+        for party, stage in outcome.dropouts.items():
+            self._dropouts[party] = (self.round_idx, stage)
+            self._gone.add(party)
+        self._survivors.append(outcome.survivors)
+        cfg = self.config
+        total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
+        index = self._client_index
+        survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
+        receivers = tuple(c for c in outcome.survivors if c not in self._gone)
+        out.append(self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate"))
+        self._active = receivers
+        self.round_idx += 1
+        if self.round_idx == cfg.iterations:
+            self._aggregation = None
+            self._finish(self._summary())
+            return out
+        return out + self._open_aggregation()
+
+    def _summary(self) -> ServerSummary:
+        cfg = self.config
+        return ServerSummary(
+            cfg.iterations, cfg.noise_sum, cfg.noise_count, tuple(self._survivors), dict(self._dropouts),
+            n_points=self.n_points, d=cfg.d,
+        )
+
+    def _check_client(self, sender: str, seen: dict) -> None:
+        if sender not in self._client_index:
+            raise RemoteProtocolError(f"{sender} is not a client of this run", party=sender, round_idx=self.round_idx)
+        if sender in seen:
+            raise RemoteProtocolError(
+                f"second {self.phase} message from {sender} in round {self.round_idx}",
+                party=sender,
+                round_idx=self.round_idx,
+                phase=self.phase,
+            )
+
+    def _start(self) -> list[Outgoing]:
+        if self.config is not None:
+            self.move_to(ServerState.SETUP_KEYS)  # the config is known: no setup.data
+        return []
+
+    def _on_data_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        self._check_client(sender, self._summaries)
+        self._summaries[sender] = message
+        return []
+
+    def _agree_data(self) -> list[Outgoing]:
+        """``setup.data``, every summary in: check d, total N and the extent, derive the config."""
+        options = self.options
+        assert options is not None
+        widths = {c: int(self._summaries[c].extent.shape[1]) for c in self.clients}
+        tally = Counter(widths.values())
+        # the most common width; ties go to the width of the earliest client holding one of them
+        d = max(tally, key=lambda w: (tally[w], -min(i for i, c in enumerate(self.clients) if widths[c] == w)))
+        odd = [c for c in self.clients if widths[c] != d]
+        if odd:
+            named = ", ".join(f"{c} ({widths[c]})" for c in odd[:8]) + (f" and {len(odd) - 8} more" if len(odd) > 8 else "")
+            raise RemoteProtocolError(
+                f"{named} {'holds' if len(odd) == 1 else 'hold'} data with a different number of features than "
+                f"the other clients ({d}): every client's data must have the same features",
+                party=odd[0], round_idx=0, phase="setup.data",
+            )
+        summaries = [self._summaries[c] for c in self.clients]
+        n_points = sum(s.n_points for s in summaries)
+        if n_points == 0:
+            raise ValueError("the clients hold no point at all")
+        extent = np.stack([
+            np.min([s.extent[0] for s in summaries], axis=0),
+            np.max([s.extent[1] for s in summaries], axis=0),
+        ])
+        config = options.config(n_points, d)  # ValueError (k > N, ring) fails the run here
+        plus = secagg_config(options.secagg, config, len(self.clients), self.session)
+        check_secagg_plus(config, plus, len(self.clients))
+        self.config, self.secagg_plus, self.n_points = config, plus, n_points
+        self._summaries = {}
+        self.move_to(ServerState.SETUP_KEYS)
+        return [self.broadcast(self.clients, FederationSummary(n_points=n_points, extent=extent), phase="setup.data")]
+
+    def _on_public_key(self, sender: str, message: PublicKey) -> list[Outgoing]:
+        self._check_client(sender, self._keys)
+        self._keys[sender] = message.public_key
+        return []
+
+    def _on_sealed_seeds(self, sender: str, message: SealedSeeds) -> list[Outgoing]:
+        if sender != self.clients[0]:
+            raise RemoteProtocolError(f"{sender} is not client 0", party=sender)
+        if len(message.sealed) != len(self.clients) - 1:
+            raise RemoteProtocolError(
+                f"{len(message.sealed)} sealed seeds for {len(self.clients) - 1} clients", party=sender
+            )
+        sender_key = self._keys[self.clients[0]]
+        out = [
+            self.send(client, SealedSeed(sender_key=sender_key, sealed=sealed), phase="setup.relay")
+            for client, sealed in zip(self.clients[1:], message.sealed)
+        ]
+        if self.secagg_plus is not None:
+            out += self._open_aggregation()
+        return out
+
+    def _on_update(self, sender: str, message: MaskedUpdate) -> list[Outgoing]:
+        if self.secagg_plus is not None:
+            raise RemoteProtocolError(f"an MSA update from {sender} in a SecAgg+ run", party=sender, round_idx=self.round_idx)
+        self._check_client(sender, self._updates)
+        check_ring_values(self.config, message.masked, "update", sender, self.round_idx)
+        self._updates[sender] = message.masked
+        return []
+
+    def _advance(self) -> list[Outgoing]:
+        if self._state is ServerState.SETUP_DATA and self.options is not None and len(self._summaries) == len(self.clients):
+            return self._agree_data()
+        if self._state is ServerState.SETUP_KEYS and len(self._keys) == len(self.clients):
+            keys = tuple(self._keys[c] for c in self.clients)
+            out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
+            self.move_to(ServerState.SETUP_SEAL)
+            return [out]
+        if self._state is ServerState.COLLECT and self.secagg_plus is None and len(self._updates) == len(self.clients):
+            return [self._aggregate()]
+        return []
+
+    def _noise(self) -> np.ndarray:
+        cfg = self.config
+        t = self.round_idx
+        key_sum, key_count = jax.random.split(jax.random.fold_in(self._key, t))
+        k, d = cfg.k, cfg.d
+        if cfg.noise == "gaussian":
+            noise_sum = kmeans.gaussian_noise(key_sum, (k, d), cfg.noise_sum[t])
+            noise_count = kmeans.gaussian_noise(key_count, (k,), cfg.noise_count[t])
+        elif cfg.noise == "laplace":
+            noise_sum = kmeans.laplace_noise(key_sum, (k, d), cfg.noise_sum[t])
+            noise_count = kmeans.laplace_noise(key_count, (k,), cfg.noise_count[t])
+        else:
+            return np.zeros(cfg.shape, dtype=secagg.ring_dtype(cfg.ring_bits))
+        q_sum = secagg.quantize_noise(np.asarray(noise_sum), frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
+        q_count = secagg.quantize_noise(np.asarray(noise_count), frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
+        return np.concatenate([q_sum, q_count[:, None]], axis=1)
+
+    def _aggregate(self) -> Outgoing:
+        cfg = self.config
+        dtype = secagg.ring_dtype(cfg.ring_bits)
+        total = np.zeros(cfg.shape, dtype=dtype)
+        for client in self.clients:
+            total += self._updates[client]  # wraps mod 2^w
+        total += self._noise()
+        out = self.broadcast(self.clients, NoisyAggregate(masked=total), phase="aggregate")
+        self._updates = {}
+        self.round_idx += 1
+        if self.round_idx == cfg.iterations:
+            self._finish(self._summary())
+        return out
