@@ -1,4 +1,5 @@
-"""The TCP transport stays in small one-job modules: none over 600 lines, no class over 400 (issue 29).
+"""Modules stay small: every source file at most 1,000 lines (issue 32), and the TCP transport in
+one-job modules of at most 600 lines with no class over 400 (issue 29).
 
 Checked from the source with :mod:`ast`, so a module that grows past the bound fails here rather
 than in review. The modules are every one of ``transports/`` that the TCP transport is made of
@@ -43,3 +44,14 @@ def test_a_tcp_module_is_at_most_600_lines_and_its_classes_at_most_400(path: Pat
         if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES  # type: ignore[operator]
     }
     assert not too_long, f"classes of {path.name} over {MAX_CLASS_LINES} lines: {too_long}"
+
+
+MAX_SOURCE_LINES = 1000
+SOURCES = sorted(p for folder in ("fedproto", "transports", "algorithms") for p in (ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_source_file_has_one_job_and_at_most_1000_lines(path: Path) -> None:
+    """Issue 32: no file of the three source folders over 1,000 lines (split along its seams)."""
+    n_lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert n_lines <= MAX_SOURCE_LINES, f"{path.relative_to(ROOT)} has {n_lines} lines (at most {MAX_SOURCE_LINES})"
