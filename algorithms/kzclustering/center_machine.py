@@ -19,8 +19,19 @@ import enum
 import numpy as np
 
 from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering import messages as msg
 from fedproto.algorithms.kzclustering.config import KzCenterConfig
+from fedproto.algorithms.kzclustering.messages import (
+    AggregatedCounts,
+    FinalCentres,
+    LocalExtent,
+    ProbeCounts,
+    RadiusFetch,
+    RadiusGrid,
+    RadiusGuesses,
+    RadiusProbes,
+    Representatives,
+    WeightedPoints,
+)
 from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine, extent_message
 from fedproto.errors import RemoteProtocolError
 from fedproto.messages import Message, Outgoing
@@ -61,12 +72,12 @@ class KzMachine(DataMachine):
     State = MachineState
     INITIAL_STATE = MachineState.AWAIT_GRID
     TRANSITIONS = {
-        (MachineState.AWAIT_GRID, msg.RadiusGrid): ("_on_grid", MachineState.AWAIT_REQUEST),
-        (MachineState.AWAIT_GRID, msg.RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
-        (MachineState.AWAIT_REQUEST, msg.RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
-        (MachineState.AWAIT_REQUEST, msg.RadiusFetch): ("_on_fetch", MachineState.AWAIT_REQUEST),
-        (MachineState.AWAIT_REQUEST, msg.RadiusGuesses): ("_on_guesses", MachineState.AWAIT_REQUEST),
-        (MachineState.AWAIT_REQUEST, msg.FinalCentres): ("_on_centres", MachineState.DONE),
+        (MachineState.AWAIT_GRID, RadiusGrid): ("_on_grid", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_GRID, RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, RadiusProbes): ("_on_probes", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, RadiusFetch): ("_on_fetch", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, RadiusGuesses): ("_on_guesses", MachineState.AWAIT_REQUEST),
+        (MachineState.AWAIT_REQUEST, FinalCentres): ("_on_centres", MachineState.DONE),
     }
 
     def __init__(
@@ -83,7 +94,7 @@ class KzMachine(DataMachine):
         # neighbour pairs or blocks of distance rows; the same results as the dense matrix), over
         # config.sub_machines parts, each one virtual machine of the config's threshold and caps
         self._local = solvers.SubMachines(self.points, parts=config.sub_machines, workers=workers)
-        self._extent_cache: msg.LocalExtent | None = None
+        self._extent_cache: LocalExtent | None = None
         self._grid: np.ndarray | None = None
         self._asked: list[float] = []  # radii asked about, in order (the grid for linear/binary)
         self._probed: set[float] = set()
@@ -109,7 +120,7 @@ class KzMachine(DataMachine):
 
     # -- local computation (the only users of the distance matrix) ---------------------------------
 
-    def _local_extent(self) -> msg.LocalExtent:
+    def _local_extent(self) -> LocalExtent:
         """``n_i``, the smallest nonzero pairwise distance (``inf`` if none), the anchor (point 0)
         and the largest distance from it, as the extent message (computed once)."""
         if self._extent_cache is None:
@@ -150,7 +161,7 @@ class KzMachine(DataMachine):
         self.move_to(MachineState.AWAIT_REQUEST)
         return [self._counts(solvers.radius_grid(lo, hi, self.config.eps))]
 
-    def _extent(self) -> msg.LocalExtent:
+    def _extent(self) -> LocalExtent:
         return self._local_extent()
 
     def _counts(self, grid: np.ndarray) -> Outgoing:
@@ -160,7 +171,7 @@ class KzMachine(DataMachine):
         aggregations = [self._aggregate_at(r) for r in self._asked]
         counts = np.asarray([a.count for a in aggregations], dtype=np.int64)
         discarded = np.asarray([a.discarded for a in aggregations], dtype=np.int64)
-        message = msg.AggregatedCounts(n_points=int(self.points.shape[0]), counts=counts, discarded=discarded)
+        message = AggregatedCounts(n_points=int(self.points.shape[0]), counts=counts, discarded=discarded)
         return self.send(self.coordinator, message, phase="counts")
 
     def _check_search(self, sender: str, message: Message, probe: bool) -> None:
@@ -174,12 +185,12 @@ class KzMachine(DataMachine):
                 state=self._state.name,
             )
 
-    def _on_grid(self, sender: str, message: msg.RadiusGrid) -> list[Outgoing]:
+    def _on_grid(self, sender: str, message: RadiusGrid) -> list[Outgoing]:
         self._check_search(sender, message, probe=False)
         self.round_idx += 1
         return [self._counts(message.radii)]
 
-    def _on_probes(self, sender: str, message: msg.RadiusProbes) -> list[Outgoing]:
+    def _on_probes(self, sender: str, message: RadiusProbes) -> list[Outgoing]:
         self._check_search(sender, message, probe=True)
         aggregations = []
         for radius in message.radii:
@@ -194,7 +205,7 @@ class KzMachine(DataMachine):
         else:
             discarded = np.zeros(0, dtype=np.int64)
         self.round_idx += 1
-        return [self.send(self.coordinator, msg.ProbeCounts(counts=counts, discarded=discarded), phase="counts")]
+        return [self.send(self.coordinator, ProbeCounts(counts=counts, discarded=discarded), phase="counts")]
 
     def _fetchable(self, sender: str, radius: float, label: str) -> solvers.Aggregation:
         agg = self._aggregate_at(radius)
@@ -206,7 +217,7 @@ class KzMachine(DataMachine):
             )
         return agg
 
-    def _on_fetch(self, sender: str, message: msg.RadiusFetch) -> list[Outgoing]:
+    def _on_fetch(self, sender: str, message: RadiusFetch) -> list[Outgoing]:
         self._check_search(sender, message, probe=True)
         radius = float(message.radius)
         if radius not in self._probed:
@@ -217,10 +228,10 @@ class KzMachine(DataMachine):
             )
         agg = self._fetchable(sender, radius, f"{radius:g}")
         self.round_idx += 1
-        reply = msg.Representatives(points=self.points[agg.reps], weights=agg.weights.astype(np.int64))
+        reply = Representatives(points=self.points[agg.reps], weights=agg.weights.astype(np.int64))
         return [self.send(self.coordinator, reply, phase="points")]
 
-    def _on_guesses(self, sender: str, message: msg.RadiusGuesses) -> list[Outgoing]:
+    def _on_guesses(self, sender: str, message: RadiusGuesses) -> list[Outgoing]:
         self._check_search(sender, message, probe=False)
         assert self._grid is not None
         if int(message.indices.max()) >= self._grid.shape[0]:
@@ -236,7 +247,7 @@ class KzMachine(DataMachine):
             weights.append(agg.weights)
             sizes.append(agg.reps.shape[0])
         self.round_idx += 1
-        reply = msg.WeightedPoints(
+        reply = WeightedPoints(
             indices=np.asarray(message.indices, dtype=np.int64),
             sizes=np.asarray(sizes, dtype=np.int64),
             points=np.concatenate(points, axis=0) if points else np.zeros((0, self.config.d)),
