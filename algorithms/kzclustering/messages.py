@@ -130,6 +130,15 @@ def _check_weights(weights: np.ndarray) -> None:
         raise ValueError("weights must be >= 1")
 
 
+def _check_concatenated(sizes: np.ndarray, points: np.ndarray, weights: np.ndarray) -> None:
+    """Refuse groups concatenated badly: ``sizes [b]`` must be ``>= 0`` and sum to the rows of
+    ``points [sum(sizes), d]`` (finite, ``d >= 1``), with one weight per point."""
+    _check_nonnegative(sizes, "sizes")
+    if int(sizes.sum()) != points.shape[0] or points.shape[0] != weights.shape[0]:
+        raise ValueError("sizes, points and weights do not agree")
+    _check_points(points, "points")
+
+
 def _check_finite_nonnegative(values: np.ndarray, what: str) -> None:
     """Refuse float values (``[T]`` costs or totals) that are not all finite and ``>= 0``."""
     if not (np.all(np.isfinite(values)) and np.all(values >= 0)):
@@ -316,10 +325,7 @@ class WeightedPoints(Message):
         if self.indices.shape != self.sizes.shape:
             raise ValueError("indices and sizes must have the same length")
         _check_nonnegative(self.indices, "indices")
-        _check_nonnegative(self.sizes, "sizes")
-        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
-            raise ValueError("sizes, points and weights do not agree")
-        _check_points(self.points, "points")
+        _check_concatenated(self.sizes, self.points, self.weights)
         _check_weights(self.weights)
 
 
@@ -439,9 +445,6 @@ class Coresets(Message):
     weights: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        _check_nonnegative(self.sizes, "sizes")
-        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
-            raise ValueError("sizes, points and weights do not agree")
-        _check_points(self.points, "points")
+        _check_concatenated(self.sizes, self.points, self.weights)
         if not np.all(np.isfinite(self.weights)):
             raise ValueError("weights must be finite")
