@@ -12,7 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["COUNT_TESTS", "SEARCHES", "KzCenterConfig", "check_instance", "check_radius_bounds", "check_slack"]
+__all__ = [
+    "COUNT_TESTS",
+    "SEARCHES",
+    "KzCenterConfig",
+    "KzInstance",
+    "check_instance",
+    "check_radius_bounds",
+    "check_slack",
+]
 
 #: Radius searches: ``probe`` (the default: bisection with count probes, then one fetch),
 #: ``linear`` and ``binary`` (counts of every guess first, then fetches).
@@ -66,7 +74,33 @@ def check_radius_bounds(bounds: tuple[float, float] | None) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class KzCenterConfig:
+class KzInstance:
+    """What every party of a Guo & Li run knows of the instance (Section 2.2: "known to all
+    parties: n, k, z, m, L, eps"; n is learnt from the machines' first messages): the first five
+    fields, in this order, of :class:`KzCenterConfig` and
+    `fedproto.algorithms.kzclustering.means.KzMeansConfig` (their ``repr``, which names the
+    session, lists them first).
+
+    Each protocol's configuration checks these fields itself (with its own error texts).
+
+    Attributes:
+        k: number of centres.
+        z: number of outliers.
+        eps: the bicriteria slack in ``(0, 1]``.
+        n_machines: m, the number of data-holding machines.
+        d: the points' number of features; ``None`` for a coordinator that learns it from the
+            machines' first messages (a machine's configuration states it).
+    """
+
+    k: int
+    z: int
+    eps: float
+    n_machines: int
+    d: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class KzCenterConfig(KzInstance):
     """Parameters shared by the coordinator and every machine.
 
     Attributes:
@@ -115,11 +149,6 @@ class KzCenterConfig:
         ValueError: a parameter out of range.
     """
 
-    k: int
-    z: int
-    eps: float
-    n_machines: int
-    d: int | None
     radius_bounds: tuple[float, float] | None = None
     search: str = "probe"
     batch: int = 1

@@ -63,7 +63,7 @@ import numpy as np
 
 from fedproto.algorithms.kzclustering import _kernels, solvers
 from fedproto.algorithms.kzclustering.collect import CollectingCoordinator, RunWords, extents_diameter
-from fedproto.algorithms.kzclustering.config import check_instance, check_radius_bounds, check_slack
+from fedproto.algorithms.kzclustering.config import KzInstance, check_instance, check_radius_bounds, check_slack
 from fedproto.algorithms.kzclustering.messages import (
     Coresets,
     CostTotals,
@@ -92,7 +92,7 @@ MODES = ("truncated", "bel")
 
 
 @dataclasses.dataclass(frozen=True)
-class KzMeansConfig:
+class KzMeansConfig(KzInstance):
     """Parameters shared by the coordinator and every machine.
 
     Attributes:
@@ -119,11 +119,6 @@ class KzMeansConfig:
         ValueError: a parameter out of range.
     """
 
-    k: int
-    z: int
-    eps: float
-    n_machines: int
-    d: int | None
     power: int = 2
     mode: str = "truncated"
     samples: int | None = None

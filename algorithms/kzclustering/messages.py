@@ -103,6 +103,48 @@ def _check_nonnegative(values: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} must be >= 0")
 
 
+def _check_count(value: int, what: str) -> None:
+    """Refuse a negative scalar count (``n_points``, ``outliers``, ``samples``)."""
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0")
+
+
+def _check_radius(radius: float) -> None:
+    """Refuse a scalar radius that is not finite and ``>= 0``."""
+    if not (math.isfinite(radius) and radius >= 0):
+        raise ValueError("radius must be finite and >= 0")
+
+
+def _check_radii(radii: np.ndarray, what: str, empty: str) -> None:
+    """Refuse radii ``[b]`` that are empty (the text ``empty``) or not finite, ``>= 0`` and
+    strictly increasing (``what`` names them)."""
+    if radii.shape[0] < 1:
+        raise ValueError(empty)
+    if not (np.all(np.isfinite(radii)) and np.all(radii >= 0) and np.all(np.diff(radii) > 0)):
+        raise ValueError(f"{what} must be finite, >= 0 and strictly increasing")
+
+
+def _check_weights(weights: np.ndarray) -> None:
+    """Refuse integer weights below 1 (a representative stands for at least itself)."""
+    if weights.size and int(weights.min()) < 1:
+        raise ValueError("weights must be >= 1")
+
+
+def _check_concatenated(sizes: np.ndarray, points: np.ndarray, weights: np.ndarray) -> None:
+    """Refuse groups concatenated badly: ``sizes [b]`` must be ``>= 0`` and sum to the rows of
+    ``points [sum(sizes), d]`` (finite, ``d >= 1``), with one weight per point."""
+    _check_nonnegative(sizes, "sizes")
+    if int(sizes.sum()) != points.shape[0] or points.shape[0] != weights.shape[0]:
+        raise ValueError("sizes, points and weights do not agree")
+    _check_points(points, "points")
+
+
+def _check_finite_nonnegative(values: np.ndarray, what: str) -> None:
+    """Refuse float values (``[T]`` costs or totals) that are not all finite and ``>= 0``."""
+    if not (np.all(np.isfinite(values)) and np.all(values >= 0)):
+        raise ValueError(f"{what} must be finite and >= 0")
+
+
 def _check_feature_extent(extent: np.ndarray) -> None:
     if extent.shape[0] != 2 or extent.shape[1] < 1:
         raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
@@ -161,8 +203,7 @@ class LocalExtent(Message):
             raise ValueError("n_points must be >= 0, with one anchor exactly when n_points > 0")
         if not (self.min_distance > 0):
             raise ValueError("min_distance must be positive (inf when there is no nonzero distance)")
-        if not (math.isfinite(self.radius) and self.radius >= 0):
-            raise ValueError("radius must be finite and >= 0")
+        _check_radius(self.radius)
         if self.anchor.shape[0] > 1:
             raise ValueError(f"anchor must hold at most one point, got {self.anchor.shape[0]}")
         _check_points(self.anchor, "anchor")
@@ -177,11 +218,7 @@ class RadiusProbes(Message):
     radii: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        r = self.radii
-        if r.shape[0] < 1:
-            raise ValueError("at least one radius must be probed")
-        if not (np.all(np.isfinite(r)) and np.all(r >= 0) and np.all(np.diff(r) > 0)):
-            raise ValueError("probe radii must be finite, >= 0 and strictly increasing")
+        _check_radii(self.radii, "probe radii", empty="at least one radius must be probed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,8 +245,7 @@ class RadiusFetch(Message):
     radius: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.radius) and self.radius >= 0):
-            raise ValueError("radius must be finite and >= 0")
+        _check_radius(self.radius)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -225,8 +261,7 @@ class Representatives(Message):
         if self.points.shape[0] != self.weights.shape[0]:
             raise ValueError("one weight per representative")
         _check_points(self.points, "points")
-        if self.weights.size and int(self.weights.min()) < 1:
-            raise ValueError("weights must be >= 1")
+        _check_weights(self.weights)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -237,11 +272,7 @@ class RadiusGrid(Message):
     radii: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        r = self.radii
-        if r.shape[0] < 1:
-            raise ValueError("the grid is empty")
-        if not (np.all(np.isfinite(r)) and np.all(r >= 0) and np.all(np.diff(r) > 0)):
-            raise ValueError("grid radii must be finite, >= 0 and strictly increasing")
+        _check_radii(self.radii, "grid radii", empty="the grid is empty")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -254,8 +285,7 @@ class AggregatedCounts(Message):
     discarded: np.ndarray = array_field("int64", 1)
 
     def __post_init__(self) -> None:
-        if self.n_points < 0:
-            raise ValueError("n_points must be >= 0")
+        _check_count(self.n_points, "n_points")
         if self.counts.shape != self.discarded.shape:
             raise ValueError("counts and discarded must have the same length")
         _check_nonnegative(self.counts, "counts")
@@ -295,12 +325,8 @@ class WeightedPoints(Message):
         if self.indices.shape != self.sizes.shape:
             raise ValueError("indices and sizes must have the same length")
         _check_nonnegative(self.indices, "indices")
-        _check_nonnegative(self.sizes, "sizes")
-        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
-            raise ValueError("sizes, points and weights do not agree")
-        _check_points(self.points, "points")
-        if self.weights.size and int(self.weights.min()) < 1:
-            raise ValueError("weights must be >= 1")
+        _check_concatenated(self.sizes, self.points, self.weights)
+        _check_weights(self.weights)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -313,8 +339,7 @@ class FinalCentres(Message):
     centres: np.ndarray = array_field("float64", 2)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.radius) and self.radius >= 0):
-            raise ValueError("radius must be finite and >= 0")
+        _check_radius(self.radius)
         _check_points(self.centres, "centres")
 
 
@@ -326,8 +351,7 @@ class OutlierCount(Message):
     outliers: int
 
     def __post_init__(self) -> None:
-        if self.outliers < 0:
-            raise ValueError("outliers must be >= 0")
+        _check_count(self.outliers, "outliers")
 
 
 # --- baselines ----------------------------------------------------------------------------------
@@ -346,8 +370,7 @@ class LocalSummary(Message):
         _check_points(self.points, "points")
         if self.weights.shape not in ((self.points.shape[0],), (0,)):
             raise ValueError("one weight per point, or none for unweighted samples")
-        if self.weights.size and int(self.weights.min()) < 1:
-            raise ValueError("weights must be >= 1")
+        _check_weights(self.weights)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -377,8 +400,7 @@ class OutlierBudget(Message):
     outliers: int
 
     def __post_init__(self) -> None:
-        if self.outliers < 0:
-            raise ValueError("outliers must be >= 0")
+        _check_count(self.outliers, "outliers")
 
 
 # --- median / means ----------------------------------------------------------------------------
@@ -393,10 +415,8 @@ class LocalCosts(Message):
     costs: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        if self.n_points < 0:
-            raise ValueError("n_points must be >= 0")
-        if not (np.all(np.isfinite(self.costs)) and np.all(self.costs >= 0)):
-            raise ValueError("costs must be finite and >= 0")
+        _check_count(self.n_points, "n_points")
+        _check_finite_nonnegative(self.costs, "costs")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -409,10 +429,8 @@ class CostTotals(Message):
     totals: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        if self.samples < 0:
-            raise ValueError("samples must be >= 0")
-        if not (np.all(np.isfinite(self.totals)) and np.all(self.totals >= 0)):
-            raise ValueError("totals must be finite and >= 0")
+        _check_count(self.samples, "samples")
+        _check_finite_nonnegative(self.totals, "totals")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -427,9 +445,6 @@ class Coresets(Message):
     weights: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        _check_nonnegative(self.sizes, "sizes")
-        if int(self.sizes.sum()) != self.points.shape[0] or self.points.shape[0] != self.weights.shape[0]:
-            raise ValueError("sizes, points and weights do not agree")
-        _check_points(self.points, "points")
+        _check_concatenated(self.sizes, self.points, self.weights)
         if not np.all(np.isfinite(self.weights)):
             raise ValueError("weights must be finite")
