@@ -20,7 +20,7 @@ from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut, array_field
 
-__all__ = ["Query", "Contribution", "Finished", "SumCoordinator", "SumWorker"]
+__all__ = ["Query", "Contribution", "Finished", "SumCoordinator", "SumWorker", "sum_machines", "expected_sums"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,3 +164,35 @@ class SumWorker(ProtocolMachine):
     def _on_finished(self, sender: str, message: Finished) -> list[Outgoing]:
         self._finish(self.round_idx)
         return []
+
+
+def sum_machines(
+    workers: Sequence[str] = ("w0", "w1"), *, rounds: int = 3, dim: int = 3, coordinator: str = "c", **kwargs: int
+) -> dict[str, ProtocolMachine]:
+    """A whole federation of the toy sum, coordinator first: worker ``i`` holds ``arange(dim) + i``.
+
+    Args:
+        workers: the workers' names, in order.
+        rounds: the coordinator's number of rounds.
+        dim: the length of the vectors.
+        coordinator: the coordinator's name.
+        **kwargs: passed on to :class:`SumCoordinator` (``min_responses``).
+
+    Returns:
+        ``{party: machine}``, not started; :func:`expected_sums` is what the coordinator returns.
+    """
+    machines: dict[str, ProtocolMachine] = {
+        coordinator: SumCoordinator(coordinator, workers=list(workers), rounds=rounds, dim=dim, **kwargs)
+    }
+    for i, worker in enumerate(workers):
+        machines[worker] = SumWorker(worker, coordinator=coordinator, values=np.arange(dim) + i)
+    return machines
+
+
+def expected_sums(n_workers: int = 2, *, rounds: int = 3, dim: int = 3) -> np.ndarray:
+    """The coordinator's result of a complete :func:`sum_machines` run: ``[rounds, dim]`` float64.
+
+    Round ``r`` (0-based) sums every worker's ``(arange(dim) + i) * (r + 1)``.
+    """
+    total = sum(np.arange(dim, dtype=np.float64) + i for i in range(n_workers))
+    return np.stack([total * (r + 1) for r in range(rounds)])
