@@ -39,6 +39,7 @@ __all__ = [
     "reap",
     "run_party_processes",
     "wait_dead",
+    "wait_while_running",
     "warnings_of",
 ]
 
@@ -182,3 +183,13 @@ def plugin_args(plugin: Any, argv: Sequence[str], **defaults: Any) -> argparse.N
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
     """The messages of the WARNING records that ``logger`` logged."""
     return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno == logging.WARNING]
+
+
+def wait_while_running(proc: subprocess.Popen, done: Any, failure: str, *, timeout_s: float = 60) -> None:
+    """Poll ``done()`` every 50 ms until it is true, failing if ``proc`` ends first (with its
+    stderr) or after ``timeout_s`` seconds (with ``failure``)."""
+    limit = time.monotonic() + timeout_s
+    while not done():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < limit, failure
+        time.sleep(0.05)

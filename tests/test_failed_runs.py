@@ -32,7 +32,9 @@ import jsonschema
 import pytest
 
 from fedproto.metering import RunReport, report_schema
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 TIMEOUT_S = 120
 
 #: The toy sum as a ``fedproto run`` protocol file. ``--bad-round R`` makes the last worker answer
@@ -223,13 +225,7 @@ def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
         signal.signal(signal.SIGINT, previous)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """End the process group (mpiexec's ranks, a run left running) whatever the test's outcome."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+_kill = helpers.kill_group  # the process group (mpiexec's ranks, a run left running), whatever the outcome
 
 
 def _mpiexec() -> str | None:
