@@ -20,11 +20,12 @@ k for the data set (3 when unknown); the width follows the paper's rule ``2^roun
 
 from __future__ import annotations
 
-import argparse
 
 import jax
 import numpy as np
 import trio
+
+from _common import deletion_options
 
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
@@ -36,11 +37,7 @@ from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--removals", type=int, default=5, help="deletion requests (default 5)")
-    parser.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)  # the old spelling
-    parser.add_argument("--seed", type=int, default=0)
+    parser = deletion_options(__doc__.splitlines()[0])
     parser.add_argument("--weighted", action="store_true")
     args = parser.parse_args()
 

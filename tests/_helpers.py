@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "alive",
     "fedproto_ok",
     "free_port",
+    "kill_all",
     "kill_group",
     "leaf_processes",
     "plugin_args",
@@ -107,6 +108,14 @@ def run_party_processes(
             if proc.poll() is None:
                 kill_group(proc)
     return {party: (procs[party].returncode, *outputs[party]) for party in procs}
+
+
+def kill_all(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGKILL every process of ``procs`` that still runs, and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def reap(proc: subprocess.Popen) -> None:

@@ -73,12 +73,7 @@ def _finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> subprocess.Co
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+_kill = helpers.kill_group
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:

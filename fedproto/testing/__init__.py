@@ -15,7 +15,8 @@
   runtimes and transports with; :func:`sum_machines` builds a whole federation of it and
   :func:`expected_sums` is its result.
 * :func:`run_in_memory`, :func:`run_plan_in_memory` and :func:`link_costs`: run machines or a
-  plugin's plan over the memory transport in one call, and compare two runs link by link.
+  plugin's plan over the memory transport in one call, and compare two runs link by link;
+  :func:`run_each_party`: every party in its own task over any transport, and how each ended.
 * :func:`load_file`: import a script, a tutorial or a test's helper file by its path.
 """
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from fedproto.testing.files import load_file
     from fedproto.testing.harness import Frame, Harness
     from fedproto.testing.local_data import PerPartyRun, run_per_party
-    from fedproto.testing.runs import link_costs, run_in_memory, run_plan_in_memory
+    from fedproto.testing.runs import link_costs, run_each_party, run_in_memory, run_plan_in_memory
     from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker, expected_sums, sum_machines
 
 # Each helper loads on first use (PEP 562): the memory transport imports only the fault injection
@@ -40,7 +41,7 @@ _LAZY = {
     **dict.fromkeys(("Frame", "Harness"), "harness"),
     **dict.fromkeys(("PerPartyRun", "run_per_party"), "local_data"),
     **dict.fromkeys(("load_file",), "files"),
-    **dict.fromkeys(("link_costs", "run_in_memory", "run_plan_in_memory"), "runs"),
+    **dict.fromkeys(("link_costs", "run_each_party", "run_in_memory", "run_plan_in_memory"), "runs"),
     **dict.fromkeys(
         ("Contribution", "Finished", "Query", "SumCoordinator", "SumWorker", "expected_sums", "sum_machines"), "toy"
     ),
@@ -67,6 +68,7 @@ __all__ = [
     "Finished",
     "sum_machines",
     "expected_sums",
+    "run_each_party",
     "run_in_memory",
     "run_plan_in_memory",
     "link_costs",

@@ -11,6 +11,8 @@ links for comparing two runs link by link::
     assert link_costs(report) == link_costs(other_report)
 
 Both runners start their own Trio loop (``trio.run``): call them from synchronous tests.
+:func:`run_each_party` is the asynchronous one for any transport: every party in its own task,
+as separate processes would run them, and how and when each ended.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import trio
 
 from fedproto import registry
 from fedproto.metering import Meter, RunReport
-from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.runtime import RuntimeConfig, run_parties, run_party
 
-__all__ = ["LinkKey", "link_costs", "run_in_memory", "run_plan_in_memory"]
+__all__ = ["LinkKey", "link_costs", "run_each_party", "run_in_memory", "run_plan_in_memory"]
 
 #: Key of :func:`link_costs`: (round_idx, phase, sender, receiver, tag).
 LinkKey = tuple[int, str, str, str, str]
@@ -92,6 +94,43 @@ def run_plan_in_memory(
     raw, report = run_in_memory(machines, plan.session, roster=plan.roster, protocol=protocol)
     convert = (lambda party: plan.result_to_json) if to_json is None else to_json
     return {party: convert(party)(party, result) for party, result in raw.items()}, report
+
+
+async def run_each_party(
+    machines: Mapping[str, Any],
+    transports: Mapping[str, Any],
+    config: RuntimeConfig,
+    *,
+    meter: Meter | None = None,
+    order: Sequence[str] | None = None,
+) -> dict[str, tuple[float, Any]]:
+    """Run every party with :func:`fedproto.runtime.run_party` in its own task, as separate
+    processes would, and record how each ended.
+
+    Args:
+        machines: ``{party: ProtocolMachine}``, not started.
+        transports: ``{party: Transport}`` (the endpoints of any network).
+        config: the runtime configuration of every party.
+        meter: a meter shared by every party (default: none).
+        order: the order in which the parties' tasks start (default: that of ``machines``).
+
+    Returns:
+        ``{party: (end time on Trio's clock, result or the exception it raised)}``: a party's
+        error does not stop the others.
+    """
+    outcomes: dict[str, tuple[float, Any]] = {}
+
+    async def one(party: str) -> None:
+        try:
+            value = await run_party(machines[party], transports[party], config=config, meter=meter)
+        except Exception as exc:
+            value = exc
+        outcomes[party] = (trio.current_time(), value)
+
+    async with trio.open_nursery() as nursery:
+        for party in machines if order is None else order:
+            nursery.start_soon(one, party)
+    return outcomes
 
 
 def link_costs(report: RunReport) -> dict[LinkKey, tuple[int, int]]:

@@ -30,6 +30,8 @@ from fedproto.provision import DEFAULT_VALID_DAYS, FederationCA, check_party_nam
 from fedproto.roster import Roster
 from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
+
 PARTIES = ("server", "client-0", "client-1")
 ADDRESSES = {"server": "10.0.0.1:7000", "client-0": "10.0.0.2:7001", "client-1": "[fd00::3]:7002"}
 FEDPROTO = [sys.executable, "-m", "fedproto"]
@@ -226,10 +228,7 @@ def test_kits_from_the_command_run_a_protocol_one_process_per_party_over_tls(tmp
     finally:
         for sock in listeners.values():
             sock.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in PARTIES}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     report = RunReport.merge(reports, transport="tcp")

@@ -482,10 +482,7 @@ def test_fedproto_party_processes_whose_clients_have_no_address(tmp_path: Path) 
             assert proc.returncode == 0, f"{party}: {err[-2000:]}"
     finally:
         hub_socket.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in parties}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     for report in reports:  # no client-to-client frames in this protocol: nothing relayed
