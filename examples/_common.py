@@ -4,7 +4,9 @@
   (memory, MPI, TCP) and of the deletion examples (memory, TCP). One definition each, so that every
   deployment of an example runs the same federation from the same command line and prints the
   same centroids and bytes.
-* The two modes of a TCP example. Without ``--party`` the script is the launcher:
+* What the examples print: :func:`print_centroids`, :func:`print_round_bytes` and, for the
+  deletion examples, :func:`print_deletion_bytes` (the bytes each party sent for each deletion).
+* The two modes of a TCP example (:func:`run_modes`). Without ``--party`` the script is the launcher:
   :func:`launch_parties` has :func:`fedproto.launch_local` bind one loopback socket per party,
   provision a throwaway kit per party (TLS key and certificate, roster file) and start the script
   once per party; it collects what each party wrote and merges their reports. With ``--party NAME
@@ -34,7 +36,17 @@ from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.transports.tcp import TcpNetwork
 
-__all__ = ["add_party_options", "deletion_options", "fastlloyd_options", "launch_parties", "run_party_from_kit"]
+__all__ = [
+    "add_party_options",
+    "deletion_options",
+    "fastlloyd_options",
+    "launch_parties",
+    "print_centroids",
+    "print_deletion_bytes",
+    "print_round_bytes",
+    "run_modes",
+    "run_party_from_kit",
+]
 
 
 def fastlloyd_options(description: str) -> argparse.ArgumentParser:
@@ -132,3 +144,57 @@ def launch_parties(
             sys.exit(f"{name}: {exc}")
         outputs = {p: json.loads(Path(tmp, f"{p}.json").read_text()) for p in roster}
     return outputs, RunReport.merge([RunReport.from_dict(o["report"]) for o in outputs.values()])
+
+
+def run_modes(
+    parser: argparse.ArgumentParser,
+    party_mode: Callable[[argparse.Namespace], None],
+    launcher_mode: Callable[[argparse.Namespace], None],
+) -> None:
+    """A TCP example's ``main``: add the hidden party options to ``parser``, parse the command
+    line, and run ``party_mode(args)`` when ``--party`` is given, else ``launcher_mode(args)``."""
+    add_party_options(parser)
+    args = parser.parse_args()
+    if args.party:
+        party_mode(args)
+    else:
+        launcher_mode(args)
+
+
+def print_centroids(centroids: Sequence[Sequence[float]]) -> None:
+    """Print the ``[k, d]`` centroids, one ``c<j>:`` row each, six decimals."""
+    print("centroids:")
+    for j, row in enumerate(centroids):
+        print(f"  c{j}: " + " ".join(f"{v:+.6f}" for v in row))
+
+
+def print_round_bytes(report: RunReport, *, tcp: bool = False) -> None:
+    """Print the payload bytes of every round and the total (with the TCP length prefixes beside
+    it when ``tcp``)."""
+    for round_idx, nbytes in report.bytes_by_round().items():
+        print(f"round {round_idx} bytes: {nbytes}")
+    prefixes = f" (+ {report.framing_overhead_bytes} bytes of TCP length prefixes)" if tcp else ""
+    print(f"total payload bytes: {report.payload_bytes} in {report.messages} messages{prefixes}")
+
+
+def print_deletion_bytes(
+    report: RunReport, deletions: Sequence[int], owners: Any, root: str, leaves: Sequence[str]
+) -> None:
+    """Print, for each deletion (round ``r``, 1-based), the payload bytes the root, the point's
+    owner and all the other leaves sent in that round: the leaves off the deletion's path send 0.
+
+    Args:
+        report: the run's report.
+        deletions: the deleted point ids, in order.
+        owners: ``owners[point_id]`` is the leaf holding that point.
+        root: the root's name.
+        leaves: the leaves' names.
+    """
+    sent: dict[tuple[int, str], int] = {}
+    for link in report.links:
+        sent[(link.round_idx, link.sender)] = sent.get((link.round_idx, link.sender), 0) + link.payload_bytes
+    for r, point_id in enumerate(deletions, start=1):
+        owner = owners[point_id]
+        others = sum(sent.get((r, leaf), 0) for leaf in leaves if leaf != owner)
+        print(f"deletion {r}: point {point_id} at {owner}: root sent {sent.get((r, root), 0)} bytes, "
+              f"{owner} sent {sent.get((r, owner), 0)} bytes, the other {len(leaves) - 1} leaves sent {others} bytes")

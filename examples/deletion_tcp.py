@@ -28,7 +28,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from _common import add_party_options, deletion_options, launch_parties, run_party_from_kit
+from _common import deletion_options, launch_parties, print_centroids, print_deletion_bytes, print_round_bytes, run_modes, run_party_from_kit
 
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
@@ -66,32 +66,13 @@ def launch(args: argparse.Namespace) -> None:
                                      timeout_s=TIMEOUT_S)
     print(f"DC-k-means over TCP on {name}: {len(roster)} processes (a root and {len(roster) - 1} leaves), "
           f"{len(tree.deletions)} deletions")
-    print("centroids:")
-    for j, row in enumerate(outputs[ROOT]["centroids"]):
-        print(f"  c{j}: " + " ".join(f"{v:+.6f}" for v in row))
-    sent = {}
-    for link in report.links:
-        sent[(link.round_idx, link.sender)] = sent.get((link.round_idx, link.sender), 0) + link.payload_bytes
-    leaves = roster[1:]
-    for r, point_id in enumerate(tree.deletions, start=1):
-        owner = tree.owners[point_id]
-        others = sum(sent.get((r, leaf), 0) for leaf in leaves if leaf != owner)
-        print(f"deletion {r}: point {point_id} at {owner}: root sent {sent.get((r, ROOT), 0)} bytes, "
-              f"{owner} sent {sent.get((r, owner), 0)} bytes, the other {len(leaves) - 1} leaves sent {others} bytes")
-    for round_idx, nbytes in report.bytes_by_round().items():
-        print(f"round {round_idx} bytes: {nbytes}")
-    print(f"total payload bytes: {report.payload_bytes} in {report.messages} messages "
-          f"(+ {report.framing_overhead_bytes} bytes of TCP length prefixes)")
+    print_centroids(outputs[ROOT]["centroids"])
+    print_deletion_bytes(report, tree.deletions, tree.owners, ROOT, roster[1:])
+    print_round_bytes(report, tcp=True)
 
 
 def main() -> None:
-    parser = deletion_options(__doc__.splitlines()[0])
-    add_party_options(parser)
-    args = parser.parse_args()
-    if args.party:
-        run_one_party(args)
-    else:
-        launch(args)
+    run_modes(deletion_options(__doc__.splitlines()[0]), run_one_party, launch)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import json
 import os
 from pathlib import Path
 
-from _common import add_party_options, fastlloyd_options, launch_parties, run_party_from_kit
+from _common import fastlloyd_options, launch_parties, print_centroids, print_round_bytes, run_modes, run_party_from_kit
 
 from fedproto.algorithms.fastlloyd.config import make_config
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
@@ -72,24 +72,13 @@ def launch(args: argparse.Namespace) -> None:
     outputs, report = launch_parties(__file__, roster, common, name="fastlloyd_tcp", session=SESSION,
                                      timeout_s=TIMEOUT_S)
     print(f"FastLloyd over TCP: {len(roster)} processes ({args.clients} clients), data {args.data}")
-    print("centroids:")
-    for j, row in enumerate(outputs["client-0"]["centroids"]):
-        print(f"  c{j}: " + " ".join(f"{v:+.6f}" for v in row))
+    print_centroids(outputs["client-0"]["centroids"])
     print(f"setup bytes: {report.setup_bytes}")
-    for round_idx, nbytes in report.bytes_by_round().items():
-        print(f"round {round_idx} bytes: {nbytes}")
-    print(f"total payload bytes: {report.payload_bytes} in {report.messages} messages "
-          f"(+ {report.framing_overhead_bytes} bytes of TCP length prefixes)")
+    print_round_bytes(report, tcp=True)
 
 
 def main() -> None:
-    parser = fastlloyd_options(__doc__.splitlines()[0])
-    add_party_options(parser)
-    args = parser.parse_args()
-    if args.party:
-        run_one_party(args)
-    else:
-        launch(args)
+    run_modes(fastlloyd_options(__doc__.splitlines()[0]), run_one_party, launch)
 
 
 if __name__ == "__main__":

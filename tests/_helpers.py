@@ -35,6 +35,7 @@ __all__ = [
     "kill_all",
     "kill_group",
     "leaf_processes",
+    "module_file",
     "plugin_args",
     "process_tree",
     "reap",
@@ -187,6 +188,13 @@ def plugin_args(plugin: Any, argv: Sequence[str], **defaults: Any) -> argparse.N
     parser.add_argument("--deadline", type=float, default=values["deadline"])
     plugin.add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def module_file(tmp_path_factory: pytest.TempPathFactory, folder: str, name: str, text: str) -> Path:
+    """Write ``text`` (a protocol plugin's source, say) to ``name`` in a new temporary folder."""
+    path = tmp_path_factory.mktemp(folder) / name
+    path.write_text(text)
+    return path
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:

@@ -532,9 +532,7 @@ OTHER = PROTOCOL
 
 @pytest.fixture(scope="module")
 def toy_plugin(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "toy_sum.py"
-    path.write_text(TOY_PLUGIN)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "toy_sum.py", TOY_PLUGIN)
 
 
 def _check_toy_report(path: Path, *, transport: str, rounds: int, clients: int) -> RunReport:

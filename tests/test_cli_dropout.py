@@ -28,6 +28,9 @@ import pytest
 
 from fedproto.metering import Meter, RunReport, report_schema
 from fedproto.plugin import RunPlan
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 
 #: A protocol without data whose coordinator survives dropouts at the workers' "answer" phase
 #: (``--strict`` plans declare none). Worker i contributes (i + 1) * (round_idx + 1) per coordinate.
@@ -89,9 +92,7 @@ PROTOCOL = DropSum()
 
 @pytest.fixture(scope="module")
 def dropsum(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "dropsum.py"
-    path.write_text(DROPSUM_PLUGIN)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "dropsum.py", DROPSUM_PLUGIN)
 
 
 @pytest.fixture(autouse=True)

@@ -115,9 +115,7 @@ CULPRIT = "worker-1"
 
 @pytest.fixture(scope="module")
 def protocol_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("protocol") / "failing_toy.py"
-    path.write_text(PROTOCOL)
-    return path
+    return helpers.module_file(tmp_path_factory, "protocol", "failing_toy.py", PROTOCOL)
 
 
 def _validated(path: Path) -> RunReport:

@@ -20,7 +20,6 @@ exit code, seconds and output per case); the rank deaths are ``mpiexec -n 3 fedp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -30,11 +29,11 @@ from typing import Any
 import pytest
 
 from fedproto.shards import block_placement
+from fedproto.testing import load_file
 
 DRIVER = Path(__file__).parent / "fedproto" / "sharded_main.py"
-_spec = importlib.util.spec_from_file_location("sharded_main", DRIVER)
-driver = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(driver)  # its helpers: mpiexec(), run_mpiexec(), skip_without_mpi()
+driver = load_file(DRIVER, "sharded_main")  # its helpers: mpiexec(), run_mpiexec(), skip_without_mpi()
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 
 RANKS = 3
 DEADLINE_S = 20.0
@@ -152,9 +151,7 @@ ERROR_TYPES = {"break-at-coordinator": "RemoteProtocolError", "break-at-peer": "
 
 @pytest.fixture(scope="module")
 def protocol_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("protocol") / "faulty_toy.py"
-    path.write_text(PROTOCOL)
-    return path
+    return helpers.module_file(tmp_path_factory, "protocol", "faulty_toy.py", PROTOCOL)
 
 
 @pytest.fixture(scope="module")

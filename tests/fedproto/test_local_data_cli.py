@@ -89,9 +89,7 @@ PROTOCOL = ToyLocal()
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "toy_local.py"
-    path.write_text(TOY_LOCAL)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "toy_local.py", TOY_LOCAL)
 
 
 def _run(argv, cwd, timeout=120):
