@@ -30,6 +30,7 @@ import pytest
 __all__ = [
     "FEDPROTO",
     "alive",
+    "assert_pair_draws_follow",
     "fedproto_ok",
     "free_port",
     "kill_all",
@@ -195,6 +196,30 @@ def module_file(tmp_path_factory: pytest.TempPathFactory, folder: str, name: str
     path = tmp_path_factory.mktemp(folder) / name
     path.write_text(text)
     return path
+
+
+def assert_pair_draws_follow(rows: Any, count: Any, expected: Any) -> None:
+    """Check seeding draws of two rows each against the expected count of every ordered pair.
+
+    Args:
+        rows: int ``[trials, 2]``, the two rows each trial drew.
+        count: int ``[trials]``, how many rows each trial drew (all must be 2).
+        expected: float ``[n, n]``, the expected number of trials drawing row i then row j.
+
+    Raises:
+        AssertionError: a trial drew another number of rows, a pair of zero probability was
+            drawn (a chosen row drawn again, say), or a chi-square test rejects at p <= 1e-3.
+    """
+    import numpy as np
+    import scipy.stats
+
+    rows = np.asarray(rows)
+    assert np.all(np.asarray(count) == 2)
+    observed = np.zeros(np.shape(expected))
+    np.add.at(observed, (rows[:, 0], rows[:, 1]), 1)
+    mask = expected > 0
+    assert observed[~mask].sum() == 0  # a chosen point is never drawn again
+    assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:

@@ -47,11 +47,8 @@ PROTOCOL = '''
 import os
 import signal
 
-import numpy as np
-
 from fedproto.messages import PhaseTimedOut
-from fedproto.plugin import RunPlan
-from fedproto.testing.toy import Query, SumCoordinator, SumWorker
+from fedproto.testing.toy import Query, SumCoordinator, SumPlugin, SumWorker
 
 
 class Faulty(SumWorker):
@@ -96,42 +93,31 @@ class ShruggingFaulty(Shrugging, Faulty):
     pass
 
 
-class FaultyToy:
+class FaultyToy(SumPlugin):
     name = "faulty-toy"
     description = "the toy federated sum with one worker that breaks the protocol, dies or falls silent"
-    needs_data = False
+    rounds = 4
+    session = 28
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("faulty-toy")
-        group.add_argument("--rounds", type=int, default=4)
+    def add_options(self, group):
         group.add_argument("--fault", choices=["break", "build", "exit", "kill", "silent", "stall"], default=None)
         group.add_argument("--fault-round", type=int, default=1)
         group.add_argument("--culprit", default=None)
         group.add_argument("--target", default="coordinator")
 
-    def plan(self, args, dataset):
-        workers = tuple(f"worker-{i}" for i in range(args.clients))
+    def make_machine(self, args, workers, party):
         culprit = args.culprit or workers[-1]
         stall = args.fault == "stall"
-
-        def make_machine(party):
-            if party == "coordinator":
-                return (ShruggingCoordinator if stall else SumCoordinator)(party, workers=workers, rounds=args.rounds, dim=3)
-            values = np.full(3, workers.index(party) + 1.0)
-            if party == culprit and args.fault == "build":
-                raise ValueError(f"{party} cannot be built")
-            if party == culprit:
-                return (ShruggingFaulty if stall else Faulty)(
-                    party, fault=args.fault, fault_round=args.fault_round, target=args.target,
-                    coordinator="coordinator", values=values)
-            return (ShruggingWorker if stall else SumWorker)(party, coordinator="coordinator", values=values)
-
-        return RunPlan(
-            roster=("coordinator", *workers), session=28, make_machine=make_machine,
-            result_to_json=lambda party, result: {"result": np.asarray(result).tolist()},
-            summarize=lambda results: {"last_sum": results["coordinator"]["result"][-1][0]},
-            role_of=lambda party: party.split("-")[0], iterations=args.rounds,
-        )
+        if party == "coordinator":
+            return (ShruggingCoordinator if stall else SumCoordinator)(party, workers=workers, rounds=args.rounds, dim=3)
+        values = self.values(workers, party)
+        if party == culprit and args.fault == "build":
+            raise ValueError(f"{party} cannot be built")
+        if party == culprit:
+            return (ShruggingFaulty if stall else Faulty)(
+                party, fault=args.fault, fault_round=args.fault_round, target=args.target,
+                coordinator="coordinator", values=values)
+        return (ShruggingWorker if stall else SumWorker)(party, coordinator="coordinator", values=values)
 
 
 PROTOCOL = FaultyToy()

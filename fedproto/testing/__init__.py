@@ -13,7 +13,7 @@
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
   :class:`Query`, :class:`Contribution`, :class:`Finished`, a small complete protocol to test
   runtimes and transports with; :func:`sum_machines` builds a whole federation of it and
-  :func:`expected_sums` is its result.
+  :func:`expected_sums` is its result; :class:`SumPlugin` is it as a command-line plugin.
 * :func:`run_in_memory`, :func:`run_plan_in_memory` and :func:`link_costs`: run machines or a
   plugin's plan over the memory transport in one call, and compare two runs link by link;
   :func:`run_each_party`: every party in its own task over any transport, and how each ended.
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     from fedproto.testing.harness import Frame, Harness
     from fedproto.testing.local_data import PerPartyRun, run_per_party
     from fedproto.testing.runs import link_costs, run_each_party, run_in_memory, run_plan_in_memory
-    from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker, expected_sums, sum_machines
+    from fedproto.testing.toy import (
+        Contribution, Finished, Query, SumCoordinator, SumPlugin, SumWorker, expected_sums, sum_machines,
+    )
 
 # Each helper loads on first use (PEP 562): the memory transport imports only the fault injection
 # (fedproto.testing.faults), not the conformance suite, the harness or the toy protocol.
@@ -43,7 +45,8 @@ _LAZY = {
     **dict.fromkeys(("load_file",), "files"),
     **dict.fromkeys(("link_costs", "run_each_party", "run_in_memory", "run_plan_in_memory"), "runs"),
     **dict.fromkeys(
-        ("Contribution", "Finished", "Query", "SumCoordinator", "SumWorker", "expected_sums", "sum_machines"), "toy"
+        ("Contribution", "Finished", "Query", "SumCoordinator", "SumPlugin", "SumWorker", "expected_sums", "sum_machines"),
+        "toy",
     ),
 }
 
@@ -63,6 +66,7 @@ __all__ = [
     "run_per_party",
     "SumCoordinator",
     "SumWorker",
+    "SumPlugin",
     "Query",
     "Contribution",
     "Finished",

@@ -35,6 +35,14 @@ def blobs(mixture, sizes, labels=True):
     return Dataset("blobs", x * 10 - 3, y, None)  # min-max scaling brings it back to [0, 1]
 
 
+def qkmeans_plan(mixture, *options):
+    """The qkmeans plan (k 4, 3 clients, lattice step 1/32, and ``options``) on the four-blob set
+    of 45, 175, 175 and 175 points, and that set."""
+    dataset = blobs(mixture, (45, 175, 175, 175))
+    args = parse(QKMEANS, ["--k", "4", "--clients", "3", "--lattice-step", "0.03125", *options])
+    return QKMEANS.plan(args, dataset), dataset
+
+
 def test_dckmeans_plugin_runs_the_stream_and_summarises(mixture):
     dataset = blobs(mixture, (70, 70, 60))
     args = parse(DCKMEANS, ["--k", "3", "--removals", "6", "--no-timing"])
@@ -64,10 +72,7 @@ def test_dckmeans_plugin_runs_the_stream_and_summarises(mixture):
 
 
 def test_qkmeans_plugin_runs_the_stream_and_summarises(mixture):
-    dataset = blobs(mixture, (45, 175, 175, 175))
-    args = parse(QKMEANS, ["--k", "4", "--removals", "8", "--clients", "3", "--lattice-step", "0.03125",
-                           "--retrains", "2"])
-    plan = QKMEANS.plan(args, dataset)
+    plan, _ = qkmeans_plan(mixture, "--removals", "8", "--retrains", "2")
     assert plan.roster == ("server", "client-0", "client-1", "client-2")
     results, report = run_plan_in_memory(plan)
     shown = []
@@ -188,10 +193,7 @@ def test_leaves_file_finds_celltype_by_name():
 
 
 def test_qkmeans_plugin_federated_equals_the_centralised_run(mixture):
-    dataset = blobs(mixture, (45, 175, 175, 175))
-    args = parse(QKMEANS, ["--k", "4", "--removals", "6", "--clients", "3", "--lattice-step", "0.03125",
-                           "--no-timing", "--federated"])
-    plan = QKMEANS.plan(args, dataset)
+    plan, dataset = qkmeans_plan(mixture, "--removals", "6", "--no-timing", "--federated")
     assert plan.roster == ("coordinator", "client-0", "client-1", "client-2")
     assert plan.phases == ("setup.data", "seed", "seed-point", "lloyd", "model", "request")
     results, report = run_plan_in_memory(plan)
