@@ -65,6 +65,8 @@ __all__ = [
     "median",
     "parse_args",
     "payload_array",
+    "pingpong_codec_meter",
+    "pingpong_encoded",
     "print_machine_facts",
     "print_profile",
     "profile_area",
@@ -101,6 +103,49 @@ async def pingpong_encoded(a: Any, b: Any, array: np.ndarray, rounds: int, sessi
         for _ in range(rounds):
             await b.receive()
             await b.send(a.party, response)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(responder)
+        nursery.start_soon(requester)
+    return time.perf_counter() - t0
+
+
+async def pingpong_codec_meter(
+    a: Any, b: Any, array: np.ndarray, rounds: int, session: int, *, check_shape: bool = False
+) -> float:
+    """Seconds for ``rounds`` request/response pairs on the runtime's per-message path, without
+    machines or the runtime loop.
+
+    ``encode_frame -> transport.send -> meter.record_sent`` on the sending side and
+    ``transport.receive -> decode_frame`` on the receiving side, as ``_send_all`` and ``run_party``
+    do: ``a`` sends a FastLloyd ``MaskedUpdate`` of ``array`` (phase ``ping``), ``b`` answers a
+    ``NoisyAggregate`` of what it decoded (phase ``pong``). ``check_shape``: ``a`` also asserts the
+    answer's shape (``AssertionError`` if it differs).
+    """
+    import trio
+
+    from fedproto.codec import decode_frame, encode_frame
+    from fedproto.metering import Meter
+
+    meter = Meter(trio.current_time)
+
+    async def requester() -> None:
+        for i in range(rounds):
+            frame = encode_frame(MaskedUpdate(masked=array), session=session, round_idx=i, phase="ping")
+            await a.send("b", frame)
+            meter.record_sent(i, "ping", "a", "b", MaskedUpdate.TAG, len(frame), a.framing_overhead_bytes)
+            _, reply = await a.receive()
+            _, message = decode_frame(reply)
+            assert not check_shape or message.masked.shape == array.shape
+
+    async def responder() -> None:
+        for i in range(rounds):
+            _, frame = await b.receive()
+            _, message = decode_frame(frame)
+            reply = encode_frame(NoisyAggregate(masked=message.masked), session=session, round_idx=i, phase="pong")
+            await b.send("a", reply)
+            meter.record_sent(i, "pong", "b", "a", NoisyAggregate.TAG, len(reply), b.framing_overhead_bytes)
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:

@@ -74,6 +74,7 @@ from _common import (
     make_console,
     parse_args,
     payload_array,
+    pingpong_codec_meter,
     pingpong_encoded,
     print_machine_facts,
     print_profile,
@@ -202,30 +203,7 @@ async def send_path_pingpong(array: np.ndarray, rounds: int) -> float:
     ``run_party`` do.
     """
     network = MemoryNetwork(["a", "b"])
-    a, b = network.endpoint("a"), network.endpoint("b")
-    meter = Meter(trio.current_time)
-
-    async def requester() -> None:
-        for i in range(rounds):
-            frame = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=i, phase="ping")
-            await a.send("b", frame)
-            meter.record_sent(i, "ping", "a", "b", MaskedUpdate.TAG, len(frame), a.framing_overhead_bytes)
-            _, reply = await a.receive()
-            decode_frame(reply)
-
-    async def responder() -> None:
-        for i in range(rounds):
-            _, frame = await b.receive()
-            _, message = decode_frame(frame)
-            reply = encode_frame(NoisyAggregate(masked=message.masked), session=SESSION, round_idx=i, phase="pong")
-            await b.send("a", reply)
-            meter.record_sent(i, "pong", "b", "a", NoisyAggregate.TAG, len(reply), b.framing_overhead_bytes)
-
-    t0 = _timer()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder)
-        nursery.start_soon(requester)
-    return _timer() - t0
+    return await pingpong_codec_meter(network.endpoint("a"), network.endpoint("b"), array, rounds, SESSION)
 
 
 # --- the codec alone ---------------------------------------------------------------------------------

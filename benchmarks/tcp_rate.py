@@ -82,6 +82,7 @@ from _common import (
     make_console,
     parse_args,
     payload_array,
+    pingpong_codec_meter,
     pingpong_encoded,
     print_machine_facts,
     print_profile,
@@ -91,8 +92,7 @@ from _common import (
 from rich.table import Table
 
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
-from fedproto.codec import decode_frame, encode_frame
-from fedproto.metering import Meter
+from fedproto.codec import encode_frame
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.transports._tls import TlsContexts, load_contexts
 from fedproto.transports.tcp import open_tcp_network, throwaway_tls
@@ -258,31 +258,7 @@ async def transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int)
 
 async def codec_transport_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:
     """Codec + TcpTransport + meter, no machines: the runtime's per-message path."""
-    a, b = endpoints["a"], endpoints["b"]
-    meter = Meter(trio.current_time)
-
-    async def requester() -> None:
-        for i in range(rounds):
-            frame = encode_frame(MaskedUpdate(masked=array), session=SESSION, round_idx=i, phase="ping")
-            await a.send("b", frame)
-            meter.record_sent(i, "ping", "a", "b", MaskedUpdate.TAG, len(frame), a.framing_overhead_bytes)
-            _, reply = await a.receive()
-            _, message = decode_frame(reply)
-            assert message.masked.shape == array.shape
-
-    async def responder() -> None:
-        for i in range(rounds):
-            _, frame = await b.receive()
-            _, message = decode_frame(frame)
-            reply = encode_frame(NoisyAggregate(masked=message.masked), session=SESSION, round_idx=i, phase="pong")
-            await b.send("a", reply)
-            meter.record_sent(i, "pong", "b", "a", NoisyAggregate.TAG, len(reply), b.framing_overhead_bytes)
-
-    t0 = _timer()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder)
-        nursery.start_soon(requester)
-    return _timer() - t0
+    return await pingpong_codec_meter(endpoints["a"], endpoints["b"], array, rounds, SESSION, check_shape=True)
 
 
 async def runtime_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -> float:

@@ -20,11 +20,12 @@ k for the data set (3 when unknown); the width follows the paper's rule ``2^roun
 
 from __future__ import annotations
 
-import argparse
 
 import jax
 import numpy as np
 import trio
+
+from _common import deletion_options, print_centroids, print_deletion_bytes, print_round_bytes
 
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeans, DCKMeansConfig
@@ -36,11 +37,7 @@ from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--removals", type=int, default=5, help="deletion requests (default 5)")
-    parser.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)  # the old spelling
-    parser.add_argument("--seed", type=int, default=0)
+    parser = deletion_options(__doc__.splitlines()[0])
     parser.add_argument("--weighted", action="store_true")
     args = parser.parse_args()
 
@@ -67,21 +64,9 @@ def main() -> None:
     w = tree.tree.width
     kind = "weighted " if args.weighted else ""
     print(f"{kind}DC-k-means on {dataset.name}: N={n}, d={d}, k={k}, w={w} leaves, {len(stream)} deletions")
-    print("centroids:")
-    for j, row in enumerate(centroids):
-        print(f"  c{j}: " + " ".join(f"{v:+.6f}" for v in row))
-    sent = {}
-    for link in report.links:
-        sent[(link.round_idx, link.sender)] = sent.get((link.round_idx, link.sender), 0) + link.payload_bytes
-    leaves = [p for p in tree.roster if p != ROOT]
-    for r, point_id in enumerate(stream, start=1):
-        owner = tree.owners[point_id]
-        others = sum(sent.get((r, leaf), 0) for leaf in leaves if leaf != owner)
-        print(f"deletion {r}: point {point_id} at {owner}: root sent {sent.get((r, ROOT), 0)} bytes, "
-              f"{owner} sent {sent.get((r, owner), 0)} bytes, the other {len(leaves) - 1} leaves sent {others} bytes")
-    for round_idx, nbytes in report.bytes_by_round().items():
-        print(f"round {round_idx} bytes: {nbytes}")
-    print(f"total payload bytes: {report.payload_bytes} in {report.messages} messages")
+    print_centroids(centroids)
+    print_deletion_bytes(report, stream, tree.owners, ROOT, [p for p in tree.roster if p != ROOT])
+    print_round_bytes(report)
     keep = ~np.isin(ids, stream)
     fresh = DCKMeans(DCKMeansConfig(k=k, width=w, weighted=args.weighted), key=key)
     fresh.fit(x[keep], ids[keep], leaves=tree.leaf_of[keep])

@@ -12,6 +12,9 @@ them (with a timeout, stopping the others when one fails); this script then merg
 and prints the centroids and the exact payload bytes: the same as the in-memory example's for the
 same arguments, with the same zero bytes from the leaves off each deletion's path.
 
+The two modes' plumbing (party options, a party's run from its kit, the launch) is in
+``examples/_common.py``, shared with ``fastlloyd_tcp.py``; this file holds what is DC-k-means'.
+
 Run (from the repository root, in the project's environment)::
 
     python examples/deletion_tcp.py --data iris --removals 5 --seed 0
@@ -21,22 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
-import trio
+from _common import deletion_options, launch_parties, print_centroids, print_deletion_bytes, print_round_bytes, run_modes, run_party_from_kit
 
-from fedproto import Roster, launch_local
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig
 from fedproto.algorithms.deletion.protocol import ROOT, DCTree
 from fedproto.data import load_dataset, normalize
-from fedproto.launcher import LaunchError, discard_launched_kit, launch_directory
-from fedproto.metering import Meter, RunReport
-from fedproto.runtime import RuntimeConfig, run_party
-from fedproto.transports.tcp import TcpNetwork
 
 TIMEOUT_S = 150
 SESSION = 1
@@ -54,21 +51,8 @@ def build_tree(args: argparse.Namespace) -> tuple[DCTree, str]:
 
 def run_one_party(args: argparse.Namespace) -> None:
     """Party mode: serve this party's endpoint, run its machine, write its result and report."""
-    roster_file = Roster.load(args.roster)
-    roster, session = roster_file.parties, roster_file.session if roster_file.session is not None else SESSION
-    tree, _ = build_tree(args)
-    machine = tree.make_machine(args.party)
-    listen_fds = {args.party: args.listen_fd} if args.listen_fd is not None else None
-    network = TcpNetwork.from_roster(roster_file, listen_fds=listen_fds, session=session)
-    meter = Meter(trio.current_time)
-
-    async def run():
-        async with network.endpoints(roster, [args.party]) as endpoints:
-            discard_launched_kit(args.roster)  # loaded: a kit launch_local made goes (yours stays)
-            return await run_party(machine, endpoints[args.party], config=RuntimeConfig(session=session), meter=meter)
-
-    result = trio.run(run)
-    report = meter.report(protocol="dckmeans", transport="tcp", session=session, parties=roster)
+    result, report = run_party_from_kit(args, lambda session: build_tree(args)[0].make_machine(args.party),
+                                        protocol="dckmeans", session=SESSION)
     centroids = result.centroids.tolist() if args.party == ROOT else None
     Path(args.out).write_text(json.dumps({"centroids": centroids, "report": report.to_dict()}))
 
@@ -78,55 +62,17 @@ def launch(args: argparse.Namespace) -> None:
     tree, name = build_tree(args)
     roster = list(tree.roster)
     common = ["--data", args.data, "--removals", str(args.removals), "--seed", str(args.seed)]
-    with launch_directory() as tmp:  # private; a later launch removes it if this one is killed
-
-        def party_command(party: str, roster_file: Path, listen_fd: int) -> list[str]:
-            return [sys.executable, __file__, *common, "--party", party, "--roster", str(roster_file),
-                    "--listen-fd", str(listen_fd), "--out", str(Path(tmp, f"{party}.json"))]
-
-        try:
-            launch_local(roster, party_command, timeout_s=TIMEOUT_S, session=SESSION)
-        except LaunchError as exc:  # a party failed or the run timed out: one line, no traceback
-            sys.exit(f"deletion_tcp: {exc}")
-        outputs = {p: json.loads(Path(tmp, f"{p}.json").read_text()) for p in roster}
-
-    # Each process counted the frames it sent; together they count every frame once.
-    report = RunReport.merge([RunReport.from_dict(o["report"]) for o in outputs.values()])
+    outputs, report = launch_parties(__file__, roster, common, name="deletion_tcp", session=SESSION,
+                                     timeout_s=TIMEOUT_S)
     print(f"DC-k-means over TCP on {name}: {len(roster)} processes (a root and {len(roster) - 1} leaves), "
           f"{len(tree.deletions)} deletions")
-    print("centroids:")
-    for j, row in enumerate(outputs[ROOT]["centroids"]):
-        print(f"  c{j}: " + " ".join(f"{v:+.6f}" for v in row))
-    sent = {}
-    for link in report.links:
-        sent[(link.round_idx, link.sender)] = sent.get((link.round_idx, link.sender), 0) + link.payload_bytes
-    leaves = roster[1:]
-    for r, point_id in enumerate(tree.deletions, start=1):
-        owner = tree.owners[point_id]
-        others = sum(sent.get((r, leaf), 0) for leaf in leaves if leaf != owner)
-        print(f"deletion {r}: point {point_id} at {owner}: root sent {sent.get((r, ROOT), 0)} bytes, "
-              f"{owner} sent {sent.get((r, owner), 0)} bytes, the other {len(leaves) - 1} leaves sent {others} bytes")
-    for round_idx, nbytes in report.bytes_by_round().items():
-        print(f"round {round_idx} bytes: {nbytes}")
-    print(f"total payload bytes: {report.payload_bytes} in {report.messages} messages "
-          f"(+ {report.framing_overhead_bytes} bytes of TCP length prefixes)")
+    print_centroids(outputs[ROOT]["centroids"])
+    print_deletion_bytes(report, tree.deletions, tree.owners, ROOT, roster[1:])
+    print_round_bytes(report, tcp=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--removals", type=int, default=5, help="deletion requests (default 5)")
-    parser.add_argument("--deletions", dest="removals", type=int, help=argparse.SUPPRESS)  # the old spelling
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--party", help=argparse.SUPPRESS)  # party mode (started by the launcher)
-    parser.add_argument("--roster", help=argparse.SUPPRESS)
-    parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.party:
-        run_one_party(args)
-    else:
-        launch(args)
+    run_modes(deletion_options(__doc__.splitlines()[0]), run_one_party, launch)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ paper's k for the data set (3 when unknown).
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import jax.numpy as jnp
 import trio
+
+from _common import fastlloyd_options
 
 from fedproto.algorithms import kmeans
 from fedproto.algorithms.fastlloyd.config import make_config
@@ -33,12 +34,7 @@ from fedproto.transports.memory import MemoryNetwork
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = fastlloyd_options(__doc__.splitlines()[0]).parse_args()
 
     dataset = load_dataset(args.data)
     x = normalize(dataset.x)  # every feature to [-1, 1]

@@ -13,13 +13,14 @@ Run with M clients on M+1 ranks (from the repository root, in the project's envi
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
 import trio
 from mpi4py import MPI
+
+from _common import fastlloyd_options
 
 from fedproto.algorithms.fastlloyd.config import make_config
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
@@ -30,12 +31,7 @@ from fedproto.transports.mpi import MpiNetwork
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = fastlloyd_options(__doc__.splitlines()[0]).parse_args()
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() != args.clients + 1:

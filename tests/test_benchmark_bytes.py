@@ -9,8 +9,6 @@ the same shape, and check the envelope is at most 48 bytes per message.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 from fedproto.algorithms.fastlloyd.config import make_config
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.codec import encode_frame
+from fedproto.testing import load_file
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 KDS = [(2, 2), (2, 5), (5, 2), (5, 5)]
@@ -28,15 +27,7 @@ N = 400
 
 def _load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` (a script, not a package; it imports its sibling ``_common``)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return load_file(BENCHMARKS / f"{name}.py", f"benchmark_{name}", sibling_imports=True)
 
 
 timing = _load_benchmark("fastlloyd_timing")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fedproto.testing import load_file
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
@@ -66,20 +68,7 @@ SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "sta
         "network_model.py"}
 
 
-def _load_common():
-    """Import ``benchmarks/_common.py`` (a script helper, not a package)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("benchmark_common", BENCHMARKS / "_common.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
-
-
-common = _load_common()
+common = load_file(BENCHMARKS / "_common.py", "benchmark_common", sibling_imports=True)  # a script helper
 
 
 def test_every_script_is_listed_here_and_in_the_readme():

@@ -41,7 +41,10 @@ from pathlib import Path
 import pytest
 
 from fedproto.metering import RunReport
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
+_alive, _children, _process_tree = helpers.alive, helpers.leaf_processes, helpers.process_tree
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 IRIS_2 = ["--data", "iris", "--clients", "2", "--seed", "0"]
 TIMEOUT_S = 180
@@ -70,12 +73,7 @@ def _finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> subprocess.Co
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+_kill = helpers.kill_group
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -534,9 +532,7 @@ OTHER = PROTOCOL
 
 @pytest.fixture(scope="module")
 def toy_plugin(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "toy_sum.py"
-    path.write_text(TOY_PLUGIN)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "toy_sum.py", TOY_PLUGIN)
 
 
 def _check_toy_report(path: Path, *, transport: str, rounds: int, clients: int) -> RunReport:
@@ -668,41 +664,6 @@ def test_a_broken_plugin_is_listed_and_breaks_nothing_else(monkeypatch, capsys):
 
 
 # --- the launcher stops every party when it is stopped ---------------------------------------------------
-
-
-def _process_tree(pid: int) -> dict[int, list[int]]:
-    """``{process: its children}`` of every live process below ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat_fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if stat_fields[0] not in ("Z", "X"):
-                parents[int(entry.name)] = int(stat_fields[1])
-    tree: dict[int, list[int]] = {}
-    todo = [pid]
-    while todo:
-        below = [child for child, parent in parents.items() if parent == todo[-1]]
-        tree[todo.pop()] = below
-        todo += below
-    del tree[pid]
-    return tree
-
-
-def _children(pid: int) -> list[int]:
-    """The parties below the launcher ``pid``: its descendants without children of their own (a
-    fork server's children are the parties; without one, the launcher's are)."""
-    return [p for p, below in _process_tree(pid).items() if not below]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")

@@ -28,6 +28,9 @@ import pytest
 
 from fedproto.metering import Meter, RunReport, report_schema
 from fedproto.plugin import RunPlan
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 
 #: A protocol without data whose coordinator survives dropouts at the workers' "answer" phase
 #: (``--strict`` plans declare none). Worker i contributes (i + 1) * (round_idx + 1) per coordinate.
@@ -35,8 +38,7 @@ DROPSUM_PLUGIN = '''
 import numpy as np
 
 from fedproto.messages import PartyDropped
-from fedproto.plugin import RunPlan
-from fedproto.testing.toy import SumCoordinator, SumWorker
+from fedproto.testing.toy import SumCoordinator, SumPlugin
 
 
 class Tolerant(SumCoordinator):
@@ -49,38 +51,33 @@ class Tolerant(SumCoordinator):
         return super()._on_event(event)
 
 
-class DropSum:
+class DropSum(SumPlugin):
     name = "dropsum"
     description = "federated sum that carries on without workers that drop out"
-    needs_data = False
+    rounds = 3
+    rounds_help = "rounds of summing"
+    dim = 2
+    session = 99
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("dropsum")
-        group.add_argument("--rounds", type=int, default=3, help="rounds of summing")
+    def add_options(self, group):
         group.add_argument("--strict", action="store_true", help="declare no dropout stage")
 
-    def plan(self, args, dataset):
-        workers = tuple(f"worker-{i}" for i in range(args.clients))
+    def coordinator(self, args, workers):
+        return Tolerant("coordinator", workers=workers, rounds=args.rounds, dim=self.dim)
 
-        def make_machine(party):
-            if party == "coordinator":
-                return Tolerant(party, workers=workers, rounds=args.rounds, dim=2)
-            return SumWorker(party, coordinator="coordinator", values=np.full(2, workers.index(party) + 1.0))
+    def result_to_json(self, party, result):
+        return {"sums": np.asarray(result).tolist()} if party == "coordinator" else {"rounds": int(result)}
 
-        def result_to_json(party, result):
-            return {"sums": np.asarray(result).tolist()} if party == "coordinator" else {"rounds": int(result)}
+    def summarize(self, args, workers, results):
+        return {"final_sum": results["coordinator"]["sums"][-1][0],
+                "n_survivors": sum(w in results for w in workers)}
 
-        def summarize(results):
-            return {"final_sum": results["coordinator"]["sums"][-1][0],
-                    "n_survivors": sum(w in results for w in workers)}
-
-        return RunPlan(
-            roster=("coordinator", *workers), session=99, make_machine=make_machine,
-            result_to_json=result_to_json, summarize=summarize, role_of=lambda p: p.split("-")[0],
-            iterations=args.rounds, phases=("query", "answer", "finish"),
-            dropout_stages=() if args.strict else ("answer",),
-            dropout_unsupported="dropsum supports dropout only without --strict" if args.strict else "",
-        )
+    def plan_fields(self, args):
+        return {
+            "phases": ("query", "answer", "finish"),
+            "dropout_stages": () if args.strict else ("answer",),
+            "dropout_unsupported": "dropsum supports dropout only without --strict" if args.strict else "",
+        }
 
 
 PROTOCOL = DropSum()
@@ -89,9 +86,7 @@ PROTOCOL = DropSum()
 
 @pytest.fixture(scope="module")
 def dropsum(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "dropsum.py"
-    path.write_text(DROPSUM_PLUGIN)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "dropsum.py", DROPSUM_PLUGIN)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
+
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 PARTIES = ("server", "client-0", "client-1")
 TIMEOUT_S = 180
@@ -54,10 +58,7 @@ def _run_parties(
         return {p: (proc.wait(timeout=TIMEOUT_S), *proc.communicate(timeout=TIMEOUT_S)) for p, proc in procs.items()}
     finally:
         hub.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
 
 
 def test_a_client_started_with_another_seed_ends_every_party_naming_seed_and_the_client(tmp_path: Path) -> None:

@@ -6,16 +6,17 @@ in its own process group so that a hung run and every process it started are kil
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ARGS = ["--data", "iris", "--clients", "2", "--epsilon", "1", "--seed", "0"]
 K_IRIS, D_IRIS = 3, 4
@@ -38,11 +39,8 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     except subprocess.TimeoutExpired:
         pytest.fail(f"{' '.join(cmd)} did not finish within {TIMEOUT_S} s")
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()  # reaps it and closes its pipes (left open, a later test's gc would warn)
+        helpers.kill_group(proc)
+        proc.communicate()  # closes its pipes (left open, a later test's gc would warn)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -32,7 +32,9 @@ import jsonschema
 import pytest
 
 from fedproto.metering import RunReport, report_schema
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 TIMEOUT_S = 120
 
 #: The toy sum as a ``fedproto run`` protocol file. ``--bad-round R`` makes the last worker answer
@@ -41,10 +43,7 @@ TIMEOUT_S = 120
 #: InsufficientParticipants); ``--announce`` has the coordinator print one line when round 1
 #: starts, which the signal tests wait for (a test fixture: real machines do no I/O).
 PROTOCOL = '''
-import numpy as np
-
-from fedproto.plugin import RunPlan
-from fedproto.testing.toy import Query, SumCoordinator, SumWorker
+from fedproto.testing.toy import Query, SumCoordinator, SumPlugin, SumWorker
 
 
 class Misbehaving(SumWorker):
@@ -72,37 +71,26 @@ class Announcing(SumCoordinator):
         return out
 
 
-class FailingToy:
+class FailingToy(SumPlugin):
     name = "failing-toy"
     description = "the toy federated sum, with a worker that can break the protocol or fall silent"
-    needs_data = False
+    rounds = 5
+    session = 31
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("failing-toy")
-        group.add_argument("--rounds", type=int, default=5)
+    def add_options(self, group):
         group.add_argument("--bad-round", type=int, default=None)
         group.add_argument("--silent-round", type=int, default=None)
         group.add_argument("--announce", action="store_true")
 
-    def plan(self, args, dataset):
-        workers = tuple(f"worker-{i}" for i in range(args.clients))
+    def coordinator(self, args, workers):
+        cls = Announcing if args.announce else SumCoordinator
+        return cls("coordinator", workers=workers, rounds=args.rounds, dim=3)
 
-        def make_machine(party):
-            if party == "coordinator":
-                cls = Announcing if args.announce else SumCoordinator
-                return cls(party, workers=workers, rounds=args.rounds, dim=3)
-            values = np.full(3, workers.index(party) + 1.0)
-            if party == workers[-1]:
-                return Misbehaving(party, bad_round=args.bad_round, silent_round=args.silent_round,
-                                   coordinator="coordinator", values=values)
-            return SumWorker(party, coordinator="coordinator", values=values)
-
-        return RunPlan(
-            roster=("coordinator", *workers), session=31, make_machine=make_machine,
-            result_to_json=lambda party, result: {"result": np.asarray(result).tolist()},
-            summarize=lambda results: {"last_sum": results["coordinator"]["result"][-1][0]},
-            role_of=lambda party: party.split("-")[0], iterations=args.rounds,
-        )
+    def worker(self, args, workers, party):
+        if party != workers[-1]:
+            return super().worker(args, workers, party)
+        return Misbehaving(party, bad_round=args.bad_round, silent_round=args.silent_round,
+                           coordinator="coordinator", values=self.values(workers, party))
 
 
 PROTOCOL = FailingToy()
@@ -113,9 +101,7 @@ CULPRIT = "worker-1"
 
 @pytest.fixture(scope="module")
 def protocol_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("protocol") / "failing_toy.py"
-    path.write_text(PROTOCOL)
-    return path
+    return helpers.module_file(tmp_path_factory, "protocol", "failing_toy.py", PROTOCOL)
 
 
 def _validated(path: Path) -> RunReport:
@@ -223,13 +209,7 @@ def _start(cmd: list[str], cwd: Path) -> subprocess.Popen:
         signal.signal(signal.SIGINT, previous)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """End the process group (mpiexec's ranks, a run left running) whatever the test's outcome."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+_kill = helpers.kill_group  # the process group (mpiexec's ranks, a run left running), whatever the outcome
 
 
 def _mpiexec() -> str | None:

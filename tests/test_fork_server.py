@@ -17,6 +17,10 @@ import pytest
 
 from fedproto._fork_server import ForkServer
 from fedproto.launcher import KIT_ENV, LaunchError, launch_local
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
+_alive, _wait_dead = helpers.alive, helpers.wait_dead
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"), reason="fork server is Linux only"
@@ -166,11 +170,7 @@ def test_nothing_outlives_a_launcher_killed_outright(party_dir, kind):
     )
     pids: list[int] = []
     try:
-        limit = time.monotonic() + 60
-        while not pid_file.exists():
-            assert launcher.poll() is None, launcher.stderr.read().decode()
-            assert time.monotonic() < limit, "the launcher did not start its parties"
-            time.sleep(0.05)
+        helpers.wait_while_running(launcher, pid_file.exists, "the launcher did not start its parties")
         pids = json.loads(pid_file.read_text())
         assert len(pids) == 3 and all(_alive(pid) for pid in pids)
         assert _parent(pids[0]) == launcher.pid and {_parent(p) for p in pids[1:]} == {pids[0]}
@@ -180,10 +180,7 @@ def test_nothing_outlives_a_launcher_killed_outright(party_dir, kind):
         launcher.wait()
         assert _wait_dead(pids, 5) == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait()
-        launcher.stderr.close()
+        helpers.reap(launcher)
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -219,24 +216,9 @@ def test_the_cli_forks_its_tcp_parties_from_a_zygote(tmp_path):
     assert lines and len(lines) == len(set(lines))  # its log lines once: no handler copied from the launcher
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 def _cmdline(pid: int) -> bytes:
     return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-
-
-def _wait_dead(pids: list[int], seconds: float) -> list[int]:
-    limit = time.monotonic() + seconds
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < limit:
-        time.sleep(0.05)
-    return alive

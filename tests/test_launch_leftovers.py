@@ -33,7 +33,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from fedproto.launcher import launch_local
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
+_alive, _wait_dead, _children, _process_tree = helpers.alive, helpers.wait_dead, helpers.leaf_processes, helpers.process_tree
 PARTIES = ("server", "client-0", "client-1")
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 linux_only = pytest.mark.skipif(
@@ -49,43 +52,6 @@ def scratch(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     monkeypatch.setenv("TMPDIR", str(path))
     return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def _wait_dead(pids, timeout_s: float) -> list[int]:
-    limit = time.monotonic() + timeout_s
-    while time.monotonic() < limit and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
-def _descendants(pid: int) -> dict[int, list[int]]:
-    """``{process: its children}`` of every process below ``pid``."""
-    tree: dict[int, list[int]] = {}
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            below = [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-        except OSError:
-            below = []
-        tree[current] = below
-        todo += below
-    del tree[pid]
-    return tree
-
-
-def _children(pid: int) -> list[int]:
-    """The parties below the launcher ``pid``: its descendants without children of their own (a
-    fork server's children are the parties; without one, the launcher's are)."""
-    return [p for p, below in _descendants(pid).items() if not below]
 
 
 def _tree(root: Path) -> tuple[list[Path], list[Path]]:
@@ -224,18 +190,8 @@ def _start_launcher(tmp_path: Path, name: str, party_code: str) -> tuple[subproc
 
 
 def _wait_ready(launcher: subprocess.Popen, ready: Path, timeout_s: float = 60) -> None:
-    limit = time.monotonic() + timeout_s
-    while len(list(ready.iterdir())) < len(PARTIES):
-        assert launcher.poll() is None, launcher.stderr.read().decode()
-        assert time.monotonic() < limit, "the parties did not load their kits"
-        time.sleep(0.05)
-
-
-def _stop(launcher: subprocess.Popen) -> None:
-    if launcher.poll() is None:
-        launcher.kill()
-    launcher.wait()
-    launcher.stderr.close()
+    helpers.wait_while_running(launcher, lambda: len(list(ready.iterdir())) >= len(PARTIES),
+                               "the parties did not load their kits", timeout_s=timeout_s)
 
 
 @linux_only
@@ -249,7 +205,7 @@ def test_a_launcher_killed_outright_after_its_parties_loaded_leaves_nothing(scra
         launcher.wait()
         assert _wait_dead(pids, 5) == []
     finally:
-        _stop(launcher)
+        helpers.reap(launcher)
     assert _ca_keys(scratch, certificates) == []
     launches = list(scratch.iterdir())
     assert [p.name.startswith("fedproto-launch-") for p in launches] == [True]
@@ -277,7 +233,7 @@ def test_a_killed_launcher_whose_parties_kept_their_kits_leaves_only_private_fil
         launcher.wait()
         assert _wait_dead(pids, 5) == []
     finally:
-        _stop(launcher)
+        helpers.reap(launcher)
     certificates = _ca_certificates(scratch)
     assert len(certificates) == len(PARTIES)  # the kits are there ...
     assert _ca_keys(scratch, certificates) == []  # ... but not the CA's key
@@ -297,7 +253,7 @@ def test_the_next_launch_sweeps_a_dead_launchers_leftovers_and_leaves_a_live_one
             dead.wait()
             assert _wait_dead(dead_pids, 5) == []
         finally:
-            _stop(dead)
+            helpers.reap(dead)
         before = {p.name: _tree(p)[1] for p in scratch.iterdir()}
         assert len(before) == 2 and all(files for files in before.values())
         live_dir = [n for n in before if n.startswith(f"fedproto-launch-{live.pid}-")]
@@ -309,7 +265,7 @@ def test_the_next_launch_sweeps_a_dead_launchers_leftovers_and_leaves_a_live_one
         assert _tree(scratch / live_dir[0])[1] == before[live_dir[0]]  # the live one's all there
         assert all(_alive(pid) for pid in live_pids)
     finally:
-        _stop(live)
+        helpers.reap(live)
     assert _wait_dead(live_pids, 5) == []
 
 
@@ -345,15 +301,12 @@ def test_sigkill_of_a_tcp_run_leaves_no_kit_no_ca_key_and_no_data_part(tmp_path,
                 break  # every party runs and has loaded (and given up) its kit and data part
             time.sleep(0.01)
         certificates = _ca_certificates(scratch)  # none left by now
-        processes = list(_descendants(proc.pid))  # the parties, and a fork server if any
+        processes = list(_process_tree(proc.pid))  # the parties, and a fork server if any
         proc.kill()  # SIGKILL: no handler, no cleanup code runs
         proc.wait()
         assert _wait_dead(processes, 5) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stderr.close()
+        helpers.reap(proc)
     assert len(parts_seen) == len(PARTIES) - 1 and wrong_modes == {}  # private while they were there
     assert _ca_keys(scratch, certificates) == []
     launches = list(scratch.iterdir())

@@ -26,30 +26,12 @@ import pytest
 
 from fedproto.launcher import LaunchError, LaunchInterrupted, PartyOutcome, launch_local
 from fedproto.roster import Roster
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
+_alive, _wait_dead = helpers.alive, helpers.wait_dead
 PARTIES = ("server", "client-0", "client-1")
 SECRET = bytes(range(32))
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is dead: it only waits to be reaped)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    state = text.rpartition(")")[2].split()[0]
-    return state not in ("Z", "X")
-
-
-def _wait_dead(pids: list[int], timeout_s: float) -> list[int]:
-    """The pids still alive after up to ``timeout_s``."""
-    limit = time.monotonic() + timeout_s
-    while time.monotonic() < limit:
-        alive = [pid for pid in pids if _alive(pid)]
-        if not alive:
-            return []
-        time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid)]
 
 
 def _python(code: str, *args: object) -> list[str]:
@@ -332,18 +314,11 @@ def test_parties_die_with_a_launcher_killed_outright(tmp_path):
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
-        limit = time.monotonic() + 60
-        while not pid_file.exists():
-            assert launcher.poll() is None, launcher.stderr.read().decode()
-            assert time.monotonic() < limit, "the launcher did not start its parties"
-            time.sleep(0.05)
+        helpers.wait_while_running(launcher, pid_file.exists, "the launcher did not start its parties")
         pids = json.loads(pid_file.read_text())
         assert all(_alive(pid) for pid in pids)
         launcher.kill()  # SIGKILL: no handler, no cleanup code runs
         launcher.wait()
         assert _wait_dead(pids, 5) == []
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        launcher.wait()
-        launcher.stderr.close()
+        helpers.reap(launcher)

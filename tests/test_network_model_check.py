@@ -17,28 +17,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from fedproto.testing import load_file
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(f"netcheck_{name}", BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return load_file(BENCHMARKS / f"{name}.py", f"netcheck_{name}", sibling_imports=True)
 
 
 delay_relay = _load("_delay_relay")

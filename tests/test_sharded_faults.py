@@ -20,7 +20,6 @@ exit code, seconds and output per case); the rank deaths are ``mpiexec -n 3 fedp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -30,11 +29,11 @@ from typing import Any
 import pytest
 
 from fedproto.shards import block_placement
+from fedproto.testing import load_file
 
 DRIVER = Path(__file__).parent / "fedproto" / "sharded_main.py"
-_spec = importlib.util.spec_from_file_location("sharded_main", DRIVER)
-driver = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(driver)  # its helpers: mpiexec(), run_mpiexec(), skip_without_mpi()
+driver = load_file(DRIVER, "sharded_main")  # its helpers: mpiexec(), run_mpiexec(), skip_without_mpi()
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 
 RANKS = 3
 DEADLINE_S = 20.0
@@ -48,11 +47,8 @@ PROTOCOL = '''
 import os
 import signal
 
-import numpy as np
-
 from fedproto.messages import PhaseTimedOut
-from fedproto.plugin import RunPlan
-from fedproto.testing.toy import Query, SumCoordinator, SumWorker
+from fedproto.testing.toy import Query, SumCoordinator, SumPlugin, SumWorker
 
 
 class Faulty(SumWorker):
@@ -97,42 +93,31 @@ class ShruggingFaulty(Shrugging, Faulty):
     pass
 
 
-class FaultyToy:
+class FaultyToy(SumPlugin):
     name = "faulty-toy"
     description = "the toy federated sum with one worker that breaks the protocol, dies or falls silent"
-    needs_data = False
+    rounds = 4
+    session = 28
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("faulty-toy")
-        group.add_argument("--rounds", type=int, default=4)
+    def add_options(self, group):
         group.add_argument("--fault", choices=["break", "build", "exit", "kill", "silent", "stall"], default=None)
         group.add_argument("--fault-round", type=int, default=1)
         group.add_argument("--culprit", default=None)
         group.add_argument("--target", default="coordinator")
 
-    def plan(self, args, dataset):
-        workers = tuple(f"worker-{i}" for i in range(args.clients))
+    def make_machine(self, args, workers, party):
         culprit = args.culprit or workers[-1]
         stall = args.fault == "stall"
-
-        def make_machine(party):
-            if party == "coordinator":
-                return (ShruggingCoordinator if stall else SumCoordinator)(party, workers=workers, rounds=args.rounds, dim=3)
-            values = np.full(3, workers.index(party) + 1.0)
-            if party == culprit and args.fault == "build":
-                raise ValueError(f"{party} cannot be built")
-            if party == culprit:
-                return (ShruggingFaulty if stall else Faulty)(
-                    party, fault=args.fault, fault_round=args.fault_round, target=args.target,
-                    coordinator="coordinator", values=values)
-            return (ShruggingWorker if stall else SumWorker)(party, coordinator="coordinator", values=values)
-
-        return RunPlan(
-            roster=("coordinator", *workers), session=28, make_machine=make_machine,
-            result_to_json=lambda party, result: {"result": np.asarray(result).tolist()},
-            summarize=lambda results: {"last_sum": results["coordinator"]["result"][-1][0]},
-            role_of=lambda party: party.split("-")[0], iterations=args.rounds,
-        )
+        if party == "coordinator":
+            return (ShruggingCoordinator if stall else SumCoordinator)(party, workers=workers, rounds=args.rounds, dim=3)
+        values = self.values(workers, party)
+        if party == culprit and args.fault == "build":
+            raise ValueError(f"{party} cannot be built")
+        if party == culprit:
+            return (ShruggingFaulty if stall else Faulty)(
+                party, fault=args.fault, fault_round=args.fault_round, target=args.target,
+                coordinator="coordinator", values=values)
+        return (ShruggingWorker if stall else SumWorker)(party, coordinator="coordinator", values=values)
 
 
 PROTOCOL = FaultyToy()
@@ -152,9 +137,7 @@ ERROR_TYPES = {"break-at-coordinator": "RemoteProtocolError", "break-at-peer": "
 
 @pytest.fixture(scope="module")
 def protocol_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("protocol") / "faulty_toy.py"
-    path.write_text(PROTOCOL)
-    return path
+    return helpers.module_file(tmp_path_factory, "protocol", "faulty_toy.py", PROTOCOL)
 
 
 @pytest.fixture(scope="module")

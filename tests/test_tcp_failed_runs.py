@@ -32,7 +32,9 @@ import pytest
 
 from fedproto.launcher import LaunchError, LaunchInterrupted, PartyOutcome
 from fedproto.metering import Meter, RunReport, error_record, report_schema
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 SECURE_SUM = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "secure_sum.py"
 TIMEOUT_S = 120
@@ -101,14 +103,6 @@ def _communicate(proc: subprocess.Popen) -> tuple[str, str]:
         pytest.fail(f"{' '.join(map(str, proc.args))} did not finish within {TIMEOUT_S} s")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 # --- a run that fails ------------------------------------------------------------------------------
 
 
@@ -124,7 +118,7 @@ def test_a_tcp_run_that_breaks_in_round_1_writes_a_failed_report(tmp_path):
     try:
         _, err = _communicate(proc)
     finally:
-        _kill_group(proc)
+        helpers.kill_group(proc)
     assert proc.returncode == 1, err
     assert "Traceback" not in err, err
     (line,) = _lines(err)
@@ -192,7 +186,7 @@ def test_sigterm_to_a_hub_started_alone_leaves_its_line_its_counts_and_its_repor
         proc.send_signal(signal.SIGTERM)
         out, err = _communicate(proc)
     finally:
-        _kill_group(proc)
+        helpers.kill_group(proc)
     assert proc.returncode == -signal.SIGTERM, err
     assert out == ""
     lines = _lines(err)
@@ -309,7 +303,7 @@ def test_a_client_whose_hub_never_answers_ends_within_one_deadline_with_one_line
     try:
         out, err = _communicate(proc)
     finally:
-        _kill_group(proc)
+        helpers.kill_group(proc)
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, err
     lines = _lines(err)
@@ -373,7 +367,7 @@ def test_a_hub_stopped_by_sigstop_mid_run_is_named_by_its_clients_within_one_dea
         for proc in procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGCONT)
-            _kill_group(proc)
+            helpers.kill_group(proc)
             proc.communicate()  # closes its pipes
     for worker, (elapsed, code, err) in ended.items():
         lines = _lines(err)

@@ -12,7 +12,12 @@
   agree in results and payload bytes.
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
   :class:`Query`, :class:`Contribution`, :class:`Finished`, a small complete protocol to test
-  runtimes and transports with.
+  runtimes and transports with; :func:`sum_machines` builds a whole federation of it and
+  :func:`expected_sums` is its result; :class:`SumPlugin` is it as a command-line plugin.
+* :func:`run_in_memory`, :func:`run_plan_in_memory` and :func:`link_costs`: run machines or a
+  plugin's plan over the memory transport in one call, and compare two runs link by link;
+  :func:`run_each_party`: every party in its own task over any transport, and how each ended.
+* :func:`load_file`: import a script, a tutorial or a test's helper file by its path.
 """
 
 from typing import TYPE_CHECKING
@@ -22,9 +27,13 @@ from fedproto._lazy import lazy_exports
 if TYPE_CHECKING:
     from fedproto.testing.conformance import CHECKS, check_close_semantics, run_conformance
     from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
+    from fedproto.testing.files import load_file
     from fedproto.testing.harness import Frame, Harness
     from fedproto.testing.local_data import PerPartyRun, run_per_party
-    from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
+    from fedproto.testing.runs import link_costs, run_each_party, run_in_memory, run_plan_in_memory
+    from fedproto.testing.toy import (
+        Contribution, Finished, Query, SumCoordinator, SumPlugin, SumWorker, expected_sums, sum_machines,
+    )
 
 # Each helper loads on first use (PEP 562): the memory transport imports only the fault injection
 # (fedproto.testing.faults), not the conformance suite, the harness or the toy protocol.
@@ -33,7 +42,12 @@ _LAZY = {
     **dict.fromkeys(("CrashPoint", "DelegatingTransport", "Faults"), "faults"),
     **dict.fromkeys(("Frame", "Harness"), "harness"),
     **dict.fromkeys(("PerPartyRun", "run_per_party"), "local_data"),
-    **dict.fromkeys(("Contribution", "Finished", "Query", "SumCoordinator", "SumWorker"), "toy"),
+    **dict.fromkeys(("load_file",), "files"),
+    **dict.fromkeys(("link_costs", "run_each_party", "run_in_memory", "run_plan_in_memory"), "runs"),
+    **dict.fromkeys(
+        ("Contribution", "Finished", "Query", "SumCoordinator", "SumPlugin", "SumWorker", "expected_sums", "sum_machines"),
+        "toy",
+    ),
 }
 
 __getattr__, __dir__ = lazy_exports(globals(), {name: f".{module}" for name, module in _LAZY.items()})
@@ -52,7 +66,15 @@ __all__ = [
     "run_per_party",
     "SumCoordinator",
     "SumWorker",
+    "SumPlugin",
     "Query",
     "Contribution",
     "Finished",
+    "sum_machines",
+    "expected_sums",
+    "run_each_party",
+    "run_in_memory",
+    "run_plan_in_memory",
+    "link_costs",
+    "load_file",
 ]

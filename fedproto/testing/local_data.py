@@ -27,17 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from fedproto import registry
 from fedproto.data import load_dataset, save_dataset
-from fedproto.metering import Meter, RunReport
-from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.metering import RunReport
+from fedproto.testing.runs import LinkKey, link_costs, run_in_memory
 
 __all__ = ["PerPartyRun", "run_per_party"]
-
-#: Link key of :attr:`PerPartyRun.simulation_links`: (round, phase, sender, receiver, tag).
-LinkKey = tuple[int, str, str, str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,28 +59,13 @@ class PerPartyRun:
     per_party_links: Mapping[LinkKey, tuple[int, int]]
 
 
-def _links(report: RunReport) -> dict[LinkKey, tuple[int, int]]:
-    return {
-        (link.round_idx, link.phase, link.sender, link.receiver, link.tag): (link.messages, link.payload_bytes)
-        for link in report.links
-    }
-
-
 def _run_memory(
     roster: Sequence[str], session: int, machines: Mapping[str, Any], to_json: Any, deadline_s: float
 ) -> tuple[dict[str, Any], RunReport]:
     """Run ``machines`` over the memory transport; ``to_json(party)`` is that party's
     ``result_to_json``."""
-    network = registry.load_transport("memory")(list(roster))
-    meter = Meter(trio.current_time)
-    config = RuntimeConfig(session=session, deadline_s=deadline_s)
-
-    async def go() -> dict[str, Any]:
-        return await run_parties(machines, network, config=config, meter=meter)
-
-    raw = trio.run(go)
-    results = {party: to_json(party)(party, raw[party]) for party in roster if party in raw}
-    return results, meter.report(protocol="per-party", transport="memory", session=session, parties=roster)
+    raw, report = run_in_memory(machines, session, roster=roster, deadline_s=deadline_s, protocol="per-party")
+    return {party: to_json(party)(party, raw[party]) for party in roster if party in raw}, report
 
 
 def _parse(command: str, spec: str, argv: Sequence[str]) -> argparse.Namespace:
@@ -161,6 +141,6 @@ def run_per_party(
         per_party_results=per_party_results,
         simulation_report=simulation_report,
         per_party_report=per_party_report,
-        simulation_links=_links(simulation_report),
-        per_party_links=_links(per_party_report),
+        simulation_links=link_costs(simulation_report),
+        per_party_links=link_costs(per_party_report),
     )

@@ -13,8 +13,6 @@ compared with the streaming path directly.) Checked here on the structured fuzz 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import msgpack
@@ -30,19 +28,11 @@ from fedproto.algorithms.mufc.messages import MaskedSyndromes
 from fedproto.codec import DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame
 from fedproto.errors import DecodeError
 from fedproto.messages import registered_tags
+from fedproto.testing import load_file
 
 
-def _load_fuzz():
-    """``test_codec_fuzz`` (its frame generator and message comparison), loaded by path."""
-    path = Path(__file__).with_name("test_codec_fuzz.py")
-    spec = importlib.util.spec_from_file_location("codec_fuzz_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzz()
+#: ``test_codec_fuzz`` (its frame generator, message comparison and array fields), loaded by path
+fuzz = load_file(Path(__file__).with_name("test_codec_fuzz.py"), "codec_fuzz_helpers")
 SEED = 1411
 
 
@@ -115,13 +105,7 @@ def test_packed_big_integers_are_decided_alike(width, data, stated):
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.data())
 def test_any_shape_for_any_array_field_is_decided_alike(data):
-    arrays = [
-        (cls, i, f)
-        for _, cls in sorted(registered_tags().items())
-        for i, f in enumerate(dataclasses.fields(cls))
-        if f.metadata.get("kind") == "array"
-    ]
-    cls, index, field = data.draw(st.sampled_from(arrays))
+    cls, index, field = data.draw(st.sampled_from(fuzz.array_fields()))
     frame, _ = fuzz._seed(np.random.default_rng(data.draw(st.integers(0, 2**32))), cls)
     obj = msgpack.unpackb(frame)
     dims = st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2, 3, 2**31, 2**62, 2**64 - 1])

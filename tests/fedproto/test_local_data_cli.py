@@ -15,7 +15,9 @@ import pytest
 
 from fedproto.data import load_dataset, partition
 from fedproto.report import RunReport
+from fedproto.testing import load_file
 
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 
 #: Each worker holds its own points and answers with their column sums; the coordinator holds no
@@ -87,9 +89,7 @@ PROTOCOL = ToyLocal()
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugin") / "toy_local.py"
-    path.write_text(TOY_LOCAL)
-    return path
+    return helpers.module_file(tmp_path_factory, "plugin", "toy_local.py", TOY_LOCAL)
 
 
 def _run(argv, cwd, timeout=120):
@@ -180,10 +180,7 @@ def test_provisioned_parties_each_on_their_own_file_over_tls(tmp_path, toy):
             _, err = proc.communicate(timeout=120)
             assert proc.returncode == 0, f"{party}: {err}"
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
     doc = json.loads((tmp_path / "coordinator.json").read_text())
     np.testing.assert_allclose(doc["result"]["sums"][-1], _expected_sum(3), rtol=1e-12)
 

@@ -29,6 +29,13 @@ def make(n_workers=3, rounds=2, dim=2, **kw):
     return machines
 
 
+def started_coordinator():
+    """The coordinator of :func:`make`, started (its round-0 query sent)."""
+    machine = make()["c"]
+    machine.start()
+    return machine
+
+
 def test_harness_runs_toy_protocol_to_completion():
     machines = make()
     results = Harness(machines).run()
@@ -66,8 +73,7 @@ def test_unexpected_message_moves_to_error_and_later_calls_raise():
 
 
 def test_wrong_round_is_remote_error_naming_party_and_round():
-    machine = make()["c"]
-    machine.start()
+    machine = started_coordinator()
     with pytest.raises(RemoteProtocolError) as info:
         machine.receive("w1", Contribution(values=np.zeros(2)), round_idx=5)
     assert info.value.party == "w1" and info.value.round_idx == 0
@@ -76,23 +82,20 @@ def test_wrong_round_is_remote_error_naming_party_and_round():
 
 
 def test_handler_validation_errors_name_the_peer():
-    machine = make()["c"]
-    machine.start()
+    machine = started_coordinator()
     with pytest.raises(RemoteProtocolError, match="not an active worker"):
         machine.receive("intruder", Contribution(values=np.zeros(2)), round_idx=0)
 
 
 def test_duplicate_contribution_is_an_error():
-    machine = make()["c"]
-    machine.start()
+    machine = started_coordinator()
     machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
     with pytest.raises(RemoteProtocolError, match="duplicate"):
         machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
 
 
 def test_timeout_without_quorum_names_silent_parties():
-    machine = make()["c"]
-    machine.start()
+    machine = started_coordinator()
     machine.receive("w0", Contribution(values=np.zeros(2)), round_idx=0)
     with pytest.raises(InsufficientParticipants) as info:
         machine.handle(PhaseTimedOut(0, "collect", 5.0))
@@ -162,8 +165,7 @@ def test_finished_accepted_only_in_table():
 
 
 def test_errors_quoting_errors_name_each_party_once():
-    machine = make()["c"]
-    machine.start()
+    machine = started_coordinator()
     with pytest.raises(RemoteProtocolError):
         machine.receive("w1", Contribution(values=np.zeros(2)), round_idx=5)
     with pytest.raises(LocalProtocolError) as info:

@@ -14,17 +14,14 @@ from fedproto.metering import Meter, RunReport, report_schema
 from fedproto.netmodel import Link, LinkModel, LinkSimulator, parse_compute, plot_timeline
 from fedproto.runtime import RuntimeConfig
 from fedproto.simulation import simulate
-from fedproto.testing.toy import SumCoordinator, SumWorker
+from fedproto.testing.toy import SumWorker, sum_machines
 
 SESSION = 31
 
 
 def toy(n: int, rounds: int = 2, **kwargs) -> dict:
-    workers = tuple(f"w{i}" for i in range(n))
-    machines = {"coord": SumCoordinator("coord", workers=workers, rounds=rounds, dim=3, **kwargs)}
-    for i, w in enumerate(workers):
-        machines[w] = SumWorker(w, coordinator="coord", values=np.arange(3.0) + i)
-    return machines
+    """The toy sum: a coordinator ``coord`` and ``n`` workers ``w<i>`` holding ``arange(3) + i``."""
+    return sum_machines([f"w{i}" for i in range(n)], rounds=rounds, dim=3, coordinator="coord", **kwargs)
 
 
 def model(latency_s: float, bandwidth: float | None = None, topology: str = "star") -> LinkModel:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import socket
 import stat
@@ -29,6 +28,9 @@ from fedproto.launcher import launch_local
 from fedproto.metering import RunReport
 from fedproto.provision import DEFAULT_VALID_DAYS, FederationCA, check_party_name, provision
 from fedproto.roster import Roster
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
 
 PARTIES = ("server", "client-0", "client-1")
 ADDRESSES = {"server": "10.0.0.1:7000", "client-0": "10.0.0.2:7001", "client-1": "[fd00::3]:7002"}
@@ -226,19 +228,14 @@ def test_kits_from_the_command_run_a_protocol_one_process_per_party_over_tls(tmp
     finally:
         for sock in listeners.values():
             sock.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in PARTIES}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     report = RunReport.merge(reports, transport="tcp")
     for doc in reports:  # each party counted the TLS it wrote: one 22-byte record overhead per frame sent
         assert doc.handshake_bytes > 0 and doc.tls_overhead_bytes == 22 * doc.messages
     assert report.handshake_bytes == sum(r.handshake_bytes for r in reports)
-    spec = importlib.util.spec_from_file_location("secure_sum_for_provision_test", SECURE_SUM)
-    tutorial = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tutorial)
+    tutorial = load_file(SECURE_SUM, "secure_sum_for_provision_test")
     expected = sum(tutorial.client_values(0, i, 8) for i in range(2))  # --seed 0, --d 8, --clients 2
     assert docs["server"]["result"]["sum"] == expected.tolist()
 

@@ -28,12 +28,21 @@ DIM = 4
 DEADLINE_S = 10.0
 
 
-class TolerantCoordinator(SumCoordinator):
-    """Sums the survivors: a dropped worker leaves the round (and the run) at once."""
+class RecordsDrops:
+    """Mixed in first: the machine keeps, in ``dropped``, every party it was told dropped out."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.dropped: list[str] = []
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if isinstance(event, PartyDropped):
+            self.dropped.append(event.party)
+        return super()._on_event(event)
+
+
+class TolerantCoordinator(RecordsDrops, SumCoordinator):
+    """Sums the survivors: a dropped worker leaves the round (and the run) at once."""
 
     def _on_event(self, event: Event) -> list[Outgoing]:
         if isinstance(event, PartyDropped):
@@ -45,15 +54,8 @@ class TolerantCoordinator(SumCoordinator):
         return super()._on_event(event)
 
 
-class RecordingWorker(SumWorker):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.dropped: list[str] = []
-
-    def _on_event(self, event: Event) -> list[Outgoing]:
-        if isinstance(event, PartyDropped):
-            self.dropped.append(event.party)
-        return super()._on_event(event)
+class RecordingWorker(RecordsDrops, SumWorker):
+    pass
 
 
 def make(coordinator_cls=TolerantCoordinator, n_workers=3, rounds=3):

@@ -25,7 +25,7 @@ from fedproto.messages import AbortNotice, Message, array_field
 from fedproto.metering import MAX_REJECTED_KEPT, Meter
 from fedproto.runtime import ABORT_PHASE, RuntimeConfig, run_parties, run_party
 from fedproto.testing.toy import Contribution, SumCoordinator, SumWorker
-from fedproto.testing import DelegatingTransport
+from fedproto.testing import DelegatingTransport, run_each_party
 from fedproto.transports.memory import Faults, MemoryNetwork
 
 LOGGER = "fedproto.runtime"
@@ -195,24 +195,9 @@ async def test_a_flooding_peer_cannot_postpone_a_timeout(autojump_clock):
 
 
 async def run_each(machines, endpoints, config, meter=None):
-    """Run every party in its own task, as separate processes would, and record how each ended.
-
-    Returns:
-        ``{party: (end time, result or exception)}``.
-    """
-    outcomes = {}
-
-    async def one(party):
-        try:
-            value = await run_party(machines[party], endpoints[party], config=config, meter=meter)
-        except Exception as exc:
-            value = exc
-        outcomes[party] = (trio.current_time(), value)
-
-    async with trio.open_nursery() as nursery:
-        for party in machines:
-            nursery.start_soon(one, party)
-    return outcomes
+    """Run every party in its own task, as separate processes would: ``{party: (end time, result
+    or exception)}``."""
+    return await run_each_party(machines, endpoints, config, meter=meter)
 
 
 async def test_a_crashed_worker_is_named_by_every_survivor_within_one_deadline(autojump_clock):

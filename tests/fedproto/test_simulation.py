@@ -17,18 +17,15 @@ from fedproto.messages import SendFailed
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.simulation import SimulationStalled, simulate
-from fedproto.testing.toy import Query, SumCoordinator, SumWorker
+from fedproto.testing.toy import Query, SumCoordinator, SumWorker, sum_machines
 from fedproto.transports.memory import MemoryNetwork
 
 SESSION = 77
 
 
 def toy(n: int, rounds: int = 3, **kwargs) -> dict:
-    workers = tuple(f"w{i}" for i in range(n))
-    machines = {"coord": SumCoordinator("coord", workers=workers, rounds=rounds, dim=3, **kwargs)}
-    for i, w in enumerate(workers):
-        machines[w] = SumWorker(w, coordinator="coord", values=np.arange(3.0) + i)
-    return machines
+    """The toy sum: a coordinator ``coord`` and ``n`` workers ``w<i>`` holding ``arange(3) + i``."""
+    return sum_machines([f"w{i}" for i in range(n)], rounds=rounds, dim=3, coordinator="coord", **kwargs)
 
 
 def fastlloyd(n_clients: int, points: int = 10, iterations: int = 2, seed: int = 3) -> dict:

@@ -350,6 +350,17 @@ async def _deadline_reads_waiting_frames(rank: int) -> None:
         _say(f"rank {rank}: the expired deadline read the waiting frame")
 
 
+def _assert_refused(receive_mode: str, reason: str, what: str) -> None:
+    """``MpiTransport(ROSTER, receive_mode=receive_mode)`` raises a ValueError saying ``reason``
+    (AssertionError with ``what`` if it is accepted)."""
+    try:
+        MpiTransport(ROSTER, receive_mode=receive_mode)
+    except ValueError as exc:
+        assert reason in str(exc), exc
+    else:
+        raise AssertionError(what)
+
+
 def _modes_fall_back_together(rank: int) -> None:
     """When one rank (carol) cannot bind a doorbell, no rank uses doorbells: the default is the
     reader thread everywhere, and asking for doorbells is refused on every rank."""
@@ -363,12 +374,7 @@ def _modes_fall_back_together(rank: int) -> None:
     try:
         ep = MpiTransport(ROSTER)
         assert ep.receive_mode == "thread", (rank, ep.receive_mode)
-        try:
-            MpiTransport(ROSTER, receive_mode="doorbell")
-        except ValueError as exc:
-            assert "every rank on this host" in str(exc), exc
-        else:
-            raise AssertionError("receive_mode='doorbell' was accepted while a rank had no doorbell")
+        _assert_refused("doorbell", "every rank on this host", "receive_mode='doorbell' was accepted while a rank had no doorbell")
     finally:
         mpi_module.socket.socket = real_socket  # type: ignore[misc]
 
@@ -382,20 +388,10 @@ def _thread_mode_needs_thread_multiple() -> None:
     MPI.Query_thread = lambda: MPI.THREAD_SERIALIZED
     try:
         assert MpiTransport(ROSTER).receive_mode == "doorbell"
-        try:
-            MpiTransport(ROSTER, receive_mode="thread")
-        except ValueError as exc:
-            assert "MPI_THREAD_MULTIPLE" in str(exc), exc
-        else:
-            raise AssertionError("receive_mode='thread' was accepted without MPI_THREAD_MULTIPLE")
+        _assert_refused("thread", "MPI_THREAD_MULTIPLE", "receive_mode='thread' was accepted without MPI_THREAD_MULTIPLE")
     finally:
         MPI.Query_thread = query
-    try:
-        MpiTransport(ROSTER, receive_mode="spin")
-    except ValueError as exc:
-        assert "receive_mode must be one of doorbell, thread, poll" in str(exc), exc
-    else:
-        raise AssertionError("an unknown receive_mode was accepted")
+    _assert_refused("spin", "receive_mode must be one of doorbell, thread, poll", "an unknown receive_mode was accepted")
 
 
 def _roster_size_is_checked() -> None:

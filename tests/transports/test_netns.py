@@ -22,7 +22,6 @@ ends) and every process the test starts is removed in the fixture's teardown, on
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from fedproto.metering import RunReport
+from fedproto.testing import load_file
 
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 SECURE_SUM = Path(__file__).resolve().parents[2] / "docs" / "tutorial" / "secure_sum.py"
@@ -184,9 +184,7 @@ def test_the_tutorial_secure_sum_runs_across_three_namespaces(hosts: Hosts, tmp_
     for party, (code, err) in ended.items():
         assert code == 0, f"{party}: {err[-2000:]}"
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in PARTIES}
-    spec = importlib.util.spec_from_file_location("secure_sum_for_netns_test", SECURE_SUM)
-    tutorial = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tutorial)
+    tutorial = load_file(SECURE_SUM, "secure_sum_for_netns_test")
     expected = sum(tutorial.client_values(0, i, 8) for i in range(2))  # --seed 0, --d 8, --clients 2
     assert docs["server"]["result"]["sum"] == expected.tolist()
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]

@@ -371,6 +371,15 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
 
 
+async def refused_and_logged(stream, alice, caplog: pytest.LogCaptureFixture, logged: str) -> None:
+    """The listener ``alice`` closed the raw ``stream`` on us, logged a warning containing
+    ``logged``, and still serves an honest dialer."""
+    await expect_closed_by_peer(stream)
+    await stream.aclose()
+    assert any(logged in m for m in warnings_of(caplog)), warnings_of(caplog)
+    await assert_still_works(alice)
+
+
 async def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     async with serving("alice") as alice:
@@ -389,10 +398,7 @@ async def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixtu
             dialer="bob", listener="alice", dialer_nonce=b"d" * 32, listener_nonce=listener_nonce,
         )
         await send_frame(stream, msgpack.packb([forged]))
-        await expect_closed_by_peer(stream)
-        await stream.aclose()
-        assert any("bad MAC from claimed party 'bob'" in m for m in warnings_of(caplog))
-        await assert_still_works(alice)
+        await refused_and_logged(stream, alice, caplog, "bad MAC from claimed party 'bob'")
 
 
 async def test_transport_with_wrong_secret_cannot_connect(caplog: pytest.LogCaptureFixture) -> None:
@@ -428,10 +434,7 @@ async def test_bad_hello_is_refused_and_logged(
     async with serving("alice") as alice:
         stream = await dial_raw(alice)
         await send_frame(stream, message)
-        await expect_closed_by_peer(stream)
-        await stream.aclose()
-        assert any(logged in m for m in warnings_of(caplog)), warnings_of(caplog)
-        await assert_still_works(alice)
+        await refused_and_logged(stream, alice, caplog, logged)
 
 
 async def test_garbage_bytes_are_refused_before_being_buffered(caplog: pytest.LogCaptureFixture) -> None:
@@ -439,10 +442,7 @@ async def test_garbage_bytes_are_refused_before_being_buffered(caplog: pytest.Lo
     async with serving("alice") as alice:
         stream = await dial_raw(alice)
         await stream.send_all(b"GET / HTTP/1.1\r\nHost: alice\r\n\r\n")  # "GET " = a 1.2 GB prefix
-        await expect_closed_by_peer(stream)
-        await stream.aclose()
-        assert any("oversized handshake message" in m for m in warnings_of(caplog))
-        await assert_still_works(alice)
+        await refused_and_logged(stream, alice, caplog, "oversized handshake message")
 
 
 async def test_silent_client_times_out(caplog: pytest.LogCaptureFixture) -> None:

@@ -25,7 +25,7 @@ from fedproto.messages import Message, array_field
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.testing.toy import SumCoordinator, SumWorker
-from fedproto.testing import DelegatingTransport
+from fedproto.testing import DelegatingTransport, run_each_party
 from fedproto.transports._framing import FRAMING_OVERHEAD_BYTES, FrameReader, send_frame
 from fedproto.transports.tcp import (
     STAR_HANDSHAKE_VERSION,
@@ -142,22 +142,12 @@ async def test_a_client_closed_mid_run_is_named_by_every_survivor_within_one_dea
     deadline_s = 3.0
     machines = make()
     config = RuntimeConfig(deadline_s=deadline_s)
-    outcomes = {}
     with trio.fail_after(60):
         async with open_tcp_network(ROSTER, SECRET) as endpoints:
             dying = ClosesAfter(endpoints["w1"], n=1)  # answers round 0, dies answering round 1
             transports = {**endpoints, "w1": dying}
 
-            async def one(party):
-                try:
-                    value = await run_party(machines[party], transports[party], config=config)
-                except Exception as exc:
-                    value = exc
-                outcomes[party] = (trio.current_time(), value)
-
-            async with trio.open_nursery() as nursery:
-                for party in ROSTER:
-                    nursery.start_soon(one, party)
+            outcomes = await run_each_party(machines, transports, config, order=ROSTER)
     assert isinstance(outcomes["w1"][1], PartyCrashed) and dying.closed_at is not None
     ended, error = outcomes["c"]
     assert isinstance(error, InsufficientParticipants) and error.missing == ("w1",), error

@@ -29,8 +29,8 @@ import trio
 from fedproto.codec import encode_frame, has_tag
 from fedproto.errors import PeerUnreachable
 from fedproto.messages import AbortNotice
-from fedproto.runtime import RuntimeConfig, run_parties, run_party
-from fedproto.testing import DelegatingTransport
+from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.testing import DelegatingTransport, run_each_party
 from fedproto.testing.toy import SumCoordinator, SumWorker
 from fedproto.transports._admission import BoundedRefusalLog, PendingHandshakes, accept_forever
 from fedproto.transports.tcp import TcpAddress, TcpTransport, _StarPeer, open_tcp_network, throwaway_tls
@@ -364,7 +364,6 @@ class FreezesAfter(DelegatingTransport):
 async def test_a_stopped_hub_is_detected_by_its_clients_within_one_deadline() -> None:
     deadline_s = 4.0
     options = dict(resume_timeout_s=deadline_s / 2, handshake_timeout_s=1.0, linger_s=0.5)
-    outcomes: dict[str, tuple[float, object]] = {}
     with throwaway_tls(ROSTER) as kits, trio.fail_after(60):
         # the hub keeps its default keep-alive interval (5 s): it answers the clients' (0.25 s)
         hub = TcpTransport("c", ROSTER, {"c": "127.0.0.1:0"}, topology="star", tls=kits["c"], **options)
@@ -381,17 +380,8 @@ async def test_a_stopped_hub_is_detected_by_its_clients_within_one_deadline() ->
             stopped = endpoints["c"] = FreezesAfter(hub, proxies, n=4)  # after round 1's queries
             machines = toy_machines(rounds=5)
 
-            async def party(name: str) -> None:
-                try:
-                    value = await run_party(machines[name], endpoints[name], config=RuntimeConfig(deadline_s=deadline_s))
-                except Exception as exc:
-                    value = exc
-                outcomes[name] = (trio.current_time(), value)
-
-            async with trio.open_nursery() as parties:
-                for w in WORKERS:
-                    parties.start_soon(party, w)
-                parties.start_soon(party, "c")
+            outcomes = await run_each_party(machines, endpoints, RuntimeConfig(deadline_s=deadline_s),
+                                            order=[*WORKERS, "c"])
             for endpoint in [*endpoints.values()]:
                 await endpoint.aclose()
             nursery.cancel_scope.cancel()

@@ -36,8 +36,10 @@ from fedproto.metering import Meter, RunReport
 from fedproto.provision import FederationCA, provision
 from fedproto.roster import Roster, TlsFiles
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
+from fedproto.testing import load_file
 from fedproto.testing.conformance import run_conformance
-from fedproto.testing.toy import SumCoordinator, SumWorker
+from fedproto.testing.toy import SumWorker, expected_sums
+from fedproto.testing.toy import sum_machines as toy_machines
 from fedproto.transports._framing import FRAMING_OVERHEAD_BYTES, ROUTE_HEADER_BYTES, send_frame
 from fedproto.transports.tcp import (
     STAR_TLS_HELLO_VERSION,
@@ -51,6 +53,7 @@ from fedproto.transports.tcp import (
 
 ROSTER = ("c", "w0", "w1")
 SECRET = b"0123456789abcdef-run-secret"
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
 LOGGER = "fedproto.transports.tcp"
 #: What TLS 1.3 adds to each record: 5-byte header, 1-byte inner content type, 16-byte AEAD tag.
 RECORD_OVERHEAD_BYTES = 22
@@ -60,19 +63,7 @@ SECURE_SUM = Path(__file__).resolve().parents[2] / "docs" / "tutorial" / "secure
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-
-
-def toy_machines(rounds: int = 3, dim: int = 3) -> dict:
-    machines = {"c": SumCoordinator("c", workers=["w0", "w1"], rounds=rounds, dim=dim)}
-    for i, w in enumerate(("w0", "w1")):
-        machines[w] = SumWorker(w, coordinator="c", values=np.arange(dim) + i)
-    return machines
-
-
-def expected_sums(rounds: int = 3, dim: int = 3) -> np.ndarray:
-    total = sum(np.arange(dim) + i for i in range(2))
-    return np.stack([total * (r + 1) for r in range(rounds)])
+    return helpers.warnings_of(caplog, LOGGER)
 
 
 def tls_records(plaintext_bytes: int) -> int:
@@ -491,19 +482,12 @@ def test_fedproto_party_processes_whose_clients_have_no_address(tmp_path: Path) 
             assert proc.returncode == 0, f"{party}: {err[-2000:]}"
     finally:
         hub_socket.close()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        helpers.kill_all(procs.values())
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in parties}
     reports = [RunReport.from_dict(doc["report"]) for doc in docs.values()]
     for report in reports:  # no client-to-client frames in this protocol: nothing relayed
         assert report.relay_overhead_bytes == 0 and report.tls_overhead_bytes == RECORD_OVERHEAD_BYTES * report.messages
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("secure_sum_for_star_test", SECURE_SUM)
-    tutorial = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tutorial)
+    tutorial = load_file(SECURE_SUM, "secure_sum_for_star_test")
     expected = sum(tutorial.client_values(0, i, 8) for i in range(2))  # --seed 0, --d 8, --clients 2
     assert docs["server"]["result"]["sum"] == expected.tolist()
 

@@ -32,9 +32,10 @@ from fedproto.metering import Meter
 from fedproto.provision import FederationCA, PartyCredentials
 from fedproto.roster import TlsFiles
 from fedproto.runtime import RuntimeConfig, run_parties
-from fedproto.testing import DelegatingTransport
+from fedproto.testing import DelegatingTransport, load_file
 from fedproto.testing.conformance import run_conformance
-from fedproto.testing.toy import SumCoordinator, SumWorker
+from fedproto.testing.toy import expected_sums
+from fedproto.testing.toy import sum_machines as toy_machines
 from fedproto.transports._framing import FRAMING_OVERHEAD_BYTES, send_frame
 from fedproto.transports.tcp import (
     HANDSHAKE_VERSION,
@@ -46,6 +47,7 @@ from fedproto.transports.tcp import (
 )
 
 ROSTER = ("c", "w0", "w1")
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
 LOGGER = "fedproto.transports.tcp"
 #: What TLS 1.3 adds to each record: 5-byte header, 1-byte inner content type, 16-byte AEAD tag.
 RECORD_OVERHEAD_BYTES = 22
@@ -64,19 +66,7 @@ def federation(tmp_path: Path) -> tuple[FederationCA, dict[str, TlsFiles]]:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-
-
-def toy_machines(rounds: int = 3, dim: int = 3) -> dict:
-    machines = {"c": SumCoordinator("c", workers=["w0", "w1"], rounds=rounds, dim=dim)}
-    for i, w in enumerate(("w0", "w1")):
-        machines[w] = SumWorker(w, coordinator="c", values=np.arange(dim) + i)
-    return machines
-
-
-def expected_sums(rounds: int = 3, dim: int = 3) -> np.ndarray:
-    total = sum(np.arange(dim) + i for i in range(2))
-    return np.stack([total * (r + 1) for r in range(rounds)])
+    return helpers.warnings_of(caplog, LOGGER)
 
 
 class WaitsBeforeAnswering(DelegatingTransport):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from fedproto.algorithms.deletion import streams
 from fedproto.algorithms.deletion.cli import (
@@ -20,37 +19,14 @@ from fedproto.algorithms.deletion.cli import (
     summary_labels,
 )
 from fedproto.data import Dataset, find_data_file, load_dataset
-from fedproto.metering import Meter
 from fedproto.progress import use_display
-from fedproto.runtime import RuntimeConfig, run_parties
-from fedproto.transports.memory import MemoryNetwork
+from fedproto.testing import load_file, run_plan_in_memory
 
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
-def parse(plugin, argv):
-    """The plugin's options plus the ones the core CLI adds (fedproto.cli._common_arguments)."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default="blobs")
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partition", default="iid")
-    parser.add_argument("--deadline", type=float, default=60.0)
-    plugin.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def run_plan(plan):
-    async def go():
-        network = MemoryNetwork(plan.roster)
-        meter = Meter(trio.current_time)
-        machines = {p: plan.make_machine(p) for p in plan.roster}
-        results = await run_parties(machines, network, config=RuntimeConfig(session=plan.session), meter=meter)
-        return results, meter.report(protocol="x", transport="memory", session=plan.session, parties=plan.roster)
-
-    results, report = trio.run(go)
-    as_json = {p: plan.result_to_json(p, r) for p, r in results.items()}
-    return as_json, report
+parse = helpers.plugin_args  # the plugin's options plus the core's (fedproto.cli._common_arguments)
 
 
 def blobs(mixture, sizes, labels=True):
@@ -59,12 +35,20 @@ def blobs(mixture, sizes, labels=True):
     return Dataset("blobs", x * 10 - 3, y, None)  # min-max scaling brings it back to [0, 1]
 
 
+def qkmeans_plan(mixture, *options):
+    """The qkmeans plan (k 4, 3 clients, lattice step 1/32, and ``options``) on the four-blob set
+    of 45, 175, 175 and 175 points, and that set."""
+    dataset = blobs(mixture, (45, 175, 175, 175))
+    args = parse(QKMEANS, ["--k", "4", "--clients", "3", "--lattice-step", "0.03125", *options])
+    return QKMEANS.plan(args, dataset), dataset
+
+
 def test_dckmeans_plugin_runs_the_stream_and_summarises(mixture):
     dataset = blobs(mixture, (70, 70, 60))
     args = parse(DCKMEANS, ["--k", "3", "--removals", "6", "--no-timing"])
     plan = DCKMEANS.plan(args, dataset)
     assert plan.roster == ("root", "leaf-0", "leaf-1", "leaf-2", "leaf-3")
-    results, report = run_plan(plan)
+    results, report = run_plan_in_memory(plan)
     summary = plan.summarize(results)
     assert summary["model_equals_retrain"] is True
     assert summary["n_removals"] == 6 and summary["width"] == 4 and summary["n_points"] == 200
@@ -88,12 +72,9 @@ def test_dckmeans_plugin_runs_the_stream_and_summarises(mixture):
 
 
 def test_qkmeans_plugin_runs_the_stream_and_summarises(mixture):
-    dataset = blobs(mixture, (45, 175, 175, 175))
-    args = parse(QKMEANS, ["--k", "4", "--removals", "8", "--clients", "3", "--lattice-step", "0.03125",
-                           "--retrains", "2"])
-    plan = QKMEANS.plan(args, dataset)
+    plan, _ = qkmeans_plan(mixture, "--removals", "8", "--retrains", "2")
     assert plan.roster == ("server", "client-0", "client-1", "client-2")
-    results, report = run_plan(plan)
+    results, report = run_plan_in_memory(plan)
     shown = []
 
     class Display:  # records the progress tasks of the checks and timed replays after the protocol
@@ -212,13 +193,10 @@ def test_leaves_file_finds_celltype_by_name():
 
 
 def test_qkmeans_plugin_federated_equals_the_centralised_run(mixture):
-    dataset = blobs(mixture, (45, 175, 175, 175))
-    args = parse(QKMEANS, ["--k", "4", "--removals", "6", "--clients", "3", "--lattice-step", "0.03125",
-                           "--no-timing", "--federated"])
-    plan = QKMEANS.plan(args, dataset)
+    plan, dataset = qkmeans_plan(mixture, "--removals", "6", "--no-timing", "--federated")
     assert plan.roster == ("coordinator", "client-0", "client-1", "client-2")
     assert plan.phases == ("setup.data", "seed", "seed-point", "lloyd", "model", "request")
-    results, report = run_plan(plan)
+    results, report = run_plan_in_memory(plan)
     summary = plan.summarize(results)
     assert summary["federated_equals_centralised"] is True
     assert summary["model_equals_retrain"] is True
@@ -237,7 +215,7 @@ def test_dckmeans_plugin_weighted_variant(mixture):
     dataset = blobs(mixture, (70, 70, 60))
     args = parse(DCKMEANS, ["--k", "3", "--removals", "4", "--no-timing", "--weighted"])
     plan = DCKMEANS.plan(args, dataset)
-    results, report = run_plan(plan)
+    results, report = run_plan_in_memory(plan)
     summary = plan.summarize(results)
     assert summary["method"] == "DC-k-means (weighted)"
     assert summary["model_equals_retrain"] is True

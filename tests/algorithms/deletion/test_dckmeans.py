@@ -8,6 +8,7 @@ one padded shape and the kernels compile once.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -27,6 +28,9 @@ from fedproto.algorithms.deletion.dckmeans import (
     node_kmeans,
     node_output,
 )
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 
 
 def snapshot(dc: DCKMeans) -> dict:
@@ -256,17 +260,11 @@ def test_weighted_seeding_draws_follow_mass_times_d2():
     wp[:5] = w
     keys = jax.random.split(jax.random.PRNGKey(13), 6000)
     rows, count = jax.vmap(lambda key: kmeans.kmeanspp_seeding(key, xp, ip, valid, 2, weights=wp))(keys)
-    rows = np.asarray(rows)
-    assert np.all(np.asarray(count) == 2)
-    observed = np.zeros((5, 5))
-    np.add.at(observed, (rows[:, 0], rows[:, 1]), 1)
     expected = np.zeros((5, 5))
     for j in range(5):
         p = w * (pts - pts[j]) ** 2
         expected[j] = len(keys) * w[j] / w.sum() * p / p.sum()
-    mask = expected > 0
-    assert observed[~mask].sum() == 0
-    assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
+    helpers.assert_pair_draws_follow(rows, count, expected)
 
 
 def test_weighted_lloyd_equals_lloyd_on_repeated_points(mixture):

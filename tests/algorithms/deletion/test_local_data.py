@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from fedproto.algorithms.deletion import local_data
 from fedproto.algorithms.deletion.cli import DCKMEANS, QKMEANS, prepare
@@ -30,25 +28,15 @@ from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, save_dataset
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
-from fedproto.metering import Meter
-from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.testing import load_file, run_in_memory, run_plan_in_memory
 from fedproto.testing.harness import Harness
-from fedproto.transports.memory import MemoryNetwork
 
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 REPO = Path(__file__).resolve().parents[3]
 FEDPROTO = REPO / ".venv" / "bin" / "fedproto"
 
 
-def whole_args(plugin, argv):
-    """``fedproto run`` options: the plugin's plus the core's (fedproto.cli._common_arguments)."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default="blobs")
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partition", default="iid")
-    parser.add_argument("--deadline", type=float, default=60.0)
-    plugin.add_arguments(parser)
-    return parser.parse_args(argv)
+whole_args = helpers.plugin_args  # ``fedproto run`` options: the plugin's plus the core's
 
 
 def party_args(plugin, argv, data):
@@ -66,20 +54,11 @@ def party_args(plugin, argv, data):
 
 def run_machines(roster, make_machine, session):
     """Run every party's machine over the memory transport: ``({party: result}, report)``."""
-
-    async def go():
-        network = MemoryNetwork(roster)
-        meter = Meter(trio.current_time)
-        machines = {p: make_machine(p) for p in roster}
-        results = await run_parties(machines, network, config=RuntimeConfig(session=session), meter=meter)
-        return results, meter.report(protocol="x", transport="memory", session=session, parties=roster)
-
-    return trio.run(go)
+    return run_in_memory({p: make_machine(p) for p in roster}, session, roster=roster)
 
 
 def run_plan(plan):
-    results, report = run_machines(plan.roster, plan.make_machine, plan.session)
-    return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
+    return run_plan_in_memory(plan)
 
 
 def links(report):
@@ -279,12 +258,6 @@ def test_party_plans_refuse_what_they_cannot_run(mixture):
 # -------------------------------------------------------------------- the command line, over TCP
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fedproto(*argv, cwd):
     done = subprocess.run([str(FEDPROTO), *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
@@ -316,7 +289,7 @@ def test_dckmeans_parties_in_their_own_processes_over_tls_equal_the_memory_run(t
     files = {entry["party"]: entry["file"] for entry in manifest["files"]}
     assert roster[0] == "root" and set(files) == set(roster[1:])
     # the memory run's session, so that every envelope is the same size
-    _fedproto("provision", "--parties", ",".join(roster), "--hub", f"127.0.0.1:{_free_port()}", "--session",
+    _fedproto("provision", "--parties", ",".join(roster), "--hub", f"127.0.0.1:{helpers.free_port()}", "--session",
               str(memory["session"]), "--out", "kits", cwd=tmp_path)
     # the parties hold only their files: what the whole set decided is spelled out
     # (DCKMEANS.resolved_options: --k, --removals, --width)

@@ -263,6 +263,15 @@ async def test_q_over_the_memory_transport(mixture):
     np.testing.assert_array_equal(results["server"].centroids, expected["server"].centroids)
 
 
+def uploaded_server(parties):
+    """A fresh, started q-k-means server that has every client's points (round 0 done)."""
+    server = parties.make_machine("server")
+    server.start()
+    for c, (pts, ids) in zip(parties.clients, parties.parts):
+        server.receive(c, PointUpload(ids=ids, points=pts), round_idx=0)
+    return server
+
+
 def test_q_requests_interleaved_with_training_or_for_others_points_fail(mixture):
     x = mixture(31, (45, 175, 175, 175), sd=0.06)
     parties = q_parties(x, 2, [3, 4])
@@ -270,16 +279,10 @@ def test_q_requests_interleaved_with_training_or_for_others_points_fail(mixture)
     server.start()
     with pytest.raises(RemoteProtocolError, match="unexpected RemovalRequest from client-0 in state COLLECT"):
         server.receive("client-0", RemovalRequest(point_id=3), round_idx=0)
-    server = parties.make_machine("server")
-    server.start()
-    for c, (pts, ids) in zip(parties.clients, parties.parts):
-        server.receive(c, PointUpload(ids=ids, points=pts), round_idx=0)
+    server = uploaded_server(parties)
     with pytest.raises(RemoteProtocolError, match="client-0 owns"):
         server.receive("client-1", RemovalRequest(point_id=3), round_idx=1)
-    server = parties.make_machine("server")
-    server.start()
-    for c, (pts, ids) in zip(parties.clients, parties.parts):
-        server.receive(c, PointUpload(ids=ids, points=pts), round_idx=0)
+    server = uploaded_server(parties)
     server.receive("client-0", RemovalRequest(point_id=3), round_idx=1)
     with pytest.raises(RemoteProtocolError, match="already deleted"):
         server.receive("client-0", RemovalRequest(point_id=3), round_idx=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 import math
 
 import jax
@@ -25,6 +26,9 @@ from fedproto.algorithms.deletion.qkmeans import (
     default_epsilon,
     train_qkmeans,
 )
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 
 
 def same_model(a, b) -> bool:
@@ -106,17 +110,11 @@ def test_kmeanspp_draws_follow_exact_d2_probabilities():
     xp, ip, valid = _kernels.pad_rows(pts[:, None], np.arange(5))
     keys = jax.random.split(jax.random.PRNGKey(11), 6000)
     rows, count = jax.vmap(lambda key: _kernels.kmeanspp_seeding(key, xp, ip, valid, 2))(keys)
-    rows = np.asarray(rows)
-    assert np.all(np.asarray(count) == 2)
-    observed = np.zeros((5, 5))
-    np.add.at(observed, (rows[:, 0], rows[:, 1]), 1)
     expected = np.zeros((5, 5))
     for j in range(5):
         w = (pts - pts[j]) ** 2
         expected[j] = len(keys) / 5 * w / w.sum()
-    mask = expected > 0
-    assert observed[~mask].sum() == 0  # a chosen point is never drawn again
-    assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
+    helpers.assert_pair_draws_follow(rows, count, expected)
 
 
 def test_seeding_is_coupled_by_point_id(mixture):

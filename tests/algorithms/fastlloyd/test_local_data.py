@@ -16,16 +16,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from fedproto import registry
 from fedproto.algorithms.fastlloyd.cli import setup_data_bytes
@@ -36,13 +30,13 @@ from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, normalize, partition, save_dataset
 from fedproto.errors import FedProtoError, RemoteProtocolError
-from fedproto.metering import Meter, RunReport
-from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.metering import RunReport
+from fedproto.testing import link_costs, load_file, run_in_memory
 from fedproto.testing.harness import Harness
-from fedproto.transports.memory import MemoryNetwork
 
 PLUGIN = registry.load_protocol("fastlloyd")
-FEDPROTO = [sys.executable, "-m", "fedproto"]
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
+FEDPROTO = helpers.FEDPROTO
 #: iris, 3 clients, 2 iterations: small and fast, every phase present
 BASE = ["--data", "iris", "--clients", "3", "--iterations", "2", "--seed", "4"]
 CASES = {
@@ -60,21 +54,7 @@ def _args(*extra: str):
 
 
 def _run(machines: dict, session: int) -> tuple[dict, RunReport]:
-    network = MemoryNetwork(list(machines))
-    meter = Meter(trio.current_time)
-
-    async def go():
-        return await run_parties(machines, network, config=RuntimeConfig(session=session, deadline_s=60), meter=meter)
-
-    results = trio.run(go)
-    return results, meter.report(protocol="fastlloyd", transport="memory", session=session, parties=list(machines))
-
-
-def _links(report: RunReport) -> dict[tuple, tuple[int, int]]:
-    return {
-        (link.round_idx, link.phase, link.sender, link.receiver, link.tag): (link.messages, link.payload_bytes)
-        for link in report.links
-    }
+    return run_in_memory(machines, session, deadline_s=60, protocol="fastlloyd")
 
 
 def _per_party_plans(args, dataset, tmp_path: Path, roster, session):
@@ -112,7 +92,7 @@ def test_per_party_plans_give_the_simulations_results_and_bytes(tmp_path, case):
         assert plans[party].result_to_json(party, results[party]) == simulation.result_to_json(
             party, sim_results[party]
         ), party
-    assert _links(report) == _links(sim_report)  # payload bytes per link, phase and round
+    assert link_costs(report) == link_costs(sim_report)  # payload bytes per link, phase and round
     assert report.payload_bytes == sim_report.payload_bytes and report.setup_bytes == sim_report.setup_bytes
     # the server learnt N and d in setup.data; the summary is the pooled data's
     server = simulation.result_to_json("server", sim_results["server"])
@@ -241,12 +221,6 @@ def test_split_gives_each_client_its_raw_rows_by_the_runs_partition():
 # --- through the command line, one OS process per party, over TCP ------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _cli(argv: list[str], capsys) -> None:
     """``fedproto ARGV`` in this process (the same ``main`` as ``python -m fedproto``; JAX starts
     once for the reference run, the split and the kits)."""
@@ -266,27 +240,18 @@ def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_ru
     assert [entry["party"] for entry in manifest["files"]] == ["client-0", "client-1"]
     parties = list(memory.parties)
     # the memory run's session in the kits' roster: the envelopes (and with SecAgg+ its graph) carry it
-    _cli(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{_free_port()}",
+    _cli(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
           "--session", str(memory.session), "--out", str(tmp_path / "kits")], capsys)
     party_options = ["--iterations", "3", "--seed", "1", "--deadline", "60"]
-    procs = {}
-    try:
-        for party in parties:
-            # a client's --k comes from its file (iris's paper k); the server, without one, is told
-            own = ["--k", "3"] if party == "server" else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
-            cmd = [*FEDPROTO, "party", "fastlloyd", *party_options, *own, "--party", party,
-                   "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                   "--party-report", str(tmp_path / f"{party}.json")]
-            procs[party] = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
-        outputs = {party: proc.communicate(timeout=180) for party, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for party, proc in procs.items():
-        assert proc.returncode == 0, (party, outputs[party][1][-3000:])
+    commands = {}
+    for party in parties:
+        # a client's --k comes from its file (iris's paper k); the server, without one, is told
+        own = ["--k", "3"] if party == "server" else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
+        commands[party] = [*FEDPROTO, "party", "fastlloyd", *party_options, *own, "--party", party,
+                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
+                           "--party-report", str(tmp_path / f"{party}.json")]
+    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=180).items():
+        assert code == 0, (party, err[-3000:])
     docs = {party: json.loads((tmp_path / f"{party}.json").read_text()) for party in parties}
     # results: every client ends with the memory run's centroids; the server agreed N and d
     for party in parties[1:]:
@@ -294,5 +259,5 @@ def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_ru
     assert (docs["server"]["result"]["n_points"], docs["server"]["result"]["d"]) == (150, 4)
     # payload bytes: the union of the parties' own reports is the memory run's, link by link
     tcp = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
-    assert _links(tcp) == _links(memory)
+    assert link_costs(tcp) == link_costs(memory)
     assert tcp.payload_bytes == memory.payload_bytes and tcp.setup_bytes == memory.setup_bytes

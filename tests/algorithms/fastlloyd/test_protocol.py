@@ -208,15 +208,25 @@ def test_empirical_noise_std_matches_calibration():
     assert abs(counts.std() / math.sqrt(49 + 1 / 12) - 1) < 5 / math.sqrt(2 * counts.size)
 
 
+def tampering(message_cls, applies, forge):
+    """A Harness ``tamper``: a frame carrying a ``message_cls`` for which ``applies(frame)`` holds
+    is replaced by ``forge(message)`` (frame bytes); every other frame passes as it is."""
+
+    def tamper(frame):
+        _, message = decode_frame(frame.data)
+        if isinstance(message, message_cls) and applies(frame):
+            return forge(message)
+        return frame.data
+
+    return tamper
+
+
 def test_wrong_shape_update_is_rejected_naming_the_client():
     config = make_config("fastlloyd", n=len(BLOBS), k=4, d=3, epsilon=1.0)
     machines = build(config, BLOBS, 2)
 
-    def bad(frame):
-        _, message = decode_frame(frame.data)
-        if isinstance(message, MaskedUpdate) and frame.sender == "client-1":
-            return encode_frame(MaskedUpdate(masked=np.zeros((4, 3), np.uint32)), session=3, round_idx=0, phase="update")
-        return frame.data
+    bad = tampering(MaskedUpdate, lambda frame: frame.sender == "client-1", lambda message: encode_frame(
+        MaskedUpdate(masked=np.zeros((4, 3), np.uint32)), session=3, round_idx=0, phase="update"))
 
     with pytest.raises(RemoteProtocolError) as info:
         Harness(machines, tamper=bad, session=3).run()
@@ -228,12 +238,11 @@ def test_tampered_sealed_seed_is_detected():
     config = make_config("fastlloyd", n=len(BLOBS), k=4, d=3, epsilon=1.0)
     machines = build(config, BLOBS, 3)
 
-    def flip(frame):
-        _, message = decode_frame(frame.data)
-        if isinstance(message, SealedSeed) and frame.dest == "client-2":
-            sealed = bytes([message.sealed[0] ^ 1]) + message.sealed[1:]
-            return encode_frame(SealedSeed(sender_key=message.sender_key, sealed=sealed), session=3, round_idx=0, phase="setup.relay")
-        return frame.data
+    def flipped(message):
+        sealed = bytes([message.sealed[0] ^ 1]) + message.sealed[1:]
+        return encode_frame(SealedSeed(sender_key=message.sender_key, sealed=sealed), session=3, round_idx=0, phase="setup.relay")
+
+    flip = tampering(SealedSeed, lambda frame: frame.dest == "client-2", flipped)
 
     with pytest.raises(RemoteProtocolError, match="does not open"):
         Harness(machines, tamper=flip, session=3).run()

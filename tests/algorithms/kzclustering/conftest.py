@@ -61,6 +61,25 @@ def random_parts(rng: np.random.Generator, n: int, m: int) -> list[np.ndarray]:
     return [np.flatnonzero(labels == i) for i in range(m)]
 
 
+def tiny_instance(rng: np.random.Generator, trial: int) -> tuple[int, int, int, int, float, np.ndarray] | None:
+    """A random tiny (k,z)-center instance for the brute-force checks, or None when it drew k > n.
+
+    Returns:
+        ``(n, k, z, m, eps, x)``: 3 <= n <= 11 points, k <= 3 centres, z <= min(7, n - 1)
+        outliers, m <= 3 machines, eps in {0.1, 0.5, 1}, and ``x`` float64 ``[n, 2]``: small
+        integers (many ties) on odd trials, Gaussian of scale 10 on even ones.
+    """
+    n = int(rng.integers(3, 12))
+    k = int(rng.integers(1, 4))
+    z = int(rng.integers(0, min(7, n - 1) + 1))
+    if k > n:
+        return None
+    m = int(rng.integers(1, 4))
+    eps = float(rng.choice([0.1, 0.5, 1.0]))
+    x = rng.integers(0, 6, size=(n, 2)).astype(np.float64) if trial % 2 else rng.normal(size=(n, 2)) * 10
+    return n, k, z, m, eps, x
+
+
 def blobs_with_outliers(seed: int = 0, *, per_blob: int = 40, blobs: int = 5, outliers: int = 20, d: int = 2):
     """Well-separated Gaussian blobs plus far uniform outliers (the spec's GAP 1 fixture, small)."""
     rng = np.random.default_rng(seed)
@@ -103,6 +122,7 @@ def kz():
         machines=make_machines,
         run=run_kzcenter,
         parts=random_parts,
+        tiny=tiny_instance,
         blobs=blobs_with_outliers,
         solvers=solvers,
         kernels=_kernels,

@@ -13,9 +13,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +31,7 @@ from fedproto.data import Dataset, load_dataset, normalize, save_dataset
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.testing import load_file
 from fedproto.testing.faults import Faults
 from fedproto.transports.memory import MemoryNetwork
 
@@ -295,20 +293,8 @@ def test_resolved_options_spell_out_the_auto_sub_machine_count():
 
 # --- 2. the command line over TCP, one process per party ----------------------------------------------------------
 
-FEDPROTO = [sys.executable, "-m", "fedproto"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([*FEDPROTO, *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
+FEDPROTO = helpers.FEDPROTO
 
 
 @pytest.mark.slow  # 110 to 140 s here (5 processes, each starting JAX, on 2 shared cores)
@@ -318,33 +304,25 @@ def test_split_files_and_one_party_process_each_over_tcp_match_the_memory_run(tm
     are the memory run's, setup phase included."""
     options = ["--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5", "--inject-outliers", "5", "--normalize",
                "--sub-machines", "1", "--compare", "none", "--seed", "2", "--deadline", "60"]
-    _cli(["run", "kzcenter", "--data", "iris", *options, "--quiet", "--no-plot",
+    helpers.fedproto_ok(["run", "kzcenter", "--data", "iris", *options, "--quiet", "--no-plot",
           "--report", str(tmp_path / "memory.json")], tmp_path)
     memory = json.loads((tmp_path / "memory.json").read_text())
-    _cli(["split", "kzcenter", "--data", "iris", *[o for o in options if o != "--deadline" and o != "60"],
+    helpers.fedproto_ok(["split", "kzcenter", "--data", "iris", *[o for o in options if o != "--deadline" and o != "60"],
           "--out", str(tmp_path / "split")], tmp_path)
     manifest = json.loads((tmp_path / "split" / "split.json").read_text())
     parties = memory["parties"]
     assert [entry["party"] for entry in manifest["files"]] == parties[1:]
-    _cli(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{_free_port()}",
+    helpers.fedproto_ok(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
           "--session", str(memory["session"]), "--out", str(tmp_path / "kits")], tmp_path)
-    procs = {}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        for party in parties:
-            data = [] if party == COORDINATOR else ["--data", str(tmp_path / "split" / f"{party}.npz")]
-            argv = ["party", "kzcenter", "--party", party, "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                    *data, *options, "--party-report", str(tmp_path / f"{party}.json")]
-            procs[party] = subprocess.Popen([*FEDPROTO, *argv], cwd=tmp_path, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
-        for party, proc in procs.items():
-            _, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, f"{party}: {err[-3000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    commands = {}
+    for party in parties:
+        data = [] if party == COORDINATOR else ["--data", str(tmp_path / "split" / f"{party}.npz")]
+        commands[party] = [*FEDPROTO, "party", "kzcenter", "--party", party,
+                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
+                           *data, *options, "--party-report", str(tmp_path / f"{party}.json")]
+    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=240, env=env).items():
+        assert code == 0, f"{party}: {err[-3000:]}"
     docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in parties}
     merged = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
     links = [dataclasses.asdict(link) for link in merged.links]

@@ -84,14 +84,10 @@ def test_probe_search_certifies_its_radius_against_brute_force(kz):
     L*, and the accepted guess is at most the first grid value >= L*."""
     rng = np.random.default_rng(315)
     for trial in range(40):
-        n = int(rng.integers(3, 12))
-        k = int(rng.integers(1, 4))
-        z = int(rng.integers(0, min(7, n - 1) + 1))
-        if k > n:
+        instance = kz.tiny(rng, trial)
+        if instance is None:
             continue
-        m = int(rng.integers(1, 4))
-        eps = float(rng.choice([0.1, 0.5, 1.0]))
-        x = rng.integers(0, 6, size=(n, 2)).astype(np.float64) if trial % 2 else rng.normal(size=(n, 2)) * 10
+        n, k, z, m, eps, x = instance
         bounds = (0.05, 40.0) if trial % 5 == 4 else None
         config = KzCenterConfig(k=k, z=z, eps=eps, n_machines=m, d=2, batch=int(rng.integers(0, 3)),
                                 radius_bounds=bounds)

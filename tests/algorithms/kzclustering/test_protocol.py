@@ -53,14 +53,10 @@ def fuzz(kz, rng, trials, search, *, split=False):
     """Random tiny instances (n <= 11, k <= 3, m <= 3, z <= 7) against brute force (with
     ``split``, every machine also splits into 2 or 3 sub-machines)."""
     for trial in range(trials):
-        n = int(rng.integers(3, 12))
-        k = int(rng.integers(1, 4))
-        z = int(rng.integers(0, min(7, n - 1) + 1))
-        if k > n:
+        instance = kz.tiny(rng, trial)
+        if instance is None:
             continue
-        m = int(rng.integers(1, 4))
-        eps = float(rng.choice([0.1, 0.5, 1.0]))
-        x = rng.integers(0, 6, size=(n, 2)).astype(np.float64) if trial % 2 else rng.normal(size=(n, 2)) * 10
+        n, k, z, m, eps, x = instance
         parts = kz.parts(rng, n, m)
         sub_machines = int(rng.integers(2, 4)) if split else 1
         config = KzCenterConfig(
@@ -395,6 +391,14 @@ def test_machines_without_points_and_duplicate_points(kz):
     assert r.grid.tolist() == [0.0] and r.outliers == 0 and r.centres.shape == (1, 3)
 
 
+def refused(machines, tamper, match):
+    """Run ``machines`` in the harness with ``tamper`` on every frame; the RemoteProtocolError
+    matching ``match`` that ends the run."""
+    with pytest.raises(RemoteProtocolError, match=match) as info:
+        Harness(machines, tamper=tamper).run()
+    return info.value
+
+
 def test_inconsistent_or_stray_messages_are_rejected(kz):
     x = kz.blobs(3, per_blob=10, blobs=2, outliers=2)
     config = KzCenterConfig(k=2, z=2, eps=0.5, n_machines=2, d=2, search="linear")
@@ -408,10 +412,7 @@ def test_inconsistent_or_stray_messages_are_rejected(kz):
             return encode_frame(forged, session=0, round_idx=1, phase="counts")
         return frame.data
 
-    machines = kz.machines(x, parts, config)
-    with pytest.raises(RemoteProtocolError, match="reported 11 points, now 12") as info:
-        Harness(machines, tamper=shrink).run()
-    assert info.value.party == "machine-1"
+    assert refused(kz.machines(x, parts, config), shrink, "reported 11 points, now 12").party == "machine-1"
 
     def heavier(frame):  # machine-1 inflates a weight: weights + discarded no longer sum to n_i
         _, message = decode_frame(frame.data)
@@ -423,10 +424,7 @@ def test_inconsistent_or_stray_messages_are_rejected(kz):
             return encode_frame(forged, session=0, round_idx=2, phase="points")
         return frame.data
 
-    machines = kz.machines(x, parts, config)
-    with pytest.raises(RemoteProtocolError, match="does not match its counts") as info:
-        Harness(machines, tamper=heavier).run()
-    assert info.value.party == "machine-1"
+    assert refused(kz.machines(x, parts, config), heavier, "does not match its counts").party == "machine-1"
 
     def wrong_guess(frame):
         _, message = decode_frame(frame.data)
@@ -437,8 +435,7 @@ def test_inconsistent_or_stray_messages_are_rejected(kz):
         return frame.data
 
     machines = kz.machines(x, parts, config)
-    with pytest.raises(RemoteProtocolError, match="requested"):
-        Harness(machines, tamper=wrong_guess).run()
+    refused(machines, wrong_guess, "requested")
 
     coordinator = KzCoordinator(COORDINATOR, config=config, machines=["machine-0", "machine-1"])
     coordinator.start()

@@ -10,47 +10,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from fedproto.algorithms.mufc.cli import LABELS, PAPER_MEAN_SPEEDUP, PROTOCOL, paper_figures, removal_stream, unit_box
 from fedproto.cli import main
 from fedproto.data import find_data_file, load_dataset
-from fedproto.metering import Meter
 from fedproto.progress import use_display
-from fedproto.runtime import RuntimeConfig, run_parties
-from fedproto.transports.memory import MemoryNetwork
+from fedproto.testing import load_file, run_plan_in_memory
 
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 CELLTYPE = find_data_file("celltype") or Path("celltype.npz")  # the FEDPROTO_DATA mirror (tests/conftest.py)
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", default="iris")
-    parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--partition", default=PROTOCOL.default_partition)
-    parser.add_argument("--deadline", type=float, default=60.0)
-    PROTOCOL.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def run_plan(plan):
-    async def go():
-        network = MemoryNetwork(plan.roster)
-        meter = Meter(trio.current_time)
-        machines = {p: plan.make_machine(p) for p in plan.roster}
-        results = await run_parties(machines, network, config=RuntimeConfig(session=plan.session),
-                                    meter=meter)
-        return results, meter.report(protocol="mufc", transport="memory", session=plan.session, parties=plan.roster)
-
-    results, report = trio.run(go)
-    return {p: plan.result_to_json(p, r) for p, r in results.items()}, report
+    return helpers.plugin_args(PROTOCOL, argv, data="iris", clients=3, partition=PROTOCOL.default_partition)
 
 
 def test_plan_runs_and_summarises_with_exactness_and_the_analytic_bytes():
     args = parse(["--removals", "4", "--points-per-removal", "2", "--no-timing", "--n-init", "2"])
     plan = PROTOCOL.plan(args, load_dataset("iris"))
-    results, report = run_plan(plan)
+    results, report = run_plan_in_memory(plan, protocol="mufc")
     summary = plan.summarize(results)
     assert summary["n_points_removed"] == 8 and summary["n_points_decoded"] == 142
     assert summary["n_removals"] == 4 and summary["points_per_removal"] == 2 and summary["n_points"] == 150
@@ -101,7 +79,7 @@ def test_summary_keys_are_identifiers_with_labels_and_numbers():
     args = parse(["--clients", "3", "--removals", "2", "--retrains", "1", "--n-init", "2"])
     dataset = load_dataset("iris")
     plan = PROTOCOL.plan(args, dataset)
-    results = run_plan(plan)[0]
+    results = run_plan_in_memory(plan, protocol="mufc")[0]
     display = RecordingDisplay()
     with use_display(display):
         summary = plan.summarize(results)

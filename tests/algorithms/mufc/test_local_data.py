@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-import trio
 
 from fedproto import registry
 from fedproto.algorithms.mufc.cli import unit_box
@@ -39,13 +33,13 @@ from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, save_dataset
 from fedproto.errors import FedProtoError, RemoteProtocolError
-from fedproto.metering import Meter, RunReport
-from fedproto.runtime import RuntimeConfig, run_parties
+from fedproto.metering import RunReport
+from fedproto.testing import link_costs, load_file, run_in_memory
 from fedproto.testing.harness import Harness
-from fedproto.transports.memory import MemoryNetwork
 
 PLUGIN = registry.load_protocol("mufc")
-FEDPROTO = [sys.executable, "-m", "fedproto"]
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
+FEDPROTO = helpers.FEDPROTO
 #: iris, small runs: every phase present, no timed replay, no baselines
 BASE = ["--data", "iris", "--seed", "2", "--n-init", "2", "--no-timing", "--no-baselines"]
 CASES = {
@@ -62,21 +56,7 @@ def _args(*extra: str):
 
 
 def _run(machines: dict, session: int) -> tuple[dict, RunReport]:
-    network = MemoryNetwork(list(machines))
-    meter = Meter(trio.current_time)
-
-    async def go():
-        return await run_parties(machines, network, config=RuntimeConfig(session=session, deadline_s=60), meter=meter)
-
-    results = trio.run(go)
-    return results, meter.report(protocol="mufc", transport="memory", session=session, parties=list(machines))
-
-
-def _links(report: RunReport) -> dict[tuple, tuple[int, int]]:
-    return {
-        (link.round_idx, link.phase, link.sender, link.receiver, link.tag): (link.messages, link.payload_bytes)
-        for link in report.links
-    }
+    return run_in_memory(machines, session, deadline_s=60, protocol="mufc")
 
 
 def _per_party_plans(args, dataset, tmp_path: Path, roster, session):
@@ -114,7 +94,7 @@ def test_per_party_plans_give_the_simulations_results_and_bytes(tmp_path, case):
         assert plans[party].result_to_json(party, results[party]) == simulation.result_to_json(
             party, sim_results[party]
         ), party
-    assert _links(report) == _links(sim_report)  # payload bytes per link, phase and round
+    assert link_costs(report) == link_costs(sim_report)  # payload bytes per link, phase and round
     assert report.payload_bytes == sim_report.payload_bytes and report.setup_bytes == sim_report.setup_bytes
     summary = simulation.summarize({p: simulation.result_to_json(p, r) for p, r in sim_results.items()})
     assert summary["clients_agree"] is True and summary["n_points"] == dataset.n
@@ -250,52 +230,30 @@ def test_split_gives_each_client_its_raw_rows_as_the_run_cuts_them():
 # --- through the command line, one OS process per party, over TCP ------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([*FEDPROTO, *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 @pytest.mark.slow
 def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_run(tmp_path):
     run_options = ["--data", "iris", "--clients", "3", "--seed", "1", "--removals", "2", "--leave", "1",
                    "--n-init", "2"]
     quick = ["--no-timing", "--no-baselines"]
-    _cli(["run", "mufc", *run_options, *quick, "--quiet", "--report", str(tmp_path / "memory.json")], tmp_path)
+    helpers.fedproto_ok(["run", "mufc", *run_options, *quick, "--quiet", "--report", str(tmp_path / "memory.json")], tmp_path)
     memory = RunReport.from_json((tmp_path / "memory.json").read_text())
-    _cli(["split", "mufc", *run_options, "--out", str(tmp_path / "parts")], tmp_path)
+    helpers.fedproto_ok(["split", "mufc", *run_options, "--out", str(tmp_path / "parts")], tmp_path)
     manifest = json.loads((tmp_path / "parts" / "split.json").read_text())
     assert [entry["party"] for entry in manifest["files"]] == ["client-0", "client-1", "client-2"]
     parties = list(memory.parties)
     # the memory run's session in the kits' roster: the envelopes carry it
-    _cli(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{_free_port()}",
+    helpers.fedproto_ok(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
           "--session", str(memory.session), "--out", str(tmp_path / "kits")], tmp_path)
     party_options = ["--removals", "2", "--leave", "1", "--n-init", "2", "--seed", "1", "--deadline", "60"]
-    procs = {}
-    try:
-        for party in parties:
-            # a client's --k comes from its file (iris's paper K); the server, without one, is told
-            own = ["--k", "3"] if party == SERVER else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
-            cmd = [*FEDPROTO, "party", "mufc", *party_options, *own, "--party", party,
-                   "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                   "--party-report", str(tmp_path / f"{party}.json")]
-            procs[party] = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
-        outputs = {party: proc.communicate(timeout=300) for party, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for party, proc in procs.items():
-        assert proc.returncode == 0, (party, outputs[party][1][-3000:])
+    commands = {}
+    for party in parties:
+        # a client's --k comes from its file (iris's paper K); the server, without one, is told
+        own = ["--k", "3"] if party == SERVER else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
+        commands[party] = [*FEDPROTO, "party", "mufc", *party_options, *own, "--party", party,
+                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
+                           "--party-report", str(tmp_path / f"{party}.json")]
+    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=300).items():
+        assert code == 0, (party, err[-3000:])
     docs = {party: json.loads((tmp_path / f"{party}.json").read_text()) for party in parties}
     # results: the server ends with the memory run's model and decoded count; one client left
     server = docs[SERVER]["result"]
@@ -304,5 +262,5 @@ def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_ru
     assert sum(docs[p]["result"]["left"] for p in parties[1:]) == memory.results["n_clients_left"] == 1
     # payload bytes: the union of the parties' own reports is the memory run's, link by link
     tcp = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
-    assert _links(tcp) == _links(memory)
+    assert link_costs(tcp) == link_costs(memory)
     assert tcp.payload_bytes == memory.payload_bytes and tcp.setup_bytes == memory.setup_bytes

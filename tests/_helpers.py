@@ -1,0 +1,237 @@
+"""Helpers shared by several test files: subprocesses, process trees, TCP ports, option parsing.
+
+Not a test file (pytest collects ``test_*.py`` only). Test files run under
+``--import-mode=importlib`` and cannot import one another by name, so they load this one by path::
+
+    from fedproto.testing import load_file
+
+    helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
+
+Everything here that starts a process bounds it by a timeout and kills it (its whole process
+group where it has one) on the way out, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "FEDPROTO",
+    "alive",
+    "assert_pair_draws_follow",
+    "fedproto_ok",
+    "free_port",
+    "kill_all",
+    "kill_group",
+    "leaf_processes",
+    "module_file",
+    "plugin_args",
+    "process_tree",
+    "reap",
+    "run_party_processes",
+    "wait_dead",
+    "wait_while_running",
+    "warnings_of",
+]
+
+#: ``fedproto`` run by this interpreter (``python -m fedproto``).
+FEDPROTO = [sys.executable, "-m", "fedproto"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fedproto_ok(argv: Sequence[str], cwd: Path, *, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run ``fedproto ARGV`` in a subprocess (no stdin) and assert it exits 0.
+
+    Returns:
+        The completed process, its output captured as text.
+
+    Raises:
+        AssertionError: a non-zero exit, with the end of its stderr.
+        subprocess.TimeoutExpired: it ran past ``timeout_s`` seconds.
+    """
+    done = subprocess.run([*FEDPROTO, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group that ``proc`` leads (started with ``start_new_session=True``), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_party_processes(
+    commands: Mapping[str, Sequence[str]], cwd: Path, *, timeout_s: float, env: Mapping[str, str] | None = None
+) -> dict[str, tuple[int, str, str]]:
+    """Start one process per party (each in its own session), wait for all, kill what is left.
+
+    Args:
+        commands: ``{party: argv}``.
+        cwd: their working directory.
+        timeout_s: how long to wait for each one, in turn (seconds).
+        env: their environment (default: this process's).
+
+    Returns:
+        ``{party: (exit code, stdout, stderr)}`` in the order of ``commands``.
+
+    Raises:
+        subprocess.TimeoutExpired: a party ran past its timeout (every group is killed first).
+    """
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for party, argv in commands.items():
+            procs[party] = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        outputs = {party: proc.communicate(timeout=timeout_s) for party, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                kill_group(proc)
+    return {party: (procs[party].returncode, *outputs[party]) for party in procs}
+
+
+def kill_all(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGKILL every process of ``procs`` that still runs, and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` if it still runs, reap it and close its stderr pipe."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    proc.stderr.close()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is neither a zombie nor dead (``/proc/PID/stat``)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def process_tree(pid: int) -> dict[int, list[int]]:
+    """``{process: its children}`` of every live process below ``pid`` (from /proc; zombies are
+    not counted)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat_fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if stat_fields[0] not in ("Z", "X"):
+                parents[int(entry.name)] = int(stat_fields[1])
+    tree: dict[int, list[int]] = {}
+    todo = [pid]
+    while todo:
+        below = [child for child, parent in parents.items() if parent == todo[-1]]
+        tree[todo.pop()] = below
+        todo += below
+    del tree[pid]
+    return tree
+
+
+def leaf_processes(pid: int) -> list[int]:
+    """The parties below the launcher ``pid``: its descendants without children of their own (a
+    fork server's children are the parties; without one, the launcher's are)."""
+    return [p for p, below in process_tree(pid).items() if not below]
+
+
+def wait_dead(pids: Sequence[int], timeout_s: float) -> list[int]:
+    """The pids still alive after up to ``timeout_s`` seconds (polled every 50 ms)."""
+    limit = time.monotonic() + timeout_s
+    while time.monotonic() < limit:
+        if not any(alive(pid) for pid in pids):
+            return []
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def plugin_args(plugin: Any, argv: Sequence[str], **defaults: Any) -> argparse.Namespace:
+    """Parse ``argv`` with the plugin's options plus the core ones a ``fedproto run`` adds
+    (``--data``, ``--clients``, ``--seed``, ``--partition``, ``--deadline``; see
+    ``fedproto.cli._common_arguments``), with these tests' defaults: ``blobs``, 2 clients, seed 0,
+    ``iid``, 60 s; ``defaults`` overrides them by destination name."""
+    values = {"data": "blobs", "clients": 2, "seed": 0, "partition": "iid", "deadline": 60.0, **defaults}
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default=values["data"])
+    parser.add_argument("--clients", type=int, default=values["clients"])
+    parser.add_argument("--seed", type=int, default=values["seed"])
+    parser.add_argument("--partition", default=values["partition"])
+    parser.add_argument("--deadline", type=float, default=values["deadline"])
+    plugin.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def module_file(tmp_path_factory: pytest.TempPathFactory, folder: str, name: str, text: str) -> Path:
+    """Write ``text`` (a protocol plugin's source, say) to ``name`` in a new temporary folder."""
+    path = tmp_path_factory.mktemp(folder) / name
+    path.write_text(text)
+    return path
+
+
+def assert_pair_draws_follow(rows: Any, count: Any, expected: Any) -> None:
+    """Check seeding draws of two rows each against the expected count of every ordered pair.
+
+    Args:
+        rows: int ``[trials, 2]``, the two rows each trial drew.
+        count: int ``[trials]``, how many rows each trial drew (all must be 2).
+        expected: float ``[n, n]``, the expected number of trials drawing row i then row j.
+
+    Raises:
+        AssertionError: a trial drew another number of rows, a pair of zero probability was
+            drawn (a chosen row drawn again, say), or a chi-square test rejects at p <= 1e-3.
+    """
+    import numpy as np
+    import scipy.stats
+
+    rows = np.asarray(rows)
+    assert np.all(np.asarray(count) == 2)
+    observed = np.zeros(np.shape(expected))
+    np.add.at(observed, (rows[:, 0], rows[:, 1]), 1)
+    mask = expected > 0
+    assert observed[~mask].sum() == 0  # a chosen point is never drawn again
+    assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    """The messages of the WARNING records that ``logger`` logged."""
+    return [r.getMessage() for r in caplog.records if r.name == logger and r.levelno == logging.WARNING]
+
+
+def wait_while_running(proc: subprocess.Popen, done: Any, failure: str, *, timeout_s: float = 60) -> None:
+    """Poll ``done()`` every 50 ms until it is true, failing if ``proc`` ends first (with its
+    stderr) or after ``timeout_s`` seconds (with ``failure``)."""
+    limit = time.monotonic() + timeout_s
+    while not done():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < limit, failure
+        time.sleep(0.05)
