@@ -106,8 +106,7 @@ def _check_point(point: np.ndarray) -> None:
 def _check_centroids(centroids: np.ndarray) -> None:
     if centroids.ndim != 2 or centroids.shape[1] < 1:
         raise ValueError(f"centroids must have shape [r, d] with d >= 1, got {centroids.shape}")
-    if not np.all(np.isfinite(centroids)):
-        raise ValueError("centroids contain NaN or infinite values")
+    _check_finite(centroids, "centroids")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,8 +179,7 @@ class PointUpload(Message):
             raise ValueError("ids must have one entry per row of points")
         if self.ids.size and (self.ids.min() < 0 or self.ids.max() >= _MAX_ID):
             raise ValueError("ids must lie in [0, 2^32)")
-        if not np.all(np.isfinite(self.points)):
-            raise ValueError("points contain NaN or infinite values")
+        _check_finite(self.points, "points")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
