@@ -86,22 +86,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedproto.algorithms.deletion import _kernels, _variant_kernels
+from fedproto.algorithms.deletion import _kernels, _variant_kernels, messages
 from fedproto.algorithms.deletion._base import FollowsRounds, StreamClient, remote_error
 from fedproto.algorithms.deletion._store import PointStore
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
-from fedproto.algorithms.deletion.messages import (
-    ClusterStatistics,
-    DataAgreement,
-    DataSummary,
-    IterationCentroids,
-    ModelUpdate,
-    PointRemoval,
-    SeedPick,
-    SeedPoint,
-    SeedScore,
-    SeedStep,
-)
 from fedproto.algorithms.deletion.qkmeans import (
     PHASE_STREAM,
     SEEDING_STREAM,
@@ -221,11 +209,11 @@ class QKMeansCoordinator(ProtocolMachine):
     State = CoordinatorState
     INITIAL_STATE = CoordinatorState.SEED
     TRANSITIONS = {
-        (CoordinatorState.SETUP, DataSummary): ("_on_summary", CoordinatorState.SETUP),
-        (CoordinatorState.SEED, SeedScore): ("_on_score", CoordinatorState.SEED),
-        (CoordinatorState.PICK, SeedPoint): ("_on_point", CoordinatorState.PICK),
-        (CoordinatorState.LLOYD, ClusterStatistics): ("_on_statistics", CoordinatorState.LLOYD),
-        (CoordinatorState.SERVING, PointRemoval): ("_on_removal", CoordinatorState.SERVING),
+        (CoordinatorState.SETUP, messages.DataSummary): ("_on_summary", CoordinatorState.SETUP),
+        (CoordinatorState.SEED, messages.SeedScore): ("_on_score", CoordinatorState.SEED),
+        (CoordinatorState.PICK, messages.SeedPoint): ("_on_point", CoordinatorState.PICK),
+        (CoordinatorState.LLOYD, messages.ClusterStatistics): ("_on_statistics", CoordinatorState.LLOYD),
+        (CoordinatorState.SERVING, messages.PointRemoval): ("_on_removal", CoordinatorState.SERVING),
     }
 
     def __init__(
@@ -312,7 +300,7 @@ class QKMeansCoordinator(ProtocolMachine):
             return []
         return self._begin_training()
 
-    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+    def _on_summary(self, sender: str, message: messages.DataSummary) -> list[Outgoing]:
         assert self._setup is not None
         self._setup.add(sender, message, self)
         return []
@@ -331,7 +319,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._accepted = np.zeros(t_max, dtype=bool)
         self._replies = {}
         self.move_to(CoordinatorState.SEED)
-        return [self.broadcast(self.parties, SeedStep(step=0, centre=np.zeros((0, d))), phase="seed")]
+        return [self.broadcast(self.parties, messages.SeedStep(step=0, centre=np.zeros((0, d))), phase="seed")]
 
     def _check_party(self, sender: str) -> None:
         if sender not in self.parties:
@@ -339,7 +327,7 @@ class QKMeansCoordinator(ProtocolMachine):
         if sender in self._replies:
             raise remote_error(f"second reply from {sender} in this round", sender, self)
 
-    def _on_score(self, sender: str, message: SeedScore) -> list[Outgoing]:
+    def _on_score(self, sender: str, message: messages.SeedScore) -> list[Outgoing]:
         self._check_party(sender)
         if message.step != self._step:
             raise remote_error(f"{sender} scored step {message.step}, the current step is {self._step}", sender, self)
@@ -350,7 +338,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._replies[sender] = message
         return []
 
-    def _on_point(self, sender: str, message: SeedPoint) -> list[Outgoing]:
+    def _on_point(self, sender: str, message: messages.SeedPoint) -> list[Outgoing]:
         party, point_id = self._winner
         if sender != party or message.step != self._step or message.point_id != point_id:
             raise remote_error(f"{sender} sent point {message.point_id} of step {message.step}; expected point "
@@ -361,7 +349,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._replies[sender] = message
         return []
 
-    def _on_statistics(self, sender: str, message: ClusterStatistics) -> list[Outgoing]:
+    def _on_statistics(self, sender: str, message: messages.ClusterStatistics) -> list[Outgoing]:
         self._check_party(sender)
         if message.iteration != self._iteration:
             raise remote_error(f"{sender} sent statistics of round {message.iteration}, expected {self._iteration}",
@@ -397,11 +385,11 @@ class QKMeansCoordinator(ProtocolMachine):
         self._winner = (party, -neg_id)
         self._replies = {}
         self.move_to(CoordinatorState.PICK)
-        return [self.send(party, SeedPick(step=self._step, point_id=-neg_id), phase="seed-point")]
+        return [self.send(party, messages.SeedPick(step=self._step, point_id=-neg_id), phase="seed-point")]
 
     def _add_seed(self) -> list[Outgoing]:
         message = self._replies.pop(self._winner[0])
-        assert isinstance(message, SeedPoint)
+        assert isinstance(message, messages.SeedPoint)
         self._seed_ids.append(message.point_id)
         self._seeds.append(np.array(message.point, dtype=np.float64))
         self._replies = {}
@@ -409,11 +397,12 @@ class QKMeansCoordinator(ProtocolMachine):
         self.round_idx += 1
         if self._step < self.config.k:
             self.move_to(CoordinatorState.SEED)
-            step = SeedStep(step=self._step, centre=self._seeds[-1][None, :])
+            step = messages.SeedStep(step=self._step, centre=self._seeds[-1][None, :])
             return [self.broadcast(self.parties, step, phase="seed")]
         self._prev = np.stack(self._seeds)
         self.move_to(CoordinatorState.LLOYD)
-        return [self.broadcast(self.parties, IterationCentroids(iteration=0, centroids=self._prev), phase="lloyd")]
+        first = messages.IterationCentroids(iteration=0, centroids=self._prev)
+        return [self.broadcast(self.parties, first, phase="lloyd")]
 
     def _aggregate(self) -> list[Outgoing]:
         cfg, k = self.config, self.config.k
@@ -421,7 +410,7 @@ class QKMeansCoordinator(ProtocolMachine):
         sums, counts, loss = np.zeros((k, self.d)), np.zeros(k), 0.0
         for p in self.parties:  # roster order: the result does not depend on arrival order
             stats = self._replies[p]
-            assert isinstance(stats, ClusterStatistics)
+            assert isinstance(stats, messages.ClusterStatistics)
             sums = sums + stats.sums
             counts = counts + stats.counts.astype(np.float64)
             loss = loss + float(stats.loss)
@@ -451,7 +440,7 @@ class QKMeansCoordinator(ProtocolMachine):
         self._next = np.asarray(chat)
         self._iteration = j + 1
         self.round_idx += 1
-        message = IterationCentroids(iteration=j + 1, centroids=self._next)
+        message = messages.IterationCentroids(iteration=j + 1, centroids=self._next)
         return [self.broadcast(self.parties, message, phase="lloyd")]
 
     def _finish_training(self, executed: int) -> list[Outgoing]:
@@ -470,8 +459,8 @@ class QKMeansCoordinator(ProtocolMachine):
         centroids = self._model.centroids
         self._history.append(centroids)
         version = len(self._history) - 1
-        out = [self.broadcast(self.parties, ModelUpdate(version=version, retrained=retrained, centroids=centroids),
-                              phase="model")]
+        model = messages.ModelUpdate(version=version, retrained=retrained, centroids=centroids)
+        out = [self.broadcast(self.parties, model, phase="model")]
         if version == self.n_deletions:
             self._finish(FederatedQKMeansResult(
                 centroids, self._model, tuple(self._history), tuple(self._reasons), self._certified,
@@ -484,7 +473,7 @@ class QKMeansCoordinator(ProtocolMachine):
 
     # -- deletion ---------------------------------------------------------------------------------
 
-    def _on_removal(self, sender: str, message: PointRemoval) -> list[Outgoing]:
+    def _on_removal(self, sender: str, message: messages.PointRemoval) -> list[Outgoing]:
         point_id, model = message.point_id, self._model
         assert model is not None
         owner = self.owners.get(point_id)
@@ -543,14 +532,14 @@ class QKMeansParty(FollowsRounds, StreamClient):
     SERVING_STATES = (PartyState.WAITING, PartyState.SEEDING, PartyState.LLOYD)
     DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
-        (PartyState.SETUP, DataAgreement): ("_on_agreement", PartyState.WAITING),
-        (PartyState.WAITING, SeedStep): ("_on_seed_step", PartyState.SEEDING),
-        (PartyState.WAITING, ModelUpdate): ("_on_model", PartyState.WAITING),
-        (PartyState.SEEDING, SeedStep): ("_on_seed_step", PartyState.SEEDING),
-        (PartyState.SEEDING, SeedPick): ("_on_pick", PartyState.SEEDING),
-        (PartyState.SEEDING, IterationCentroids): ("_on_centroids", PartyState.LLOYD),
-        (PartyState.LLOYD, IterationCentroids): ("_on_centroids", PartyState.LLOYD),
-        (PartyState.LLOYD, ModelUpdate): ("_on_model", PartyState.WAITING),
+        (PartyState.SETUP, messages.DataAgreement): ("_on_agreement", PartyState.WAITING),
+        (PartyState.WAITING, messages.SeedStep): ("_on_seed_step", PartyState.SEEDING),
+        (PartyState.WAITING, messages.ModelUpdate): ("_on_model", PartyState.WAITING),
+        (PartyState.SEEDING, messages.SeedStep): ("_on_seed_step", PartyState.SEEDING),
+        (PartyState.SEEDING, messages.SeedPick): ("_on_pick", PartyState.SEEDING),
+        (PartyState.SEEDING, messages.IterationCentroids): ("_on_centroids", PartyState.LLOYD),
+        (PartyState.LLOYD, messages.IterationCentroids): ("_on_centroids", PartyState.LLOYD),
+        (PartyState.LLOYD, messages.ModelUpdate): ("_on_model", PartyState.WAITING),
     }
 
     def __init__(
@@ -591,7 +580,7 @@ class QKMeansParty(FollowsRounds, StreamClient):
     def _ready(self) -> list[Outgoing]:
         return []  # the coordinator starts training
 
-    def _on_seed_step(self, sender: str, message: SeedStep) -> list[Outgoing]:
+    def _on_seed_step(self, sender: str, message: messages.SeedStep) -> list[Outgoing]:
         self._check_hub(sender)
         d = self._store.d
         if message.centre.shape[1] != d:
@@ -613,19 +602,19 @@ class QKMeansParty(FollowsRounds, StreamClient):
         score, row = float(score), int(row)
         self._candidate = (int(self._store.ids[row]), row) if score > -np.inf else None
         point_id = self._candidate[0] if self._candidate else 0
-        return [self.send(self.coordinator, SeedScore(step=message.step, point_id=point_id, score=score),
+        return [self.send(self.coordinator, messages.SeedScore(step=message.step, point_id=point_id, score=score),
                           phase="seed")]
 
-    def _on_pick(self, sender: str, message: SeedPick) -> list[Outgoing]:
+    def _on_pick(self, sender: str, message: messages.SeedPick) -> list[Outgoing]:
         self._check_hub(sender)
         if message.step != self._step or self._candidate is None or message.point_id != self._candidate[0]:
             raise remote_error(f"picked point {message.point_id} at step {message.step}, which {self.party} did not "
                           "propose", sender, self)
         point = self._store.x[self._candidate[1]]
-        return [self.send(self.coordinator, SeedPoint(step=message.step, point_id=message.point_id, point=point),
-                          phase="seed-point")]
+        reply = messages.SeedPoint(step=message.step, point_id=message.point_id, point=point)
+        return [self.send(self.coordinator, reply, phase="seed-point")]
 
-    def _on_centroids(self, sender: str, message: IterationCentroids) -> list[Outgoing]:
+    def _on_centroids(self, sender: str, message: messages.IterationCentroids) -> list[Outgoing]:
         self._check_hub(sender)
         k, d = self.config.k, self._store.d
         if self._state is PartyState.SEEDING:
@@ -639,13 +628,13 @@ class QKMeansParty(FollowsRounds, StreamClient):
         sums, counts, loss = _variant_kernels.local_statistics(
             self._x, self._valid, jnp.asarray(message.centroids), k
         )
-        stats = ClusterStatistics(
+        stats = messages.ClusterStatistics(
             iteration=message.iteration, loss=float(loss), sums=np.asarray(sums),
             counts=np.asarray(counts).astype(np.int64),
         )
         return [self.send(self.coordinator, stats, phase="lloyd")]
 
-    def _final(self, message: ModelUpdate) -> FederatedPartyResult:
+    def _final(self, message: messages.ModelUpdate) -> FederatedPartyResult:
         return FederatedPartyResult(
             message.centroids, message.version, tuple(self._retrained), self._store.n, tuple(self._removed)
         )
@@ -655,4 +644,4 @@ class QKMeansParty(FollowsRounds, StreamClient):
         point = self._store.x[row].copy()
         self._store.remove(row)
         self._removed.append(point_id)
-        return self.send(self.coordinator, PointRemoval(point_id=point_id, point=point), phase="request")
+        return self.send(self.coordinator, messages.PointRemoval(point_id=point_id, point=point), phase="request")

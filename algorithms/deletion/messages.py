@@ -76,6 +76,12 @@ def _check_count(value: int, what: str, minimum: int = 0) -> None:
         raise ValueError(f"{what} must be an integer >= {minimum}")
 
 
+def _check_real(value: float, what: str) -> None:
+    """``value`` is a Python float or int (not a bool); its range is the caller's check."""
+    if isinstance(value, bool) or not isinstance(value, float | int):
+        raise TypeError(f"{what} must be a float")
+
+
 def _check_finite(array: np.ndarray, what: str) -> None:
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{what} contain NaN or infinite values")
@@ -100,8 +106,7 @@ def _check_point(point: np.ndarray) -> None:
 def _check_centroids(centroids: np.ndarray) -> None:
     if centroids.ndim != 2 or centroids.shape[1] < 1:
         raise ValueError(f"centroids must have shape [r, d] with d >= 1, got {centroids.shape}")
-    if not np.all(np.isfinite(centroids)):
-        raise ValueError("centroids contain NaN or infinite values")
+    _check_finite(centroids, "centroids")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,11 +121,16 @@ class RemovalRequest(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class NodeCentroids(Message):
-    """A tree node's output: ``centroids`` ``float64 [r, d]`` of node ``node`` at ``version``
-    (1 after training, +1 per recomputation)."""
+class _NodeOutput(Message):
+    """Base of the two uploads of DC-k-means (:class:`NodeCentroids`, :class:`WeightedNodeCentroids`):
+    the ``centroids`` ``float64 [r, d]`` of node ``node`` at ``version`` (1 after training, +1 per
+    recomputation). It has no tag: it is never sent itself.
 
-    TAG = "del.node"
+    Raises:
+        ValueError: ``node`` or ``version`` not an int >= 1 (the root, node 0, uploads nothing), or
+            centroids that are not ``[r, d]`` with ``d >= 1`` or hold NaN or inf.
+    """
+
     node: int
     version: int
     centroids: np.ndarray = array_field("float64", 2)
@@ -129,6 +139,14 @@ class NodeCentroids(Message):
         _check_count(self.node, "node", 1)  # the root (node 0) sends no NodeCentroids
         _check_count(self.version, "version", 1)
         _check_centroids(self.centroids)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeCentroids(_NodeOutput):
+    """A tree node's output: ``centroids`` ``float64 [r, d]`` of node ``node`` at ``version``
+    (1 after training, +1 per recomputation)."""
+
+    TAG = "del.node"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,25 +179,19 @@ class PointUpload(Message):
             raise ValueError("ids must have one entry per row of points")
         if self.ids.size and (self.ids.min() < 0 or self.ids.max() >= _MAX_ID):
             raise ValueError("ids must lie in [0, 2^32)")
-        if not np.all(np.isfinite(self.points)):
-            raise ValueError("points contain NaN or infinite values")
+        _check_finite(self.points, "points")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WeightedNodeCentroids(Message):
+class WeightedNodeCentroids(_NodeOutput):
     """A tree node's output in the weighted variant: ``centroids`` ``float64 [r, d]`` and the mass
     of each (``counts`` ``float64 [r]``: points at a leaf, summed child masses above)."""
 
     TAG = "del.wnode"
-    node: int
-    version: int
-    centroids: np.ndarray = array_field("float64", 2)
     counts: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        _check_count(self.node, "node", 1)
-        _check_count(self.version, "version", 1)
-        _check_centroids(self.centroids)
+        super().__post_init__()
         _check_counts(self.counts, self.centroids.shape[0], "centroid")
 
 
@@ -200,49 +212,54 @@ class SeedStep(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedScore(Message):
-    """A party's best score ``log u_j + g_j`` at step ``step`` and the id of that point;
-    ``score = -inf`` when the party has no point of positive weight (``point_id`` is then 0)."""
+class _SeedMessage(Message):
+    """Base of the three messages of keyed k-means++ about one point (:class:`SeedScore`,
+    :class:`SeedPick`, :class:`SeedPoint`): step ``step`` and the point's id ``point_id``. It has
+    no tag: it is never sent itself.
 
-    TAG = "del.qscore"
+    Raises:
+        ValueError: ``step`` not an int >= 0, or ``point_id`` not an int in ``[0, 2^32)``.
+    """
+
     step: int
     point_id: int
-    score: float
 
     def __post_init__(self) -> None:
         _check_count(self.step, "step")
         _check_id(self.point_id, "point_id")
-        if isinstance(self.score, bool) or not isinstance(self.score, float | int):
-            raise TypeError("score must be a float")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedScore(_SeedMessage):
+    """A party's best score ``log u_j + g_j`` at step ``step`` and the id of that point;
+    ``score = -inf`` when the party has no point of positive weight (``point_id`` is then 0)."""
+
+    TAG = "del.qscore"
+    score: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_real(self.score, "score")
         if self.score != self.score or self.score == float("inf"):
             raise ValueError("score must be finite or -inf")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedPick(Message):
+class SeedPick(_SeedMessage):
     """The coordinator chose point ``point_id`` at step ``step``: its owner sends it."""
 
     TAG = "del.qpick"
-    step: int
-    point_id: int
-
-    def __post_init__(self) -> None:
-        _check_count(self.step, "step")
-        _check_id(self.point_id, "point_id")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedPoint(Message):
+class SeedPoint(_SeedMessage):
     """The chosen point of step ``step``: ``point`` ``float64 [d]``."""
 
     TAG = "del.qpoint"
-    step: int
-    point_id: int
     point: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
-        _check_count(self.step, "step")
-        _check_id(self.point_id, "point_id")
+        super().__post_init__()
         _check_point(self.point)
 
 
@@ -273,8 +290,7 @@ class ClusterStatistics(Message):
 
     def __post_init__(self) -> None:
         _check_count(self.iteration, "iteration")
-        if isinstance(self.loss, bool) or not isinstance(self.loss, float | int):
-            raise TypeError("loss must be a float")
+        _check_real(self.loss, "loss")
         if not (self.loss >= 0 and self.loss != float("inf")):
             raise ValueError("loss must be finite and non-negative")
         _check_counts(self.counts, self.sums.shape[0], "row of sums")

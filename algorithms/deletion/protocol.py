@@ -74,49 +74,27 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedproto.algorithms.deletion import roles
 from fedproto.algorithms.deletion._base import check_stream
 from fedproto.algorithms.deletion._store import check_points
 from fedproto.algorithms.deletion.dckmeans import DCKMeansConfig, Tree, assign_leaves
 from fedproto.algorithms.deletion.federated import COORDINATOR, QKMeansCoordinator, QKMeansParty
 from fedproto.algorithms.deletion.local_data import DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.qkmeans import QKMeansConfig
-from fedproto.algorithms.deletion.roles import (
-    ROOT,
-    SERVER,
-    DCLeaf,
-    DCNode,
-    DCNodeResult,
-    DCRootResult,
-    QKMeansClient,
-    QKMeansClientResult,
-    QKMeansServer,
-    QKMeansServerResult,
-    root_route,
-    tree_party,
-    tree_roster,
-)
+from fedproto.algorithms.deletion.roles import *  # the roles (DCLeaf, DCNode, QKMeansServer, ...): roles.__all__
 from fedproto.machine import ProtocolMachine, party_index
 from fedproto.star import StarParties, ids_owner
 
 __all__ = [
-    "ROOT",
-    "SERVER",
-    "DCLeaf",
-    "DCNode",
-    "DCNodeResult",
-    "DCRootResult",
     "DCTree",
     "LocalDCTree",
     "LocalQKMeansParties",
-    "QKMeansClient",
-    "QKMeansClientResult",
     "QKMeansFederation",
     "QKMeansParties",
-    "QKMeansServer",
-    "QKMeansServerResult",
     "check_stream",
-    "tree_party",
 ]
+# The roles as their module lists them, so that a new one needs one entry.
+__all__ += roles.__all__
 
 
 # ----------------------------------------------------------------------------------------- DC
