@@ -29,8 +29,8 @@ from fedproto.algorithms.mufc.clustering import PaddedPoints, server_points
 from fedproto.algorithms.mufc.config import SECAGG_PURPOSE, MUFCConfig, check_secagg_plus, remote_error
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, SecAggPlusServer
-from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys, EncryptedShares, MaskedInput, UnmaskShares
-from fedproto.algorithms.secagg_plus.protocol import instance_bytes
+from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys
+from fedproto.algorithms.secagg_plus.protocol import instance_bytes, server_transitions
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
@@ -256,10 +256,7 @@ class MUFCServer(ProtocolMachine):
         (ServerState.KEYS, messages.PublicKey): ("_on_key", ServerState.KEYS),
         (ServerState.AGGREGATE, messages.MaskedSyndromes): ("_on_share", ServerState.AGGREGATE),
         (ServerState.AGGREGATE, messages.RemovalRequest): ("_on_early_request", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, AdvertiseKeys): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, EncryptedShares): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, MaskedInput): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, UnmaskShares): ("_on_stage", ServerState.AGGREGATE),
+        **server_transitions(ServerState.AGGREGATE),
         (ServerState.SERVING, messages.RemovalRequest): ("_on_request", ServerState.SERVING),
     }
 
