@@ -14,6 +14,11 @@ and the pattern the clustering protocols follow when they embed them:
 Every client needs the same :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`;
 instance bytes (the keys' context) are ``session || round``.
 
+A protocol machine embeds the engines by mixing in :class:`SecAggPlusClientRole` (a client's
+three replies) or :class:`SecAggPlusServerRole` (a server's stage messages, and the dropout rule
+above: who is gone, who dropped at which stage); :class:`SumServer` and :class:`SumClient` add
+only the delivery of the sum, FastLloyd's and MUFC's roles their own phases around it.
+
 References:
     Bonawitz et al., ACM CCS 2017, Fig. 4; Bell et al., ACM CCS 2020, Sec. 3.
 """
@@ -195,7 +200,8 @@ class SecAggPlusServerRole:
     is in, recorded in ``_dropouts`` as ``{client: (round_idx, stage)}``.
 
     The role needs the machine's ``clients`` (party names, in client-index order), ``session``
-    (in the instance bytes), ``round_idx``, state and :meth:`pending`.
+    (in the instance bytes), ``round_idx``, state and :meth:`pending`; the machine's constructor
+    sets ``_gone = set()`` and ``_dropouts = {}``.
     """
 
     #: The state in which the machine aggregates with SecAgg+.
