@@ -38,6 +38,7 @@ __all__ = [
     "save_dataset",
     "find_data_file",
     "feature_extent",
+    "check_extent",
     "normalize",
     "partition",
     "PARTITIONS",
@@ -341,6 +342,32 @@ def feature_extent(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     x = np.asarray(x, dtype=np.float64)
     return x.min(axis=0), x.max(axis=0)
+
+
+def check_extent(extent: np.ndarray, *, empty: bool = False) -> None:
+    """Check a per-feature extent as the setup messages carry it (``setup.data``).
+
+    Args:
+        extent: ``float64 [2, d]``, row 0 the per-feature minima and row 1 the maxima
+            (:func:`feature_extent` stacked), over one party's points or the federation's.
+        empty: the extent is of no points: it must then be the identities of min and max,
+            ``+inf`` in row 0 and ``-inf`` in row 1 for every feature.
+
+    Raises:
+        ValueError: ``extent`` is not ``[2, d]`` with ``d >= 1``; with ``empty``, it is not
+            ``[+inf, -inf]`` per feature; else it holds NaN or inf, or a minimum above its
+            maximum.
+    """
+    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
+        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
+    if empty:
+        if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
+            raise ValueError("the extent of no points must be [+inf, -inf] per feature")
+        return
+    if not np.all(np.isfinite(extent)):
+        raise ValueError("extent holds NaN or infinite values")
+    if np.any(extent[0] > extent[1]):
+        raise ValueError("extent has a minimum above its maximum")
 
 
 def normalize(

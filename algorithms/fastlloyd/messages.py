@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from fedproto.data import check_extent
 from fedproto.messages import Message, array_field
 
 if TYPE_CHECKING:
@@ -76,17 +77,7 @@ class _Summary(Message):
         n_points, extent, least = self.n_points, self.extent, 0 if self.EMPTY_ALLOWED else 1
         if not isinstance(n_points, int) or isinstance(n_points, bool) or n_points < least:
             raise ValueError(f"n_points must be an int >= {least}, got {n_points!r}")
-        if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
-            raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
-        if n_points == 0:
-            # the identities of min and max: what the extent of no points is
-            if not (np.all(extent[0] == np.inf) and np.all(extent[1] == -np.inf)):
-                raise ValueError("the extent of no points must be [+inf, -inf] per feature")
-            return
-        if not np.all(np.isfinite(extent)):
-            raise ValueError("extent holds NaN or infinite values")
-        if np.any(extent[0] > extent[1]):
-            raise ValueError("extent has a minimum above its maximum")
+        check_extent(extent, empty=n_points == 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

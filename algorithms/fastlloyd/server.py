@@ -33,13 +33,13 @@ from fedproto.algorithms.fastlloyd.messages import (
     SurvivorAggregate,
 )
 from fedproto.algorithms.fastlloyd.shared import SECAGG_PURPOSE, check_ring_values, check_secagg_plus, one_of, secagg_config
-from fedproto.algorithms.secagg_plus.protocol import instance_bytes, server_transitions
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, party_index
-from fedproto.messages import Event, Outgoing, PartyDropped, PhaseTimedOut
+from fedproto.messages import Outgoing
 
 if TYPE_CHECKING:
-    from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer, SumOutcome
 
 __all__ = ["FastLloydServer", "ServerState", "ServerSummary"]
 
@@ -80,7 +80,7 @@ class ServerState(enum.Enum):
     ERROR = enum.auto()
 
 
-class FastLloydServer(ProtocolMachine):
+class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
     """The FastLloyd server (sans-IO): agrees the federation's quantities, relays the seed setup,
     aggregates and adds noise.
 
@@ -117,6 +117,7 @@ class FastLloydServer(ProtocolMachine):
 
     State = ServerState
     INITIAL_STATE = ServerState.SETUP_DATA
+    SECAGG_STATE = ServerState.COLLECT
     TRANSITIONS = {
         (ServerState.SETUP_DATA, DataSummary): ("_on_data_summary", ServerState.SETUP_DATA),
         (ServerState.SETUP_KEYS, PublicKey): ("_on_public_key", ServerState.SETUP_KEYS),
@@ -183,60 +184,20 @@ class FastLloydServer(ProtocolMachine):
             return [c for c in self.clients if c not in self._updates]
         return []
 
-    def _ignores(self, sender: str) -> bool:
-        return sender in self._gone
-
     def _open_aggregation(self) -> list[Outgoing]:
         assert self.secagg_plus is not None
-        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
-
-        self._aggregation = SecAggPlusServer(
-            self.secagg_plus,
-            self.clients,
-            round_idx=self.round_idx,
-            instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
-            active=self._active,
-        )
+        self._aggregation = self._secagg_server(self.secagg_plus, SECAGG_PURPOSE, self._active)
         return self._aggregation.drop(self._gone)
 
-    def _on_stage(self, sender: str, message) -> list[Outgoing]:
-        if self._aggregation is None:
-            raise RemoteProtocolError(
-                f"a SecAgg+ message from {sender} in a run without SecAgg+", party=sender, round_idx=self.round_idx
-            )
-        return self._after_stage(self._aggregation.receive(sender, message))
-
-    def carries_on_without(self, party: str) -> bool:
-        """With SecAgg+, while it collects, a client's failure notice is that client's dropout."""
-        return self._aggregation is not None and self._state is ServerState.COLLECT and party in self._client_index
-
-    def _on_event(self, event: Event) -> list[Outgoing]:
-        if self._aggregation is not None and self._state is ServerState.COLLECT:
-            if isinstance(event, PhaseTimedOut):
-                silent = list(self.pending())
-                self._gone.update(silent)
-                return self._after_stage(self._aggregation.drop(silent))
-            if isinstance(event, PartyDropped) and event.party in self._client_index:
-                self._gone.add(event.party)
-                return self._after_stage(self._aggregation.drop([event.party]))
-        return super()._on_event(event)
-
-    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
-        aggregation = self._aggregation
-        assert aggregation is not None
-        outcome = aggregation.outcome
-        if outcome is None:
-            return out
-        for party, stage in outcome.dropouts.items():
-            self._dropouts[party] = (self.round_idx, stage)
-            self._gone.add(party)
+    def _aggregated(self, outcome: SumOutcome) -> list[Outgoing]:
+        """The iteration's SecAgg+ sum: add the noise, send it with the survivors to those still in."""
         self._survivors.append(outcome.survivors)
         cfg = self.config
         total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
         index = self._client_index
         survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
         receivers = tuple(c for c in outcome.survivors if c not in self._gone)
-        out.append(self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate"))
+        out = [self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate")]
         self._active = receivers
         self.round_idx += 1
         if self.round_idx == cfg.iterations:

@@ -31,7 +31,6 @@ from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusClient, SecAggPlusConfig
-from fedproto.algorithms.secagg_plus.messages import ForwardedShares, NeighbourKeys, UnmaskRequest
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.data import feature_extent
 from fedproto.machine import ProtocolMachine
@@ -183,9 +182,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         (ClientState.KEYS, messages.PeerKeys): ("_on_peer_keys", ClientState.SERVING),
         (ClientState.SERVING, messages.ModelUpdate): ("_on_model", ClientState.SERVING),
         (ClientState.SERVING, messages.AggregationRequest): ("_on_open", ClientState.SERVING),
-        (ClientState.SERVING, NeighbourKeys): ("_on_neighbour_keys", ClientState.SERVING),
-        (ClientState.SERVING, ForwardedShares): ("_on_forwarded_shares", ClientState.SERVING),
-        (ClientState.SERVING, UnmaskRequest): ("_on_unmask_request", ClientState.SERVING),
+        **SecAggPlusClientRole.secagg_transitions(ClientState.SERVING),
     }
 
     def __init__(

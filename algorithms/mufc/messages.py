@@ -41,6 +41,7 @@ import dataclasses
 
 import numpy as np
 
+from fedproto.data import check_extent
 from fedproto.messages import Message, array_field, bigints_field
 
 __all__ = [
@@ -62,15 +63,6 @@ def _check_count(value: object, what: str, *, minimum: int = 0) -> None:
         raise ValueError(f"{what} must be an integer >= {minimum}")
 
 
-def _check_extent(extent: np.ndarray) -> None:
-    if extent.ndim != 2 or extent.shape[0] != 2 or extent.shape[1] < 1:
-        raise ValueError(f"extent must have shape [2, d] with d >= 1, got {extent.shape}")
-    if not np.all(np.isfinite(extent)):
-        raise ValueError("extent holds NaN or infinite values")
-    if np.any(extent[0] > extent[1]):
-        raise ValueError("extent has a minimum above its maximum")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSummary(Message):
     """A client's share of the federation's public quantities (client -> server, ``setup.data``).
@@ -87,7 +79,7 @@ class DataSummary(Message):
 
     def __post_init__(self) -> None:
         _check_count(self.n_points, "n_points", minimum=1)
-        _check_extent(self.extent)
+        check_extent(self.extent)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,7 +102,7 @@ class FederationSummary(Message):
     def __post_init__(self) -> None:
         if self.client_points.shape[0] < 1 or np.any(self.client_points < 1):
             raise ValueError("client_points must list at least one client, each with at least one point")
-        _check_extent(self.extent)
+        check_extent(self.extent)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

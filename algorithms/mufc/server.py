@@ -28,12 +28,12 @@ from fedproto.algorithms.mufc import messages
 from fedproto.algorithms.mufc.clustering import PaddedPoints, server_points
 from fedproto.algorithms.mufc.config import SECAGG_PURPOSE, MUFCConfig, check_secagg_plus, remote_error
 from fedproto.algorithms.mufc.data import Federation
-from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, SecAggPlusServer
-from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys, EncryptedShares, MaskedInput, UnmaskShares
-from fedproto.algorithms.secagg_plus.protocol import instance_bytes
-from fedproto.errors import InsufficientParticipants, RemoteProtocolError
+from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, SecAggPlusServer, SumOutcome
+from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
+from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut
+from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
 
 if TYPE_CHECKING:
     from fedproto.algorithms.mufc.setup import DataSetup
@@ -44,13 +44,6 @@ __all__ = [
     "ServerModel",
     "ServerState",
 ]
-
-
-def _insufficient(message: str, missing: Sequence[str], machine: ProtocolMachine) -> InsufficientParticipants:
-    """The error for too few clients left: names ``missing`` (the party, when there is one) and
-    ``machine``'s round, state and phase."""
-    return InsufficientParticipants(message, missing=missing, party=missing[0] if len(missing) == 1 else None,
-                                    round_idx=machine.round_idx, state=machine.state.name, phase=machine.phase)
 
 
 class ServerModel:
@@ -223,7 +216,7 @@ class ServerState(enum.Enum):
     ERROR = enum.auto()
 
 
-class MUFCServer(ProtocolMachine):
+class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
     """The MUFC server: relays public keys, decodes the aggregate, clusters, serves removals.
 
     Args:
@@ -251,15 +244,13 @@ class MUFCServer(ProtocolMachine):
 
     State = ServerState
     INITIAL_STATE = ServerState.KEYS
+    SECAGG_STATE = ServerState.AGGREGATE
     TRANSITIONS = {
         (ServerState.DATA, messages.DataSummary): ("_on_data_summary", ServerState.DATA),
         (ServerState.KEYS, messages.PublicKey): ("_on_key", ServerState.KEYS),
         (ServerState.AGGREGATE, messages.MaskedSyndromes): ("_on_share", ServerState.AGGREGATE),
         (ServerState.AGGREGATE, messages.RemovalRequest): ("_on_early_request", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, AdvertiseKeys): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, EncryptedShares): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, MaskedInput): ("_on_stage", ServerState.AGGREGATE),
-        (ServerState.AGGREGATE, UnmaskShares): ("_on_stage", ServerState.AGGREGATE),
+        **server_transitions(ServerState.AGGREGATE),
         (ServerState.SERVING, messages.RemovalRequest): ("_on_request", ServerState.SERVING),
     }
 
@@ -353,9 +344,6 @@ class MUFCServer(ProtocolMachine):
             return [self.clients[c] for c in self._active]
         return []
 
-    def _ignores(self, sender: str) -> bool:
-        return sender in self._gone
-
     def _client_index(self, sender: str) -> int:
         c = self._index.get(sender)
         if c is None:
@@ -380,8 +368,7 @@ class MUFCServer(ProtocolMachine):
             described = ", ".join(f"{c} has {dims[self._index[c]]}" for c in odd)
             raise RemoteProtocolError(
                 f"the clients' points do not have the same number of features: {described}, the other clients "
-                f"{d}", party=odd[0] if len(odd) == 1 else None, round_idx=self.round_idx, state=self._state.name,
-                phase=self.phase)
+                f"{d}", party=odd[0] if len(odd) == 1 else None, **self.error_context())
         federation = Federation.combine([s.n_points for s in summaries], [s.extent for s in summaries])
         assert self._setup is not None
         agreement = self._setup.configure(federation, self.session)
@@ -534,21 +521,15 @@ class MUFCServer(ProtocolMachine):
 
     def _new_aggregation(self) -> SecAggPlusServer:
         assert self.secagg_plus is not None
-        return SecAggPlusServer(
-            self.secagg_plus,
-            self.clients,
-            round_idx=self.round_idx,
-            instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
-            active=[self.clients[c] for c in self._active if self.clients[c] not in self._leaving],
-        )
+        active = [self.clients[c] for c in self._active if self.clients[c] not in self._leaving]
+        return self._secagg_server(self.secagg_plus, SECAGG_PURPOSE, active)
 
     def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
-        if self._aggregation is None:
-            raise remote_error(f"a SecAgg+ message from {sender} in a run without SecAgg+", sender, self)
-        out = self._aggregation.receive(sender, message)
-        if isinstance(message, AdvertiseKeys):
+        if isinstance(message, AdvertiseKeys) and self._aggregation is not None:
+            # kept to replay into the round re-opened without a leaving client (a message the
+            # engine refuses fails the machine; one of a dropped client never reaches it: _ignores)
             self._advertised.append((sender, message))
-        return self._after_stage(out)
+        return super()._on_stage(sender, message)
 
     def _on_secagg_request(self, sender: str, message: messages.RemovalRequest) -> list[Outgoing]:
         """A removal request under SecAgg+: the round is already open; a leaving client is taken
@@ -597,46 +578,27 @@ class MUFCServer(ProtocolMachine):
         if remaining >= quorum:
             return
         missing = sorted(self.clients[c] for c in self._active if self.clients[c] in self._gone)
-        raise _insufficient(f"{remaining} clients remain in round {self.round_idx}, fewer than the quorum of "
-                            f"{quorum}; dropped: {', '.join(missing) if missing else 'none'}", missing, self)
+        raise self.insufficient(f"{remaining} clients remain in round {self.round_idx}, fewer than the quorum of "
+                                f"{quorum}; dropped: {', '.join(missing) if missing else 'none'}", missing)
+
+    def _may_drop(self, party: str) -> bool:
+        """A client reported gone drops from the round if it is still in it (not gone, not leaving)."""
+        return super()._may_drop(party) and party not in self._leaving and self._index[party] in self._active
 
     def _drop(self, parties: Sequence[str]) -> list[Outgoing]:
-        assert self._aggregation is not None
-        self._gone.update(parties)
-        self._check_quorum()
-        return self._after_stage(self._aggregation.drop(parties))
+        self._check_quorum()  # before the engine, so the error names the quorum and the dropped
+        return super()._drop(parties)
 
-    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
-        aggregation = self._aggregation
-        assert aggregation is not None
-        outcome = aggregation.outcome
-        if outcome is None:
-            return out
-        for party, stage in outcome.dropouts.items():
-            self._gone.add(party)
-            self._dropouts[party] = (self.round_idx, stage)
-            self._dropped.append(self._index[party])
+    def _aggregated(self, outcome: SumOutcome) -> list[Outgoing]:
+        """The round's SecAgg+ sum: decode and adopt it (:meth:`_adopt`)."""
+        self._dropped.extend(self._index[party] for party in outcome.dropouts)
         contributors = tuple(self._index[p] for p in outcome.survivors)
-        return out + self._adopt([int(v) for v in outcome.total], contributors)
-
-    def carries_on_without(self, party: str) -> bool:
-        """With SecAgg+, while it aggregates, a client's failure notice is that client's dropout."""
-        return self._aggregation is not None and self._state is ServerState.AGGREGATE and party in self._index
+        return self._adopt([int(v) for v in outcome.total], contributors)
 
     def _on_event(self, event: Event) -> list[Outgoing]:
-        if self._aggregation is not None and self._state is ServerState.AGGREGATE:
-            if isinstance(event, PhaseTimedOut):
-                silent = list(self.pending())
-                if silent:
-                    return self._drop(silent)
-            elif isinstance(event, PartyDropped):
-                party = event.party
-                if party in self._index and party not in self._gone and party not in self._leaving and (
-                    self._index[party] in self._active
-                ):
-                    return self._drop([party])
-                return []
-        elif isinstance(event, PhaseTimedOut) and self._state is ServerState.AGGREGATE:
+        # SCMA: retry the aggregation without the silent clients while the quorum holds; SecAgg+'s
+        # dropouts are the role's (SecAggPlusServerRole._on_event)
+        if self._aggregation is None and isinstance(event, PhaseTimedOut) and self._state is ServerState.AGGREGATE:
             missing = [c for c in self._active if c not in self._shares]
             remaining = len(self._active) - len(missing)
             if missing and remaining >= max(self.config.quorum, 1):

@@ -8,7 +8,8 @@ surviving neighbours. Sums over the ring ``Z_{2^w}`` or a prime field.
 * :mod:`~fedproto.algorithms.secagg_plus.config`: the public parameters (the algebra, the graph);
 * :mod:`~fedproto.algorithms.secagg_plus.engine`: the client and server stage engines that
   protocol machines embed (it re-exports the parameters);
-* :mod:`~fedproto.algorithms.secagg_plus.protocol`: a summation protocol built on them;
+* :mod:`~fedproto.algorithms.secagg_plus.protocol`: a summation protocol built on them, and the
+  client and server roles other protocols mix in to embed them;
 * :mod:`~fedproto.algorithms.secagg_plus.shamir` and :mod:`~fedproto.algorithms.secagg_plus.graph`:
   Shamir sharing and the neighbourhood graph with its parameters;
 * :mod:`~fedproto.algorithms.secagg_plus.messages`: the wire messages and their sizes.

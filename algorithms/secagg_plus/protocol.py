@@ -14,6 +14,11 @@ and the pattern the clustering protocols follow when they embed them:
 Every client needs the same :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`;
 instance bytes (the keys' context) are ``session || round``.
 
+A protocol machine embeds the engines by mixing in :class:`SecAggPlusClientRole` (a client's
+three replies) or :class:`SecAggPlusServerRole` (a server's stage messages, and the dropout rule
+above: who is gone, who dropped at which stage); :class:`SumServer` and :class:`SumClient` add
+only the delivery of the sum, FastLloyd's and MUFC's roles their own phases around it.
+
 References:
     Bonawitz et al., ACM CCS 2017, Fig. 4; Bell et al., ACM CCS 2020, Sec. 3.
 """
@@ -22,24 +27,25 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from fedproto.algorithms.secagg_plus.messages import STAGES, TO_CLIENT, TO_SERVER, ForwardedShares, NeighbourKeys, UnmaskRequest
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, party_index
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
 
 if TYPE_CHECKING:
-    from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient, SecAggPlusConfig, SecAggPlusServer
+    from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient, SecAggPlusConfig, SecAggPlusServer, SumOutcome
 
 # The engine (with SCMA's field arithmetic and FLINT) is imported where an aggregation starts, not
 # here: a protocol that mixes in SecAggPlusClientRole but runs without SecAgg+ never loads it.
 
 __all__ = [
     "SecAggPlusClientRole",
+    "SecAggPlusServerRole",
     "SumClient",
     "SumClientResult",
     "SumResult",
@@ -179,7 +185,108 @@ class SecAggPlusClientRole:
         return [self.send(self.server, shares, phase=STAGES[3])]  # type: ignore[attr-defined]
 
 
-class SumServer(ProtocolMachine):
+class SecAggPlusServerRole:
+    """The server side of embedded SecAgg+ aggregations, for a :class:`ProtocolMachine` subclass.
+
+    Mix it into a server role (``class MyServer(SecAggPlusServerRole, ProtocolMachine)``), put
+    :func:`server_transitions` of :attr:`SECAGG_STATE` in its transition table, keep the running
+    :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusServer` in ``_aggregation`` (built
+    with :meth:`_secagg_server`; ``None`` where the run does not aggregate with SecAgg+) and
+    implement :meth:`_aggregated`: what the machine does with a round's sum. The role owns the
+    dropout rule of Bell et al. (ACM CCS 2020, Sec. 3), the same for every protocol that embeds
+    SecAgg+: while it aggregates, a client that goes silent past the phase deadline, or that the
+    transport reports gone, is dropped from the running aggregation, counted in ``_gone`` (its
+    late frames are ignored, and later rounds' aggregations start without it) and, once the sum
+    is in, recorded in ``_dropouts`` as ``{client: (round_idx, stage)}``.
+
+    The role needs the machine's ``clients`` (party names, in client-index order), ``session``
+    (in the instance bytes), ``round_idx``, state and :meth:`pending`; the machine's constructor
+    sets ``_gone = set()`` and ``_dropouts = {}``.
+    """
+
+    #: The state in which the machine aggregates with SecAgg+.
+    SECAGG_STATE: ClassVar[enum.Enum]
+    clients: tuple[str, ...]
+    session: int
+    _aggregation: SecAggPlusServer | None = None
+    _gone: set[str]
+    _dropouts: dict[str, tuple[int, str]]
+
+    def _secagg_server(self, config: SecAggPlusConfig, purpose: bytes, active: Iterable[str]) -> SecAggPlusServer:
+        """A fresh SecAgg+ server engine for this round among ``active`` (the other clients left
+        the federation earlier: absent, not dropouts), named ``instance_bytes(session, round_idx,
+        purpose)``."""
+        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
+
+        return SecAggPlusServer(
+            config,
+            self.clients,
+            round_idx=self.round_idx,  # type: ignore[attr-defined]
+            instance=instance_bytes(self.session, self.round_idx, purpose),  # type: ignore[attr-defined]
+            active=active,
+        )
+
+    def _aggregating(self) -> bool:
+        """True while a SecAgg+ aggregation runs."""
+        return self._aggregation is not None and self._state is self.SECAGG_STATE  # type: ignore[attr-defined]
+
+    def _ignores(self, sender: str) -> bool:
+        return sender in self._gone
+
+    def carries_on_without(self, party: str) -> bool:
+        """While it aggregates with SecAgg+, a client's failure notice is that client's dropout."""
+        return self._aggregating() and party in party_index(self.clients)
+
+    def _may_drop(self, party: str) -> bool:
+        """Whether a client reported gone drops from the running aggregation (else the report is
+        ignored): any client not already gone."""
+        return party in party_index(self.clients) and party not in self._gone
+
+    def _on_event(self, event: Event) -> list[Outgoing]:
+        if self._aggregating():
+            if isinstance(event, PhaseTimedOut):
+                silent = list(self.pending())  # type: ignore[attr-defined]
+                if silent:
+                    self._gone.update(silent)
+                    return self._drop(silent)
+            elif isinstance(event, PartyDropped):
+                if self._may_drop(event.party):
+                    self._gone.add(event.party)
+                    return self._drop([event.party])
+                return []
+        return super()._on_event(event)  # type: ignore[misc]
+
+    def _drop(self, parties: Sequence[str]) -> list[Outgoing]:
+        """Drop ``parties`` (already counted in ``_gone``) from the running aggregation."""
+        assert self._aggregation is not None
+        return self._after_stage(self._aggregation.drop(parties))
+
+    def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
+        if self._aggregation is None:
+            raise RemoteProtocolError(
+                f"a SecAgg+ message from {sender} in a run without SecAgg+", party=sender, **self.error_context()  # type: ignore[attr-defined]
+            )
+        return self._after_stage(self._aggregation.receive(sender, message))
+
+    def _after_stage(self, out: list[Outgoing]) -> list[Outgoing]:
+        """``out``, and once the running aggregation has its sum: the clients that dropped in it
+        recorded (gone, and in ``_dropouts``), then what :meth:`_aggregated` sends."""
+        aggregation = self._aggregation
+        assert aggregation is not None
+        outcome = aggregation.outcome
+        if outcome is None:
+            return out
+        for party, stage in outcome.dropouts.items():
+            self._dropouts[party] = (self.round_idx, stage)  # type: ignore[attr-defined]
+            self._gone.add(party)
+        return out + self._aggregated(outcome)
+
+    def _aggregated(self, outcome: SumOutcome) -> list[Outgoing]:
+        """Take the running aggregation's sum (its dropouts already recorded); return what to send."""
+        raise NotImplementedError
+
+
+class SumServer(SecAggPlusServerRole, ProtocolMachine):
     """The summation server (sans-IO).
 
     Args:
@@ -195,6 +302,7 @@ class SumServer(ProtocolMachine):
 
     State = SumServerState
     INITIAL_STATE = SumServerState.AGGREGATING
+    SECAGG_STATE = SumServerState.AGGREGATING
     TRANSITIONS = server_transitions(SumServerState.AGGREGATING)
 
     def __init__(
@@ -212,75 +320,35 @@ class SumServer(ProtocolMachine):
         self._survivors: list[tuple[str, ...]] = []
         self._dropouts: dict[str, tuple[int, str]] = {}
         self._active = self.clients
-        self._engine = self._new_engine()
-
-    def _new_engine(self) -> SecAggPlusServer:
-        from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
-
-        return SecAggPlusServer(
-            self.config,
-            self.clients,
-            round_idx=self.round_idx,
-            instance=instance_bytes(self.session, self.round_idx),
-            active=self._active,
-        )
+        self._aggregation = self._secagg_server(config, b"sum", self._active)
 
     @property
     def phase(self) -> str:
-        return self._engine.stage if self._state is SumServerState.AGGREGATING else self._state.name.lower()
+        return self._aggregation.stage if self._state is SumServerState.AGGREGATING else self._state.name.lower()
 
     def pending(self) -> Sequence[str]:
-        return self._engine.pending() if self._state is SumServerState.AGGREGATING else ()
+        return self._aggregation.pending() if self._state is SumServerState.AGGREGATING else ()
 
-    def _ignores(self, sender: str) -> bool:
-        return sender in self._gone
-
-    def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
-        return self._after(self._engine.receive(sender, message))
-
-    def carries_on_without(self, party: str) -> bool:
-        """A client's failure notice is its dropout: the others' sum goes on without it."""
-        return self._state is SumServerState.AGGREGATING and party in self.clients
-
-    def _on_event(self, event: Event) -> list[Outgoing]:
-        if isinstance(event, PhaseTimedOut):
-            silent = list(self.pending())
-            self._gone.update(silent)
-            return self._after(self._engine.drop(silent))
-        if isinstance(event, PartyDropped):
-            if event.party in self.clients:
-                self._gone.add(event.party)
-                return self._after(self._engine.drop([event.party]))
-            return []
-        return super()._on_event(event)
-
-    def _after(self, out: list[Outgoing]) -> list[Outgoing]:
-        engine = self._engine
-        if engine.outcome is None:
-            return out
-        outcome = engine.outcome
-        for party, stage in outcome.dropouts.items():
-            self._dropouts[party] = (self.round_idx, stage)
-            self._gone.add(party)
+    def _aggregated(self, outcome: SumOutcome) -> list[Outgoing]:
         self._totals.append(outcome.total)
         self._survivors.append(outcome.survivors)
         modulus = self.config.modulus
         # Clients that dropped at the unmask stage are survivors (their input is in) but gone.
         receivers = tuple(c for c in outcome.survivors if c not in self._gone)
-        out.append(
+        out = [
             self.broadcast(
                 receivers,
                 SumResult(total=modulus.to_wire(outcome.total), n_inputs=len(outcome.survivors)),
                 phase="result",
             )
-        )
+        ]
         self._active = receivers
         self.round_idx += 1
         if self.round_idx == self.rounds:
             self._finish(SumServerResult(tuple(self._totals), tuple(self._survivors), dict(self._dropouts)))
         else:
-            self._engine = self._new_engine()
-            out += self._engine.drop(self._gone)
+            self._aggregation = self._secagg_server(self.config, b"sum", self._active)
+            out += self._aggregation.drop(self._gone)
         return out
 
 
