@@ -21,13 +21,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedproto.testing.local_data import run_party_processes  # noqa: F401  (re-exported: one home)
+from fedproto.testing.local_data import run_party_processes  # re-exported: its home is fedproto.testing
 
 __all__ = [
     "FEDPROTO",

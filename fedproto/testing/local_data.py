@@ -53,14 +53,8 @@ from fedproto.metering import RunReport
 from fedproto.testing.runs import LinkKey, link_costs, run_in_memory
 
 __all__ = [
-    "PerPartyPlans",
-    "PerPartyRun",
-    "TcpRun",
-    "other_feature_count",
-    "plan_per_party",
-    "run_over_tcp",
-    "run_party_processes",
-    "run_per_party",
+    "PerPartyPlans", "PerPartyRun", "TcpRun", "other_feature_count", "plan_per_party", "run_over_tcp",
+    "run_party_processes", "run_per_party",
 ]
 
 #: Changes the parties' files after they are read back: ``{party: data}`` in, ``{party: data}`` out.
@@ -168,7 +162,11 @@ def plan_per_party(
             simulation's; whatever the plugin raises for the options.
         fedproto.cli.UsageError: an option the ``run`` or ``party`` command refuses.
     """
-    from fedproto._cli_parser import _WHOLE_DATA_OPTIONS, _without_options, holds_local_data
+    from fedproto._cli_parser import (
+        _WHOLE_DATA_OPTIONS,
+        _without_options,
+        holds_local_data,
+    )
     from fedproto._cli_shared import _dataset, _resolved_options, _split_parts
 
     plugin = registry.load_protocol(protocol)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from fedproto import registry
 from fedproto.algorithms.fastlloyd.cli import setup_data_bytes
 from fedproto.algorithms.fastlloyd.config import FastLloydOptions
 from fedproto.algorithms.fastlloyd.messages import DataSummary, FederationSummary
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
-
-from fedproto import registry
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, normalize, partition
@@ -29,12 +29,7 @@ from fedproto.errors import FedProtoError, RemoteProtocolError
 from fedproto.metering import RunReport
 from fedproto.testing import link_costs, run_in_memory
 from fedproto.testing.harness import Harness
-from fedproto.testing.local_data import (
-    other_feature_count,
-    plan_per_party,
-    run_over_tcp,
-    run_per_party,
-)
+from fedproto.testing.local_data import other_feature_count, plan_per_party, run_over_tcp, run_per_party
 
 PLUGIN = registry.load_protocol("fastlloyd")
 #: iris, 3 clients, 2 iterations: small and fast, every phase present

@@ -18,13 +18,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+
+from fedproto import registry
 from fedproto.algorithms.mufc.cli import unit_box
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.messages import DataSummary, FederationSummary
 from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties
 from fedproto.algorithms.mufc.setup import DataSetup, LocalDataParties, setup_data_bytes
-
-from fedproto import registry
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset
@@ -32,12 +32,7 @@ from fedproto.errors import FedProtoError, RemoteProtocolError
 from fedproto.metering import RunReport
 from fedproto.testing import link_costs, run_in_memory
 from fedproto.testing.harness import Harness
-from fedproto.testing.local_data import (
-    other_feature_count,
-    plan_per_party,
-    run_over_tcp,
-    run_per_party,
-)
+from fedproto.testing.local_data import other_feature_count, plan_per_party, run_over_tcp, run_per_party
 
 PLUGIN = registry.load_protocol("mufc")
 #: iris, small runs: every phase present, no timed replay, no baselines
