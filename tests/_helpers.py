@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from fedproto.testing.local_data import run_party_processes  # re-exported: its home is fedproto.testing
+# re-exported: its home is fedproto.testing.local_data
+from fedproto.testing.local_data import run_party_processes
 
 __all__ = [
     "FEDPROTO",

@@ -27,9 +27,9 @@ from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, normalize, partition
 from fedproto.errors import FedProtoError, RemoteProtocolError
 from fedproto.metering import RunReport
-from fedproto.testing import link_costs, run_in_memory
+from fedproto.testing import link_costs, run_in_memory, run_over_tcp, run_per_party
 from fedproto.testing.harness import Harness
-from fedproto.testing.local_data import other_feature_count, plan_per_party, run_over_tcp, run_per_party
+from fedproto.testing.local_data import other_feature_count, plan_per_party
 
 PLUGIN = registry.load_protocol("fastlloyd")
 #: iris, 3 clients, 2 iterations: small and fast, every phase present
