@@ -21,11 +21,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# re-exported: its home is fedproto.testing.local_data
+from fedproto.testing.local_data import run_party_processes
 
 __all__ = [
     "FEDPROTO",
@@ -80,36 +83,6 @@ def kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
-
-
-def run_party_processes(
-    commands: Mapping[str, Sequence[str]], cwd: Path, *, timeout_s: float, env: Mapping[str, str] | None = None
-) -> dict[str, tuple[int, str, str]]:
-    """Start one process per party (each in its own session), wait for all, kill what is left.
-
-    Args:
-        commands: ``{party: argv}``.
-        cwd: their working directory.
-        timeout_s: how long to wait for each one, in turn (seconds).
-        env: their environment (default: this process's).
-
-    Returns:
-        ``{party: (exit code, stdout, stderr)}`` in the order of ``commands``.
-
-    Raises:
-        subprocess.TimeoutExpired: a party ran past its timeout (every group is killed first).
-    """
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        for party, argv in commands.items():
-            procs[party] = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        outputs = {party: proc.communicate(timeout=timeout_s) for party, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                kill_group(proc)
-    return {party: (procs[party].returncode, *outputs[party]) for party in procs}
 
 
 def kill_all(procs: Iterable[subprocess.Popen]) -> None:

@@ -9,7 +9,10 @@
   conformance suite, for a new transport's tests.
 * :func:`run_per_party` and :class:`PerPartyRun`: run a plugin's simulation and the same run
   with every party built from only its own file (``split`` + ``plan_party``), to check they
-  agree in results and payload bytes.
+  agree in results and payload bytes; :func:`plan_per_party` (:class:`PerPartyPlans`) builds
+  those plans, :func:`other_feature_count` changes a party's file to check it is refused, and
+  :func:`run_over_tcp` (:class:`TcpRun`) runs ``fedproto split``, ``provision`` and one
+  ``fedproto party`` process per party over TCP (:func:`run_party_processes`) beside the memory run.
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
   :class:`Query`, :class:`Contribution`, :class:`Finished`, a small complete protocol to test
   runtimes and transports with; :func:`sum_machines` builds a whole federation of it and
@@ -29,7 +32,10 @@ if TYPE_CHECKING:
     from fedproto.testing.faults import CrashPoint, DelegatingTransport, Faults
     from fedproto.testing.files import load_file
     from fedproto.testing.harness import Frame, Harness
-    from fedproto.testing.local_data import PerPartyRun, run_per_party
+    from fedproto.testing.local_data import (
+        PerPartyPlans, PerPartyRun, TcpRun, other_feature_count, plan_per_party, run_over_tcp, run_party_processes,
+        run_per_party,
+    )
     from fedproto.testing.runs import link_costs, run_each_party, run_in_memory, run_plan_in_memory
     from fedproto.testing.toy import (
         Contribution, Finished, Query, SumCoordinator, SumPlugin, SumWorker, expected_sums, sum_machines,
@@ -41,7 +47,11 @@ _LAZY = {
     **dict.fromkeys(("CHECKS", "check_close_semantics", "run_conformance"), "conformance"),
     **dict.fromkeys(("CrashPoint", "DelegatingTransport", "Faults"), "faults"),
     **dict.fromkeys(("Frame", "Harness"), "harness"),
-    **dict.fromkeys(("PerPartyRun", "run_per_party"), "local_data"),
+    **dict.fromkeys(
+        ("PerPartyPlans", "PerPartyRun", "TcpRun", "other_feature_count", "plan_per_party", "run_over_tcp",
+         "run_party_processes", "run_per_party"),
+        "local_data",
+    ),
     **dict.fromkeys(("load_file",), "files"),
     **dict.fromkeys(("link_costs", "run_each_party", "run_in_memory", "run_plan_in_memory"), "runs"),
     **dict.fromkeys(
@@ -62,7 +72,13 @@ __all__ = [
     "run_conformance",
     "CHECKS",
     "check_close_semantics",
+    "PerPartyPlans",
     "PerPartyRun",
+    "TcpRun",
+    "other_feature_count",
+    "plan_per_party",
+    "run_over_tcp",
+    "run_party_processes",
     "run_per_party",
     "SumCoordinator",
     "SumWorker",

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +20,15 @@ from fedproto.algorithms.deletion import local_data
 from fedproto.algorithms.deletion.cli import DCKMEANS, QKMEANS, prepare
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, setup_payload_bytes
 from fedproto.algorithms.deletion.messages import DataAgreement, DataSummary
+from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, save_dataset
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.messages import PhaseTimedOut
-from fedproto.testing import load_file, run_in_memory, run_plan_in_memory
+from fedproto.testing import load_file, run_in_memory, run_over_tcp, run_plan_in_memory
 from fedproto.testing.harness import Harness
 
 helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
-REPO = Path(__file__).resolve().parents[3]
-FEDPROTO = REPO / ".venv" / "bin" / "fedproto"
 
 
 whole_args = helpers.plugin_args  # ``fedproto run`` options: the plugin's plus the core's
@@ -258,64 +253,24 @@ def test_party_plans_refuse_what_they_cannot_run(mixture):
 # -------------------------------------------------------------------- the command line, over TCP
 
 
-def _fedproto(*argv, cwd):
-    done = subprocess.run([str(FEDPROTO), *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def _split_command_exists() -> bool:
-    if not FEDPROTO.exists():
-        return False
-    done = subprocess.run([str(FEDPROTO), "split", "--help"], capture_output=True, text=True, timeout=120)
-    return done.returncode == 0
-
-
 @pytest.mark.slow
 def test_dckmeans_parties_in_their_own_processes_over_tls_equal_the_memory_run(tmp_path):
     """fedproto split, fedproto provision, one fedproto party process per party with its own
     --data file: the model and the deletions the parties report, and the payload bytes of every
     link, equal the memory run's."""
-    if not _split_command_exists():
-        pytest.skip("fedproto split is not available")
     options = ["--data", "iris", "--removals", "6", "--no-timing", "--seed", "3"]
-    _fedproto("run", "dckmeans", *options, "--transport", "memory", "--quiet", "--report", "memory.json",
-              cwd=tmp_path)
-    memory = json.loads((tmp_path / "memory.json").read_text())
-    _fedproto("split", "dckmeans", *options, "--out", "parts", cwd=tmp_path)
-    manifest = json.loads((tmp_path / "parts" / "split.json").read_text())
-    roster = manifest["parties"]
-    files = {entry["party"]: entry["file"] for entry in manifest["files"]}
-    assert roster[0] == "root" and set(files) == set(roster[1:])
-    # the memory run's session, so that every envelope is the same size
-    _fedproto("provision", "--parties", ",".join(roster), "--hub", f"127.0.0.1:{helpers.free_port()}", "--session",
-              str(memory["session"]), "--out", "kits", cwd=tmp_path)
+    argv = ["run", "dckmeans", *options]
+    leaves = len(DCKMEANS.split(build_parser(argv).parse_args(argv), load_dataset("iris")))
     # the parties hold only their files: what the whole set decided is spelled out
     # (DCKMEANS.resolved_options: --k, --removals, --width)
-    party_options = ["--removals", "6", "--no-timing", "--seed", "3", "--k", "3", "--width", str(len(files))]
-    procs = {}
-    try:
-        for party in roster:  # the hub (the root) first: the others dial it
-            data = ["--data", str(tmp_path / "parts" / files[party])] if party in files else []
-            kit = tmp_path / "kits" / party / "roster.json"
-            procs[party] = subprocess.Popen(
-                [str(FEDPROTO), "party", "dckmeans", *party_options, *data, "--party", party, "--roster", str(kit),
-                 "--party-report", str(tmp_path / f"{party}.json")],
-                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-            )
-            if party == roster[0]:
-                time.sleep(1.0)
-        deadline = time.monotonic() + 240
-        for party, proc in procs.items():
-            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            assert proc.returncode == 0, f"{party}: {err[-3000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
-    reports = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in roster}
+    party_options = ["--removals", "6", "--no-timing", "--seed", "3", "--k", "3", "--width", str(leaves)]
+    run = run_over_tcp("dckmeans", options, party_options, tmp_path, run_only=["--transport", "memory"],
+                       timeout_s=240)
+    memory = json.loads((tmp_path / "memory.json").read_text())
+    roster = run.manifest["parties"]
+    files = {entry["party"]: entry["file"] for entry in run.manifest["files"]}
+    assert roster[0] == "root" and set(files) == set(roster[1:])
+    reports = run.docs
     root = reports["root"]["result"]
     assert root["centroids"] == memory["results"]["centroids"]
     assert len(root["deletions"]) == memory["results"]["n_removals"] == 6

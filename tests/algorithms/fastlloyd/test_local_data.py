@@ -14,10 +14,6 @@
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -28,15 +24,14 @@ from fedproto.algorithms.fastlloyd.messages import DataSummary, FederationSummar
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
-from fedproto.data import Dataset, load_dataset, normalize, partition, save_dataset
+from fedproto.data import Dataset, load_dataset, normalize, partition
 from fedproto.errors import FedProtoError, RemoteProtocolError
 from fedproto.metering import RunReport
-from fedproto.testing import link_costs, load_file, run_in_memory
+from fedproto.testing import link_costs, run_in_memory, run_over_tcp, run_per_party
 from fedproto.testing.harness import Harness
+from fedproto.testing.local_data import other_feature_count, plan_per_party
 
 PLUGIN = registry.load_protocol("fastlloyd")
-helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
-FEDPROTO = helpers.FEDPROTO
 #: iris, 3 clients, 2 iterations: small and fast, every phase present
 BASE = ["--data", "iris", "--clients", "3", "--iterations", "2", "--seed", "4"]
 CASES = {
@@ -57,47 +52,22 @@ def _run(machines: dict, session: int) -> tuple[dict, RunReport]:
     return run_in_memory(machines, session, deadline_s=60, protocol="fastlloyd")
 
 
-def _per_party_plans(args, dataset, tmp_path: Path, roster, session):
-    """Every party's plan as a separate process would build it: its own file, read back. The
-    clients run without ``--k`` (their files record iris's paper k); the server, which holds no
-    file, gets the ``resolved_options`` the TCP launcher passes."""
-    files = {party: save_dataset(tmp_path / f"{party}.npz", part) for party, part in PLUGIN.split(args, dataset).items()}
-    own = copy.copy(args)
-    own.k = None
-    resolved = build_parser(["run", "fastlloyd", *PLUGIN.resolved_options(own, dataset)]).parse_args(
-        ["run", "fastlloyd", *PLUGIN.resolved_options(own, dataset)]
-    )
-    server = copy.copy(own)
-    server.k = resolved.k
-    return {
-        party: PLUGIN.plan_party(own, party, roster, session, load_dataset(str(files[party])))
-        if party in files
-        else PLUGIN.plan_party(server, party, roster, session, None)
-        for party in roster
-    }
-
-
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_per_party_plans_give_the_simulations_results_and_bytes(tmp_path, case):
-    args = _args(*CASES[case])
-    dataset = load_dataset("iris")
-    simulation = PLUGIN.plan(args, dataset)
-    sim_results, sim_report = _run({p: simulation.make_machine(p) for p in simulation.roster}, simulation.session)
-
-    plans = _per_party_plans(args, dataset, tmp_path, simulation.roster, simulation.session)
-    assert all(plan.roster == simulation.roster and plan.session == simulation.session for plan in plans.values())
-    results, report = _run({p: plans[p].make_machine(p) for p in simulation.roster}, simulation.session)
-
-    for party in simulation.roster:
-        assert plans[party].result_to_json(party, results[party]) == simulation.result_to_json(
-            party, sim_results[party]
-        ), party
-    assert link_costs(report) == link_costs(sim_report)  # payload bytes per link, phase and round
+    # every party's plan as ``fedproto party`` builds it from its own file, read back: the clients
+    # run without --k (their files record iris's paper k); the server, which holds no file, gets
+    # the resolved_options the TCP launcher passes
+    run = run_per_party("fastlloyd", [*BASE, *CASES[case]], tmp_path, resolved_to_data_holders=False)
+    simulation, dataset, report, sim_report = run.plans.plan, run.plans.dataset, run.per_party_report, run.simulation_report
+    assert all(plan.roster == simulation.roster and plan.session == simulation.session
+               for plan in run.plans.plans.values())
+    assert run.per_party_results == run.simulation_results
+    assert run.per_party_links == run.simulation_links  # payload bytes per link, phase and round
     assert report.payload_bytes == sim_report.payload_bytes and report.setup_bytes == sim_report.setup_bytes
     # the server learnt N and d in setup.data; the summary is the pooled data's
-    server = simulation.result_to_json("server", sim_results["server"])
+    server = run.simulation_results["server"]
     assert (server["n_points"], server["d"]) == (dataset.n, dataset.d)
-    summary = simulation.summarize({p: simulation.result_to_json(p, r) for p, r in sim_results.items()})
+    summary = simulation.summarize(run.simulation_results)
     assert summary["clients_agree"] is True and summary["n_points"] == dataset.n
 
 
@@ -165,18 +135,11 @@ def test_setup_data_bytes_are_32_M_d_plus_one_envelope_per_frame(data, clients):
 
 
 def test_a_party_with_another_number_of_features_is_refused_naming_it(tmp_path):
-    args = _args("--k", "3")
-    dataset = load_dataset("iris")
-    simulation = PLUGIN.plan(args, dataset)
-    parts = PLUGIN.split(args, dataset)
-    part = parts["client-1"]
-    parts["client-1"] = Dataset(part.name, part.x[:, :3], part.y, part.paper_k)  # a column short
-    machines = {"server": PLUGIN.plan_party(args, "server", simulation.roster, simulation.session, None)
-                .make_machine("server")}
-    for party, data in parts.items():
-        machines[party] = PLUGIN.plan_party(args, party, simulation.roster, simulation.session, data).make_machine(party)
+    built = plan_per_party("fastlloyd", [*BASE, "--k", "3"], tmp_path,
+                           tamper=other_feature_count("client-1", -1))  # a column short
+    machines = built.machines()
     with pytest.raises(FedProtoError) as caught:
-        _run(machines, simulation.session)
+        _run(machines, built.plan.session)
     error = caught.value
     assert isinstance(error, RemoteProtocolError) and error.party == "client-1", error
     assert "client-1 (3)" in str(error) and "(4)" in str(error) and "same features" in str(error)
@@ -221,43 +184,18 @@ def test_split_gives_each_client_its_raw_rows_by_the_runs_partition():
 # --- through the command line, one OS process per party, over TCP ------------------------------------
 
 
-def _cli(argv: list[str], capsys) -> None:
-    """``fedproto ARGV`` in this process (the same ``main`` as ``python -m fedproto``; JAX starts
-    once for the reference run, the split and the kits)."""
-    from fedproto.cli import main
-
-    code = main(argv)
-    assert code == 0, capsys.readouterr().err[-3000:]
-
-
-def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_run(tmp_path, capsys):
-    run_options = ["--data", "iris", "--clients", "2", "--seed", "1", "--iterations", "3"]
-    _cli(["run", "fastlloyd", *run_options, "--quiet", "--no-plot", "--report", str(tmp_path / "memory.json")],
-         capsys)
-    memory = RunReport.from_json((tmp_path / "memory.json").read_text())
-    _cli(["split", "fastlloyd", *run_options, "--out", str(tmp_path / "parts")], capsys)
-    manifest = json.loads((tmp_path / "parts" / "split.json").read_text())
-    assert [entry["party"] for entry in manifest["files"]] == ["client-0", "client-1"]
-    parties = list(memory.parties)
-    # the memory run's session in the kits' roster: the envelopes (and with SecAgg+ its graph) carry it
-    _cli(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
-          "--session", str(memory.session), "--out", str(tmp_path / "kits")], capsys)
-    party_options = ["--iterations", "3", "--seed", "1", "--deadline", "60"]
-    commands = {}
-    for party in parties:
-        # a client's --k comes from its file (iris's paper k); the server, without one, is told
-        own = ["--k", "3"] if party == "server" else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
-        commands[party] = [*FEDPROTO, "party", "fastlloyd", *party_options, *own, "--party", party,
-                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                           "--party-report", str(tmp_path / f"{party}.json")]
-    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=180).items():
-        assert code == 0, (party, err[-3000:])
-    docs = {party: json.loads((tmp_path / f"{party}.json").read_text()) for party in parties}
+def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_run(tmp_path):
+    # run, split and provision in this process (JAX starts once); a client's --k comes from its
+    # file (iris's paper k); the server, without one, is told
+    run = run_over_tcp("fastlloyd", ["--data", "iris", "--clients", "2", "--seed", "1", "--iterations", "3"],
+                       ["--iterations", "3", "--seed", "1", "--deadline", "60"], tmp_path, hub_argv=["--k", "3"],
+                       run_only=["--no-plot"], in_process=True, timeout_s=180)
+    memory, docs = run.memory, run.docs
+    assert [entry["party"] for entry in run.manifest["files"]] == ["client-0", "client-1"]
     # results: every client ends with the memory run's centroids; the server agreed N and d
-    for party in parties[1:]:
+    for party in list(memory.parties)[1:]:
         assert docs[party]["result"]["centroids"] == memory.results["centroids"], party
     assert (docs["server"]["result"]["n_points"], docs["server"]["result"]["d"]) == (150, 4)
     # payload bytes: the union of the parties' own reports is the memory run's, link by link
-    tcp = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
-    assert link_costs(tcp) == link_costs(memory)
-    assert tcp.payload_bytes == memory.payload_bytes and tcp.setup_bytes == memory.setup_bytes
+    assert link_costs(run.merged) == link_costs(memory)
+    assert run.merged.payload_bytes == memory.payload_bytes and run.merged.setup_bytes == memory.setup_bytes

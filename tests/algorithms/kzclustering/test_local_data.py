@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,11 +26,11 @@ from fedproto.algorithms.kzclustering.messages import DataSummary, FederationSum
 from fedproto.algorithms.kzclustering.protocol import COORDINATOR, KzCoordinator, KzMachine
 from fedproto.algorithms.kzclustering.setup import SETUP_PHASE
 from fedproto.codec import encode_frame
-from fedproto.data import Dataset, load_dataset, normalize, save_dataset
+from fedproto.data import Dataset, load_dataset, normalize
 from fedproto.errors import InsufficientParticipants, RemoteProtocolError
 from fedproto.metering import Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties
-from fedproto.testing import load_file
+from fedproto.testing import other_feature_count, plan_per_party, run_over_tcp
 from fedproto.testing.faults import Faults
 from fedproto.transports.memory import MemoryNetwork
 
@@ -39,8 +38,6 @@ PLUGINS = {"kzcenter": KZCENTER, "kzmedian": KZMEDIAN, "kzmeans": KZMEANS}
 #: a small run of every plugin: iris, 3 machines, 5 injected outliers
 RUN = ["--data", "iris", "--machines", "3", "--k", "3", "--z", "5", "--inject-outliers", "5", "--compare", "none",
        "--seed", "3"]
-#: options of fedproto run that a party holding its own file does not take
-WHOLE_DATA = {"--data", "--clients", "--partition"}
 
 
 def parse_run(plugin, argv: list[str]) -> argparse.Namespace:
@@ -57,42 +54,11 @@ def parse_party(plugin, argv: list[str], party: str) -> argparse.Namespace:
     return parser.parse_args([*argv, "--party", party, "--roster", "unused.json"])
 
 
-def party_argv(run_argv: list[str]) -> list[str]:
-    """The run's options without the whole data set's (as the TCP launcher passes them on)."""
-    out, tokens = [], iter(run_argv)
-    for token in tokens:
-        if token in WHOLE_DATA:
-            next(tokens)
-        else:
-            out.append(token)
-    return out
-
-
 async def run_machines(machines: dict, session: int) -> tuple[dict, RunReport]:
     meter = Meter()
     results = await run_parties(machines, MemoryNetwork(list(machines)), config=RuntimeConfig(session=session),
                                 meter=meter)
     return results, meter.report(protocol="kz", transport="memory", session=session, parties=list(machines))
-
-
-def write_split(plugin, args, dataset, directory: Path) -> dict[str, Dataset]:
-    """``split`` written one file per party and read back, as ``fedproto split`` and ``fedproto party`` do."""
-    return {party: load_dataset(str(save_dataset(directory / f"{party}.npz", part)))
-            for party, part in plugin.split(args, dataset).items()}
-
-
-def per_party_machines(plugin, run_argv, args, dataset, plan, directory: Path, *, tamper=None) -> dict:
-    """Each party's machine from its own plan (``plan_party``), given only its own file."""
-    files = write_split(plugin, args, dataset, directory)
-    if tamper is not None:
-        files = tamper(files)
-    argv = [*party_argv(run_argv), *plugin.resolved_options(args, dataset)]
-    machines = {}
-    for party in plan.roster:
-        own = plugin.plan_party(parse_party(plugin, argv, party), party, plan.roster, plan.session, files.get(party))
-        assert own.roster == plan.roster and own.session == plan.session
-        machines[party] = own.make_machine(party)
-    return machines
 
 
 # --- 1. the simulation and the per-party plans agree ----------------------------------------------------------
@@ -106,8 +72,10 @@ async def test_per_party_plans_give_the_simulations_results_and_bytes(tmp_path, 
     args, dataset = parse_run(plugin, run_argv), load_dataset("iris")
     plan = plugin.plan(args, dataset)
     simulated, simulated_report = await run_machines({p: plan.make_machine(p) for p in plan.roster}, plan.session)
-    machines = per_party_machines(plugin, run_argv, args, dataset, plan, tmp_path)
-    own, own_report = await run_machines(machines, plan.session)
+    # each party's machine from its own plan (plan_party), given only its own file read back
+    built = plan_per_party(name, run_argv, tmp_path)
+    assert all(own.roster == plan.roster and own.session == plan.session for own in built.plans.values())
+    own, own_report = await run_machines(built.machines(), plan.session)
     as_json = {p: plan.result_to_json(p, r) for p, r in simulated.items()}
     assert {p: plan.result_to_json(p, r) for p, r in own.items()} == as_json
     assert own_report.links == simulated_report.links  # payload bytes per (round, phase, sender, receiver, tag)
@@ -186,25 +154,14 @@ async def test_setup_bytes_follow_the_formula(name, m, d):
 # --- 4. bad input -----------------------------------------------------------------------------------------------
 
 
-def _widen(party: str):
-    def tamper(files: dict[str, Dataset]) -> dict[str, Dataset]:
-        part = files[party]
-        wide = np.concatenate([part.x, part.x[:, :1]], axis=1)  # one feature too many
-        return {**files, party: dataclasses.replace(part, x=wide)}
-
-    return tamper
-
-
 @pytest.mark.parametrize("scale", [False, True], ids=["raw", "normalize"])
 @pytest.mark.parametrize("name", sorted(PLUGINS))
 async def test_a_machine_with_another_feature_count_is_refused_by_name(tmp_path, name, scale):
     """Without ``--normalize`` the coordinator compares the machines' first points (the extents'
     anchors); with it, the setup's extents. Either way the odd machine is named."""
-    plugin = PLUGINS[name]
     run_argv = [*RUN, *(["--normalize"] if scale else [])]
-    args, dataset = parse_run(plugin, run_argv), load_dataset("iris")
-    plan = plugin.plan(args, dataset)
-    machines = per_party_machines(plugin, run_argv, args, dataset, plan, tmp_path, tamper=_widen("machine-1"))
+    built = plan_per_party(name, run_argv, tmp_path, tamper=other_feature_count("machine-1", 1))  # one too many
+    machines, plan = built.machines(), built.plan
     with pytest.raises(RemoteProtocolError, match="machine-1 has 5 features where the other machines have 4") as err:
         await run_machines(machines, plan.session)
     assert err.value.party == "machine-1"
@@ -218,7 +175,7 @@ async def test_with_radius_bounds_the_feature_count_is_checked_on_the_first_poin
     plan = KZCENTER.plan(args, dataset)
     good, _ = await run_machines({p: plan.make_machine(p) for p in plan.roster}, plan.session)
     assert good[COORDINATOR].centres.shape == (3, 4)
-    machines = per_party_machines(KZCENTER, run_argv, args, dataset, plan, tmp_path, tamper=_widen("machine-2"))
+    machines = plan_per_party("kzcenter", run_argv, tmp_path, tamper=other_feature_count("machine-2", 1)).machines()
     with pytest.raises(RemoteProtocolError, match="machine-2 has 5 features") as err:
         await run_machines(machines, plan.session)
     assert err.value.party == "machine-2" and err.value.phase == "points"
@@ -293,9 +250,6 @@ def test_resolved_options_spell_out_the_auto_sub_machine_count():
 
 # --- 2. the command line over TCP, one process per party ----------------------------------------------------------
 
-helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
-FEDPROTO = helpers.FEDPROTO
-
 
 @pytest.mark.slow  # 110 to 140 s here (5 processes, each starting JAX, on 2 shared cores)
 def test_split_files_and_one_party_process_each_over_tcp_match_the_memory_run(tmp_path):
@@ -303,31 +257,15 @@ def test_split_files_and_one_party_process_each_over_tcp_match_the_memory_run(tm
     party, each machine given only its own file: the parties' results and payload bytes per link
     are the memory run's, setup phase included."""
     options = ["--machines", "3", "--k", "3", "--z", "5", "--eps", "0.5", "--inject-outliers", "5", "--normalize",
-               "--sub-machines", "1", "--compare", "none", "--seed", "2", "--deadline", "60"]
-    helpers.fedproto_ok(["run", "kzcenter", "--data", "iris", *options, "--quiet", "--no-plot",
-          "--report", str(tmp_path / "memory.json")], tmp_path)
+               "--sub-machines", "1", "--compare", "none", "--seed", "2"]
+    run = run_over_tcp("kzcenter", ["--data", "iris", *options], [*options, "--deadline", "60"], tmp_path,
+                       run_only=["--deadline", "60", "--no-plot"], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     memory = json.loads((tmp_path / "memory.json").read_text())
-    helpers.fedproto_ok(["split", "kzcenter", "--data", "iris", *[o for o in options if o != "--deadline" and o != "60"],
-          "--out", str(tmp_path / "split")], tmp_path)
-    manifest = json.loads((tmp_path / "split" / "split.json").read_text())
-    parties = memory["parties"]
+    manifest, docs, parties = run.manifest, run.docs, memory["parties"]
     assert [entry["party"] for entry in manifest["files"]] == parties[1:]
-    helpers.fedproto_ok(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
-          "--session", str(memory["session"]), "--out", str(tmp_path / "kits")], tmp_path)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    commands = {}
-    for party in parties:
-        data = [] if party == COORDINATOR else ["--data", str(tmp_path / "split" / f"{party}.npz")]
-        commands[party] = [*FEDPROTO, "party", "kzcenter", "--party", party,
-                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                           *data, *options, "--party-report", str(tmp_path / f"{party}.json")]
-    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=240, env=env).items():
-        assert code == 0, f"{party}: {err[-3000:]}"
-    docs = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in parties}
-    merged = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
-    links = [dataclasses.asdict(link) for link in merged.links]
+    links = [dataclasses.asdict(link) for link in run.merged.links]
     assert links == memory["links"]
-    assert merged.setup_bytes == memory["setup_bytes"] > 0
+    assert run.merged.setup_bytes == memory["setup_bytes"] > 0
     result, summary = docs[COORDINATOR]["result"], memory["results"]
     assert result["centres"] == summary["centres"] and result["radius"] == summary["radius"]
     assert result["outliers"] == summary["n_outliers"] == sum(docs[p]["result"]["outliers"] for p in parties[1:])

@@ -15,10 +15,6 @@
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
@@ -31,15 +27,14 @@ from fedproto.algorithms.mufc.protocol import SERVER, MUFCParties
 from fedproto.algorithms.mufc.setup import DataSetup, LocalDataParties, setup_data_bytes
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
-from fedproto.data import Dataset, load_dataset, save_dataset
+from fedproto.data import Dataset, load_dataset
 from fedproto.errors import FedProtoError, RemoteProtocolError
 from fedproto.metering import RunReport
-from fedproto.testing import link_costs, load_file, run_in_memory
+from fedproto.testing import link_costs, run_in_memory, run_over_tcp, run_per_party
 from fedproto.testing.harness import Harness
+from fedproto.testing.local_data import other_feature_count, plan_per_party
 
 PLUGIN = registry.load_protocol("mufc")
-helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
-FEDPROTO = helpers.FEDPROTO
 #: iris, small runs: every phase present, no timed replay, no baselines
 BASE = ["--data", "iris", "--seed", "2", "--n-init", "2", "--no-timing", "--no-baselines"]
 CASES = {
@@ -59,44 +54,21 @@ def _run(machines: dict, session: int) -> tuple[dict, RunReport]:
     return run_in_memory(machines, session, deadline_s=60, protocol="mufc")
 
 
-def _per_party_plans(args, dataset, tmp_path: Path, roster, session):
-    """Every party's plan as a separate process builds it: its own file, read back. The clients
-    run without ``--k`` (their files record iris's paper K); the server, which holds no file,
-    gets the ``resolved_options`` the TCP launcher passes."""
-    files = {party: save_dataset(tmp_path / f"{party}.npz", part) for party, part in PLUGIN.split(args, dataset).items()}
-    own = copy.copy(args)
-    own.k = None
-    resolved = PLUGIN.resolved_options(own, dataset)
-    assert resolved == ["--k", "3"]
-    server = copy.copy(own)
-    server.k = int(resolved[1])
-    return {
-        party: PLUGIN.plan_party(own, party, roster, session, load_dataset(str(files[party])))
-        if party in files
-        else PLUGIN.plan_party(server, party, roster, session, None)
-        for party in roster
-    }
-
-
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_per_party_plans_give_the_simulations_results_and_bytes(tmp_path, case):
-    args = _args(*CASES[case])
+    # every party's plan as ``fedproto party`` builds it from its own file, read back: the clients
+    # run without --k (their files record iris's paper K); the server, which holds no file, gets
+    # the resolved_options the TCP launcher passes
     dataset = load_dataset("iris")
-    simulation = PLUGIN.plan(args, dataset)
-    sim_results, sim_report = _run({p: simulation.make_machine(p) for p in simulation.roster}, simulation.session)
-
-    plans = _per_party_plans(args, dataset, tmp_path, simulation.roster, simulation.session)
+    assert PLUGIN.resolved_options(_args(*CASES[case]), dataset) == ["--k", "3"]
+    run = run_per_party("mufc", [*BASE, *CASES[case]], tmp_path, resolved_to_data_holders=False)
+    simulation, plans, report, sim_report = run.plans.plan, run.plans.plans, run.per_party_report, run.simulation_report
     assert all(plan.roster == simulation.roster and plan.session == simulation.session for plan in plans.values())
     assert all(plan.phases == simulation.phases and plan.phases[0] == "setup.data" for plan in plans.values())
-    results, report = _run({p: plans[p].make_machine(p) for p in simulation.roster}, simulation.session)
-
-    for party in simulation.roster:
-        assert plans[party].result_to_json(party, results[party]) == simulation.result_to_json(
-            party, sim_results[party]
-        ), party
-    assert link_costs(report) == link_costs(sim_report)  # payload bytes per link, phase and round
+    assert run.per_party_results == run.simulation_results
+    assert run.per_party_links == run.simulation_links  # payload bytes per link, phase and round
     assert report.payload_bytes == sim_report.payload_bytes and report.setup_bytes == sim_report.setup_bytes
-    summary = simulation.summarize({p: simulation.result_to_json(p, r) for p, r in sim_results.items()})
+    summary = simulation.summarize(run.simulation_results)
     assert summary["clients_agree"] is True and summary["n_points"] == dataset.n
     assert summary["n_points_decoded"] == dataset.n - summary["n_points_removed"]
 
@@ -170,19 +142,12 @@ def test_setup_data_bytes_are_16_d_up_and_8_L_plus_16_d_down_plus_one_envelope_p
     assert report.setup_bytes >= clients * (8 * clients + 32 * d + 32 + 32 * clients)
 
 
-def test_a_party_with_another_number_of_features_is_refused_naming_it():
-    args = _args("--clients", "3", "--removals", "1", "--k", "3")
-    dataset = load_dataset("iris")
-    simulation = PLUGIN.plan(args, dataset)
-    parts = PLUGIN.split(args, dataset)
-    part = parts["client-1"]
-    parts["client-1"] = Dataset(part.name, part.x[:, :3], part.y, part.paper_k)  # a column short
-    machines = {SERVER: PLUGIN.plan_party(args, SERVER, simulation.roster, simulation.session, None)
-                .make_machine(SERVER)}
-    for party, data in parts.items():
-        machines[party] = PLUGIN.plan_party(args, party, simulation.roster, simulation.session, data).make_machine(party)
+def test_a_party_with_another_number_of_features_is_refused_naming_it(tmp_path):
+    built = plan_per_party("mufc", [*BASE, "--clients", "3", "--removals", "1", "--k", "3"], tmp_path,
+                           tamper=other_feature_count("client-1", -1))  # a column short
+    machines = built.machines()
     with pytest.raises(FedProtoError) as caught:
-        _run(machines, simulation.session)
+        _run(machines, built.plan.session)
     error = caught.value
     assert isinstance(error, RemoteProtocolError) and error.party == "client-1", error
     assert "client-1 has 3" in str(error) and "the other clients 4" in str(error) and "features" in str(error)
@@ -232,35 +197,18 @@ def test_split_gives_each_client_its_raw_rows_as_the_run_cuts_them():
 
 @pytest.mark.slow
 def test_split_provision_and_one_party_process_each_over_tcp_equal_the_memory_run(tmp_path):
-    run_options = ["--data", "iris", "--clients", "3", "--seed", "1", "--removals", "2", "--leave", "1",
-                   "--n-init", "2"]
-    quick = ["--no-timing", "--no-baselines"]
-    helpers.fedproto_ok(["run", "mufc", *run_options, *quick, "--quiet", "--report", str(tmp_path / "memory.json")], tmp_path)
-    memory = RunReport.from_json((tmp_path / "memory.json").read_text())
-    helpers.fedproto_ok(["split", "mufc", *run_options, "--out", str(tmp_path / "parts")], tmp_path)
-    manifest = json.loads((tmp_path / "parts" / "split.json").read_text())
-    assert [entry["party"] for entry in manifest["files"]] == ["client-0", "client-1", "client-2"]
-    parties = list(memory.parties)
-    # the memory run's session in the kits' roster: the envelopes carry it
-    helpers.fedproto_ok(["provision", "--parties", ",".join(parties), "--hub", f"127.0.0.1:{helpers.free_port()}",
-          "--session", str(memory.session), "--out", str(tmp_path / "kits")], tmp_path)
-    party_options = ["--removals", "2", "--leave", "1", "--n-init", "2", "--seed", "1", "--deadline", "60"]
-    commands = {}
-    for party in parties:
-        # a client's --k comes from its file (iris's paper K); the server, without one, is told
-        own = ["--k", "3"] if party == SERVER else ["--data", str(tmp_path / "parts" / f"{party}.npz")]
-        commands[party] = [*FEDPROTO, "party", "mufc", *party_options, *own, "--party", party,
-                           "--roster", str(tmp_path / "kits" / party / "roster.json"),
-                           "--party-report", str(tmp_path / f"{party}.json")]
-    for party, (code, _, err) in helpers.run_party_processes(commands, tmp_path, timeout_s=300).items():
-        assert code == 0, (party, err[-3000:])
-    docs = {party: json.loads((tmp_path / f"{party}.json").read_text()) for party in parties}
+    # a client's --k comes from its file (iris's paper K); the server, without one, is told
+    run = run_over_tcp("mufc", ["--data", "iris", "--clients", "3", "--seed", "1", "--removals", "2", "--leave", "1",
+                                "--n-init", "2"],
+                       ["--removals", "2", "--leave", "1", "--n-init", "2", "--seed", "1", "--deadline", "60"], tmp_path,
+                       hub_argv=["--k", "3"], run_only=["--no-timing", "--no-baselines"], timeout_s=300)
+    memory, docs, parties = run.memory, run.docs, list(run.memory.parties)
+    assert [entry["party"] for entry in run.manifest["files"]] == ["client-0", "client-1", "client-2"]
     # results: the server ends with the memory run's model and decoded count; one client left
     server = docs[SERVER]["result"]
     assert server["centroids"] == memory.results["centroids"]
     assert server["totals"][-1] == memory.results["n_points_decoded"]
     assert sum(docs[p]["result"]["left"] for p in parties[1:]) == memory.results["n_clients_left"] == 1
     # payload bytes: the union of the parties' own reports is the memory run's, link by link
-    tcp = RunReport.merge([RunReport.from_dict(doc["report"]) for doc in docs.values()], transport="tcp")
-    assert link_costs(tcp) == link_costs(memory)
-    assert tcp.payload_bytes == memory.payload_bytes and tcp.setup_bytes == memory.setup_bytes
+    assert link_costs(run.merged) == link_costs(memory)
+    assert run.merged.payload_bytes == memory.payload_bytes and run.merged.setup_bytes == memory.setup_bytes
