@@ -30,6 +30,7 @@ from typing import Any
 from fedproto.compilation import compile_seconds, device_description, kernels_compiled
 
 __all__ = [
+    "ConnectionBytes",
     "Meter",
     "LinkRecord",
     "RunReport",
@@ -58,7 +59,30 @@ def is_setup_phase(phase: str) -> bool:
     return phase.startswith("setup")
 
 
-class Meter:
+class ConnectionBytes:
+    """The counts of bytes a transport writes on the wire besides frames, each starting at 0.
+
+    What a :class:`Meter` totals for a run and what a TCP endpoint counts as it goes
+    (:class:`fedproto.transports.tcp.TcpTransport`); each count is described at the
+    :class:`RunReport` field of the same name.
+
+    Attributes:
+        handshake_bytes: bytes written authenticating connections.
+        tls_overhead_bytes: bytes TLS wrote around the frames after its handshakes.
+        relay_overhead_bytes: bytes relaying frames through a third party cost.
+        resumption_overhead_bytes: bytes that making links resumable cost.
+        refused_bytes: bytes written to connections that were refused.
+    """
+
+    def __init__(self) -> None:
+        self.handshake_bytes = 0
+        self.tls_overhead_bytes = 0
+        self.relay_overhead_bytes = 0
+        self.resumption_overhead_bytes = 0
+        self.refused_bytes = 0
+
+
+class Meter(ConnectionBytes):
     """Counters for one run (or one process of a run).
 
     Args:
@@ -78,12 +102,8 @@ class Meter:
         self._clock = clock
         self.sent: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.received: dict[tuple[int, str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        super().__init__()  # the connection byte counts
         self.framing_overhead_bytes = 0
-        self.handshake_bytes = 0
-        self.tls_overhead_bytes = 0
-        self.relay_overhead_bytes = 0
-        self.resumption_overhead_bytes = 0
-        self.refused_bytes = 0
         self.rejected: list[dict[str, Any]] = []  # the first MAX_REJECTED_KEPT refusals, in order
         self.rejected_frames = 0
         self.rejected_by_cause: Counter[tuple[str, str]] = Counter()

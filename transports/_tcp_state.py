@@ -21,7 +21,8 @@ import trio
 
 from fedproto.agreement import Agreement, check as check_agreement
 from fedproto.errors import AgreementMismatch, PeerUnreachable, TransportClosed, TransportError
-from fedproto.roster import TlsFiles
+from fedproto.metering import ConnectionBytes
+from fedproto.roster import MIN_SECRET_BYTES, TOPOLOGIES, TlsFiles
 from fedproto.transports._framing import MAX_ROUTED_STREAM_FRAME_BYTES, MAX_WIRE_FRAME_BYTES, FrameReader
 from fedproto.transports._tcp_address import TcpAddress
 from fedproto.transports._tcp_handshake import record_digest, roster_digest, tls_module
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 #: The one logger of the TCP transport, whichever part writes.
 log = logging.getLogger("fedproto.transports.tcp")
 
-#: How parties connect: ``"star"`` (only the hub, the roster's first party, listens; the others
-#: dial out to it and it relays their frames to each other) or ``"mesh"`` (every party listens
-#: and dials every peer it sends to).
-TOPOLOGIES = ("star", "mesh")
 #: Longest a star's hub keeps relaying after its own run, waiting for its clients to leave (s).
 DEFAULT_LINGER_S = 60.0
 #: Longest a star client keeps re-dialling the hub after its connection broke (s): the runtime's
@@ -44,8 +41,6 @@ DEFAULT_RESUME_TIMEOUT_S = 60.0
 #: A star connection on which this side wrote nothing for this long gets a keep-alive (an ACK
 #: control frame repeating the count), so a healthy idle peer is heard at least this often (s).
 DEFAULT_KEEPALIVE_S = 5.0
-#: Shortest accepted per-run secret (bytes).
-MIN_SECRET_BYTES = 16
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,8 +71,10 @@ class Link:
     silent_s: float | None = None
 
 
-class EndpointState:
+class EndpointState(ConnectionBytes):
     """One endpoint's settings (checked), counts, inbox and fate; see :class:`TcpTransport` for the arguments.
+
+    Its counts of bytes that are not frames are those of :class:`~fedproto.metering.ConnectionBytes`.
 
     Raises:
         ValueError, TypeError: as :class:`~fedproto.transports.tcp.TcpTransport` says.
@@ -197,12 +194,8 @@ class EndpointState:
         self.roster_set = frozenset(roster)
         self.roster_hash = roster_digest(roster)
         # Bytes that are not frames (see "Bytes" in the docs of fedproto.transports.tcp).
-        self.handshake_bytes = 0
-        self.refused_bytes = 0
-        self.tls_overhead_bytes = 0
-        self.relay_overhead_bytes = 0
+        super().__init__()
         self.relayed_frames = 0
-        self.resumption_overhead_bytes = 0
         self.resumptions = 0
         self.resent_frames = 0
         self.inbox_send, self.inbox_receive = trio.open_memory_channel[tuple[str, bytes]](math.inf)
