@@ -10,6 +10,7 @@ import trio
 import fedproto.testing
 from fedproto.errors import PartyCrashed, PeerUnreachable, TransportBroken, TransportClosed
 from fedproto.testing.conformance import CHECK_TIMEOUT_S, run_conformance
+from fedproto.testing.faults import DelegatingTransport
 from fedproto.transport import Network, Transport
 from fedproto.transports.memory import Faults, MemoryNetwork
 
@@ -26,26 +27,11 @@ async def test_conformance_five_parties_with_mock_clock(autojump_clock: trio.tes
         await run_conformance(endpoints)
 
 
-# The suite must be able to fail: each broken transport below has to be caught.
+# The suite must be able to fail: each broken transport below has to be caught. Each is a
+# DelegatingTransport (every call passed to the real endpoint) that changes one thing.
 
 
-class _Wrapped(Transport):
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-        self.party = inner.party
-        self.roster = inner.roster
-
-    async def send(self, dest: str, frame: bytes) -> None:
-        await self.inner.send(dest, frame)
-
-    async def receive(self) -> tuple[str, bytes]:
-        return await self.inner.receive()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _SwapsPairs(_Wrapped):
+class _SwapsPairs(DelegatingTransport):
     """Delivers frames 2k+1 before 2k (per receiver)."""
 
     def __init__(self, inner: Transport) -> None:
@@ -61,26 +47,26 @@ class _SwapsPairs(_Wrapped):
         return await self.inner.receive()
 
 
-class _BlamesAlice(_Wrapped):
+class _BlamesAlice(DelegatingTransport):
     async def receive(self) -> tuple[str, bytes]:
         _, frame = await self.inner.receive()
         return "alice", frame
 
 
-class _CorruptsLargeFrames(_Wrapped):
+class _CorruptsLargeFrames(DelegatingTransport):
     async def send(self, dest: str, frame: bytes) -> None:
         if len(frame) > 1_000_000:
             frame = frame[:-1] + bytes([frame[-1] ^ 1])
         await self.inner.send(dest, frame)
 
 
-class _DropsEmptyFrames(_Wrapped):
+class _DropsEmptyFrames(DelegatingTransport):
     async def send(self, dest: str, frame: bytes) -> None:
         if frame:
             await self.inner.send(dest, frame)
 
 
-class _ClosedStillSends(_Wrapped):
+class _ClosedStillSends(DelegatingTransport):
     async def send(self, dest: str, frame: bytes) -> None:
         await self.inner.network._route(self.party, dest, frame)  # type: ignore[attr-defined]
 
@@ -96,7 +82,7 @@ class _ClosedStillSends(_Wrapped):
     ],
 )
 async def test_conformance_catches_broken_transports(
-    autojump_clock: trio.testing.MockClock, wrapper: type[_Wrapped], message: str
+    autojump_clock: trio.testing.MockClock, wrapper: type[DelegatingTransport], message: str
 ) -> None:
     async with MemoryNetwork(ROSTER).endpoints() as opened:
         endpoints = {p: wrapper(ep) for p, ep in opened.items()}
@@ -104,7 +90,7 @@ async def test_conformance_catches_broken_transports(
             await run_conformance(endpoints)
 
 
-class _DropsEverythingToCarol(_Wrapped):
+class _DropsEverythingToCarol(DelegatingTransport):
     async def send(self, dest: str, frame: bytes) -> None:
         if dest != "carol":
             await self.inner.send(dest, frame)
