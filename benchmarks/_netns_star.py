@@ -14,28 +14,32 @@ provision``), starts the relay, then every party warm (:mod:`_party_at_go`) and,
 ready, lets them go together; it merges the parties' reports (``--party-report``) into the run's
 report, whose ``wall_time_s`` is the measured wall time (the longest party's run).
 
-Needs root and iproute2; :class:`NetnsUnavailable` says why not otherwise. Every namespace (with
-its veth ends) and every process started here is removed on the way out, on failure too.
+The namespaces are :func:`fedproto.testing.netns.star_namespaces`'s. Needs root and iproute2;
+:class:`NetnsUnavailable` says why not otherwise. Every namespace (with its veth ends) and every
+process started here is removed on the way out, on failure too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedproto.metering import RunReport
+from fedproto.testing.netns import NetnsUnavailable, netns_unavailable_reason, star_namespaces
+
+# NetnsUnavailable and netns_unavailable_reason are fedproto.testing.netns's, named here too for
+# the benchmark that runs this one (network_model.py).
+__all__ = ["NetnsUnavailable", "TcpRun", "netns_unavailable_reason", "run_tcp_star"]
 
 BENCHMARKS = Path(__file__).resolve().parent
 FEDPROTO = [sys.executable, "-m", "fedproto"]
@@ -49,105 +53,9 @@ HUB_ADDRESS = f"{SUBNET.format(0)}.1:{RELAY_PORT}"
 HUB_INNER = ("127.0.0.1", RELAY_PORT)
 
 
-class NetnsUnavailable(RuntimeError):
-    """Network namespaces cannot be made here (not root, no ``ip``, permission denied)."""
-
-
 def _run(argv: Sequence[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                           **kwargs)
-
-
-def netns_unavailable_reason() -> str | None:
-    """Why namespaces cannot be made here, or ``None`` when they probably can (root and ``ip``)."""
-    if os.geteuid() != 0:
-        return f"network namespaces need root; this runs as uid {os.geteuid()}"
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2) to make network namespaces"
-    return None
-
-
-@dataclasses.dataclass
-class StarHosts:
-    """The namespaces of a star: ``namespace[party]`` (the hub is ``parties[0]``)."""
-
-    parties: tuple[str, ...]
-    namespace: dict[str, str]
-    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
-
-    def start(self, party: str, argv: Sequence[str], cwd: Path, stderr: Any) -> subprocess.Popen:
-        """Run ``argv`` in ``party``'s namespace, its own process group (killed on the way out);
-        stdin and stdout are pipes."""
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace[party], *argv], cwd=cwd, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
-        )
-        self.processes.append(proc)
-        return proc
-
-
-def _ip(namespace: str, *args: str) -> None:
-    done = _run(["ip", "-n", namespace, *args])
-    if done.returncode != 0:
-        raise RuntimeError(f"ip -n {namespace} {' '.join(args)}: {done.stderr.strip()}")
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-
-@contextlib.contextmanager
-def star_namespaces(parties: Sequence[str]) -> Iterator[StarHosts]:
-    """One namespace per party, each non-hub party linked to the hub's (``parties[0]``) by a veth.
-
-    Raises:
-        NetnsUnavailable: not root, no ``ip``, or the kernel refused a namespace or a veth pair.
-        RuntimeError: a later ``ip`` command failed.
-    """
-    reason = netns_unavailable_reason()
-    if reason is not None:
-        raise NetnsUnavailable(reason)
-    tag = f"nc{os.getpid() % 10000}{secrets.token_hex(2)}"  # device names stay under 16 characters
-    namespace = {party: f"{tag}-{i}" for i, party in enumerate(parties)}
-    hosts = StarHosts(tuple(parties), namespace)
-    made: list[str] = []
-    try:
-        for name in namespace.values():
-            done = _run(["ip", "netns", "add", name])
-            if done.returncode != 0:
-                raise NetnsUnavailable(f"cannot make network namespaces here: ip netns add: {done.stderr.strip()}")
-            made.append(name)
-            _ip(name, "link", "set", "lo", "up")
-        hub = namespace[parties[0]]
-        for i, client in enumerate(parties[1:]):
-            hub_end, client_end = f"{tag}h{i}", f"{tag}c{i}"
-            done = _run(["ip", "link", "add", hub_end, "netns", hub, "type", "veth", "peer", "name", client_end,
-                         "netns", namespace[client]])
-            if done.returncode != 0:
-                raise NetnsUnavailable(f"cannot make veth pairs here: ip link add: {done.stderr.strip()}")
-            subnet = SUBNET.format(i)
-            _ip(hub, "addr", "add", f"{subnet}.1/24", "dev", hub_end)
-            _ip(hub, "link", "set", hub_end, "up")
-            _ip(namespace[client], "addr", "add", f"{subnet}.2/24", "dev", client_end)
-            _ip(namespace[client], "link", "set", client_end, "up")
-            _ip(namespace[client], "route", "add", "default", "via", f"{subnet}.1")  # to the relay on link 0's address
-        yield hosts
-    finally:
-        for proc in hosts.processes:
-            _kill(proc)
-        for name in reversed(made):  # its veth ends go with it
-            _run(["ip", "netns", "del", name])
-        left = _run(["ip", "netns", "list"]).stdout
-        leftover = [name for name in made if name in left]
-        if leftover:
-            raise RuntimeError(f"namespaces left behind: {leftover}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +148,7 @@ def run_tcp_star(
     shutil.rmtree(kits / "ca")  # a throwaway federation: the parties need their kits only, not the CA key
     logs: list[Any] = []
     try:
-        with star_namespaces(parties) as hosts:
+        with star_namespaces(parties, subnet=SUBNET, prefix="nc") as hosts:
             relay = None
             hub_listens = HUB_ADDRESS
             if latency_s is not None:
@@ -252,7 +160,7 @@ def run_tcp_star(
                 relay = hosts.start(hub, [
                     sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
                     "--target", hub_listens, "--latency-s", repr(latency_s), *bandwidth,
-                ], workdir, relay_log)
+                ], workdir, stdin=subprocess.PIPE, stderr=relay_log)
                 line = relay.stdout.readline()
                 if not line.startswith("ready"):
                     raise RuntimeError(f"the relay did not start: {(workdir / 'relay.err').read_text()[-2000:]}")
@@ -266,7 +174,7 @@ def run_tcp_star(
                     sys.executable, str(BENCHMARKS / "_party_at_go.py"), *listen, "--",
                     "party", protocol, *options, *own, "--party", party, "--roster", str(kits / party / "roster.json"),
                     "--party-report", str(workdir / f"{party}.json"), "--deadline", "60",
-                ], workdir, err)
+                ], workdir, stdin=subprocess.PIPE, stderr=err)
             _wait_ready(procs, timeout_s=300)
             for proc in procs.values():  # go: all within a few milliseconds
                 proc.stdin.write("go\n")

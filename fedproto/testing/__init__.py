@@ -21,6 +21,8 @@
   plugin's plan over the memory transport in one call, and compare two runs link by link;
   :func:`run_each_party`: every party in its own task over any transport, and how each ended.
 * :func:`load_file`: import a script, a tutorial or a test's helper file by its path.
+* :mod:`fedproto.testing.netns` (imported by name): a star of Linux network namespaces standing
+  for hosts, for tests and benchmarks across hosts (needs root).
 """
 
 from typing import TYPE_CHECKING

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +34,7 @@ import pytest
 
 from fedproto.metering import RunReport
 from fedproto.testing import load_file
+from fedproto.testing.netns import NetnsUnavailable, StarNamespaces, star_namespaces
 
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 SECURE_SUM = Path(__file__).resolve().parents[2] / "docs" / "tutorial" / "secure_sum.py"
@@ -47,36 +44,30 @@ HUB_PORT = 7000
 SUBNET = "10.213.{}"
 
 
-def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 @dataclasses.dataclass
 class Hosts:
-    """Namespaces standing for hosts: ``namespace[party]``, the client links' device names, the hub's address."""
+    """Namespaces standing for hosts (``star``: the namespaces, the client links' devices) and the hub's address."""
 
-    namespace: dict[str, str]
-    device: dict[str, str]  # the client's end of its link, in its namespace
+    star: StarNamespaces
     hub_address: str
-    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
 
     def start(self, party: str, argv: list[str], cwd: Path) -> subprocess.Popen:
         """Run ``argv`` in ``party``'s namespace (its own process group; killed at teardown)."""
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace[party], *argv], cwd=cwd, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-        )
-        self.processes.append(proc)
-        return proc
+        return self.star.start(party, argv, cwd)
 
     def ip(self, party: str, *args: str) -> None:
-        done = _run(["ip", "-n", self.namespace[party], *args])
-        assert done.returncode == 0, f"ip -n {self.namespace[party]} {' '.join(args)}: {done.stderr.strip()}"
+        self.star.ip(party, *args)
+
+    @property
+    def device(self) -> dict[str, str]:
+        return self.star.device
 
     def received_by_hub(self) -> dict[str, int]:
         """Bytes the hub has received on each established connection to its port, by peer host."""
-        done = _run(["ip", "netns", "exec", self.namespace["server"], "ss", "-Htni", "state", "established",
-                     f"( sport = :{HUB_PORT} )"])
+        done = subprocess.run(
+            ["ip", "netns", "exec", self.star.namespace["server"], "ss", "-Htni", "state", "established",
+             f"( sport = :{HUB_PORT} )"], check=False, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )
         received: dict[str, int] = {}
         peer = None
         for line in done.stdout.splitlines():
@@ -89,56 +80,13 @@ class Hosts:
         return received
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=30)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-
-
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    if os.geteuid() != 0:
-        pytest.skip(f"network namespaces need root; this test runs as uid {os.geteuid()}")
-    if shutil.which("ip") is None:
-        pytest.skip("no `ip` command (iproute2) to make network namespaces")
-    tag = f"fp{os.getpid() % 10000}{secrets.token_hex(2)}"  # device names stay under 16 characters
-    namespace = {party: f"{tag}-{party}" for party in PARTIES}
-    made: list[str] = []
-    hosts = Hosts(namespace, {}, f"{SUBNET.format(0)}.1:{HUB_PORT}")
     try:
-        for party, name in namespace.items():
-            done = _run(["ip", "netns", "add", name])
-            if done.returncode != 0:
-                pytest.skip(f"cannot make network namespaces here: ip netns add: {done.stderr.strip()}")
-            made.append(name)
-            hosts.ip(party, "link", "set", "lo", "up")
-        for i, client in enumerate(PARTIES[1:]):
-            hub_end, client_end = f"{tag}h{i}", f"{tag}c{i}"
-            done = _run(["ip", "link", "add", hub_end, "netns", namespace["server"], "type", "veth",
-                         "peer", "name", client_end, "netns", namespace[client]])
-            if done.returncode != 0:
-                pytest.skip(f"cannot make veth pairs here: ip link add: {done.stderr.strip()}")
-            subnet = SUBNET.format(i)
-            hosts.ip("server", "addr", "add", f"{subnet}.1/24", "dev", hub_end)
-            hosts.ip("server", "link", "set", hub_end, "up")
-            hosts.ip(client, "addr", "add", f"{subnet}.2/24", "dev", client_end)
-            hosts.ip(client, "link", "set", client_end, "up")
-            hosts.ip(client, "route", "add", "default", "via", f"{subnet}.1")  # to the hub's address on link 0
-            hosts.device[client] = client_end
-        yield hosts
-    finally:
-        for proc in hosts.processes:
-            _kill(proc)
-        for name in reversed(made):  # its veth ends go with it
-            _run(["ip", "netns", "del", name])
-        left = _run(["ip", "netns", "list"]).stdout
-        assert not any(name in left for name in made), f"namespaces left behind: {left}"
+        with star_namespaces(PARTIES, subnet=SUBNET, prefix="fp") as star:
+            yield Hosts(star, f"{SUBNET.format(0)}.1:{HUB_PORT}")
+    except NetnsUnavailable as exc:  # not root, no `ip`, or the kernel refused
+        pytest.skip(str(exc))
 
 
 def _cli(argv: list[str], capsys) -> None:
