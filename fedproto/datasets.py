@@ -141,35 +141,39 @@ def _privateclustering(
     )
 
 
-_ENTRIES = (
-    _privateclustering(
-        "adult", "c1e172cf71e5fc44969e82771bf36cdd6ec356db384a24fd7bec8f3af999d900", 48842, 6, 3,
-        "Becker, Kohavi: Adult, UCI Machine Learning Repository, 1996 (its 6 numeric attributes)",
-    ),
-    _privateclustering(
-        "birch2", "9e25e770b75a7be5a5393563035217871d31fa27a47a3a4a88aaf7a8f23d2c52", 25000, 2, 100,
+#: The FastLloyd authors' six text files: name, sha256, rows n, cols d, the k of their experiments,
+#: and whether the file's path in their repository could be confirmed (see ``_privateclustering``).
+_PRIVATECLUSTERING_SETS = (
+    ("adult", "c1e172cf71e5fc44969e82771bf36cdd6ec356db384a24fd7bec8f3af999d900", 48842, 6, 3, True),
+    ("birch2", "9e25e770b75a7be5a5393563035217871d31fa27a47a3a4a88aaf7a8f23d2c52", 25000, 2, 100, True),
+    ("house", "4fe2d6a1e2ed597e4fc88cf5f5764ee287916d4094a5e1ec5bccc7e155dbcec1", 1837, 3, 3, True),
+    ("iris", "9ce133ca49ddb86b6e2e50b7ea3e122771cf5d2872bb5e7649276bd190d7edb9", 150, 4, 3, False),
+    ("lsun", "b26e46019547f7342bb833bfbe29fa9b5a3e99c21a586dda701dbc1b713b162b", 400, 2, 3, True),
+    ("s1", "07e4fb6008159b06285165b330b40d112367a0de240898e8d45d17c2d2df02a6", 5000, 2, 15, False),
+)
+#: What each of them is (its origin, for the citation).
+_ORIGINS = {
+    "adult": "Becker, Kohavi: Adult, UCI Machine Learning Repository, 1996 (its 6 numeric attributes)",
+    "birch2": (
         "Zhang, Ramakrishnan, Livny: BIRCH, Data Mining and Knowledge Discovery 1(2), 1997 "
-        "(the Birch2 set of Franti's clustering benchmark)",
+        "(the Birch2 set of Franti's clustering benchmark)"
     ),
-    _privateclustering(
-        "house", "4fe2d6a1e2ed597e4fc88cf5f5764ee287916d4094a5e1ec5bccc7e155dbcec1", 1837, 3, 3,
-        "origin not stated by the distributing repository",
-    ),
-    _privateclustering(
-        "iris", "9ce133ca49ddb86b6e2e50b7ea3e122771cf5d2872bb5e7649276bd190d7edb9", 150, 4, 3,
+    "house": "origin not stated by the distributing repository",
+    "iris": (
         "Fisher: the use of multiple measurements in taxonomic problems, Annals of Eugenics 7(2), 1936 "
-        "(UCI Iris)",
-        confirmed=False,
+        "(UCI Iris)"
     ),
-    _privateclustering(
-        "lsun", "b26e46019547f7342bb833bfbe29fa9b5a3e99c21a586dda701dbc1b713b162b", 400, 2, 3,
-        "Ultsch: the Fundamental Clustering Problems Suite (FCPS), Lsun",
-    ),
-    _privateclustering(
-        "s1", "07e4fb6008159b06285165b330b40d112367a0de240898e8d45d17c2d2df02a6", 5000, 2, 15,
+    "lsun": "Ultsch: the Fundamental Clustering Problems Suite (FCPS), Lsun",
+    "s1": (
         "Franti, Virmajoki: iterative shrinking method for clustering problems, Pattern Recognition "
-        "39(5), 2006 (the S1 set)",
-        confirmed=False,
+        "39(5), 2006 (the S1 set)"
+    ),
+}
+
+_ENTRIES = (
+    *(
+        _privateclustering(name, sha256, rows, cols, k, _ORIGINS[name], confirmed=confirmed)
+        for name, sha256, rows, cols, k, confirmed in _PRIVATECLUSTERING_SETS
     ),
     RegisteredDataset(
         name="celltype",
