@@ -35,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from fedproto.metering import RunReport
-from fedproto.testing.netns import NetnsUnavailable, netns_unavailable_reason, star_namespaces
+from fedproto.testing.netns import (
+    NetnsUnavailable,
+    netns_unavailable_reason,
+    star_namespaces,
+)
 
 # NetnsUnavailable and netns_unavailable_reason are fedproto.testing.netns's, named here too for
 # the benchmark that runs this one (network_model.py).
