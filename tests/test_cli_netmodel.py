@@ -62,7 +62,10 @@ def _s1(tmp_path: Path, capsys, name: str, *extra: str) -> dict:
     return {"doc": json.loads(path.read_text()), "out": out, "path": path}
 
 
-def test_fastlloyd_on_s1_over_the_wan_predicts_its_time_and_draws_the_timeline(tmp_path, capsys, s1_data):
+def test_fastlloyd_on_s1_over_the_wan_predicts_its_time_and_draws_the_timeline(tmp_path, capsys, s1_data, monkeypatch):
+    # the console wraps at 80 columns without a terminal; a wider one keeps the timeline's path on
+    # one line however long tmp_path is (pytest-xdist adds a folder per worker)
+    monkeypatch.setenv("COLUMNS", "200")
     run = _s1(tmp_path, capsys, "wan", "--network", "wan")
     doc, out = run["doc"], run["out"]
     jsonschema.validate(doc, report_schema())

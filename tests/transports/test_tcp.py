@@ -633,13 +633,26 @@ async def test_cancelled_send_mid_frame_drops_the_connection() -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, fake_bob, listeners)
-        # bob does not read, so a 64 MiB frame fills the socket buffers and the send blocks.
-        with trio.move_on_after(0.3) as scope:
-            await alice.send("bob", b"\x01" * (64 * 1024 * 1024))
+        # bob does not read, so a 64 MiB frame fills the socket buffers and the send blocks. It is
+        # cancelled 0.3 s after bob has the connection (not 0.3 s after it began: on a loaded
+        # machine the send could be cancelled before it connected, and no second connection come).
+        scope, sent = trio.CancelScope(), trio.Event()
+
+        async def big_send() -> None:
+            with scope:
+                await alice.send("bob", b"\x01" * (64 * 1024 * 1024))
+            sent.set()
+
+        nursery.start_soon(big_send)
+        with trio.fail_after(60):
+            _, first = await accepted.receive()
+        await trio.sleep(0.3)
+        scope.cancel()
+        await sent.wait()
         assert scope.cancelled_caught
-        _, first = await accepted.receive()
         await alice.send("bob", b"after")  # on a fresh connection
-        _, second = await accepted.receive()
+        with trio.fail_after(60):
+            _, second = await accepted.receive()
         with trio.fail_after(5):
             assert await second.receive_frame(1 << 27) == b"after"
             # The first connection holds part of the cancelled frame, then ends: nothing delivered.

@@ -332,13 +332,16 @@ class FreezingProxy:
     async def _pump(self, source: trio.SocketStream, sink: trio.SocketStream) -> None:
         try:
             while not self.frozen.is_set():
+                data = None
                 with trio.move_on_after(0.02):  # stop between reads once frozen
                     data = await source.receive_some(65536)
-                    if not data:
-                        return
-                    if self.frozen.is_set():
-                        return
-                    await sink.send_all(data)
+                if data is None:
+                    continue
+                if not data or self.frozen.is_set():
+                    return
+                # outside the timeout: a send cut short would drop the rest of a TLS record (a
+                # loaded machine can take 20 ms to send), which the other end reads as "bad record mac"
+                await sink.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
         await trio.sleep_forever()  # frozen: hold both ends open, in silence
