@@ -1,4 +1,4 @@
-"""Session-wide test set-up: compiled JAX kernels are cached in a temporary directory, and the
+"""Session-wide test set-up: compiled JAX kernels are cached in one temporary directory, and the
 papers' data sets come from the offline mirror.
 
 ``fedproto run`` keeps compiled kernels and fetched data sets in the user's cache directory
@@ -17,10 +17,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_CACHE_HOME = tempfile.mkdtemp(prefix="fedproto-test-cache-")
+# One cache for the whole run: the xdist workers inherit the controller's directory (made when it
+# imported this file, before it started them), so a kernel compiled by one is loaded by the other,
+# as in a one-process run; only the process that made the directory removes it.
+_SHARED = "FEDPROTO_TEST_CACHE_HOME"
+_OWNER = _SHARED not in os.environ
+if _OWNER:
+    os.environ[_SHARED] = tempfile.mkdtemp(prefix="fedproto-test-cache-")
+_CACHE_HOME = os.environ[_SHARED]
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 os.environ.setdefault("FEDPROTO_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_CACHE_HOME, ignore_errors=True)
+    if _OWNER:
+        shutil.rmtree(_CACHE_HOME, ignore_errors=True)
