@@ -67,7 +67,6 @@ Q-k-means client) in `_base`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -89,7 +88,6 @@ __all__ = [
     "DCTree",
     "LocalDCTree",
     "LocalQKMeansParties",
-    "QKMeansFederation",
     "QKMeansParties",
     "check_stream",
 ]
@@ -383,11 +381,6 @@ class QKMeansParties(_QKMeansStar):
         """Client ``party`` with its part and the requests of its points."""
         x, ids = self.parts[index]
         return self._client_with(party, len(self.deletions), points=x, ids=ids, requests=self._requests[index])
-
-
-#: :class:`QKMeansParties` of federated Q-k-means (``coordinator`` and ``client-<i>``), called as
-#: it is: ``QKMeansFederation(parts, config, key=..., deletions=...)``.
-QKMeansFederation = functools.partial(QKMeansParties, federated=True)
 
 
 class LocalQKMeansParties(_QKMeansStar):

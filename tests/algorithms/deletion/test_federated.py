@@ -26,7 +26,7 @@ from fedproto.algorithms.deletion.messages import (
     SeedScore,
     SeedStep,
 )
-from fedproto.algorithms.deletion.protocol import QKMeansFederation
+from fedproto.algorithms.deletion.protocol import QKMeansParties
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig, removal_decision, train_qkmeans
 from fedproto.codec import array_payload_bytes, decode_frame, encode_frame
 from fedproto.errors import DecodeError, InsufficientParticipants, LocalProtocolError, RemoteProtocolError
@@ -56,8 +56,8 @@ def split(n: int, n_parties: int, seed: int = 0, empty: bool = False) -> list[np
 
 
 def federation(x, ids, parts, config, seed, deletions=()):
-    return QKMeansFederation([(x[p], ids[p]) for p in parts], config, key=jax.random.PRNGKey(seed),
-                             deletions=deletions)
+    return QKMeansParties([(x[p], ids[p]) for p in parts], config, federated=True, key=jax.random.PRNGKey(seed),
+                          deletions=deletions)
 
 
 def assert_same_model(fed, central) -> None:
@@ -366,17 +366,18 @@ def test_construction_refuses_bad_federations(mixture):
     config = QKMeansConfig(k=3, eps=0.1)
     key = jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match="held by two"):
-        QKMeansFederation([(x[:5], np.arange(5)), (x[5:10], np.arange(5))], config, key=key)
+        QKMeansParties([(x[:5], np.arange(5)), (x[5:10], np.arange(5))], config, federated=True, key=key)
     with pytest.raises(ValueError, match="different dimensions"):
-        QKMeansFederation([(x[:5], np.arange(5)), (np.zeros((3, 3)), np.arange(5, 8))], config, key=key)
+        QKMeansParties([(x[:5], np.arange(5)), (np.zeros((3, 3)), np.arange(5, 8))], config, federated=True,
+                       key=key)
     with pytest.raises(ValueError, match="unknown point ids"):
-        QKMeansFederation([(x, np.arange(20))], config, key=key, deletions=[20])
+        QKMeansParties([(x, np.arange(20))], config, federated=True, key=key, deletions=[20])
     with pytest.raises(ValueError, match="fewer than k"):
-        QKMeansFederation([(x, np.arange(20))], config, key=key, deletions=list(range(18)))
+        QKMeansParties([(x, np.arange(20))], config, federated=True, key=key, deletions=list(range(18)))
     with pytest.raises(ValueError, match="at least one party"):
-        QKMeansFederation([], config, key=key)
+        QKMeansParties([], config, federated=True, key=key)
     with pytest.raises(ValueError, match="not a party"):
-        QKMeansFederation([(x, np.arange(20))], config, key=key).make_machine("client-3")
+        QKMeansParties([(x, np.arange(20))], config, federated=True, key=key).make_machine("client-3")
     with pytest.raises(ValueError, match="outside the roster"):
         QKMeansCoordinator(COORDINATOR, parties=["a"], config=config, key=key, d=2, owners={0: "b"}, n_deletions=0)
     with pytest.raises(ValueError, match="fewer than k"):
@@ -384,7 +385,7 @@ def test_construction_refuses_bad_federations(mixture):
     # Fewer than k distinct points: the coordinator fails like the centralised training.
     dup = np.repeat(x[:2], 10, axis=0)
     with pytest.raises(ValueError, match="distinct"):
-        run_harness(QKMeansFederation([(dup, np.arange(20))], config, key=key))
+        run_harness(QKMeansParties([(dup, np.arange(20))], config, federated=True, key=key))
 
 
 def test_messages_validate_their_fields():
