@@ -334,7 +334,6 @@ def _serve_party_tcp(
     listen_fds = {args.party: args.listen_fd} if args.listen_fd is not None else None
     limit = _frame_limit(plan, args)
     tcp = registry.load_transport("tcp")
-    from fedproto.transports.tcp import DEFAULT_KEEPALIVE_S  # loaded just above
 
     # A client gives up on a hub it has not heard from for one deadline (the protocols' clients
     # would wait two), hearing it at least every quarter deadline (the star's keep-alive); a peer
@@ -342,7 +341,7 @@ def _serve_party_tcp(
     network = tcp.from_roster(
         roster, listen_fds=listen_fds, session=plan.session, max_frame_bytes=limit,
         insecure_shared_secret=args.insecure_shared_secret, agreement=agreement,
-        resume_timeout_s=args.deadline, keepalive_s=min(DEFAULT_KEEPALIVE_S, args.deadline / 4),
+        resume_timeout_s=args.deadline, keepalive_s=min(tcp.default_keepalive_s, args.deadline / 4),
         connect_timeout_s=args.deadline,
     )
     machine = plan.make_machine(args.party)

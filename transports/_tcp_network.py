@@ -25,7 +25,7 @@ from fedproto.transport import Network
 from fedproto.transports._framing import MAX_WIRE_FRAME_BYTES
 from fedproto.transports._tcp_address import TcpAddress
 from fedproto.transports._tcp_endpoint import TcpTransport
-from fedproto.transports._tcp_state import TOPOLOGIES
+from fedproto.transports._tcp_state import DEFAULT_KEEPALIVE_S, TOPOLOGIES
 
 
 @asynccontextmanager
@@ -184,6 +184,9 @@ class TcpNetwork(Network):
     Attributes:
         max_frame_bytes_limit: the largest ``max_frame_bytes`` the wire allows (the 4-byte length
             prefix), so a front end can check the option before starting anything.
+        default_keepalive_s: the star's keep-alive interval when none is given (seconds), so a
+            front end can bound it (e.g. by a fraction of its deadline) without importing the
+            transport's modules.
 
     Raises:
         ValueError: ``listen_fds`` without ``addresses`` or for parties without an address; a
@@ -198,6 +201,7 @@ class TcpNetwork(Network):
         "length-prefixed frames"
     )
     max_frame_bytes_limit = MAX_WIRE_FRAME_BYTES
+    default_keepalive_s = DEFAULT_KEEPALIVE_S
 
     def __init__(
         self,
