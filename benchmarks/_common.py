@@ -25,8 +25,6 @@ directory is then first on ``sys.path``, which is how they import this module.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import enum
 import gc
 import json
 import math
@@ -45,7 +43,7 @@ from rich.table import Table
 
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate, NoisyAggregate
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Message, Outgoing
 
 __all__ = [
@@ -419,17 +417,12 @@ def print_profile(console: Console, stats: Any, *, what: str, unit: str, count: 
 # --- benchmark protocols -----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StreamAck(Message):
+class StreamAck(Message, tag="bench.ack"):
     """Sink -> source: the burst of this round is in."""
 
-    TAG = "bench.ack"
 
 
-class _State(enum.Enum):
-    RUNNING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+_State = machine_states("_State", "RUNNING")
 
 
 class PingMachine(ProtocolMachine):

@@ -16,7 +16,7 @@ from fedproto import errors, messages
 from fedproto._lazy import lazy_exports
 from fedproto.codec import Envelope, decode_frame, encode_frame
 from fedproto.errors import *  # the whole hierarchy: fedproto.errors.__all__
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import *  # messages, fields, actions, events: fedproto.messages.__all__
 from fedproto.metering import LinkRecord, Meter, RunReport
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
@@ -62,6 +62,7 @@ __all__ = [
     "SimulationStalled",
     "Shards",
     "ShardFailed",
+    "machine_states",
     "party_index",
     "StarParties",
     "client_names",

@@ -4,7 +4,9 @@ Each role of a protocol (server, client, coordinator, tree node...) is a subclas
 :class:`ProtocolMachine` that never awaits, sleeps, reads a clock, touches a socket or draws from
 global randomness. The subclass supplies:
 
-* ``State``: an :class:`enum.Enum` with at least ``DONE`` and ``ERROR``, and ``INITIAL_STATE``;
+* ``State``: an :class:`enum.Enum` with at least ``DONE`` and ``ERROR`` (:func:`machine_states`
+  declares one in a line: ``CenterState = machine_states("CenterState", "COLLECT", "SERVING")``),
+  and ``INITIAL_STATE``;
 * ``TRANSITIONS``: one table ``{(state, message class): (handler name, next state)}``; a message
   that is not in the table for the current state is a protocol error;
 * ``_start()``: the first messages; handlers ``handler(sender, message) -> list[Outgoing]``;
@@ -35,6 +37,7 @@ raises :class:`TypeError` naming the class, at import time rather than in the mi
 from __future__ import annotations
 
 import enum
+import sys
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -48,7 +51,36 @@ from fedproto.errors import (
 )
 from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
 
-__all__ = ["ProtocolMachine", "party_index"]
+__all__ = ["ProtocolMachine", "machine_states", "party_index"]
+
+
+def machine_states(name: str, *members: str) -> type[enum.Enum]:
+    """The states of one protocol role: an enum ``name`` with ``members`` in order, then ``DONE`` and ``ERROR``.
+
+    ``machine_states("CenterState", "COLLECT", "SERVING")`` is the class
+    ``CenterState(enum.Enum)`` with members ``COLLECT, SERVING, DONE, ERROR`` (values 1, 2, 3, 4),
+    defined in the caller's module (so it pickles and prints as one written out there). Every
+    role's states end in the two the base class owns: ``DONE`` (a result is ready) and ``ERROR``
+    (an input failed; every later call raises).
+
+    Args:
+        name: the enum's name (the name it is assigned to).
+        members: the role's own states, identifiers; the first need not be the initial one (that
+            is the role's ``INITIAL_STATE``).
+
+    Raises:
+        ValueError: no member, a repeated one, ``DONE`` or ``ERROR`` among them, or a name that is
+            not an identifier.
+    """
+    if not members:
+        raise ValueError(f"{name}: a role has at least one state of its own besides DONE and ERROR")
+    bad = [m for m in members if not (isinstance(m, str) and m.isidentifier())]
+    if bad or not name.isidentifier():
+        raise ValueError(f"{name}: state names must be identifiers, got {bad or name!r}")
+    if len(set(members)) != len(members) or {"DONE", "ERROR"} & set(members):
+        raise ValueError(f"{name}: repeated states, or DONE/ERROR given (they are added): {members}")
+    module = sys._getframe(1).f_globals.get("__name__", __name__)
+    return enum.Enum(name, [*members, "DONE", "ERROR"], module=module, qualname=name)
 
 
 #: ``id(parties) -> (parties, index)`` of the last few party lists indexed (kept alive by the entry).

@@ -1,7 +1,8 @@
 """Messages, actions and runtime events.
 
-A *message* is a frozen, keyword-only dataclass with a ``TAG`` class variable; defining a subclass
-registers its tag, and ``__post_init__`` validates the fields. Field types tell the codec how each
+A *message* is a subclass of :class:`Message` that names its wire tag,
+``class Grid(Message, tag="kz.grid")``: the base class makes it a frozen, keyword-only dataclass,
+sets its ``TAG`` and registers the tag; ``__post_init__`` validates the fields. Field types tell the codec how each
 field travels (see :mod:`fedproto.codec`):
 
 * ``numpy.ndarray`` fields declared with :func:`array_field` travel as dtype + shape + raw
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 import numpy as np
 
@@ -102,26 +103,46 @@ def bigints_field(width_bytes: int | None = None, *, width_from: str | None = No
     )
 
 
+@dataclass_transform(kw_only_default=True, frozen_default=True)
 class Message:
     """Base class of every protocol message.
 
-    Subclasses are declared as ``@dataclasses.dataclass(frozen=True, kw_only=True)`` with a unique
-    ``TAG`` (a short string such as ``"fl.masked"``) and validate their fields in
-    ``__post_init__``, raising ``ValueError``/``TypeError``.
+    A subclass names its wire tag (a short string such as ``"fl.masked"``, unique across the
+    process) as a class keyword and declares its fields as annotations::
+
+        class Probe(Message, tag="demo.probe"):
+            radius: float
+            centres: np.ndarray = array_field("float64", 2)
+
+            def __post_init__(self) -> None:
+                if self.radius < 0:
+                    raise ValueError("radius must be >= 0")
+
+    Every subclass becomes a frozen, keyword-only dataclass (do not add ``@dataclass`` yourself:
+    applying it twice raises ``TypeError``); the tag is its ``TAG`` class variable and is
+    registered for the codec. A subclass without a tag is an abstract base of shared fields, never
+    sent itself. ``__post_init__`` validates the fields, raising ``ValueError``/``TypeError``.
+
+    Raises:
+        TypeError: the tag is not a non-empty string, or the class body sets ``TAG`` itself.
+        ValueError: the tag is already registered by another class.
     """
 
     TAG: ClassVar[str]
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, tag: str | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        tag = cls.__dict__.get("TAG")
+        if "TAG" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: name the tag as a class keyword, class {cls.__name__}(Message, tag=...)")
+        dataclasses.dataclass(frozen=True, kw_only=True)(cls)
         if tag is None:
             return
         if not isinstance(tag, str) or not tag:
-            raise TypeError(f"{cls.__name__}.TAG must be a non-empty string")
+            raise TypeError(f"{cls.__name__}: the message tag must be a non-empty string, got {tag!r}")
         previous = _REGISTRY.get(tag)
         if previous is not None and previous.__qualname__ != cls.__qualname__:
             raise ValueError(f"message tag {tag!r} is used by both {previous.__name__} and {cls.__name__}")
+        cls.TAG = tag
         _REGISTRY[tag] = cls
 
 
@@ -141,8 +162,7 @@ def registered_tags() -> dict[str, type[Message]]:
 ABORT_REASON_MAX_CHARS = 1000
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AbortNotice(Message):
+class AbortNotice(Message, tag="fedproto.aborted"):
     """Runtime -> its contacts: the sender gave up on the run, and says which parties failed.
 
     Sent by :func:`~fedproto.runtime.run_party` (never by a protocol machine) when its machine
@@ -165,7 +185,6 @@ class AbortNotice(Message):
             itself; otherwise the notice counts as the sender's own.
     """
 
-    TAG = "fedproto.aborted"
     culprits: tuple[str, ...]
     reason: str
     origin: str = ""

@@ -322,13 +322,11 @@ def test_the_report_page_lists_every_field_of_the_schema():
 
 
 def test_the_tutorials_messages_without_fields_and_with_plain_ints_work_as_it_says():
-    import dataclasses
-
     from fedproto import Message, decode_frame
 
     text = (DOCS / "tutorial.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```\n", text, re.S) if "class Ready(Message)" in b)
-    space: dict = {"dataclasses": dataclasses, "Message": Message}
+    block = next(b for b in re.findall(r"```python\n(.*?)```\n", text, re.S) if "class Ready(Message" in b)
+    space: dict = {"Message": Message}
     exec(compile(block, "tutorial.md", "exec"), space)  # noqa: S102 - the page's own example
     ready, progress = space["Ready"](), space["Progress"](rows_done=2**64 - 1, party_ids=(-(2**63),))
     for message in (ready, progress):

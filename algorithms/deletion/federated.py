@@ -79,7 +79,6 @@ or with statistics that do not add up to the table's n are a
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -97,7 +96,7 @@ from fedproto.algorithms.deletion.qkmeans import (
     QKMeansModel,
     removal_decision,
 )
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Outgoing
 
 __all__ = [
@@ -165,27 +164,10 @@ class FederatedPartyResult:
     removed: tuple[int, ...]
 
 
-class CoordinatorState(enum.Enum):
-    """States of the federated Q-k-means coordinator."""
-
-    SETUP = enum.auto()
-    SEED = enum.auto()
-    PICK = enum.auto()
-    LLOYD = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+CoordinatorState = machine_states("CoordinatorState", "SETUP", "SEED", "PICK", "LLOYD", "SERVING")
 
 
-class PartyState(enum.Enum):
-    """States of a federated Q-k-means party."""
-
-    SETUP = enum.auto()
-    WAITING = enum.auto()
-    SEEDING = enum.auto()
-    LLOYD = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+PartyState = machine_states("PartyState", "SETUP", "WAITING", "SEEDING", "LLOYD")
 
 
 class QKMeansCoordinator(ProtocolMachine):

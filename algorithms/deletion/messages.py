@@ -40,7 +40,6 @@ protocol above; `fedproto.algorithms.deletion.local_data`):
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -109,18 +108,15 @@ def _check_centroids(centroids: np.ndarray) -> None:
     _check_finite(centroids, "centroids")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RemovalRequest(Message):
+class RemovalRequest(Message, tag="del.remove"):
     """Delete the point with stable id ``point_id``."""
 
-    TAG = "del.remove"
     point_id: int
 
     def __post_init__(self) -> None:
         _check_id(self.point_id, "point_id")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class _NodeOutput(Message):
     """Base of the two uploads of DC-k-means (:class:`NodeCentroids`, :class:`WeightedNodeCentroids`):
     the ``centroids`` ``float64 [r, d]`` of node ``node`` at ``version`` (1 after training, +1 per
@@ -141,20 +137,16 @@ class _NodeOutput(Message):
         _check_centroids(self.centroids)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NodeCentroids(_NodeOutput):
+class NodeCentroids(_NodeOutput, tag="del.node"):
     """A tree node's output: ``centroids`` ``float64 [r, d]`` of node ``node`` at ``version``
     (1 after training, +1 per recomputation)."""
 
-    TAG = "del.node"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelUpdate(Message):
+class ModelUpdate(Message, tag="del.model"):
     """The model after ``version`` deletions: ``centroids`` ``float64 [r, d]``; ``retrained``
     says whether the last deletion retrained from scratch (False after training)."""
 
-    TAG = "del.model"
     version: int
     retrained: bool
     centroids: np.ndarray = array_field("float64", 2)
@@ -166,11 +158,9 @@ class ModelUpdate(Message):
         _check_centroids(self.centroids)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PointUpload(Message):
+class PointUpload(Message, tag="del.upload"):
     """A client's points ``float64 [n_i, d]`` and their stable ids ``int64 [n_i]``."""
 
-    TAG = "del.upload"
     ids: np.ndarray = array_field("int64", 1)
     points: np.ndarray = array_field("float64", 2)
 
@@ -182,12 +172,10 @@ class PointUpload(Message):
         _check_finite(self.points, "points")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WeightedNodeCentroids(_NodeOutput):
+class WeightedNodeCentroids(_NodeOutput, tag="del.wnode"):
     """A tree node's output in the weighted variant: ``centroids`` ``float64 [r, d]`` and the mass
     of each (``counts`` ``float64 [r]``: points at a leaf, summed child masses above)."""
 
-    TAG = "del.wnode"
     counts: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
@@ -195,12 +183,10 @@ class WeightedNodeCentroids(_NodeOutput):
         _check_counts(self.counts, self.centroids.shape[0], "centroid")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedStep(Message):
+class SeedStep(Message, tag="del.qseed"):
     """Step ``step`` of keyed k-means++: first add ``centre`` (``float64 [1, d]``, the point
     chosen at step ``step - 1``; ``[0, d]`` at step 0) to the chosen centres, then score."""
 
-    TAG = "del.qseed"
     step: int
     centre: np.ndarray = array_field("float64", 2)
 
@@ -211,7 +197,6 @@ class SeedStep(Message):
         _check_finite(self.centre, "centre")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class _SeedMessage(Message):
     """Base of the three messages of keyed k-means++ about one point (:class:`SeedScore`,
     :class:`SeedPick`, :class:`SeedPoint`): step ``step`` and the point's id ``point_id``. It has
@@ -229,12 +214,10 @@ class _SeedMessage(Message):
         _check_id(self.point_id, "point_id")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedScore(_SeedMessage):
+class SeedScore(_SeedMessage, tag="del.qscore"):
     """A party's best score ``log u_j + g_j`` at step ``step`` and the id of that point;
     ``score = -inf`` when the party has no point of positive weight (``point_id`` is then 0)."""
 
-    TAG = "del.qscore"
     score: float
 
     def __post_init__(self) -> None:
@@ -244,18 +227,14 @@ class SeedScore(_SeedMessage):
             raise ValueError("score must be finite or -inf")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedPick(_SeedMessage):
+class SeedPick(_SeedMessage, tag="del.qpick"):
     """The coordinator chose point ``point_id`` at step ``step``: its owner sends it."""
 
-    TAG = "del.qpick"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SeedPoint(_SeedMessage):
+class SeedPoint(_SeedMessage, tag="del.qpoint"):
     """The chosen point of step ``step``: ``point`` ``float64 [d]``."""
 
-    TAG = "del.qpoint"
     point: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
@@ -263,12 +242,10 @@ class SeedPoint(_SeedMessage):
         _check_point(self.point)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class IterationCentroids(Message):
+class IterationCentroids(Message, tag="del.qcent"):
     """The centroids ``chat_j`` of Lloyd round ``iteration`` (j = 0: the un-quantised seeds),
     ``float64 [k, d]``: assign your points to them and reply with :class:`ClusterStatistics`."""
 
-    TAG = "del.qcent"
     iteration: int
     centroids: np.ndarray = array_field("float64", 2)
 
@@ -277,12 +254,10 @@ class IterationCentroids(Message):
         _check_centroids(self.centroids)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ClusterStatistics(Message):
+class ClusterStatistics(Message, tag="del.qstats"):
     """A party's statistics of round ``iteration``: per-cluster ``sums`` ``float64 [k, d]``,
     ``counts`` ``int64 [k]`` and the local loss (sum of squared distances, float)."""
 
-    TAG = "del.qstats"
     iteration: int
     loss: float
     sums: np.ndarray = array_field("float64", 2)
@@ -297,12 +272,10 @@ class ClusterStatistics(Message):
         _check_finite(self.sums, "sums")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PointRemoval(Message):
+class PointRemoval(Message, tag="del.qremove"):
     """Delete the sender's point ``point_id``; ``point`` ``float64 [d]`` are its coordinates,
     which the coordinator's exact replay subtracts from the stored sums (spec 1.5, 2.3)."""
 
-    TAG = "del.qremove"
     point_id: int
     point: np.ndarray = array_field("float64", 1)
 
@@ -321,14 +294,12 @@ def _check_extent(lo: np.ndarray, hi: np.ndarray, d: int | None) -> None:
         raise ValueError("lo must not exceed hi")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(Message):
+class DataSummary(Message, tag="del.summary"):
     """A data-holding party's part of the setup phase ``setup.data``: it holds ``n_points`` raw
     points of ``n_features`` features; ``lo`` and ``hi`` (``float64 [d]``) are their per-feature
     minimum and maximum when the run scales the data (``--normalize minmax``) and the party holds
     a point, else ``[0]``."""
 
-    TAG = "del.summary"
     n_points: int
     n_features: int
     lo: np.ndarray = array_field("float64", 1)
@@ -342,14 +313,12 @@ class DataSummary(Message):
         _check_extent(self.lo, self.hi, self.n_features)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataAgreement(Message):
+class DataAgreement(Message, tag="del.agreed"):
     """The coordinator's answer in the setup phase ``setup.data``, one per data-holding party:
     the federation holds ``n_points`` points; this party's points get the ids ``offset``,
     ``offset + 1``, ... in the order of its file; ``lo`` and ``hi`` (``float64 [d]``) are the
     federation's per-feature extent to scale by (``[0]`` when the run does not scale)."""
 
-    TAG = "del.agreed"
     n_points: int
     offset: int
     lo: np.ndarray = array_field("float64", 1)

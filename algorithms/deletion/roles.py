@@ -13,7 +13,6 @@ share is in `_base`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -33,7 +32,7 @@ from fedproto.algorithms.deletion.messages import (
     WeightedNodeCentroids,
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Outgoing
 
 __all__ = [
@@ -59,16 +58,9 @@ ROOT = "root"
 SERVER = "server"
 
 
-class ServingState(enum.Enum):
-    """States of a party that collects the training uploads, then serves the deletion stream (a
-    DC-k-means internal node or root, the curated Q-k-means server): ``SETUP`` (the setup phase
-    ``setup.data``), ``COLLECT``, ``SERVING``, ``DONE``, ``ERROR``."""
-
-    SETUP = enum.auto()
-    COLLECT = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+#: States of a party that collects the training uploads, then serves the deletion stream (a DC-k-means
+#: internal node or root, the curated Q-k-means server); ``SETUP`` is the setup phase ``setup.data``.
+ServingState = machine_states("ServingState", "SETUP", "COLLECT", "SERVING")
 
 
 # ----------------------------------------------------------------------------------------- DC
@@ -111,13 +103,7 @@ class DCRootResult:
     counts: np.ndarray | None = None
 
 
-class LeafState(enum.Enum):
-    """States of a DC leaf."""
-
-    SETUP = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+LeafState = machine_states("LeafState", "SETUP", "SERVING")
 
 
 class DCLeaf(FollowsRounds):
@@ -506,13 +492,7 @@ class QKMeansClientResult:
     retrained: tuple[bool, ...]
 
 
-class QClientState(enum.Enum):
-    """States of a Q-k-means client."""
-
-    SETUP = enum.auto()
-    WAITING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+QClientState = machine_states("QClientState", "SETUP", "WAITING")
 
 
 class QKMeansServer(ProtocolMachine):

@@ -11,7 +11,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -44,7 +43,7 @@ from fedproto.algorithms.fastlloyd.shared import (
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Message, Outgoing
 
 if TYPE_CHECKING:
@@ -83,14 +82,7 @@ def _encode_update(config: FastLloydConfig, sums: np.ndarray, counts: np.ndarray
     return np.concatenate([enc_sums, enc_counts[:, None]], axis=1)
 
 
-class ClientState(enum.Enum):
-    """States of a FastLloyd client."""
-
-    SETUP_DATA = enum.auto()
-    SETUP = enum.auto()
-    ITERATING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ClientState = machine_states("ClientState", "SETUP_DATA", "SETUP", "ITERATING")
 
 
 class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):

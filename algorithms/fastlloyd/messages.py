@@ -30,7 +30,6 @@ clients whose updates the sum holds.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -57,7 +56,6 @@ def _check_key(key: bytes, what: str) -> None:
         raise ValueError(f"{what} must be {_KEY_BYTES} bytes")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Summary(Message):
     """Base of the two ``setup.data`` messages: a number of points and the per-feature extent of
     those points, ``float64 [2, d]`` (row 0 the minima, row 1 the maxima). It has no tag: it is
@@ -80,8 +78,7 @@ class _Summary(Message):
         check_extent(extent, empty=n_points == 0)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(_Summary):
+class DataSummary(_Summary, tag="fl.data"):
     """A client's share of the federation's public quantities (client -> server, ``setup.data``).
 
     Attributes:
@@ -91,12 +88,10 @@ class DataSummary(_Summary):
             when ``n_points`` is 0.
     """
 
-    TAG = "fl.data"
     EMPTY_ALLOWED = True
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FederationSummary(_Summary):
+class FederationSummary(_Summary, tag="fl.fed"):
     """The federation's public quantities (server -> every client, ``setup.data``).
 
     Attributes:
@@ -106,25 +101,20 @@ class FederationSummary(_Summary):
             normalises its own points (:func:`fedproto.data.normalize`).
     """
 
-    TAG = "fl.fed"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PublicKey(Message):
+class PublicKey(Message, tag="fl.pk"):
     """A client's X25519 public key (32 bytes)."""
 
-    TAG = "fl.pk"
     public_key: bytes
 
     def __post_init__(self) -> None:
         _check_key(self.public_key, "public_key")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PublicKeys(Message):
+class PublicKeys(Message, tag="fl.pks"):
     """Every client's public key, in client order (server -> client 0)."""
 
-    TAG = "fl.pks"
     public_keys: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
@@ -134,11 +124,9 @@ class PublicKeys(Message):
             _check_key(key, "each public key")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SealedSeeds(Message):
+class SealedSeeds(Message, tag="fl.sealed"):
     """The mask seed sealed for clients 1..M-1, in client order (client 0 -> server)."""
 
-    TAG = "fl.sealed"
     sealed: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
@@ -147,11 +135,9 @@ class SealedSeeds(Message):
                 raise ValueError(f"each sealed seed must be {_SEALED_BYTES} bytes")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SealedSeed(Message):
+class SealedSeed(Message, tag="fl.seed"):
     """Client 0's public key and the seed sealed for the receiving client (server -> client i)."""
 
-    TAG = "fl.seed"
     sender_key: bytes
     sealed: bytes
 
@@ -161,7 +147,6 @@ class SealedSeed(Message):
             raise ValueError(f"sealed must be {_SEALED_BYTES} bytes")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class _RingStatistics(Message):
     """Base of the messages carrying ``[k, d+1]`` statistics in the ring (``uint32`` or ``uint64``
     for ``Z_2^32``/``Z_2^64``): fixed-point sums in columns ``0..d-1``, counts in column ``d``.
@@ -178,27 +163,21 @@ class _RingStatistics(Message):
             raise ValueError(f"masked must have shape [k, d+1] with k >= 1 and d >= 1, got {self.masked.shape}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaskedUpdate(_RingStatistics):
+class MaskedUpdate(_RingStatistics, tag="fl.update"):
     """One client's masked fixed-point statistics, ``uint32`` or ``uint64`` ``[k, d+1]``."""
 
-    TAG = "fl.update"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NoisyAggregate(_RingStatistics):
+class NoisyAggregate(_RingStatistics, tag="fl.agg"):
     """Sum of the masked updates plus quantised noise, ``uint32`` or ``uint64`` ``[k, d+1]``."""
 
-    TAG = "fl.agg"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SurvivorAggregate(_RingStatistics):
+class SurvivorAggregate(_RingStatistics, tag="fl.agg+"):
     """With ``--secagg plus``: the survivors' masked sum plus quantised noise, ``uint32`` or
     ``uint64`` ``[k, d+1]``, and the client indices whose updates it holds (``uint32 [m]``,
     increasing), so each client removes exactly their shared-seed masks."""
 
-    TAG = "fl.agg+"
     survivors: np.ndarray = array_field("uint32", 1)
 
     def __post_init__(self) -> None:

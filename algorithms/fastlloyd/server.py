@@ -11,7 +11,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -35,7 +34,7 @@ from fedproto.algorithms.fastlloyd.messages import (
 from fedproto.algorithms.fastlloyd.shared import SECAGG_PURPOSE, check_ring_values, check_secagg_plus, one_of, secagg_config
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Outgoing
 
 if TYPE_CHECKING:
@@ -69,15 +68,7 @@ class ServerSummary:
     d: int | None = None
 
 
-class ServerState(enum.Enum):
-    """States of the FastLloyd server."""
-
-    SETUP_DATA = enum.auto()
-    SETUP_KEYS = enum.auto()
-    SETUP_SEAL = enum.auto()
-    COLLECT = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ServerState = machine_states("ServerState", "SETUP_DATA", "SETUP_KEYS", "SETUP_SEAL", "COLLECT")
 
 
 class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):

@@ -48,7 +48,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Sequence
 
 import jax
@@ -59,6 +58,7 @@ from fedproto.algorithms.kzclustering.collect import CollectingCoordinator, RunW
 from fedproto.algorithms.kzclustering.messages import CostCurve, LocalSummary, OutlierBudget
 from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine
 from fedproto.messages import Message, Outgoing
+from fedproto.machine import machine_states
 
 __all__ = [
     "METHODS",
@@ -271,13 +271,7 @@ class BaselineResult(RunWords):
     budgets: tuple[int, ...] = ()
 
 
-class BaselineMachineState(enum.Enum):
-    """States of a baseline machine."""
-
-    SUMMARY = enum.auto()
-    AWAIT_BUDGET = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+BaselineMachineState = machine_states("BaselineMachineState", "SUMMARY", "AWAIT_BUDGET")
 
 
 class BaselineMachine(DataMachine):
@@ -343,13 +337,7 @@ class BaselineMachine(DataMachine):
         return [out]
 
 
-class BaselineCoordinatorState(enum.Enum):
-    """States of a baseline coordinator."""
-
-    CURVES = enum.auto()
-    SUMMARIES = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+BaselineCoordinatorState = machine_states("BaselineCoordinatorState", "CURVES", "SUMMARIES")
 
 
 class BaselineCoordinator(CollectingCoordinator):

@@ -17,7 +17,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
 
@@ -42,6 +41,7 @@ from fedproto.algorithms.kzclustering.messages import (
 from fedproto.algorithms.kzclustering.polish import polish_centres
 from fedproto.errors import RemoteProtocolError
 from fedproto.messages import Outgoing
+from fedproto.machine import machine_states
 
 __all__ = ["CoordinatorResult", "CoordinatorState", "KzCoordinator"]
 
@@ -99,17 +99,11 @@ class CoordinatorResult(RunWords):
     words: dict[tuple[int, str], int]
 
 
-class CoordinatorState(enum.Enum):
-    """States of the coordinator."""
-
-    EXTENT = enum.auto()
-    COUNTS = enum.auto()  # linear/binary: the counts of every guess
-    PROBE = enum.auto()  # probe: the counts of the probed guesses
-    POINTS = enum.auto()  # linear/binary: the fetched guesses' points
-    REPRESENTATIVES = enum.auto()  # probe: the fetched guess's points
-    OUTLIERS = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+# COUNTS: linear/binary: the counts of every guess
+# PROBE: probe: the counts of the probed guesses
+# POINTS: linear/binary: the fetched guesses' points
+# REPRESENTATIVES: probe: the fetched guess's points
+CoordinatorState = machine_states("CoordinatorState", "EXTENT", "COUNTS", "PROBE", "POINTS", "REPRESENTATIVES", "OUTLIERS")
 
 
 @dataclasses.dataclass

@@ -14,7 +14,6 @@ References:
 
 from __future__ import annotations
 
-import enum
 
 import numpy as np
 
@@ -35,17 +34,13 @@ from fedproto.algorithms.kzclustering.messages import (
 from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine, extent_message
 from fedproto.errors import RemoteProtocolError
 from fedproto.messages import Message, Outgoing
+from fedproto.machine import machine_states
 
 __all__ = ["KzMachine", "MachineState"]
 
 
-class MachineState(enum.Enum):
-    """States of a machine."""
-
-    AWAIT_GRID = enum.auto()  # before the first request (the grid, or the first probes)
-    AWAIT_REQUEST = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+# AWAIT_GRID: before the first request (the grid, or the first probes)
+MachineState = machine_states("MachineState", "AWAIT_GRID", "AWAIT_REQUEST")
 
 
 class KzMachine(DataMachine):

@@ -54,7 +54,6 @@ Randomness: ``jax.random`` keys from ``config.seed`` folded with the party index
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
 
@@ -76,6 +75,7 @@ from fedproto.algorithms.kzclustering.messages import (
 from fedproto.algorithms.kzclustering.parties import COORDINATOR, DataMachine, extent_message
 from fedproto.errors import RemoteProtocolError
 from fedproto.messages import Message, Outgoing
+from fedproto.machine import machine_states
 
 __all__ = [
     "MODES",
@@ -256,14 +256,7 @@ def solve_reverse_greedy(
     return facilities[chosen], score, threshold, bound
 
 
-class MeansMachineState(enum.Enum):
-    """States of a median/means machine."""
-
-    AWAIT_GRID = enum.auto()
-    AWAIT_TOTALS = enum.auto()
-    AWAIT_CENTRES = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+MeansMachineState = machine_states("MeansMachineState", "AWAIT_GRID", "AWAIT_TOTALS", "AWAIT_CENTRES")
 
 
 class KzMeansMachine(DataMachine):
@@ -358,15 +351,7 @@ class KzMeansMachine(DataMachine):
         return [self.send(self.coordinator, coresets, phase="coresets")]
 
 
-class MeansCoordinatorState(enum.Enum):
-    """States of the median/means coordinator."""
-
-    EXTENT = enum.auto()
-    COSTS = enum.auto()
-    CORESETS = enum.auto()
-    OUTLIERS = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+MeansCoordinatorState = machine_states("MeansCoordinatorState", "EXTENT", "COSTS", "CORESETS", "OUTLIERS")
 
 
 _PHASES = {

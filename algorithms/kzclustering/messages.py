@@ -152,14 +152,12 @@ def _check_feature_extent(extent: np.ndarray) -> None:
         raise ValueError("extent holds NaN values")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(Message):
+class DataSummary(Message, tag="kz.data"):
     """Setup (``setup.data``, machine -> coordinator): the per-feature extent of the machine's raw
     points, float64 ``[2, d]``: row 0 the minimum, row 1 the maximum
     (`fedproto.data.feature_extent`); ``+inf`` and ``-inf`` for a machine without points (the
     identities of the minimum and the maximum)."""
 
-    TAG = "kz.data"
     extent: np.ndarray = array_field("float64", 2)
 
     def __post_init__(self) -> None:
@@ -170,14 +168,12 @@ class DataSummary(Message):
             raise ValueError("extent must be finite with minimum <= maximum (or +inf and -inf for no points)")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FederationSummary(Message):
+class FederationSummary(Message, tag="kz.federation"):
     """Setup (``setup.data``, coordinator -> every machine): the federation's per-feature extent,
     float64 ``[2, d]`` (the element-wise minimum of the machines' minima and maximum of their
     maxima: the pooled data's extent), finite, by which every machine scales its raw points into
     ``[-1, 1]`` (`fedproto.data.normalize`)."""
 
-    TAG = "kz.federation"
     extent: np.ndarray = array_field("float64", 2)
 
     def __post_init__(self) -> None:
@@ -186,13 +182,11 @@ class FederationSummary(Message):
             raise ValueError("extent must be finite with minimum <= maximum")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalExtent(Message):
+class LocalExtent(Message, tag="kz.extent"):
     """A machine's extent: ``n_i``, its smallest nonzero pairwise distance (``inf`` if none), an
     anchor ``[a, d]`` (``a = 1``, or 0 for a machine without points) and the largest distance to
     the anchor."""
 
-    TAG = "kz.extent"
     n_points: int
     min_distance: float
     radius: float
@@ -209,24 +203,20 @@ class LocalExtent(Message):
         _check_points(self.anchor, "anchor")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RadiusProbes(Message):
+class RadiusProbes(Message, tag="kz.probe"):
     """``probe`` search: the radii to aggregate at, float64 ``[b]``, ``b >= 1``, finite, ``>= 0``
     and strictly increasing."""
 
-    TAG = "kz.probe"
     radii: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
         _check_radii(self.radii, "probe radii", empty="at least one radius must be probed")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ProbeCounts(Message):
+class ProbeCounts(Message, tag="kz.probecounts"):
     """``probe`` search: per probed radius, ``|P'_i(L)|`` (int64 ``[b]``) and ``|U_i(L)|`` (int64
     ``[b]``, or ``[0]`` when the threshold y is below 1: then no point is ever discarded)."""
 
-    TAG = "kz.probecounts"
     counts: np.ndarray = array_field("int64", 1)
     discarded: np.ndarray = array_field("int64", 1)
 
@@ -237,23 +227,19 @@ class ProbeCounts(Message):
         _check_nonnegative(self.discarded, "discarded counts")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RadiusFetch(Message):
+class RadiusFetch(Message, tag="kz.fetchradius"):
     """``probe`` search: the probed radius whose representatives to send (finite, ``>= 0``)."""
 
-    TAG = "kz.fetchradius"
     radius: float
 
     def __post_init__(self) -> None:
         _check_radius(self.radius)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Representatives(Message):
+class Representatives(Message, tag="kz.representatives"):
     """``probe`` search: the representatives ``[r, d]`` float64 of the fetched radius and their
     weights ``[r]`` int64 (>= 1); r is the count the machine reported for that radius."""
 
-    TAG = "kz.representatives"
     points: np.ndarray = array_field("float64", 2)
     weights: np.ndarray = array_field("int64", 1)
 
@@ -264,22 +250,18 @@ class Representatives(Message):
         _check_weights(self.weights)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RadiusGrid(Message):
+class RadiusGrid(Message, tag="kz.grid"):
     """The radius guesses ``[T]`` float64: non-decreasing, ``>= 0`` and finite."""
 
-    TAG = "kz.grid"
     radii: np.ndarray = array_field("float64", 1)
 
     def __post_init__(self) -> None:
         _check_radii(self.radii, "grid radii", empty="the grid is empty")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AggregatedCounts(Message):
+class AggregatedCounts(Message, tag="kz.counts"):
     """Phase 1: ``n_i`` and, per guess, ``|P'_i(L_t)|`` and ``|U_i(L_t)|`` (int64 ``[T]`` each)."""
 
-    TAG = "kz.counts"
     n_points: int
     counts: np.ndarray = array_field("int64", 1)
     discarded: np.ndarray = array_field("int64", 1)
@@ -294,11 +276,9 @@ class AggregatedCounts(Message):
             raise ValueError("a discarded count exceeds n_points")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RadiusGuesses(Message):
+class RadiusGuesses(Message, tag="kz.fetch"):
     """Phase 2: grid indices whose data to send, int64 ``[b]``, strictly increasing, ``b >= 1``."""
 
-    TAG = "kz.fetch"
     indices: np.ndarray = array_field("int64", 1)
 
     def __post_init__(self) -> None:
@@ -309,13 +289,11 @@ class RadiusGuesses(Message):
             raise ValueError("indices must be strictly increasing")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WeightedPoints(Message):
+class WeightedPoints(Message, tag="kz.points"):
     """Phase 3: for each requested guess (``indices [b]``), ``sizes[j]`` representatives; their
     coordinates ``points [sum(sizes), d]`` float64 and weights ``[sum(sizes)]`` int64 (>= 1),
     concatenated in the order of ``indices``."""
 
-    TAG = "kz.points"
     indices: np.ndarray = array_field("int64", 1)
     sizes: np.ndarray = array_field("int64", 1)
     points: np.ndarray = array_field("float64", 2)
@@ -329,12 +307,10 @@ class WeightedPoints(Message):
         _check_weights(self.weights)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FinalCentres(Message):
+class FinalCentres(Message, tag="kz.centres"):
     """Phase 5: the centres ``[c, d]`` float64 and the certified radius ``L_out`` (outliers are the
     points farther than it)."""
 
-    TAG = "kz.centres"
     radius: float
     centres: np.ndarray = array_field("float64", 2)
 
@@ -343,11 +319,9 @@ class FinalCentres(Message):
         _check_points(self.centres, "centres")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OutlierCount(Message):
+class OutlierCount(Message, tag="kz.outliers"):
     """Phase 6: the number of the machine's points labelled as outliers."""
 
-    TAG = "kz.outliers"
     outliers: int
 
     def __post_init__(self) -> None:
@@ -357,12 +331,10 @@ class OutlierCount(Message):
 # --- baselines ----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalSummary(Message):
+class LocalSummary(Message, tag="kz.summary"):
     """A machine's summary for a baseline: points ``[s, d]`` float64 and weights ``[s]`` int64
     (>= 1), or ``[0]`` for unweighted samples (every weight 1, no words spent on them)."""
 
-    TAG = "kz.summary"
     points: np.ndarray = array_field("float64", 2)
     weights: np.ndarray = array_field("int64", 1)
 
@@ -373,12 +345,10 @@ class LocalSummary(Message):
         _check_weights(self.weights)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CostCurve(Message):
+class CostCurve(Message, tag="kz.curve"):
     """GLZ round 1: local covering radii ``f_i(q)`` at outlier counts ``q`` (int64 ``[s]``, strictly
     increasing) as float64 ``[s]`` (non-increasing)."""
 
-    TAG = "kz.curve"
     outliers: np.ndarray = array_field("int64", 1)
     radii: np.ndarray = array_field("float64", 1)
 
@@ -392,11 +362,9 @@ class CostCurve(Message):
             raise ValueError("radii must be >= 0")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OutlierBudget(Message):
+class OutlierBudget(Message, tag="kz.budget"):
     """GLZ: the local outlier budget ``t_i`` the coordinator assigns to a machine."""
 
-    TAG = "kz.budget"
     outliers: int
 
     def __post_init__(self) -> None:
@@ -406,11 +374,9 @@ class OutlierBudget(Message):
 # --- median / means ----------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalCosts(Message):
+class LocalCosts(Message, tag="kz.costs"):
     """BEL phase 1: ``n_i`` and the local truncated costs ``c_i(L)`` float64 ``[T]`` (>= 0)."""
 
-    TAG = "kz.costs"
     n_points: int
     costs: np.ndarray = array_field("float64", 1)
 
@@ -419,12 +385,10 @@ class LocalCosts(Message):
         _check_finite_nonnegative(self.costs, "costs")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CostTotals(Message):
+class CostTotals(Message, tag="kz.totals"):
     """BEL phase 2: the totals ``T(L) = sum_i c_i(L)`` float64 ``[T]`` (>= 0) and the coreset size
     t (samples per radius over all machines)."""
 
-    TAG = "kz.totals"
     samples: int
     totals: np.ndarray = array_field("float64", 1)
 
@@ -433,13 +397,11 @@ class CostTotals(Message):
         _check_finite_nonnegative(self.totals, "totals")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Coresets(Message):
+class Coresets(Message, tag="kz.coresets"):
     """BEL phase 3: one weighted coreset per radius, concatenated: ``sizes [T]`` int64, points
     ``[sum(sizes), d]`` float64 and real weights ``[sum(sizes)]`` float64 (centre weights may be
     negative)."""
 
-    TAG = "kz.coresets"
     sizes: np.ndarray = array_field("int64", 1)
     points: np.ndarray = array_field("float64", 2)
     weights: np.ndarray = array_field("float64", 1)

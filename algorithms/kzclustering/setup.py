@@ -41,7 +41,7 @@ import numpy as np
 from fedproto.algorithms.kzclustering.messages import DataSummary, FederationSummary
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import LocalProtocolError, RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing
 
 __all__ = [
@@ -194,13 +194,8 @@ class StagedMachine(ProtocolMachine):
         return inner.start()
 
 
-class SetupMachineState(enum.Enum):
-    """States of a machine's setup."""
-
-    AWAIT_EXTENT = enum.auto()
-    RUNNING = enum.auto()  # the algorithm's machine has taken over
-    DONE = enum.auto()
-    ERROR = enum.auto()
+# RUNNING: the algorithm's machine has taken over
+SetupMachineState = machine_states("SetupMachineState", "AWAIT_EXTENT", "RUNNING")
 
 
 class DataSetupMachine(StagedMachine):
@@ -257,13 +252,7 @@ class DataSetupMachine(StagedMachine):
         return self._begin(self._build(scaled))
 
 
-class SetupCoordinatorState(enum.Enum):
-    """States of the coordinator's setup."""
-
-    COLLECT = enum.auto()
-    RUNNING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+SetupCoordinatorState = machine_states("SetupCoordinatorState", "COLLECT", "RUNNING")
 
 
 class DataSetupCoordinator(StagedMachine):

@@ -16,7 +16,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -33,7 +32,7 @@ from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusClient, SecAggPlusConfig
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
 from fedproto.data import feature_extent
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Outgoing
 
 if TYPE_CHECKING:
@@ -129,14 +128,7 @@ class MUFCClientResult:
     left: bool
 
 
-class ClientState(enum.Enum):
-    """States of a MUFC client."""
-
-    DATA = enum.auto()
-    KEYS = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ClientState = machine_states("ClientState", "DATA", "KEYS", "SERVING")
 
 
 class MUFCClient(SecAggPlusClientRole, ProtocolMachine):

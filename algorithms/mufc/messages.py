@@ -37,7 +37,6 @@ With SecAgg+ (``--secagg plus``) there is no setup and no :class:`AggregationReq
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -63,8 +62,7 @@ def _check_count(value: object, what: str, *, minimum: int = 0) -> None:
         raise ValueError(f"{what} must be an integer >= {minimum}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataSummary(Message):
+class DataSummary(Message, tag="mufc.data"):
     """A client's share of the federation's public quantities (client -> server, ``setup.data``).
 
     Attributes:
@@ -73,7 +71,6 @@ class DataSummary(Message):
             row 1 the maximum (:func:`fedproto.data.feature_extent`).
     """
 
-    TAG = "mufc.data"
     n_points: int
     extent: np.ndarray = array_field("float64", 2)
 
@@ -82,8 +79,7 @@ class DataSummary(Message):
         check_extent(self.extent)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FederationSummary(Message):
+class FederationSummary(Message, tag="mufc.federation"):
     """The federation's public quantities (server -> every client, ``setup.data``).
 
     Attributes:
@@ -95,7 +91,6 @@ class FederationSummary(Message):
             its raw points into ``[0, 1]``).
     """
 
-    TAG = "mufc.federation"
     client_points: np.ndarray = array_field("int64", 1)
     extent: np.ndarray = array_field("float64", 2)
 
@@ -105,11 +100,9 @@ class FederationSummary(Message):
         check_extent(self.extent)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PublicKey(Message):
+class PublicKey(Message, tag="mufc.key"):
     """A client's raw 32-byte X25519 public key."""
 
-    TAG = "mufc.key"
     public_key: bytes
 
     def __post_init__(self) -> None:
@@ -117,11 +110,9 @@ class PublicKey(Message):
             raise ValueError("public_key must be 32 raw bytes")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PeerKeys(Message):
+class PeerKeys(Message, tag="mufc.peers"):
     """Every client's public key, in client order (index = client index)."""
 
-    TAG = "mufc.peers"
     keys: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
@@ -133,12 +124,10 @@ class PeerKeys(Message):
             raise ValueError("two clients announced the same public key")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AggregationRequest(Message):
+class AggregationRequest(Message, tag="mufc.open"):
     """Open an aggregation among the clients ``active`` (sorted client indices); ``attempt``
     counts re-openings of the same round after dropouts (masks are fresh per attempt)."""
 
-    TAG = "mufc.open"
     active: tuple[int, ...]
     attempt: int
 
@@ -152,8 +141,7 @@ class AggregationRequest(Message):
         _check_count(self.attempt, "attempt")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaskedSyndromes(Message):
+class MaskedSyndromes(Message, tag="mufc.syndromes"):
     """``T`` masked syndromes, elements of F_p, each ``width = ceil(bitlength(p) / 8)`` bytes on
     the wire (spec 1.10: payload ``T * width`` bytes), for aggregation attempt ``attempt``.
 
@@ -163,7 +151,6 @@ class MaskedSyndromes(Message):
     is accepted too and packed at construction.
     """
 
-    TAG = "mufc.syndromes"
     attempt: int
     width: int
     values: np.ndarray = bigints_field(width_from="width", packed=True)
@@ -185,11 +172,9 @@ class MaskedSyndromes(Message):
             raise ValueError("values must not be empty")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RemovalRequest(Message):
+class RemovalRequest(Message, tag="mufc.remove"):
     """The sender removed some of its points (``whole_client`` False) or leaves (True)."""
 
-    TAG = "mufc.remove"
     whole_client: bool
 
     def __post_init__(self) -> None:
@@ -197,12 +182,10 @@ class RemovalRequest(Message):
             raise TypeError("whole_client must be a bool")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelUpdate(Message):
+class ModelUpdate(Message, tag="mufc.model"):
     """The server's model after ``version`` removal requests: ``centroids`` ``float64 [k, d]``;
     ``reclustered`` says whether the server re-ran K-means++ for this version."""
 
-    TAG = "mufc.model"
     version: int
     reclustered: bool
     centroids: np.ndarray = array_field("float64", 2)

@@ -16,7 +16,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,7 +31,7 @@ from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, Sec
 from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
 
 if TYPE_CHECKING:
@@ -205,15 +204,7 @@ class MUFCServerResult:
     dropouts: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
-class ServerState(enum.Enum):
-    """States of the MUFC server."""
-
-    DATA = enum.auto()
-    KEYS = enum.auto()
-    AGGREGATE = enum.auto()
-    SERVING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ServerState = machine_states("ServerState", "DATA", "KEYS", "AGGREGATE", "SERVING")
 
 
 class MUFCServer(SecAggPlusServerRole, ProtocolMachine):

@@ -22,7 +22,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import TYPE_CHECKING
 
@@ -77,8 +76,7 @@ def _check_rows(values: np.ndarray, rows: int, width: int, what: str) -> None:
         raise ValueError(f"{what} must have shape [{rows}, {width}], got {list(values.shape)}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AdvertiseKeys(Message):
+class AdvertiseKeys(Message, tag="sa.adv"):
     """A client's two fresh X25519 public keys for one aggregation (32 bytes each).
 
     ``encryption_key`` agrees the keys that encrypt shares between neighbours; ``masking_key``
@@ -86,7 +84,6 @@ class AdvertiseKeys(Message):
     revealed to the server, which must not open the shares sent to it.
     """
 
-    TAG = "sa.adv"
     encryption_key: bytes
     masking_key: bytes
 
@@ -97,15 +94,13 @@ class AdvertiseKeys(Message):
                 raise ValueError(f"{name} must be {KEY_BYTES} raw bytes")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NeighbourKeys(Message):
+class NeighbourKeys(Message, tag="sa.nbr"):
     """The neighbours of the receiving client that advertised keys, and their keys.
 
     ``neighbours`` ``uint32 [m]`` increasing client indices; ``keys`` ``uint8 [m, 64]``: each
     neighbour's encryption key then masking key.
     """
 
-    TAG = "sa.nbr"
     neighbours: np.ndarray = array_field("uint32", 1)
     keys: np.ndarray = array_field("uint8", 2)
 
@@ -114,12 +109,10 @@ class NeighbourKeys(Message):
         _check_rows(self.keys, self.neighbours.size, 2 * KEY_BYTES, "keys")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EncryptedShares(Message):
+class EncryptedShares(Message, tag="sa.enc"):
     """One ciphertext per neighbour (``uint8 [m, CIPHERTEXT_BYTES]``), for ``recipients``
     (``uint32 [m]``, increasing)."""
 
-    TAG = "sa.enc"
     recipients: np.ndarray = array_field("uint32", 1)
     ciphertexts: np.ndarray = array_field("uint8", 2)
 
@@ -128,12 +121,10 @@ class EncryptedShares(Message):
         _check_rows(self.ciphertexts, self.recipients.size, CIPHERTEXT_BYTES, "ciphertexts")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ForwardedShares(Message):
+class ForwardedShares(Message, tag="sa.fwd"):
     """The ciphertexts addressed to the receiving client (``uint8 [m, CIPHERTEXT_BYTES]``), from
     ``senders`` (``uint32 [m]``, increasing): exactly its neighbours that shared keys."""
 
-    TAG = "sa.fwd"
     senders: np.ndarray = array_field("uint32", 1)
     ciphertexts: np.ndarray = array_field("uint8", 2)
 
@@ -142,13 +133,11 @@ class ForwardedShares(Message):
         _check_rows(self.ciphertexts, self.senders.size, CIPHERTEXT_BYTES, "ciphertexts")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaskedInput(Message):
+class MaskedInput(Message, tag="sa.in"):
     """The client's input plus its self mask and pairwise masks, ``[L, 1]`` ``uint32``/``uint64``
     (the ring ``Z_2^32``/``Z_2^64``) or ``[L, width]`` ``uint8`` (a prime field, big-endian
     rows of ``width = ceil(bitlength(p) / 8)`` bytes)."""
 
-    TAG = "sa.in"
     masked: np.ndarray = array_field(("uint8", "uint32", "uint64"), 2)
 
     def __post_init__(self) -> None:
@@ -158,28 +147,24 @@ class MaskedInput(Message):
             raise ValueError(f"a ring vector travels as [L, 1], got {list(self.masked.shape)}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class UnmaskRequest(Message):
+class UnmaskRequest(Message, tag="sa.req"):
     """The receiving client's neighbours (``uint32 [m]``, increasing) that shared keys but sent no
     masked input: their masking keys are to be revealed, every other neighbour's self-mask seed.
     Only the receiver's own neighbours are listed, so the message is ``O(k)`` bytes whatever the
     number of clients."""
 
-    TAG = "sa.req"
     dropped: np.ndarray = array_field("uint32", 1)
 
     def __post_init__(self) -> None:
         _check_indices(self.dropped, "dropped")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class UnmaskShares(Message):
+class UnmaskShares(Message, tag="sa.shr"):
     """A client's shares for the server: of the self-mask seeds of ``self_owners`` (``uint32
     [a]``, ``self_shares`` ``uint8 [a, SHARE_BYTES]``) and of the masking keys of ``key_owners``
     (``uint32 [b]``, ``key_shares`` ``uint8 [b, SHARE_BYTES]``). The two owner lists are
     disjoint."""
 
-    TAG = "sa.shr"
     self_owners: np.ndarray = array_field("uint32", 1)
     self_shares: np.ndarray = array_field("uint8", 2)
     key_owners: np.ndarray = array_field("uint32", 1)

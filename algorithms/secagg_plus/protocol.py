@@ -34,7 +34,7 @@ import numpy as np
 
 from fedproto.algorithms.secagg_plus.messages import STAGES, TO_CLIENT, TO_SERVER, ForwardedShares, NeighbourKeys, UnmaskRequest
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine, party_index
+from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
 
 if TYPE_CHECKING:
@@ -62,13 +62,11 @@ def instance_bytes(session: int, round_idx: int, purpose: bytes = b"sum") -> byt
     return bytes(purpose) + b"/" + session.to_bytes(8, "big") + round_idx.to_bytes(8, "big")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SumResult(Message):
+class SumResult(Message, tag="sa.sum"):
     """The round's sum, in the wire form of
     :meth:`~fedproto.algorithms.secagg_plus.engine.Modulus.to_wire`, and how many inputs it
     holds (server -> each client whose input is in it)."""
 
-    TAG = "sa.sum"
     total: np.ndarray = array_field(("uint8", "uint32", "uint64"), 2)
     n_inputs: int
 
@@ -112,20 +110,10 @@ def server_transitions(state: enum.Enum, handler: str = "_on_stage") -> dict[tup
     return {(state, message): (handler, state) for message in TO_SERVER}
 
 
-class SumServerState(enum.Enum):
-    """States of the summation server."""
-
-    AGGREGATING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+SumServerState = machine_states("SumServerState", "AGGREGATING")
 
 
-class SumClientState(enum.Enum):
-    """States of a summation client."""
-
-    AGGREGATING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+SumClientState = machine_states("SumClientState", "AGGREGATING")
 
 
 class SecAggPlusClientRole:

@@ -31,8 +31,6 @@ fedproto's MUFC does) and survives dropouts by secret-sharing the mask seeds (Bo
 """
 
 import argparse
-import dataclasses
-import enum
 import functools
 import hashlib
 import zlib
@@ -56,6 +54,7 @@ from fedproto import (
     array_field,
     client_names,
     encode_frame,
+    machine_states,
     run_parties,
 )
 from fedproto.plugin import RunPlan
@@ -68,15 +67,13 @@ ROSTER = (SERVER, *CLIENTS)
 
 
 # --8<-- [start:messages]
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaskedInput(Message):
+class MaskedInput(Message, tag="tutorial.masked"):
     """Client -> server: the client's vector plus its pairwise masks, in Z_2^64.
 
     Attributes:
         values: ``[d]`` uint64.
     """
 
-    TAG = "tutorial.masked"
     values: np.ndarray = array_field("uint64", ndim=1)
 
     def __post_init__(self) -> None:
@@ -84,15 +81,13 @@ class MaskedInput(Message):
             raise TypeError("MaskedInput.values must be a uint64 array")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Total(Message):
+class Total(Message, tag="tutorial.total"):
     """Server -> client: the sum of all masked vectors (the masks have cancelled).
 
     Attributes:
         values: ``[d]`` uint64; read as int64 it is the sum of the clients' vectors.
     """
 
-    TAG = "tutorial.total"
     values: np.ndarray = array_field("uint64", ndim=1)
 
     def __post_init__(self) -> None:
@@ -116,11 +111,7 @@ def pair_mask(secret: bytes, first: str, second: str, d: int) -> np.ndarray:
 
 
 # --8<-- [start:client]
-class ClientState(enum.Enum):
-    READY = enum.auto()
-    WAITING = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ClientState = machine_states("ClientState", "READY", "WAITING")
 
 
 class SumClient(ProtocolMachine):
@@ -187,10 +178,7 @@ class SumClient(ProtocolMachine):
 
 
 # --8<-- [start:server]
-class ServerState(enum.Enum):
-    COLLECT = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+ServerState = machine_states("ServerState", "COLLECT")
 
 
 class SumServer(ProtocolMachine):

@@ -12,52 +12,38 @@ line, launchers and engines with (subclass it to make a party misbehave).
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from fedproto.errors import RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut, array_field
 
 __all__ = ["Query", "Contribution", "Finished", "SumCoordinator", "SumWorker", "SumPlugin", "sum_machines", "expected_sums"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Query(Message):
+class Query(Message, tag="toy.query"):
     """Coordinator -> worker: please contribute to this round."""
 
-    TAG = "toy.query"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Contribution(Message):
+class Contribution(Message, tag="toy.contrib"):
     """Worker -> coordinator: a float64 vector."""
 
-    TAG = "toy.contrib"
     values: np.ndarray = array_field("float64", 1)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Finished(Message):
+class Finished(Message, tag="toy.done"):
     """Coordinator -> worker: the protocol is over."""
 
-    TAG = "toy.done"
 
 
-class CoordinatorState(enum.Enum):
-    COLLECT = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+CoordinatorState = machine_states("CoordinatorState", "COLLECT")
 
 
-class WorkerState(enum.Enum):
-    READY = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+WorkerState = machine_states("WorkerState", "READY")
 
 
 class SumCoordinator(ProtocolMachine):

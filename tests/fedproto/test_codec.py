@@ -18,9 +18,7 @@ from fedproto.messages import Message, array_field, bigints_field, registered_ta
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Sample(Message):
-    TAG = "test.sample"
+class Sample(Message, tag="test.sample"):
     values: np.ndarray = array_field(DTYPES, 2)
     elements: tuple[int, ...] = bigints_field()
     name: str
@@ -35,23 +33,17 @@ class Sample(Message):
             raise ValueError("count must be non-negative")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Vector(Message):
-    TAG = "test.vector"
+class Vector(Message, tag="test.vector"):
     masked: np.ndarray = array_field("uint32", 1)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FixedWidth(Message):
-    TAG = "test.fixed"
+class FixedWidth(Message, tag="test.fixed"):
     elements: tuple[int, ...] = bigints_field(width_bytes=16)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PackedPair(Message):
+class PackedPair(Message, tag="test.packed"):
     """The same integers twice: as ints and in their packed wire form."""
 
-    TAG = "test.packed"
     width: int
     ints: tuple[int, ...] = bigints_field(width_from="width")
     packed: np.ndarray = bigints_field(width_from="width", packed=True)
@@ -295,9 +287,22 @@ def test_tags_are_unique_and_registered():
     assert registered_tags()["test.vector"] is Vector
     with pytest.raises(ValueError, match="used by both"):
 
-        @dataclasses.dataclass(frozen=True, kw_only=True)
-        class Clash(Message):
-            TAG = "test.vector"
+        class Clash(Message, tag="test.vector"):
+            """Takes a tag another class holds."""
+
+    with pytest.raises(TypeError, match="non-empty string"):
+
+        class NoTag(Message, tag=""):
+            """An empty tag."""
+
+    with pytest.raises(TypeError, match=r"class Old\(Message, tag=\.\.\.\)"):
+
+        class Old(Message):
+            """Sets TAG in its body, the spelling messages no longer use."""
+
+            TAG = "test.old"
+
+    assert "test.old" not in registered_tags()
 
 
 def test_array_field_rejects_unwireable_dtype():

@@ -7,7 +7,6 @@ allocation, since every object the decoder builds is counted.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tracemalloc
 
@@ -74,9 +73,7 @@ def test_zero_size_arrays_with_huge_dimensions_are_refused(shape):
 
 
 def test_dimension_bound_follows_max_frame_bytes():
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Table(Message):
-        TAG = "test.bounds.table"
+    class Table(Message, tag="test.bounds.table"):
         rows: np.ndarray = array_field("float64", 2)
 
     empty = Table(rows=np.zeros((0, 1000)))
@@ -88,11 +85,9 @@ def test_dimension_bound_follows_max_frame_bytes():
     assert decode_frame(frame, max_frame_bytes=8 * 1000)[1].rows.shape == (0, 1000)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Fragile(Message):
+class Fragile(Message, tag="test.bounds.fragile"):
     """A message whose validation raises whatever ``mode`` asks for (not only ValueError)."""
 
-    TAG = "test.bounds.fragile"
     mode: int
 
     def __post_init__(self) -> None:
@@ -240,11 +235,9 @@ def test_legitimate_plain_tuples_fit_the_budget():
     assert peak < 4 * len(frame)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BigInts(Message):
+class BigInts(Message, tag="test.bigints"):
     """Big integers decoded as a tuple of ints (MUFC's shares, in contrast, stay packed)."""
 
-    TAG = "test.bigints"
     attempt: int
     width: int
     values: tuple[int, ...] = bigints_field(width_from="width")

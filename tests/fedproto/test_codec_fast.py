@@ -169,9 +169,7 @@ def local_messages():
     ``own_init``, one whose ``__init__`` is its own (it counts its calls) and must be called;
     ``derived``, one with a field its ``__init__`` does not take (set by ``__post_init__``)."""
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Counted(codec.Message):
-        TAG = "test.fast.counted"
+    class Counted(codec.Message, tag="test.fast.counted"):
         count: int
         label: str = "x"
 
@@ -179,18 +177,14 @@ def local_messages():
             if self.count < 0:
                 raise ValueError("count must be >= 0")
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class OwnInit(codec.Message):
-        TAG = "test.fast.own-init"
+    class OwnInit(codec.Message, tag="test.fast.own-init"):
         count: int
 
         def __init__(self, *, count: int) -> None:
             own_init_calls.append(count)
             object.__setattr__(self, "count", count)
 
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Derived(codec.Message):
-        TAG = "test.fast.derived"
+    class Derived(codec.Message, tag="test.fast.derived"):
         count: int
         double: int = dataclasses.field(init=False, default=0)
 

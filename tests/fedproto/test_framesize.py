@@ -20,11 +20,9 @@ from fedproto.framesize import MAX_PHASE_BYTES, abort_notice_frame_bytes, max_fr
 from fedproto.messages import ABORT_REASON_MAX_CHARS, AbortNotice, Message, array_field, bigints_field
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Everything(Message):
+class Everything(Message, tag="test.framesize.everything"):
     """One field of every kind the codec knows."""
 
-    TAG = "test.framesize.everything"
     version: int
     loss: float
     final: bool
@@ -41,9 +39,8 @@ class Everything(Message):
     flags: np.ndarray = array_field("bool", 1)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Empty(Message):
-    TAG = "test.framesize.empty"
+class Empty(Message, tag="test.framesize.empty"):
+    """No fields: the envelope alone."""
 
 
 def _dims(max_size: int):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import pickle
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from fedproto.errors import (
     RemoteProtocolError,
     TransportBroken,
 )
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import PartyDropped, PhaseTimedOut, SendFailed
 from fedproto.testing.harness import Harness
 from fedproto.testing.toy import Contribution, Finished, Query, SumCoordinator, SumWorker
@@ -183,17 +184,28 @@ def test_errors_quoting_errors_name_each_party_once():
 # ---------------------------------------------------------------- checks at class definition
 
 
-class _S(enum.Enum):
-    IDLE = enum.auto()
-    BUSY = enum.auto()
-    REST = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+_S = machine_states("_S", "IDLE", "BUSY", "REST")
 
 
 class _NoDone(enum.Enum):
     IDLE = enum.auto()
     ERROR = enum.auto()
+
+
+def test_machine_states_appends_done_and_error_and_lives_in_the_callers_module():
+    assert [m.name for m in _S] == ["IDLE", "BUSY", "REST", "DONE", "ERROR"]
+    assert [m.value for m in _S] == [1, 2, 3, 4, 5]
+    assert issubclass(_S, enum.Enum) and _S.__module__ == __name__ and _S.__qualname__ == "_S"
+    assert pickle.loads(pickle.dumps(_S.REST)) is _S.REST
+
+
+@pytest.mark.parametrize(
+    ("members", "match"),
+    [((), "at least one state"), (("A", "A"), "repeated"), (("A", "DONE"), "DONE/ERROR"), (("not a name",), "identifiers")],
+)
+def test_machine_states_refuses_what_is_not_a_list_of_new_state_names(members, match):
+    with pytest.raises(ValueError, match=match):
+        machine_states("Bad", *members)
 
 
 def _define(name: str, **attrs):

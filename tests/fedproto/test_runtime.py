@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 
 import numpy as np
@@ -12,7 +10,7 @@ import trio
 
 from fedproto.codec import encode_frame
 from fedproto.errors import InsufficientParticipants, LocalProtocolError, PartyCrashed, RemoteProtocolError
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Message
 from fedproto.metering import Meter
 from fedproto.runtime import RuntimeConfig, run_parties, run_party
@@ -220,16 +218,11 @@ async def test_run_parties_refuses_what_is_neither_a_network_nor_a_mapping():
 # A machine whose message breaks its own field types: the sender fails at once, naming the field.
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Count(Message):
-    TAG = "test.runtime.count"
+class _Count(Message, tag="test.runtime.count"):
     count: int
 
 
-class _BadState(enum.Enum):
-    WAIT = enum.auto()
-    DONE = enum.auto()
-    ERROR = enum.auto()
+_BadState = machine_states("_BadState", "WAIT")
 
 
 class _SendsHalfACount(ProtocolMachine):

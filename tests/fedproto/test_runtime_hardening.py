@@ -7,7 +7,6 @@ failed, so all end promptly naming the same culprit; repeated refusals are logge
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
@@ -48,11 +47,9 @@ def expected_sums(n_workers=2, rounds=2, dim=3):
 
 # --- 1. a frame that crashes the decoder is the sender's fault ----------------------------------
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Grid(Message):
+class Grid(Message, tag="test.hardening.grid"):
     """A message with a 2-D array, the shape of issue 14's decoder-crashing frame."""
 
-    TAG = "test.hardening.grid"
     cells: np.ndarray = array_field("uint32", 2)
 
 

@@ -15,8 +15,6 @@ aborts the whole job with exit code 1.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import os
 import socket
@@ -30,7 +28,7 @@ import trio
 
 import fedproto.transports.mpi as mpi_module
 from fedproto.errors import TransportClosed
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Message, Outgoing
 from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.testing.conformance import CHECKS, check_close_semantics
@@ -271,16 +269,11 @@ async def _receive_nowait_takes_waiting_frames(rank: int, mode: str) -> None:
         raise AssertionError("receive_nowait on a closed endpoint did not raise TransportClosed")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Ping(Message):
-    TAG = "test.mpi.ping"
+class _Ping(Message, tag="test.mpi.ping"):
     n: int
 
 
-class _State(enum.Enum):
-    COLLECT = 1
-    DONE = 2
-    ERROR = 3
+_State = machine_states("_State", "COLLECT")
 
 
 class _TwoPings(ProtocolMachine):

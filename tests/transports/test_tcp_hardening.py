@@ -11,7 +11,6 @@ its ``handshake_bytes`` stay those of a clean run.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
@@ -46,11 +45,9 @@ def make(rounds=3, dim=3):
     return machines
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Grid(Message):
+class Grid(Message, tag="test.tcp_hardening.grid"):
     """A message with a 2-D array, the shape of issue 14's decoder-crashing frame."""
 
-    TAG = "test.tcp_hardening.grid"
     cells: np.ndarray = array_field("uint32", 2)
 
 
