@@ -360,8 +360,7 @@ class BaselineCoordinator(CollectingCoordinator):
     }
 
     def __init__(self, party: str, *, config: BaselineConfig, machines: Sequence[str]) -> None:
-        super().__init__(party, machines=machines, n_machines=config.n_machines, d=config.d)
-        self.config = config
+        super().__init__(party, config=config, machines=machines)
         self._budgets: tuple[int, ...] = ()
         if config.method in _TWO_ROUNDS:
             self.move_to(BaselineCoordinatorState.CURVES)

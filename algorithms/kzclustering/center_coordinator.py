@@ -145,8 +145,7 @@ class KzCoordinator(CollectingCoordinator):
     }
 
     def __init__(self, party: str, *, config: KzCenterConfig, machines: Sequence[str]) -> None:
-        super().__init__(party, machines=machines, n_machines=config.n_machines, d=config.d)
-        self.config = config
+        super().__init__(party, config=config, machines=machines)
         self._extents: dict[str, LocalExtent] = {}
         self._counts: dict[str, AggregatedCounts] = {}
         self._grid = np.zeros(0)

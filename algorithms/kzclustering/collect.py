@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -81,30 +82,33 @@ class CollectingCoordinator(ProtocolMachine):
 
     Args:
         party: the coordinator's party name.
-        machines: every machine's party name, in machine order.
-        n_machines: how many machines the configuration says.
-        d: the points' number of features; ``None`` to learn it from the first round in which
-            every machine sends points (:meth:`_check_width`, :meth:`_settle_features`).
+        config: the run's public parameters, with ``n_machines`` (how many machines) and ``d`` (the
+            points' number of features; ``None`` to learn it from the first round in which every
+            machine sends points, :meth:`_check_width`, :meth:`_settle_features`).
+        machines: every machine's party name, in machine order (``config.n_machines`` of them).
 
     Attributes:
+        config: the run's public parameters.
         machines: the machines' names, in machine order.
 
     Raises:
-        ValueError: the machine list does not match ``n_machines``, has duplicates, or holds the
-            coordinator.
+        ValueError: the machine list does not match ``config.n_machines``, has duplicates, or holds
+            the coordinator.
     """
 
-    def __init__(self, party: str, *, machines: Sequence[str], n_machines: int, d: int | None) -> None:
+    def __init__(self, party: str, *, config: Any, machines: Sequence[str]) -> None:
         super().__init__(party)
         machines = tuple(machines)
+        n_machines = config.n_machines
         if len(machines) != n_machines:
             raise ValueError(f"{len(machines)} machines named, the configuration says {n_machines}")
         if len(set(machines)) != len(machines) or party in machines:
             raise ValueError("machine names must be unique and must not include the coordinator")
+        self.config = config
         self.machines = machines
         self._inbox: dict[str, Message] = {}
         self._words: dict[tuple[int, str], int] = defaultdict(int)
-        self._d = d
+        self._d: int | None = config.d
         self._widths: dict[str, int] = {}  # feature counts of this round's points while d is unknown
 
     def pending(self) -> Sequence[str]:

@@ -384,8 +384,7 @@ class KzMeansCoordinator(CollectingCoordinator):
     }
 
     def __init__(self, party: str, *, config: KzMeansConfig, machines: Sequence[str]) -> None:
-        super().__init__(party, machines=machines, n_machines=config.n_machines, d=config.d)
-        self.config = config
+        super().__init__(party, config=config, machines=machines)
         self._grid = np.zeros(0)
         self._n = 0
         self._local_n: dict[str, int] = {}
