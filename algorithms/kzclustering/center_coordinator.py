@@ -22,22 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedproto.algorithms.kzclustering import _kernels, solvers
+from fedproto.algorithms.kzclustering import _kernels, messages, solvers
 from fedproto.algorithms.kzclustering.collect import CollectingCoordinator, RunWords, extents_diameter
 from fedproto.algorithms.kzclustering.config import KzCenterConfig, check_instance
-from fedproto.algorithms.kzclustering.messages import (
-    AggregatedCounts,
-    FinalCentres,
-    LocalExtent,
-    OutlierCount,
-    ProbeCounts,
-    RadiusFetch,
-    RadiusGrid,
-    RadiusGuesses,
-    RadiusProbes,
-    Representatives,
-    WeightedPoints,
-)
 from fedproto.algorithms.kzclustering.polish import polish_centres
 from fedproto.errors import RemoteProtocolError
 from fedproto.messages import Outgoing
@@ -133,21 +120,21 @@ class KzCoordinator(CollectingCoordinator):
     State = CoordinatorState
     INITIAL_STATE = CoordinatorState.EXTENT
     TRANSITIONS = {
-        (CoordinatorState.EXTENT, LocalExtent): ("_on_extent", CoordinatorState.EXTENT),
-        (CoordinatorState.COUNTS, AggregatedCounts): ("_on_counts", CoordinatorState.COUNTS),
-        (CoordinatorState.PROBE, ProbeCounts): ("_on_probe_counts", CoordinatorState.PROBE),
-        (CoordinatorState.POINTS, WeightedPoints): ("_on_points", CoordinatorState.POINTS),
-        (CoordinatorState.REPRESENTATIVES, Representatives): (
+        (CoordinatorState.EXTENT, messages.LocalExtent): ("_on_extent", CoordinatorState.EXTENT),
+        (CoordinatorState.COUNTS, messages.AggregatedCounts): ("_on_counts", CoordinatorState.COUNTS),
+        (CoordinatorState.PROBE, messages.ProbeCounts): ("_on_probe_counts", CoordinatorState.PROBE),
+        (CoordinatorState.POINTS, messages.WeightedPoints): ("_on_points", CoordinatorState.POINTS),
+        (CoordinatorState.REPRESENTATIVES, messages.Representatives): (
             "_on_representatives",
             CoordinatorState.REPRESENTATIVES,
         ),
-        (CoordinatorState.OUTLIERS, OutlierCount): ("_on_outlier_count", CoordinatorState.OUTLIERS),
+        (CoordinatorState.OUTLIERS, messages.OutlierCount): ("_on_outlier_count", CoordinatorState.OUTLIERS),
     }
 
     def __init__(self, party: str, *, config: KzCenterConfig, machines: Sequence[str]) -> None:
         super().__init__(party, config=config, machines=machines)
-        self._extents: dict[str, LocalExtent] = {}
-        self._counts: dict[str, AggregatedCounts] = {}
+        self._extents: dict[str, messages.LocalExtent] = {}
+        self._counts: dict[str, messages.AggregatedCounts] = {}
         self._grid = np.zeros(0)
         self._bottom_upper: float | None = None  # 5 g for the bottom guess (None: no bound)
         self._has_bottom = False
@@ -230,11 +217,11 @@ class KzCoordinator(CollectingCoordinator):
             self._anchors = np.zeros((0, self._d))
         return learnt
 
-    def _on_extent(self, sender: str, message: LocalExtent) -> list[Outgoing]:
+    def _on_extent(self, sender: str, message: messages.LocalExtent) -> list[Outgoing]:
         self._check_width(sender, message.anchor.shape[1], anchor=True)
         return self._collect(sender, message)
 
-    def _on_counts(self, sender: str, message: AggregatedCounts) -> list[Outgoing]:
+    def _on_counts(self, sender: str, message: messages.AggregatedCounts) -> list[Outgoing]:
         extent = self._extents.get(sender)
         if extent is not None and extent.n_points != message.n_points:
             raise RemoteProtocolError(
@@ -250,7 +237,7 @@ class KzCoordinator(CollectingCoordinator):
             )
         return self._collect(sender, message)
 
-    def _on_probe_counts(self, sender: str, message: ProbeCounts) -> list[Outgoing]:
+    def _on_probe_counts(self, sender: str, message: messages.ProbeCounts) -> list[Outgoing]:
         b = len(self._probing)
         expected = b if self.config.sends_discarded else 0
         if message.counts.shape[0] != b or message.discarded.shape[0] != expected:
@@ -295,7 +282,7 @@ class KzCoordinator(CollectingCoordinator):
                 round_idx=self.round_idx,
             )
 
-    def _on_points(self, sender: str, message: WeightedPoints) -> list[Outgoing]:
+    def _on_points(self, sender: str, message: messages.WeightedPoints) -> list[Outgoing]:
         if tuple(int(t) for t in message.indices) != self._requested:
             raise RemoteProtocolError(
                 f"{sender} sent guesses {message.indices.tolist()}, requested {list(self._requested)}",
@@ -315,7 +302,7 @@ class KzCoordinator(CollectingCoordinator):
         self._representatives += int(message.points.shape[0])
         return []
 
-    def _on_representatives(self, sender: str, message: Representatives) -> list[Outgoing]:
+    def _on_representatives(self, sender: str, message: messages.Representatives) -> list[Outgoing]:
         self._check_width(sender, message.points.shape[1])
         (t,) = self._requested
         count, discarded = (int(v) for v in self._table[sender][t])
@@ -326,7 +313,7 @@ class KzCoordinator(CollectingCoordinator):
         self._representatives += int(message.points.shape[0])
         return []
 
-    def _on_outlier_count(self, sender: str, message: OutlierCount) -> list[Outgoing]:
+    def _on_outlier_count(self, sender: str, message: messages.OutlierCount) -> list[Outgoing]:
         return self._collect(sender, message)
 
     def _advance(self) -> list[Outgoing]:
@@ -342,7 +329,7 @@ class KzCoordinator(CollectingCoordinator):
             if self.config.search == "probe":
                 self._lo, self._hi = -1, self._grid.shape[0] - 1
                 return self._next_probe()
-            out = self._broadcast(RadiusGrid(radii=self._grid), "grid")
+            out = self._broadcast(messages.RadiusGrid(radii=self._grid), "grid")
             self.move_to(CoordinatorState.COUNTS)
             return [out]
         if self._state is CoordinatorState.COUNTS:
@@ -407,7 +394,7 @@ class KzCoordinator(CollectingCoordinator):
         self._requested = request
         self._fetches.append(request)
         self.move_to(CoordinatorState.POINTS)
-        return [self._broadcast(RadiusGuesses(indices=np.asarray(request, dtype=np.int64)), "fetch")]
+        return [self._broadcast(messages.RadiusGuesses(indices=np.asarray(request, dtype=np.int64)), "fetch")]
 
     def _linear_request(self) -> tuple[int, ...] | None:
         if self._accepted:
@@ -489,7 +476,7 @@ class KzCoordinator(CollectingCoordinator):
             if ask:
                 self._probing = ask
                 self.move_to(CoordinatorState.PROBE)
-                return [self._broadcast(RadiusProbes(radii=self._grid[ask]), "probe")]
+                return [self._broadcast(messages.RadiusProbes(radii=self._grid[ask]), "probe")]
             if hi - lo > 1 and not self._full:
                 self._move_bounds(probes)
                 continue
@@ -505,7 +492,7 @@ class KzCoordinator(CollectingCoordinator):
                 self._requested = (t,)
                 self._fetches.append((t,))
                 self.move_to(CoordinatorState.REPRESENTATIVES)
-                return [self._broadcast(RadiusFetch(radius=float(self._grid[t])), "fetch")]
+                return [self._broadcast(messages.RadiusFetch(radius=float(self._grid[t])), "fetch")]
             elif self._known[t]:
                 if t == hi:
                     self._final = self._accepted[t]
@@ -532,7 +519,7 @@ class KzCoordinator(CollectingCoordinator):
         if failing:
             self._lo = max(self._lo, failing[-1])
 
-    def _record_probes(self, replies: dict[str, ProbeCounts]) -> None:
+    def _record_probes(self, replies: dict[str, messages.ProbeCounts]) -> None:
         idx = np.asarray(self._probing, dtype=np.int64)
         for m in self.machines:
             reply = replies[m]
@@ -541,7 +528,7 @@ class KzCoordinator(CollectingCoordinator):
         self._pass2_of(self._probing)
         self._probe_rounds.append(tuple(self._probing))
 
-    def _record_fetch(self, replies: dict[str, Representatives]) -> None:
+    def _record_fetch(self, replies: dict[str, messages.Representatives]) -> None:
         """Round 4 for the fetched guess (kzc's "No" certifies L_t < L*)."""
         (t,) = self._requested
         points = np.concatenate([replies[m].points for m in self.machines], axis=0)
@@ -555,7 +542,7 @@ class KzCoordinator(CollectingCoordinator):
 
     # -- evaluation --------------------------------------------------------------------------------
 
-    def _evaluate(self, replies: dict[str, WeightedPoints]) -> None:
+    def _evaluate(self, replies: dict[str, messages.WeightedPoints]) -> None:
         """Run kzc on each fetched guess in increasing order, up to the first success."""
         for j, t in enumerate(self._requested):
             parts, weights = [], []
@@ -626,7 +613,7 @@ class KzCoordinator(CollectingCoordinator):
 
     def _conclude(self) -> list[Outgoing]:
         assert self._final is not None
-        out = self._broadcast(FinalCentres(radius=self._final.radius, centres=self._final.centres), "centres")
+        out = self._broadcast(messages.FinalCentres(radius=self._final.radius, centres=self._final.centres), "centres")
         self.move_to(CoordinatorState.OUTLIERS)
         return [out]
 
