@@ -47,6 +47,7 @@ from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Message, Outgoing
 
 __all__ = [
+    "CLOCKS",
     "PAYLOAD_SHAPES",
     "RECORD_KEY",
     "PingMachine",
@@ -227,8 +228,25 @@ RECORD_KEY = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
 Scalar = str | int | float | bool | None
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, quick: str) -> None:
-    """Add ``--quick`` (help text ``quick``: what the small run does) and ``--json PATH``."""
+#: What ``--clock`` chooses: ``{choice: (timer, how the machine facts name it)}``. ``wall`` reads
+#: ``time.perf_counter``; ``cpu`` reads ``time.process_time``, this process's CPU time, which on a
+#: machine shared with other work leaves out the time other processes held the CPU (for a script
+#: whose measured paths all run in its one thread).
+CLOCKS: dict[str, tuple[Callable[[], float], str]] = {
+    "wall": (time.perf_counter, "wall (perf_counter)"),
+    "cpu": (time.process_time, "process CPU time"),
+}
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, quick: str, clock: bool = False) -> None:
+    """Add ``--quick`` (help text ``quick``: what the small run does), ``--json PATH`` and, when
+    ``clock``, ``--clock wall|cpu`` (default ``wall``; ``CLOCKS[args.clock]`` is the timer and
+    its name)."""
+    if clock:
+        parser.add_argument(
+            "--clock", choices=tuple(CLOCKS), default="wall",
+            help="time with the wall clock (default) or this process's CPU time (for a machine shared with other work)",
+        )
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument(
         "--json", metavar="PATH", type=Path, default=None,

@@ -87,16 +87,7 @@ from _common import add_common_arguments, make_console, parse_args, print_machin
 from rich.table import Table
 
 import fedproto.algorithms  # noqa: F401
-from fedproto.algorithms.kzclustering import _kernels, solvers
-from fedproto.algorithms.kzclustering.baselines import (
-    METHODS,
-    BaselineConfig,
-    BaselineCoordinator,
-    BaselineMachine,
-    centralised_kzc,
-    charikar,
-    greedy,
-)
+from fedproto.algorithms.kzclustering import _kernels, baselines, solvers
 from fedproto.algorithms.kzclustering.config import KzCenterConfig
 from fedproto.algorithms.kzclustering.data import synthetic_dataset, with_outliers
 from fedproto.algorithms.kzclustering.means import (
@@ -192,11 +183,11 @@ def dist_kzc(x: np.ndarray, parts: list[np.ndarray], k: int, z: int, eps: float,
 
 
 def baseline(method, x, parts, k, z, seed):
-    config = BaselineConfig(method, k=k, z=z, n_machines=len(parts), d=x.shape[1], seed=seed)
+    config = baselines.BaselineConfig(method, k=k, z=z, n_machines=len(parts), d=x.shape[1], seed=seed)
     names = [machine_name(i) for i in range(len(parts))]
-    machines = {COORDINATOR: BaselineCoordinator(COORDINATOR, config=config, machines=names)}
+    machines = {COORDINATOR: baselines.BaselineCoordinator(COORDINATOR, config=config, machines=names)}
     for i, name in enumerate(names):
-        machines[name] = BaselineMachine(name, config=config, points=x[parts[i]], index=i)
+        machines[name] = baselines.BaselineMachine(name, config=config, points=x[parts[i]], index=i)
     result, report = run_machines(machines)
     return result.centres, result.total_words, result.points_received * x.shape[1], report
 
@@ -346,7 +337,7 @@ def run_instance(console, data: Dataset, args, k: int, zs: list[int], records: l
     x = data.x
     total, d = x.shape
     parts = partition(total, args.machines, seed=args.seed)
-    methods = [*DIST_KZC, AUTHORS, *METHODS, *CENTRALISED]
+    methods = [*DIST_KZC, AUTHORS, *baselines.METHODS, *CENTRALISED]
     rows: dict[str, list[dict]] = {name: [] for name in methods}
     compare = []
     for z in zs:
@@ -370,11 +361,11 @@ def run_instance(console, data: Dataset, args, k: int, zs: list[int], records: l
                 row["phases"] = int(np.median([7 + 2 * r.probes for r in runs]))
                 row["radius"] = float(np.median(radii))
                 authors = (totals, radii)
-            elif name in METHODS:
+            elif name in baselines.METHODS:
                 centres, words, paper, report = baseline(name, x, parts, k, z, args.seed)
             else:
-                idx = (greedy(x, k) if name == "greedy" else charikar(x, k, z)[0] if name == "charikar"
-                       else centralised_kzc(x, k, z))
+                idx = (baselines.greedy(x, k) if name == "greedy" else baselines.charikar(x, k, z)[0]
+                       if name == "charikar" else baselines.centralised_kzc(x, k, z))
                 centres, words, paper = x[idx], total * d, total * d
             row.update({"words": words, "paper": paper, "s": time.perf_counter() - t0, "kind": (
                 "central" if name in CENTRALISED else "authors" if name == AUTHORS else "ours")})

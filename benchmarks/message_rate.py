@@ -64,6 +64,7 @@ import time
 import numpy as np
 import trio
 from _common import (
+    CLOCKS,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
@@ -283,14 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payloads", nargs="+", choices=list(PAYLOAD_SHAPES), default=list(PAYLOAD_SHAPES))
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of the full runtime")
     parser.add_argument("--seed", type=int, default=0, help="seed of the payload arrays")
-    parser.add_argument(
-        "--clock", choices=("wall", "cpu"), default="wall",
-        help="time with the wall clock (default) or this process's CPU time (for a machine shared with other work)",
-    )
-    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)", clock=True)
     args = parse_args(parser, argv)
     global _timer
-    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    _timer, clock = CLOCKS[args.clock]
     if args.quick:
         args.rounds, args.messages, args.burst, args.repeats = 300, 600, 100, 2
     if args.messages % args.burst:
@@ -305,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream messages per run": f"{args.messages:,} in bursts of {args.burst}",
             "codec calls per timing": f"{2 * args.rounds:,} encode_frame, then as many decode_frame",
             "repeats (best kept)": args.repeats,
-            "clock": "process CPU time" if args.clock == "cpu" else "wall (perf_counter)",
+            "clock": clock,
             "target cost ratio (ping-pong)": f"<= {TARGET_COST_RATIO} x (bare channel + encode + decode)",
         },
     )

@@ -74,6 +74,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import trio
 from _common import (
+    CLOCKS,
     PAYLOAD_SHAPES,
     PingMachine,
     PongMachine,
@@ -395,14 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         help="tls: mutual TLS 1.3 on both sides (the target's rows); secret: also the shared-secret "
         "handshake against the plain echo",
     )
-    parser.add_argument(
-        "--clock", choices=("wall", "cpu"), default="wall",
-        help="time with the wall clock (default) or this process's CPU time (for a machine shared with other work)",
-    )
-    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)")
+    add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)", clock=True)
     args = parse_args(parser, argv)
     global _timer
-    _timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    _timer, clock = CLOCKS[args.clock]
     if args.quick:
         args.rounds, args.repeats = 200, 2
 
@@ -414,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "round trips per run": f"{args.rounds:,}",
             "repeats (best kept)": args.repeats,
             "handshakes": ", ".join(args.handshakes),
-            "clock": "process CPU time" if args.clock == "cpu" else "wall (perf_counter)",
+            "clock": clock,
             "target ratio (full runtime, TLS on)": f">= {TARGET_RATIO}",
         },
     )

@@ -14,6 +14,7 @@ group where it has one) on the way out, whatever happens.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ __all__ = [
     "assert_pair_draws_follow",
     "fedproto_ok",
     "free_port",
+    "gumbel_max_pick",
     "kill_all",
     "kill_group",
     "leaf_processes",
@@ -193,6 +195,44 @@ def assert_pair_draws_follow(rows: Any, count: Any, expected: Any) -> None:
     mask = expected > 0
     assert observed[~mask].sum() == 0  # a chosen point is never drawn again
     assert scipy.stats.chisquare(observed[mask], expected[mask]).pvalue > 1e-3
+
+
+@functools.cache
+def _keyed_gumbel() -> Any:
+    """One keyed Gumbel variate, jitted on its own (JAX loads on first use, not with this file)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda key, point_id: jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64))
+
+
+def gumbel_max_pick(step_key: Any, ids: Any, weight: Any) -> int:
+    """One keyed D^2 draw, slowly, point by point: the slow references of the seeding kernels
+    (weighted k-means++ in ``fedproto.algorithms.kmeans``, MUFC's Algorithm 3) draw with it.
+
+    Picks ``argmax_r log(weight[r]) + Gumbel(fold_in(step_key, ids[r]))`` over the rows of
+    positive weight (the Gumbel-max trick: row r with probability ``weight[r] / sum(weight)``);
+    a point's noise depends on its id only, not on its row.
+
+    Args:
+        step_key: the step's JAX PRNG key.
+        ids: int ``[n]``, the points' ids.
+        weight: float64 ``[n]``, ``>= 0``, at least one positive (the caller stops first when
+            none is).
+
+    Returns:
+        The row drawn (ties to the lowest row, as ``np.argmax``).
+    """
+    import math
+
+    import numpy as np
+
+    gumbel = _keyed_gumbel()
+    score = np.full(len(ids), -np.inf)
+    for r in np.flatnonzero(weight > 0):
+        g = float(gumbel(step_key, int(ids[r])))
+        score[r] = math.log(weight[r]) + g
+    return int(np.argmax(score))
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:

@@ -10,7 +10,8 @@
 * :func:`run_per_party` and :class:`PerPartyRun`: run a plugin's simulation and the same run
   with every party built from only its own file (``split`` + ``plan_party``), to check they
   agree in results and payload bytes; :func:`plan_per_party` (:class:`PerPartyPlans`) builds
-  those plans, :func:`other_feature_count` changes a party's file to check it is refused, and
+  those plans, :func:`other_feature_count` changes a party's file to check it is refused
+  (:func:`run_with_other_feature_count` runs that and returns the error), and
   :func:`run_over_tcp` (:class:`TcpRun`) runs ``fedproto split``, ``provision`` and one
   ``fedproto party`` process per party over TCP (:func:`run_party_processes`) beside the memory run.
 * The toy protocol (federated sum): :class:`SumCoordinator`, :class:`SumWorker` and their messages
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from fedproto.testing.harness import Frame, Harness
     from fedproto.testing.local_data import (
         PerPartyPlans, PerPartyRun, TcpRun, other_feature_count, plan_per_party, run_over_tcp, run_party_processes,
-        run_per_party,
+        run_per_party, run_with_other_feature_count,
     )
     from fedproto.testing.runs import link_costs, run_each_party, run_in_memory, run_plan_in_memory
     from fedproto.testing.toy import (
@@ -51,7 +52,7 @@ _LAZY = {
     **dict.fromkeys(("Frame", "Harness"), "harness"),
     **dict.fromkeys(
         ("PerPartyPlans", "PerPartyRun", "TcpRun", "other_feature_count", "plan_per_party", "run_over_tcp",
-         "run_party_processes", "run_per_party"),
+         "run_party_processes", "run_per_party", "run_with_other_feature_count"),
         "local_data",
     ),
     **dict.fromkeys(("load_file",), "files"),
@@ -82,6 +83,7 @@ __all__ = [
     "run_over_tcp",
     "run_party_processes",
     "run_per_party",
+    "run_with_other_feature_count",
     "SumCoordinator",
     "SumWorker",
     "SumPlugin",

@@ -23,7 +23,7 @@ The pieces, for the other checks of the same contract:
 * :func:`plan_per_party`: the simulation's plan and every party's own plan (a
   :class:`PerPartyPlans`), optionally with the parties' files changed after they are read back
   (:func:`other_feature_count` gives a party a column more or less, to check that it is refused
-  by name);
+  by name; :func:`run_with_other_feature_count` plans and runs that in one call);
 * :func:`run_over_tcp`: the real command line, ``fedproto run --report`` (the reference),
   ``fedproto split``, ``fedproto provision`` and one ``fedproto party`` process per party over
   TCP (a :class:`TcpRun`: the memory run's report, the split's manifest, every party's
@@ -49,12 +49,13 @@ import numpy as np
 
 from fedproto import registry
 from fedproto.data import Dataset, load_dataset, save_dataset
+from fedproto.errors import FedProtoError
 from fedproto.metering import RunReport
 from fedproto.testing.runs import LinkKey, link_costs, run_in_memory
 
 __all__ = [
     "PerPartyPlans", "PerPartyRun", "TcpRun", "other_feature_count", "plan_per_party", "run_over_tcp",
-    "run_party_processes", "run_per_party",
+    "run_party_processes", "run_per_party", "run_with_other_feature_count",
 ]
 
 #: Changes the parties' files after they are read back: ``{party: data}`` in, ``{party: data}`` out.
@@ -262,6 +263,36 @@ def other_feature_count(party: str, change: int) -> Tamper:
         return {**data, party: dataclasses.replace(data[party], x=x)}
 
     return tamper
+
+
+def run_with_other_feature_count(
+    protocol: str, run_argv: Sequence[str], directory: str | Path, *, party: str, change: int,
+    deadline_s: float = 60.0,
+) -> tuple[FedProtoError, dict[str, Any]]:
+    """Run every party from its own file, ``party``'s given ``change`` features more or fewer
+    (:func:`other_feature_count`), over the memory transport, and return how the run failed.
+
+    The per-party plans are :func:`plan_per_party`'s for ``protocol`` and ``run_argv`` (files in
+    ``directory``); the run is :func:`~fedproto.testing.run_in_memory`'s, with a phase deadline of
+    ``deadline_s`` seconds. A protocol that checks its parties' data should fail it, naming
+    ``party``: the caller asserts on the error (its party, phase, round and text) and on the
+    machines (which of them failed).
+
+    Returns:
+        ``(error, machines)``: the :class:`~fedproto.errors.FedProtoError` the run raised and the
+        ``{party: machine}`` it ran, in roster order.
+
+    Raises:
+        AssertionError: the run ended without an error.
+        ValueError: ``change`` is 0 (as :func:`other_feature_count`).
+    """
+    built = plan_per_party(protocol, run_argv, directory, tamper=other_feature_count(party, change))
+    machines = built.machines()
+    try:
+        run_in_memory(machines, built.plan.session, deadline_s=deadline_s, protocol=protocol)
+    except FedProtoError as error:
+        return error, machines
+    raise AssertionError(f"{protocol}: a run with {party} given {change:+d} features ended without an error")
 
 
 # --- the command line over TCP, one OS process per party --------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,9 @@ import pytest
 import scipy.stats
 
 from fedproto.algorithms import kmeans
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
 
 # Shapes (n, k, d) cover the edge cases n=1 with more clusters than points (empty clusters),
 # k=1 with d=1, and a general case. Every new shape costs a compilation (~0.1 s per kernel), so
@@ -327,10 +331,6 @@ def test_eager_execution_matches_jit():
 # ------------------------------------------------------------------ keyed k-means++ seeding
 
 
-# One keyed Gumbel variate, jitted on its own (the references call it point by point).
-_gumbel = jax.jit(lambda key, point_id: jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64))
-
-
 def ref_seeding(step_keys, x, ids, valid, k, weights, prefix, start):
     """Slow reference of weighted D^2 seeding with a kept prefix, drawing with the same keyed
     Gumbel noise: step s picks argmax_j log(u_j) + Gumbel(fold_in(step_keys[s], ids[j]))."""
@@ -344,11 +344,7 @@ def ref_seeding(step_keys, x, ids, valid, k, weights, prefix, start):
             u = w if s == 0 else np.where(w > 0, w * mind, 0.0)
             if not np.any(u > 0):
                 break
-            score = np.full(len(ids), -np.inf)
-            for r in np.flatnonzero(u > 0):
-                g = float(_gumbel(step_keys[s], int(ids[r])))
-                score[r] = math.log(u[r]) + g
-            j = int(np.argmax(score))
+            j = helpers.gumbel_max_pick(step_keys[s], ids, u)
         rows.append(j)
         mind = np.where(valid, np.minimum(mind, np.sum((x - x[j]) ** 2, axis=1)), 0.0)
     positions = np.array([min(range(len(rows)), key=lambda i: (float(np.sum((p - x[rows[i]]) ** 2)), i)) for p in x])

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,11 +31,12 @@ from fedproto.codec import encode_frame, has_tag
 from fedproto.errors import PeerUnreachable
 from fedproto.messages import AbortNotice
 from fedproto.runtime import RuntimeConfig, run_parties
-from fedproto.testing import DelegatingTransport, run_each_party
+from fedproto.testing import DelegatingTransport, load_file, run_each_party
 from fedproto.testing.toy import SumCoordinator, SumWorker
 from fedproto.transports._admission import BoundedRefusalLog, PendingHandshakes, accept_forever
 from fedproto.transports.tcp import TcpAddress, TcpTransport, _StarPeer, open_tcp_network, throwaway_tls
 
+tcp_helpers = load_file(Path(__file__).resolve().parent / "_tcp_helpers.py", "tests_tcp_helpers")
 ROSTER = ("c", "w0", "w1")
 WORKERS = ROSTER[1:]
 LOGGER = "fedproto.transports.tcp"
@@ -298,7 +300,7 @@ async def test_a_failure_notice_reaches_its_receiver_ahead_of_queued_relayed_fra
 # --- item 5: a stopped hub is detected within one deadline --------------------------------------------------------
 
 
-class FreezingProxy:
+class FreezingProxy(tcp_helpers.LocalProxy):
     """A TCP proxy in front of the hub that, once frozen, neither reads nor writes nor answers.
 
     What a client sees of a hub under SIGSTOP: its connections stay open (the kernel keeps them),
@@ -306,18 +308,12 @@ class FreezingProxy:
     """
 
     def __init__(self, target: TcpAddress) -> None:
-        self.target = target
+        super().__init__(target)
         self.frozen = trio.Event()
         self._streams: list[trio.SocketStream] = []
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        task_status.started(listeners[0].socket.getsockname()[1])
-        try:
-            await trio.serve_listeners(self._handle, listeners)
-        finally:
-            for stream in self._streams:
-                stream.socket.close()
+    def _open_streams(self) -> list[trio.SocketStream]:
+        return self._streams
 
     async def _handle(self, down: trio.SocketStream) -> None:
         self._streams.append(down)

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import msgpack
 import numpy as np
 import pytest
 import trio
@@ -36,9 +35,9 @@ from fedproto.metering import Meter, RunReport
 from fedproto.provision import FederationCA
 from fedproto.roster import TlsFiles
 from fedproto.runtime import RuntimeConfig, run_party
-from fedproto.testing import DelegatingTransport
+from fedproto.testing import DelegatingTransport, load_file
 from fedproto.testing.toy import SumCoordinator, SumWorker
-from fedproto.transports._framing import CONTROL_FRAME_BYTES, send_frame
+from fedproto.transports._framing import CONTROL_FRAME_BYTES
 from fedproto.transports.tcp import (
     STAR_TLS_HELLO_VERSION,
     TcpAddress,
@@ -47,6 +46,7 @@ from fedproto.transports.tcp import (
     throwaway_tls,
 )
 
+tcp_helpers = load_file(Path(__file__).resolve().parent / "_tcp_helpers.py", "tests_tcp_helpers")
 ROSTER = ("c", "w0", "w1")
 WORKERS = ROSTER[1:]
 SECRET = b"0123456789abcdef-run-secret"
@@ -68,7 +68,7 @@ def _reset(stream: trio.SocketStream) -> None:
     stream.socket.close()
 
 
-class CuttingProxy:
+class CuttingProxy(tcp_helpers.LocalProxy):
     """A TCP proxy in front of the hub, for one client, that cuts its connections on command.
 
     ``cut()`` resets the client's end of every connection (the client sees a reset), and the
@@ -78,21 +78,15 @@ class CuttingProxy:
     """
 
     def __init__(self, target: TcpAddress) -> None:
-        self.target = target
+        super().__init__(target)
         self.hold = False
         self.cuts = 0  # connections cut
         self._pairs: dict[trio.SocketStream, tuple[trio.SocketStream, trio.CancelScope]] = {}
         self._hanging: list[trio.SocketStream] = []
         self._held: set[trio.SocketStream] = set()
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        task_status.started(listeners[0].socket.getsockname()[1])
-        try:
-            await trio.serve_listeners(self._handle, listeners)
-        finally:
-            for stream in [*self._hanging, *self._held]:
-                stream.socket.close()
+    def _open_streams(self) -> list[trio.SocketStream]:
+        return [*self._hanging, *self._held]
 
     async def _handle(self, down: trio.SocketStream) -> None:
         if self.hold:
@@ -497,24 +491,6 @@ async def test_a_client_whose_hub_lost_the_link_fails_saying_so() -> None:
 # --- impostors ----------------------------------------------------------------------------------------------------
 
 
-async def _rogue_resume(hub_address: TcpAddress, files: TlsFiles, cert_party: str, hello: list) -> bool:
-    """Dial the hub with ``cert_party``'s certificate and send ``hello``; whether the hub answered."""
-    from fedproto.transports._tls import load_contexts
-
-    contexts = load_contexts(files, cert_party)
-    stream = await trio.open_tcp_stream(hub_address.host, hub_address.port)
-    channel = trio.SSLStream(stream, contexts.dialer, server_hostname="c", https_compatible=True)
-    try:
-        with trio.fail_after(10):
-            await channel.do_handshake()
-            await send_frame(channel, msgpack.packb(hello, use_bin_type=True))
-            return bool(await channel.receive_some())  # b"": the hub closed the connection unanswered
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return False  # refused with a TLS alert or a reset
-    finally:
-        stream.socket.close()
-
-
 async def test_an_impostor_cannot_resume_another_partys_link(tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     ca, other_ca = FederationCA.create(), FederationCA.create()
@@ -544,9 +520,9 @@ async def test_an_impostor_cannot_resume_another_partys_link(tmp_path: Path, cap
         digest = roster_digest(ROSTER)
         # w0's own valid certificate, claiming w1's name, with w1's link id and count
         resume_as_w1 = [STAR_TLS_HELLO_VERSION, 0, digest, "w1", "c", link_id, received]
-        assert not await _rogue_resume(address, kits["w0"], "w0", resume_as_w1)
+        assert not await tcp_helpers.rogue_hello(address, kits["w0"], "w0", resume_as_w1)
         # a certificate naming w1, from another federation's CA
-        assert not await _rogue_resume(address, foreign_w1, "w1", resume_as_w1)
+        assert not await tcp_helpers.rogue_hello(address, foreign_w1, "w1", resume_as_w1)
         assert hub._peers["w1"] is link and link.conn is None and link.link_id == link_id  # untouched
         # the real w1 comes back and resumes: nothing lost, nothing doubled
         proxies["w1"].hold = False

@@ -44,7 +44,6 @@ from fedproto.transports._framing import FRAMING_OVERHEAD_BYTES, ROUTE_HEADER_BY
 from fedproto.transports.tcp import (
     STAR_TLS_HELLO_VERSION,
     TLS_HELLO_VERSION,
-    TcpAddress,
     TcpNetwork,
     TcpTransport,
     open_tcp_network,
@@ -54,6 +53,7 @@ from fedproto.transports.tcp import (
 ROSTER = ("c", "w0", "w1")
 SECRET = b"0123456789abcdef-run-secret"
 helpers = load_file(Path(__file__).resolve().parents[1] / "_helpers.py", "tests_helpers")
+tcp_helpers = load_file(Path(__file__).resolve().parent / "_tcp_helpers.py", "tests_tcp_helpers")
 LOGGER = "fedproto.transports.tcp"
 #: What TLS 1.3 adds to each record: 5-byte header, 1-byte inner content type, 16-byte AEAD tag.
 RECORD_OVERHEAD_BYTES = 22
@@ -339,28 +339,6 @@ def federation(tmp_path: Path) -> tuple[FederationCA, dict[str, TlsFiles]]:
     return ca, kits
 
 
-async def _rogue(hub: TcpTransport, files: TlsFiles, party: str, hello: list) -> None:
-    """Dial the hub with ``party``'s certificate and send ``hello``; return when the hub hangs up."""
-    import msgpack
-
-    from fedproto.transports._tls import load_contexts
-
-    contexts = load_contexts(files, party)
-    address = hub.addresses["c"]
-    stream = await trio.open_tcp_stream(address.host, address.port)
-    channel = trio.SSLStream(stream, contexts.dialer, server_hostname="c", https_compatible=True)
-    try:
-        with trio.fail_after(10):
-            await channel.do_handshake()
-            await send_frame(channel, msgpack.packb(hello, use_bin_type=True))
-            while await channel.receive_some():  # until the hub closes it: refused
-                pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        stream.socket.close()
-
-
 async def test_a_client_claiming_another_name_is_refused_while_the_star_run_completes(
     federation, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -372,9 +350,9 @@ async def test_a_client_claiming_another_name_is_refused_while_the_star_run_comp
             hub = endpoints["c"]
             digest = roster_digest(ROSTER)
             # w0's own valid certificate, claiming to be w1 (to receive w1's frames, or speak for it)
-            await _rogue(hub, kits["w0"], "w0", [STAR_TLS_HELLO_VERSION, 0, digest, "w1", "c"])
+            await tcp_helpers.rogue_hello(hub.addresses["c"], kits["w0"], "w0", [STAR_TLS_HELLO_VERSION, 0, digest, "w1", "c"])
             # w0's certificate dialling as a mesh party
-            await _rogue(hub, kits["w0"], "w0", [TLS_HELLO_VERSION, 0, digest, "w0", "c"])
+            await tcp_helpers.rogue_hello(hub.addresses["c"], kits["w0"], "w0", [TLS_HELLO_VERSION, 0, digest, "w0", "c"])
             results = await run_parties(
                 toy_machines(), endpoints, config=RuntimeConfig(deadline_s=20.0), meter=meter
             )

@@ -25,11 +25,10 @@ from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydSer
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset, normalize, partition
-from fedproto.errors import FedProtoError, RemoteProtocolError
-from fedproto.metering import RunReport
+from fedproto.errors import RemoteProtocolError
 from fedproto.testing import link_costs, run_in_memory, run_over_tcp, run_per_party
 from fedproto.testing.harness import Harness
-from fedproto.testing.local_data import other_feature_count, plan_per_party
+from fedproto.testing.local_data import run_with_other_feature_count
 
 PLUGIN = registry.load_protocol("fastlloyd")
 #: iris, 3 clients, 2 iterations: small and fast, every phase present
@@ -46,10 +45,6 @@ CASES = {
 def _args(*extra: str):
     argv = ["run", "fastlloyd", *BASE, *extra]
     return build_parser(argv).parse_args(argv)
-
-
-def _run(machines: dict, session: int) -> tuple[dict, RunReport]:
-    return run_in_memory(machines, session, deadline_s=60, protocol="fastlloyd")
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
@@ -115,7 +110,8 @@ def test_setup_data_bytes_are_32_M_d_plus_one_envelope_per_frame(data, clients):
     args = build_parser(argv).parse_args(argv)
     dataset = load_dataset(data)
     plan = PLUGIN.plan(args, dataset)
-    _, report = _run({p: plan.make_machine(p) for p in plan.roster}, plan.session)
+    _, report = run_in_memory({p: plan.make_machine(p) for p in plan.roster}, plan.session, deadline_s=60,
+                              protocol="fastlloyd")
     links = [link for link in report.links if link.phase == "setup.data"]
     assert plan.analytic["analytic_setup_data_bytes"] == setup_data_bytes(clients, dataset.d) == 32 * clients * dataset.d
     assert sum(link.messages for link in links) == 2 * clients
@@ -135,12 +131,8 @@ def test_setup_data_bytes_are_32_M_d_plus_one_envelope_per_frame(data, clients):
 
 
 def test_a_party_with_another_number_of_features_is_refused_naming_it(tmp_path):
-    built = plan_per_party("fastlloyd", [*BASE, "--k", "3"], tmp_path,
-                           tamper=other_feature_count("client-1", -1))  # a column short
-    machines = built.machines()
-    with pytest.raises(FedProtoError) as caught:
-        _run(machines, built.plan.session)
-    error = caught.value
+    error, machines = run_with_other_feature_count("fastlloyd", [*BASE, "--k", "3"], tmp_path,
+                                                   party="client-1", change=-1)  # a column short
     assert isinstance(error, RemoteProtocolError) and error.party == "client-1", error
     assert "client-1 (3)" in str(error) and "(4)" in str(error) and "same features" in str(error)
     assert machines["server"].failed and error.phase == "setup.data" and error.round_idx == 0

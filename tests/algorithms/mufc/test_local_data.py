@@ -28,11 +28,11 @@ from fedproto.algorithms.mufc.setup import DataSetup, LocalDataParties, setup_da
 from fedproto.cli import build_parser
 from fedproto.codec import encode_frame
 from fedproto.data import Dataset, load_dataset
-from fedproto.errors import FedProtoError, RemoteProtocolError
+from fedproto.errors import RemoteProtocolError
 from fedproto.metering import RunReport
 from fedproto.testing import link_costs, run_in_memory, run_over_tcp, run_per_party
 from fedproto.testing.harness import Harness
-from fedproto.testing.local_data import other_feature_count, plan_per_party
+from fedproto.testing.local_data import run_with_other_feature_count
 
 PLUGIN = registry.load_protocol("mufc")
 #: iris, small runs: every phase present, no timed replay, no baselines
@@ -143,12 +143,9 @@ def test_setup_data_bytes_are_16_d_up_and_8_L_plus_16_d_down_plus_one_envelope_p
 
 
 def test_a_party_with_another_number_of_features_is_refused_naming_it(tmp_path):
-    built = plan_per_party("mufc", [*BASE, "--clients", "3", "--removals", "1", "--k", "3"], tmp_path,
-                           tamper=other_feature_count("client-1", -1))  # a column short
-    machines = built.machines()
-    with pytest.raises(FedProtoError) as caught:
-        _run(machines, built.plan.session)
-    error = caught.value
+    error, machines = run_with_other_feature_count(
+        "mufc", [*BASE, "--clients", "3", "--removals", "1", "--k", "3"], tmp_path, party="client-1", change=-1
+    )  # a column short
     assert isinstance(error, RemoteProtocolError) and error.party == "client-1", error
     assert "client-1 has 3" in str(error) and "the other clients 4" in str(error) and "features" in str(error)
     assert machines[SERVER].failed and error.phase == "setup.data" and error.round_idx == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,9 @@ from fedproto.algorithms import kmeans
 from fedproto.algorithms.mufc import _kernels, seeding
 from fedproto.algorithms.mufc.quantize import make_grid
 from fedproto.algorithms.mufc.seeding import LocalSeeding, RemovalOutcome
+from fedproto.testing import load_file
+
+helpers = load_file(Path(__file__).resolve().parents[2] / "_helpers.py", "tests_helpers")
 
 K = 4
 N_CLASS = 60  # capacity 64: every class test below reuses one compiled shape
@@ -342,10 +346,6 @@ def test_work_per_random_removal_does_not_grow_with_n():
 # ------------------------------------------------------------------ kernel vs slow reference
 
 
-# One keyed Gumbel variate, jitted on its own (the references call it point by point).
-_gumbel = jax.jit(lambda key, point_id: jax.random.gumbel(jax.random.fold_in(key, point_id), (), jnp.float64))
-
-
 def ref_unlearn(step_keys, x, ids, valid_after, rows, count, k):
     """Slow NumPy Algorithm 3 with the same keyed Gumbel noise (spec 3.2)."""
     gone = [s for s in range(count) if not valid_after[rows[s]]]
@@ -358,11 +358,7 @@ def ref_unlearn(step_keys, x, ids, valid_after, rows, count, k):
         weight = valid_after.astype(float) if s == 0 else mind
         if not np.any(weight > 0):
             break
-        score = np.full(len(ids), -np.inf)
-        for r in np.flatnonzero(weight > 0):
-            g = float(_gumbel(step_keys[s], int(ids[r])))
-            score[r] = np.log(weight[r]) + g
-        j = int(np.argmax(score))
+        j = helpers.gumbel_max_pick(step_keys[s], ids, weight)
         chosen.append(j)
         mind = np.where(valid_after, np.minimum(mind, np.sum((x - x[j]) ** 2, axis=1)), 0.0)
     positions = _nearest(x, x[chosen])
