@@ -124,6 +124,9 @@ class StreamClient(ProtocolMachine):
     #: ``"coordinator"``).
     ROLE = "client"
     HUB_ROLE = "server"
+    #: A client waits on its hub, whose collect deadline names the silent party: that one fires
+    #: first.
+    DEADLINE_FACTOR = 2.0
     hub: str
     n_deletions: int
 

@@ -507,7 +507,6 @@ class QKMeansParty(FollowsRounds, StreamClient):
     State = PartyState
     INITIAL_STATE = PartyState.WAITING
     SERVING_STATES = (PartyState.WAITING, PartyState.SEEDING, PartyState.LLOYD)
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
         **StreamClient.stream_transitions(PartyState),
         (PartyState.WAITING, messages.SeedStep): ("_on_seed_step", PartyState.SEEDING),

@@ -646,7 +646,6 @@ class QKMeansClient(StreamClient):
 
     State = QClientState
     INITIAL_STATE = QClientState.WAITING
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = StreamClient.stream_transitions(QClientState)
 
     def __init__(
