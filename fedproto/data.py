@@ -32,6 +32,7 @@ from fedproto import datasets
 
 __all__ = [
     "Dataset",
+    "HoldsPoints",
     "BUNDLED",
     "PAPER_K",
     "load_dataset",
@@ -62,8 +63,28 @@ PARTITIONS = ("iid", "uneven", "label-skew")
 _HAS_LETTER = re.compile(r"[A-Za-df-z]")  # letters other than 'e'/'E' (exponents)
 
 
+class HoldsPoints:
+    """Mixin: the size of the points ``x`` (``[n, d]``) a class holds, as ``n`` and ``d``.
+
+    The class provides ``x``, a 2-D array (an attribute, a dataclass field or a property); the
+    data sets here, the deletion protocols' point store and a party's raw local points share it.
+    """
+
+    x: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of points (rows of ``x``)."""
+        return int(self.x.shape[0])
+
+    @property
+    def d(self) -> int:
+        """Dimension (columns of ``x``)."""
+        return int(self.x.shape[1])
+
+
 @dataclasses.dataclass(frozen=True)
-class Dataset:
+class Dataset(HoldsPoints):
     """A loaded data set.
 
     Attributes:
@@ -77,14 +98,6 @@ class Dataset:
     x: np.ndarray
     y: np.ndarray | None
     paper_k: int | None
-
-    @property
-    def n(self) -> int:
-        return int(self.x.shape[0])
-
-    @property
-    def d(self) -> int:
-        return int(self.x.shape[1])
 
 
 #: The file of each bundled set in scikit-learn's ``sklearn/datasets/data`` (what its

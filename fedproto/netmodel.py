@@ -557,7 +557,6 @@ class LinkSimulator:
         handler = len(self.h_party)
         heapq.heappush(cores, (end, core, handler))
         self.clock[party] = end
-        handler = len(self.h_party)
         self.h_party.append(party)
         self.h_round.append(round_idx)
         self.h_start.append(start)

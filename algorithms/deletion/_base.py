@@ -1,5 +1,6 @@
 """What the roles of the deletion protocols share: the stream check, the remote error, the
-serving party's patience, and the data-holding client of Q-k-means (curated or federated).
+serving party's patience, the coordinating party's side of the setup phase, and the
+data-holding client of Q-k-means (curated or federated).
 
 `fedproto.algorithms.deletion.roles` (DC-k-means, Q-k-means with a data curator) and
 `fedproto.algorithms.deletion.federated` (federated Q-k-means) build their roles on these; the
@@ -15,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from fedproto.algorithms.deletion.local_data import SETUP_PHASE, LocalPoints, StreamTerms
-from fedproto.algorithms.deletion.messages import DataAgreement, ModelUpdate
+from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
+from fedproto.algorithms.deletion.messages import DataAgreement, DataSummary, ModelUpdate
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
-from fedproto.messages import Event, Outgoing, PhaseTimedOut
+from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
 
-__all__ = ["FollowsRounds", "StreamClient", "check_stream", "remote_error"]
+__all__ = ["FollowsRounds", "SetupHub", "StreamClient", "check_stream", "remote_error"]
 
 
 def check_stream(deletions: Sequence[int], known: Mapping[int, Any] | set[int], n: int, k: int) -> tuple[int, ...]:
@@ -87,6 +88,24 @@ class FollowsRounds(ProtocolMachine):
         return super()._on_event(event)
 
 
+class SetupHub(ProtocolMachine):
+    """A party that coordinates the setup phase ``setup.data`` (the DC-k-means root, the curated
+    Q-k-means server, the federated coordinator) with the `local_data.DataCollector` it keeps in
+    ``_setup`` (``None`` when the parties were given their data).
+
+    Subclasses set ``_setup`` in ``__init__`` and route ``DataSummary`` in their ``SETUP`` state
+    to :meth:`_on_summary`.
+    """
+
+    _setup: DataCollector | None
+
+    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
+        """Record a data-holding party's summary (`local_data.DataCollector.add`)."""
+        assert self._setup is not None
+        self._setup.add(sender, message, self)
+        return []
+
+
 class StreamClient(ProtocolMachine):
     """A data-holding client of Q-k-means, curated (`roles.QKMeansClient`) or federated
     (`federated.QKMeansParty`): it holds its points with their ids, or its raw local points until
@@ -95,17 +114,35 @@ class StreamClient(ProtocolMachine):
     version ``v`` after ``v`` deletions, and finishes with the last.
 
     Subclasses set :attr:`hub` (the server or coordinator), :attr:`n_deletions` and
-    :attr:`ROLE` and :attr:`HUB_ROLE`, call :meth:`_hold` from ``__init__``, give ``State`` a ``SETUP`` member and
-    route ``DataAgreement`` to ``_on_agreement`` and ``ModelUpdate`` to ``_on_model``; they
-    implement :meth:`_take`, :meth:`_ready`, :meth:`_final` and :meth:`_request`.
+    :attr:`ROLE` and :attr:`HUB_ROLE`, call :meth:`_hold` from ``__init__``, give ``State``
+    ``SETUP`` and ``WAITING`` members and spread :meth:`stream_transitions` into their
+    ``TRANSITIONS``; they implement :meth:`_take`, :meth:`_ready`, :meth:`_final` and
+    :meth:`_request`.
     """
 
     #: This role and the hub's, in error texts (``"client"`` or ``"party"``; ``"server"`` or
     #: ``"coordinator"``).
     ROLE = "client"
     HUB_ROLE = "server"
+    #: A client waits on its hub, whose collect deadline names the silent party: that one fires
+    #: first.
+    DEADLINE_FACTOR = 2.0
     hub: str
     n_deletions: int
+
+    @staticmethod
+    def stream_transitions(state: type[enum.Enum]) -> dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]:
+        """The ``TRANSITIONS`` entries every stream client has, for its state enum ``state``: the
+        hub's ``DataAgreement`` ends the setup phase (``SETUP`` -> ``WAITING``), and a
+        ``ModelUpdate`` while ``WAITING`` is followed (:meth:`_on_model`). Spread them into the
+        machine's table::
+
+            TRANSITIONS = {**StreamClient.stream_transitions(State), ...}
+        """
+        return {
+            (state.SETUP, DataAgreement): ("_on_agreement", state.WAITING),  # type: ignore[attr-defined]
+            (state.WAITING, ModelUpdate): ("_on_model", state.WAITING),  # type: ignore[attr-defined]
+        }
 
     def _hold(
         self,

@@ -13,6 +13,8 @@ import dataclasses
 
 import numpy as np
 
+from fedproto.data import HoldsPoints
+
 __all__ = ["DeletionError", "DeletionOutcome", "PointStore"]
 
 _MAX_ID = 2**32
@@ -79,7 +81,7 @@ def check_points(x: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.
     return x, ids
 
 
-class PointStore:
+class PointStore(HoldsPoints):
     """The current data set: points sorted by stable id.
 
     Args:
@@ -96,16 +98,6 @@ class PointStore:
         self.x = x[order]
         self.ids = ids[order]
         self.deleted: set[int] = set()
-
-    @property
-    def n(self) -> int:
-        """Number of points held."""
-        return int(self.ids.shape[0])
-
-    @property
-    def d(self) -> int:
-        """Dimension."""
-        return int(self.x.shape[1])
 
     def __contains__(self, point_id: object) -> bool:
         try:

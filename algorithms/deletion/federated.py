@@ -86,7 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedproto.algorithms.deletion import _kernels, _variant_kernels, messages
-from fedproto.algorithms.deletion._base import FollowsRounds, StreamClient, remote_error
+from fedproto.algorithms.deletion._base import FollowsRounds, SetupHub, StreamClient, remote_error
 from fedproto.algorithms.deletion._store import PointStore
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
 from fedproto.algorithms.deletion.qkmeans import (
@@ -96,7 +96,7 @@ from fedproto.algorithms.deletion.qkmeans import (
     QKMeansModel,
     removal_decision,
 )
-from fedproto.machine import ProtocolMachine, machine_states
+from fedproto.machine import machine_states
 from fedproto.messages import Outgoing
 
 __all__ = [
@@ -170,7 +170,7 @@ CoordinatorState = machine_states("CoordinatorState", "SETUP", "SEED", "PICK", "
 PartyState = machine_states("PartyState", "SETUP", "WAITING", "SEEDING", "LLOYD")
 
 
-class QKMeansCoordinator(ProtocolMachine):
+class QKMeansCoordinator(SetupHub):
     """The coordinator of federated Q-k-means: seeding, Lloyd aggregation, deletion decisions.
 
     Args:
@@ -281,11 +281,6 @@ class QKMeansCoordinator(ProtocolMachine):
         if self._setup is not None:
             return []
         return self._begin_training()
-
-    def _on_summary(self, sender: str, message: messages.DataSummary) -> list[Outgoing]:
-        assert self._setup is not None
-        self._setup.add(sender, message, self)
-        return []
 
     def _begin_training(self) -> list[Outgoing]:
         k, t_max, d = self.config.k, self.config.iterations, self.d
@@ -512,11 +507,9 @@ class QKMeansParty(FollowsRounds, StreamClient):
     State = PartyState
     INITIAL_STATE = PartyState.WAITING
     SERVING_STATES = (PartyState.WAITING, PartyState.SEEDING, PartyState.LLOYD)
-    DEADLINE_FACTOR = 2.0
     TRANSITIONS = {
-        (PartyState.SETUP, messages.DataAgreement): ("_on_agreement", PartyState.WAITING),
+        **StreamClient.stream_transitions(PartyState),
         (PartyState.WAITING, messages.SeedStep): ("_on_seed_step", PartyState.SEEDING),
-        (PartyState.WAITING, messages.ModelUpdate): ("_on_model", PartyState.WAITING),
         (PartyState.SEEDING, messages.SeedStep): ("_on_seed_step", PartyState.SEEDING),
         (PartyState.SEEDING, messages.SeedPick): ("_on_pick", PartyState.SEEDING),
         (PartyState.SEEDING, messages.IterationCentroids): ("_on_centroids", PartyState.LLOYD),

@@ -53,7 +53,7 @@ import numpy as np
 from fedproto.algorithms.deletion._store import check_points
 from fedproto.algorithms.deletion.messages import DataAgreement, DataSummary
 from fedproto.algorithms.deletion.streams import deletion_stream
-from fedproto.data import feature_extent, normalize
+from fedproto.data import HoldsPoints, feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 
@@ -151,12 +151,16 @@ def setup_payload_bytes(n_parties: int, d: int, scale: str) -> int:
     return 32 * n_parties * d if scale == "minmax" else 0
 
 
-class LocalPoints:
+class LocalPoints(HoldsPoints):
     """A data-holding party's raw points before the setup phase.
 
     Args:
         raw: ``[n_i, d]`` float64 raw points (may be empty).
         scale: ``"minmax"`` or ``"none"``.
+
+    Attributes:
+        x: the raw points, ``[n_i, d]`` float64 (``n`` and ``d``: `fedproto.data.HoldsPoints`).
+        scale: as given.
 
     Raises:
         ValueError: not 2-D, no features, NaN or infinite values, or another ``scale``.
@@ -164,21 +168,13 @@ class LocalPoints:
 
     def __init__(self, raw: np.ndarray, scale: str) -> None:
         _check_scale(scale)
-        self.raw, _ = check_points(raw, None)
+        self.x, _ = check_points(raw, None)
         self.scale = scale
-
-    @property
-    def n(self) -> int:
-        return int(self.raw.shape[0])
-
-    @property
-    def d(self) -> int:
-        return int(self.raw.shape[1])
 
     def summary(self) -> DataSummary:
         """This party's :class:`~.messages.DataSummary`."""
         if self.scale == "minmax" and self.n:
-            lo, hi = feature_extent(self.raw)
+            lo, hi = feature_extent(self.x)
         else:
             lo = hi = _NO_EXTENT
         return DataSummary(n_points=self.n, n_features=self.d, lo=lo, hi=hi)
@@ -201,11 +197,11 @@ class LocalPoints:
         if self.scale == "none":
             if message.lo.shape != (0,):
                 raise ValueError("the agreement scales the data, this party runs with --normalize none")
-            return self.raw, ids
+            return self.x, ids
         if message.lo.shape != (self.d,):
             raise ValueError(f"the agreed extent has {message.lo.shape[0]} features, this party's data {self.d} "
                              "(or the coordinator runs with --normalize none)")
-        return scale_points(self.raw, "minmax", (message.lo, message.hi)), ids
+        return scale_points(self.x, "minmax", (message.lo, message.hi)), ids
 
 
 @dataclasses.dataclass(frozen=True)

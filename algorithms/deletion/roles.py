@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 
-from fedproto.algorithms.deletion._base import FollowsRounds, StreamClient, check_stream, remote_error
+from fedproto.algorithms.deletion._base import FollowsRounds, SetupHub, StreamClient, check_stream, remote_error
 from fedproto.algorithms.deletion._store import DeletionError, PointStore, check_points
 from fedproto.algorithms.deletion.dckmeans import Tree, node_key, node_kmeans, node_output, stack_children
 from fedproto.algorithms.deletion.local_data import SETUP_PHASE, DataCollector, LocalPoints, StreamTerms
@@ -32,7 +32,7 @@ from fedproto.algorithms.deletion.messages import (
     WeightedNodeCentroids,
 )
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
-from fedproto.machine import ProtocolMachine, machine_states
+from fedproto.machine import machine_states
 from fedproto.messages import Outgoing
 
 __all__ = [
@@ -222,7 +222,7 @@ class DCLeaf(FollowsRounds):
         return []
 
 
-class DCNode(FollowsRounds):
+class DCNode(FollowsRounds, SetupHub):
     """A DC-k-means internal node, or the root (``parent=None``), which also coordinates.
 
     Args:
@@ -365,11 +365,6 @@ class DCNode(FollowsRounds):
     ) -> tuple[int, np.ndarray, np.ndarray | None]:
         return version, message.centroids, getattr(message, "counts", None)
 
-    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
-        assert self._setup is not None
-        self._setup.add(sender, message, self)
-        return []
-
     def _agree(self) -> list[Outgoing]:
         """The setup phase is complete: agree n, the ids and the extent, draw the stream."""
         assert self._setup is not None and self._stream is not None
@@ -495,7 +490,7 @@ class QKMeansClientResult:
 QClientState = machine_states("QClientState", "SETUP", "WAITING")
 
 
-class QKMeansServer(ProtocolMachine):
+class QKMeansServer(SetupHub):
     """The Q-k-means curator: trains on the uploaded points, serves removal requests exactly.
 
     Args:
@@ -560,11 +555,6 @@ class QKMeansServer(ProtocolMachine):
             return [c for c in self.clients if c not in self._uploads]
         if self._state is ServingState.SERVING:
             return list(self.clients)
-        return []
-
-    def _on_summary(self, sender: str, message: DataSummary) -> list[Outgoing]:
-        assert self._setup is not None
-        self._setup.add(sender, message, self)
         return []
 
     def _on_upload(self, sender: str, message: PointUpload) -> list[Outgoing]:
@@ -656,11 +646,7 @@ class QKMeansClient(StreamClient):
 
     State = QClientState
     INITIAL_STATE = QClientState.WAITING
-    DEADLINE_FACTOR = 2.0
-    TRANSITIONS = {
-        (QClientState.SETUP, DataAgreement): ("_on_agreement", QClientState.WAITING),
-        (QClientState.WAITING, ModelUpdate): ("_on_model", QClientState.WAITING),
-    }
+    TRANSITIONS = StreamClient.stream_transitions(QClientState)
 
     def __init__(
         self,
