@@ -337,10 +337,6 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
             self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
         return self._open_training()
 
-    def _check_server(self, sender: str) -> None:
-        if sender != self.server:
-            raise remote_error(f"{sender} is not the server", sender, self)
-
     def _on_peer_keys(self, sender: str, message: messages.PeerKeys) -> list[Outgoing]:
         self._check_server(sender)
         if len(message.keys) != self.config.n_clients or message.keys[self.index] != self._public:

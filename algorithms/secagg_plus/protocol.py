@@ -123,7 +123,8 @@ class SecAggPlusClientRole:
     :meth:`secagg_transitions` in its transition table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
     aggregation starts and send what it returns, and implement :meth:`_secagg_input`: the vector
     this client contributes, asked for when the masked input is due. The role needs the machine's
-    ``server`` (party name) and keeps the round's engine in ``_aggregation``.
+    ``server`` (party name) and keeps the round's engine in ``_aggregation``; its
+    :meth:`_check_server` serves the machine's own handlers too.
     """
 
     server: str
@@ -151,9 +152,20 @@ class SecAggPlusClientRole:
         """The vector this client sums in the running aggregation (``[L]`` in the algebra)."""
         raise NotImplementedError
 
-    def _stage(self, sender: str) -> SecAggPlusClient:
+    def _check_server(self, sender: str) -> None:
+        """Refuse a message that does not come from the machine's ``server``: a client of a star
+        protocol hears from the server only, in its SecAgg+ stages and in its own phases alike.
+
+        Raises:
+            RemoteProtocolError: naming ``sender``, with the machine's round and state.
+        """
         if sender != self.server:
-            raise RemoteProtocolError(f"{sender} is not the server", party=sender, round_idx=self.round_idx)  # type: ignore[attr-defined]
+            raise RemoteProtocolError(
+                f"{sender} is not the server", party=sender, round_idx=self.round_idx, state=self._state.name  # type: ignore[attr-defined]
+            )
+
+    def _stage(self, sender: str) -> SecAggPlusClient:
+        self._check_server(sender)
         if self._aggregation is None:
             raise RemoteProtocolError("a SecAgg+ message outside a SecAgg+ aggregation", party=sender)
         return self._aggregation
