@@ -40,7 +40,7 @@ from fedproto.algorithms.fastlloyd.shared import (
     one_of,
     secagg_config,
 )
-from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states, party_index
@@ -316,10 +316,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         if self.secagg_plus is not None:
             # The iteration opens a SecAgg+ aggregation; the update goes out in its masked-input stage.
             return self._open_aggregation(
-                self.secagg_plus,
-                self.client_idx,
-                entropy=self._entropy,
-                instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
+                self.secagg_plus, self.client_idx, entropy=self._entropy, purpose=SECAGG_PURPOSE
             )
         return self.send(self.server, MaskedUpdate(masked=self._masked_statistics()), phase="update")
 
