@@ -40,7 +40,7 @@ from fedproto.algorithms.fastlloyd.shared import (
     one_of,
     secagg_config,
 )
-from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole
 from fedproto.data import feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states, party_index
@@ -232,7 +232,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
 
     def _on_federation(self, sender: str, message: FederationSummary) -> list[Outgoing]:
         """``setup.data``: normalise by the federation's extent, derive the config, send the key."""
-        self._check_from_server(sender)
+        self._check_server(sender)
         raw, options = self._raw, self.options
         assert raw is not None and options is not None
         n_i, d = raw.shape
@@ -280,14 +280,8 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             _prepare_statistics(machines, sender, message.masked)
         return super().receive_batch(machines, sender, message, round_idx=round_idx)
 
-    def _check_from_server(self, sender: str) -> None:
-        if sender != self.server:
-            raise RemoteProtocolError(
-                f"{sender} is not the server", party=sender, round_idx=self.round_idx, state=self._state.name
-            )
-
     def _on_public_keys(self, sender: str, message: PublicKeys) -> list[Outgoing]:
-        self._check_from_server(sender)
+        self._check_server(sender)
         if self.client_idx != 0:
             raise RemoteProtocolError("only client 0 receives the key roster", party=sender, round_idx=0)
         if len(message.public_keys) != len(self.clients):
@@ -306,7 +300,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         return [self.send(self.server, SealedSeeds(sealed=sealed), phase="setup.seal"), self._update()]
 
     def _on_sealed_seed(self, sender: str, message: SealedSeed) -> list[Outgoing]:
-        self._check_from_server(sender)
+        self._check_server(sender)
         if self.client_idx == 0:
             raise RemoteProtocolError("client 0 draws the seed; it cannot receive one", party=sender)
         try:
@@ -322,10 +316,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         if self.secagg_plus is not None:
             # The iteration opens a SecAgg+ aggregation; the update goes out in its masked-input stage.
             return self._open_aggregation(
-                self.secagg_plus,
-                self.client_idx,
-                entropy=self._entropy,
-                instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
+                self.secagg_plus, self.client_idx, entropy=self._entropy, purpose=SECAGG_PURPOSE
             )
         return self.send(self.server, MaskedUpdate(masked=self._masked_statistics()), phase="update")
 
@@ -382,7 +373,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         return self._unmask_aggregate(sender, message.masked, mask)
 
     def _on_aggregate(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
-        self._check_from_server(sender)
+        self._check_server(sender)
         if self.secagg_plus is not None:
             raise RemoteProtocolError("an MSA aggregate in a SecAgg+ run", party=sender, round_idx=self.round_idx)
         assert self._masks is not None

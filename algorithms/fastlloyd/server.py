@@ -187,7 +187,7 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
         index = self._client_index
         survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
-        receivers = tuple(c for c in outcome.survivors if c not in self._gone)
+        receivers = self._still_in(outcome)
         out = [self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate")]
         self._active = receivers
         self.round_idx += 1

@@ -9,7 +9,6 @@ server agree on them without a message (FastLloyd Sec. 5; the protocol in
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,8 +21,9 @@ from fedproto.errors import RemoteProtocolError
 if TYPE_CHECKING:
     from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
 
-# SecAgg+'s engine (SCMA's arithmetic, FLINT) is imported only by a run that asks for it
-# (--secagg plus or complete): in secagg_plus_config and where the server opens an aggregation.
+# SecAgg+'s modules (SCMA's arithmetic, FLINT) are imported only by a run that asks for it
+# (--secagg plus or complete): in secagg_plus_config, check_secagg_plus with parameters, and where
+# the server opens an aggregation.
 
 __all__ = [
     "SECAGG_PURPOSE",
@@ -37,6 +37,7 @@ __all__ = [
 
 SECAGG_PURPOSE = b"fedproto/fastlloyd/secagg-plus"
 """The purpose in the instance bytes of each iteration's SecAgg+ aggregation."""
+_SECAGG_GRAPH = b"fedproto/fastlloyd/secagg-graph"
 
 
 def secagg_plus_config(
@@ -44,8 +45,8 @@ def secagg_plus_config(
 ) -> SecAggPlusConfig | None:
     """The SecAgg+ parameters of a run, or ``None`` for the paper's MSA.
 
-    Every party derives them from public values only: the graph seed is SHA-256 of the session
-    id, the vectors are ``length = k (d+1)`` elements of ``Z_{2^w}``.
+    Every party derives them from public values only: the graph seed is SHA-256 of FastLloyd's
+    label and the session id, the vectors are ``length = k (d+1)`` elements of ``Z_{2^w}``.
 
     Args:
         choice: ``"msa"``, ``"plus"`` (Bell et al.'s sparse graph) or ``"complete"`` (classic
@@ -56,22 +57,18 @@ def secagg_plus_config(
         session: the run's session id.
 
     Raises:
-        ValueError: an unknown choice, or SecAgg+ with fewer than 2 clients.
+        ValueError: an unknown choice, or SecAgg+ with fewer than 2 clients
+            (:func:`~fedproto.algorithms.secagg_plus.config.session_config`).
     """
     if choice not in SECAGG_CHOICES:
         raise ValueError(f"unknown secure aggregation {choice!r}; choose one of {SECAGG_CHOICES}")
     if choice == "msa":
         return None
-    if n_clients < 2:
-        raise ValueError("--secagg plus needs at least 2 clients")
-    from fedproto.algorithms.secagg_plus import engine as secagg_plus_engine
+    from fedproto.algorithms.secagg_plus.config import Modulus, session_config
 
-    seed = hashlib.sha256(b"fedproto/fastlloyd/secagg-graph" + session.to_bytes(8, "big")).digest()
-    modulus = secagg_plus_engine.Modulus.ring(ring_bits)
-    if choice == "complete":
-        return secagg_plus_engine.complete_config(n_clients, length, modulus, graph_seed=seed)
-    return secagg_plus_engine.plus_config(n_clients, length, modulus, graph_seed=seed)
-
+    return session_config(
+        choice, n_clients, length, Modulus.ring(ring_bits), graph_label=_SECAGG_GRAPH, session=session
+    )
 
 
 def secagg_config(choice: str, config: FastLloydConfig, n_clients: int, session: int) -> SecAggPlusConfig | None:
@@ -106,19 +103,16 @@ def check_secagg_plus(config: FastLloydConfig, secagg_plus: SecAggPlusConfig | N
     of ``k (d+1)`` elements of ``Z_{2^w}``.
 
     Raises:
-        ValueError: the sizes or the ring differ.
+        TypeError: ``secagg_plus`` is not a SecAgg+ configuration.
+        ValueError: the sizes or the ring differ
+            (:func:`~fedproto.algorithms.secagg_plus.config.check_fits`).
     """
     if secagg_plus is None:
-        return
-    k, d1 = config.shape
-    if secagg_plus.modulus.ring_bits != config.ring_bits:
-        raise ValueError(f"SecAgg+ sums in {secagg_plus.modulus.describe()}, the run's ring is Z_2^{config.ring_bits}")
-    if secagg_plus.vector_length != k * d1 or secagg_plus.n_clients != n_clients:
-        raise ValueError(
-            f"SecAgg+ is configured for {secagg_plus.n_clients} clients and vectors of {secagg_plus.vector_length}; "
-            f"the run has {n_clients} clients and k (d+1) = {k * d1}"
-        )
+        return  # MSA: SecAgg+'s modules stay unloaded
+    from fedproto.algorithms.secagg_plus.config import Modulus, check_fits
 
+    k, d1 = config.shape
+    check_fits(secagg_plus, Modulus.ring(config.ring_bits), n_clients, k * d1, length_name="k (d+1)")
 
 
 def initial_centroids(config: FastLloydConfig) -> np.ndarray:

@@ -30,7 +30,7 @@ from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.mufc.seeding import LocalSeeding
 from fedproto.algorithms.secagg import derive_bytes, x25519_keypair
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusClient, SecAggPlusConfig
-from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole, instance_bytes
+from fedproto.algorithms.secagg_plus.protocol import SecAggPlusClientRole
 from fedproto.data import feature_extent
 from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Outgoing
@@ -337,10 +337,6 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
             self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
         return self._open_training()
 
-    def _check_server(self, sender: str) -> None:
-        if sender != self.server:
-            raise remote_error(f"{sender} is not the server", sender, self)
-
     def _on_peer_keys(self, sender: str, message: messages.PeerKeys) -> list[Outgoing]:
         self._check_server(sender)
         if len(message.keys) != self.config.n_clients or message.keys[self.index] != self._public:
@@ -423,10 +419,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         """Open this round's SecAgg+ instance and send its keys (stage 1)."""
         assert self.secagg_plus is not None
         return self._open_aggregation(
-            self.secagg_plus,
-            self.index,
-            entropy=self._secagg_entropy,
-            instance=instance_bytes(self.session, self.round_idx, SECAGG_PURPOSE),
+            self.secagg_plus, self.index, entropy=self._secagg_entropy, purpose=SECAGG_PURPOSE
         )
 
     def _secagg_input(self) -> object:

@@ -17,12 +17,11 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Any
 
 from fedproto.algorithms import scma
 from fedproto.algorithms.mufc.quantize import Grid, make_grid
-from fedproto.algorithms.secagg_plus.engine import Modulus, SecAggPlusConfig, complete_config, plus_config
+from fedproto.algorithms.secagg_plus.config import Modulus, SecAggPlusConfig, check_fits, session_config
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 
@@ -196,11 +195,8 @@ def secagg_plus_config(config: MUFCConfig, kind: str = "plus", *, session: int =
         raise ValueError(f"secure aggregation must be one of {SECAGG_CHOICES}, got {kind!r}")
     if kind == "scma":
         return None
-    if config.n_clients < 2:
-        raise ValueError(f"SecAgg+ needs at least 2 clients, the run has {config.n_clients}")
-    seed = hashlib.sha256(_SECAGG_GRAPH + session.to_bytes(8, "big")).digest()
-    build = plus_config if kind == "plus" else complete_config
-    return build(config.n_clients, config.n_syndromes, Modulus.field(config.prime), graph_seed=seed)
+    return session_config(kind, config.n_clients, config.n_syndromes, Modulus.field(config.prime),
+                          graph_label=_SECAGG_GRAPH, session=session)
 
 
 def check_secagg_plus(config: MUFCConfig, secagg_plus: SecAggPlusConfig | None) -> None:
@@ -209,19 +205,11 @@ def check_secagg_plus(config: MUFCConfig, secagg_plus: SecAggPlusConfig | None) 
     Raises:
         TypeError: not a :class:`SecAggPlusConfig`.
         ValueError: another field than ``F_p``, another vector length than ``T`` or another
-            client count than ``L``.
+            client count than ``L`` (:func:`~fedproto.algorithms.secagg_plus.config.check_fits`).
     """
-    if secagg_plus is None:
-        return
-    if not isinstance(secagg_plus, SecAggPlusConfig):
-        raise TypeError(f"secagg_plus must be a SecAggPlusConfig or None, got {type(secagg_plus).__name__}")
-    if secagg_plus.modulus.prime != config.prime:
-        raise ValueError(f"SecAgg+ sums in {secagg_plus.modulus.describe()}, the syndromes live in F_{config.prime}")
-    if secagg_plus.vector_length != config.n_syndromes or secagg_plus.n_clients != config.n_clients:
-        raise ValueError(
-            f"SecAgg+ is configured for {secagg_plus.n_clients} clients and vectors of {secagg_plus.vector_length}; "
-            f"the run has L = {config.n_clients} clients and T = {config.n_syndromes} syndromes"
-        )
+    if secagg_plus is not None:  # checking no SecAgg+ builds no modulus (one per client)
+        check_fits(secagg_plus, Modulus.field(config.prime), config.n_clients, config.n_syndromes,
+                   length_name="T (syndromes)")
 
 
 def remote_error(message: str, sender: str, machine: ProtocolMachine) -> RemoteProtocolError:

@@ -4,7 +4,9 @@
   field ``F_p`` (MUFC's syndromes): vectors, masks and their wire form;
 * :class:`SecAggPlusConfig`: the clients, the vector length, the algebra, the degree ``k`` and
   the threshold ``t`` of the graph, the same for every party; :func:`plus_config` (Bell et al.'s
-  sparse graph) and :func:`complete_config` (classic SecAgg) choose ``k`` and ``t``.
+  sparse graph) and :func:`complete_config` (classic SecAgg) choose ``k`` and ``t``;
+* :func:`session_config` and :func:`check_fits`: what a protocol embedding SecAgg+ (FastLloyd,
+  MUFC) derives from its run's public values, and its check of parameters handed to it.
 
 The stage engines that run an aggregation under them are in
 :mod:`fedproto.algorithms.secagg_plus.engine`, which re-exports these names.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import operator
 
 import numpy as np
@@ -26,7 +29,7 @@ from fedproto.algorithms import scma, secagg
 from fedproto.algorithms._scma_field import _is_prime
 from fedproto.algorithms.secagg_plus import graph
 
-__all__ = ["Modulus", "SecAggPlusConfig", "complete_config", "plus_config"]
+__all__ = ["Modulus", "SecAggPlusConfig", "check_fits", "complete_config", "plus_config", "session_config"]
 
 _UINT64_FIELD_LIMIT = 1 << 63  # primes below this are summed in uint64 without overflow
 
@@ -315,3 +318,68 @@ def complete_config(n_clients: int, vector_length: int, modulus: Modulus, *, gra
     k, t = graph.complete_parameters(n_clients, **bounds)
     return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
 
+
+
+def session_config(
+    kind: str, n_clients: int, vector_length: int, modulus: Modulus, *, graph_label: bytes, session: int
+) -> SecAggPlusConfig:
+    """The SecAgg+ parameters of one run of a protocol that embeds SecAgg+, from public values
+    only, so that every party derives the same ones without a message.
+
+    The graph seed is ``SHA-256(graph_label || session)`` (the session id as 8 big-endian bytes):
+    one graph per run, a different one per protocol and per session.
+
+    Args:
+        kind: ``"plus"`` (:func:`plus_config`: a random k-regular graph with Bell et al.'s
+            ``(k, t)``, the complete graph where ``n_clients`` is too small for their bounds) or
+            ``"complete"`` (:func:`complete_config`: classic SecAgg).
+        n_clients: the run's clients ``n``.
+        vector_length: elements per client input ``L``.
+        modulus: the algebra of the inputs.
+        graph_label: the protocol's label for its graph seeds (e.g.
+            ``b"fedproto/mufc/secagg-graph"``).
+        session: the run's session id, ``0 <= session < 2^64``.
+
+    Raises:
+        ValueError: another ``kind``, fewer than 2 clients, or sizes :class:`SecAggPlusConfig`
+            refuses.
+
+    References:
+        Bell et al., ACM CCS 2020, Sec. 3-4; Bonawitz et al., ACM CCS 2017, Sec. 4.
+    """
+    if kind not in ("plus", "complete"):
+        raise ValueError(f"SecAgg+ parameters are 'plus' or 'complete', got {kind!r}")
+    if n_clients < 2:
+        raise ValueError(f"SecAgg+ needs at least 2 clients, the run has {n_clients}")
+    seed = hashlib.sha256(graph_label + session.to_bytes(8, "big")).digest()
+    build = plus_config if kind == "plus" else complete_config
+    return build(n_clients, vector_length, modulus, graph_seed=seed)
+
+
+def check_fits(
+    secagg_plus: SecAggPlusConfig | None, modulus: Modulus, n_clients: int, vector_length: int, *, length_name: str
+) -> None:
+    """Refuse SecAgg+ parameters that do not fit a run (``None``, no SecAgg+, always fits).
+
+    Args:
+        secagg_plus: the parameters handed to a party of the run.
+        modulus: the algebra of the run's inputs.
+        n_clients: the run's clients.
+        vector_length: elements per client input.
+        length_name: how the protocol names its input length in the error, e.g. ``"k (d+1)"``.
+
+    Raises:
+        TypeError: ``secagg_plus`` is neither ``None`` nor a :class:`SecAggPlusConfig`.
+        ValueError: another algebra, another vector length or another client count.
+    """
+    if secagg_plus is None:
+        return
+    if not isinstance(secagg_plus, SecAggPlusConfig):
+        raise TypeError(f"secagg_plus must be a SecAggPlusConfig or None, got {type(secagg_plus).__name__}")
+    if secagg_plus.modulus != modulus:
+        raise ValueError(f"SecAgg+ sums in {secagg_plus.modulus.describe()}, the run in {modulus.describe()}")
+    if secagg_plus.vector_length != vector_length or secagg_plus.n_clients != n_clients:
+        raise ValueError(
+            f"SecAgg+ is configured for {secagg_plus.n_clients} clients and vectors of {secagg_plus.vector_length}; "
+            f"the run has {n_clients} clients and vectors of {length_name} = {vector_length}"
+        )

@@ -123,7 +123,9 @@ class SecAggPlusClientRole:
     :meth:`secagg_transitions` in its transition table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
     aggregation starts and send what it returns, and implement :meth:`_secagg_input`: the vector
     this client contributes, asked for when the masked input is due. The role needs the machine's
-    ``server`` (party name) and keeps the round's engine in ``_aggregation``.
+    ``server`` (party name), ``session`` and ``round_idx`` (in the instance bytes), and keeps
+    the round's engine in ``_aggregation``; its :meth:`_check_server` serves the machine's own
+    handlers too.
     """
 
     server: str
@@ -140,10 +142,16 @@ class SecAggPlusClientRole:
         """
         return {(state, message): (handler, state) for message, handler in zip(TO_CLIENT, cls._HANDLERS, strict=True)}
 
-    def _open_aggregation(self, config: SecAggPlusConfig, index: int, *, entropy: bytes, instance: bytes) -> Outgoing:
-        """Start this round's aggregation; return the stage-1 message to send."""
+    def _open_aggregation(
+        self, config: SecAggPlusConfig, index: int, *, entropy: bytes, purpose: bytes = b"sum"
+    ) -> Outgoing:
+        """Start this round's aggregation as client ``index``; return the stage-1 message to send.
+
+        The aggregation is named ``instance_bytes(session, round_idx, purpose)``, as the server
+        role names its engine (:meth:`SecAggPlusServerRole._secagg_server`)."""
         from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient
 
+        instance = instance_bytes(self.session, self.round_idx, purpose)  # type: ignore[attr-defined]
         self._aggregation = SecAggPlusClient(config, index, entropy=entropy, instance=instance)
         return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])  # type: ignore[attr-defined]
 
@@ -151,9 +159,20 @@ class SecAggPlusClientRole:
         """The vector this client sums in the running aggregation (``[L]`` in the algebra)."""
         raise NotImplementedError
 
-    def _stage(self, sender: str) -> SecAggPlusClient:
+    def _check_server(self, sender: str) -> None:
+        """Refuse a message that does not come from the machine's ``server``: a client of a star
+        protocol hears from the server only, in its SecAgg+ stages and in its own phases alike.
+
+        Raises:
+            RemoteProtocolError: naming ``sender``, with the machine's round and state.
+        """
         if sender != self.server:
-            raise RemoteProtocolError(f"{sender} is not the server", party=sender, round_idx=self.round_idx)  # type: ignore[attr-defined]
+            raise RemoteProtocolError(
+                f"{sender} is not the server", party=sender, round_idx=self.round_idx, state=self._state.name  # type: ignore[attr-defined]
+            )
+
+    def _stage(self, sender: str) -> SecAggPlusClient:
+        self._check_server(sender)
         if self._aggregation is None:
             raise RemoteProtocolError("a SecAgg+ message outside a SecAgg+ aggregation", party=sender)
         return self._aggregation
@@ -273,6 +292,12 @@ class SecAggPlusServerRole:
         """Take the running aggregation's sum (its dropouts already recorded); return what to send."""
         raise NotImplementedError
 
+    def _still_in(self, outcome: SumOutcome) -> tuple[str, ...]:
+        """The clients whose inputs are in ``outcome``'s sum and that are not gone, in client
+        order: those to send the result to and to aggregate with next round. A client that
+        dropped at the unmask stage is a survivor (its input is in the sum) but gone."""
+        return tuple(c for c in outcome.survivors if c not in self._gone)
+
 
 class SumServer(SecAggPlusServerRole, ProtocolMachine):
     """The summation server (sans-IO).
@@ -321,8 +346,7 @@ class SumServer(SecAggPlusServerRole, ProtocolMachine):
         self._totals.append(outcome.total)
         self._survivors.append(outcome.survivors)
         modulus = self.config.modulus
-        # Clients that dropped at the unmask stage are survivors (their input is in) but gone.
-        receivers = tuple(c for c in outcome.survivors if c not in self._gone)
+        receivers = self._still_in(outcome)
         out = [
             self.broadcast(
                 receivers,
@@ -391,9 +415,7 @@ class SumClient(SecAggPlusClientRole, ProtocolMachine):
         self._totals: list[np.ndarray] = []
 
     def _open(self) -> Outgoing:
-        return self._open_aggregation(
-            self.config, self.index, entropy=self._entropy, instance=instance_bytes(self.session, self.round_idx)
-        )
+        return self._open_aggregation(self.config, self.index, entropy=self._entropy)
 
     def _secagg_input(self) -> object:
         return self._inputs[self.round_idx]
