@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     global _timer
     _timer = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
-        args.rounds, args.repeats = 200, 2
+        args.rounds, args.repeats = 50, 2
 
     console = make_console()
     print_machine_facts(
