@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     global _timer
     _timer, clock = CLOCKS[args.clock]
     if args.quick:
-        args.rounds, args.messages, args.burst, args.repeats = 300, 600, 100, 2
+        args.rounds, args.messages, args.burst, args.repeats = 100, 200, 100, 2
     if args.messages % args.burst:
         parser.error("--messages must be a multiple of --burst")
 

@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     global _timer
     _timer, clock = CLOCKS[args.clock]
     if args.quick:
-        args.rounds, args.repeats = 200, 2
+        args.rounds, args.repeats = 50, 2
 
     console = make_console()
     print_machine_facts(

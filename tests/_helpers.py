@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from fedproto.compilation import default_cache_dir
+
 # re-exported: its home is fedproto.testing.local_data
 from fedproto.testing.local_data import run_party_processes
 
@@ -35,6 +37,7 @@ __all__ = [
     "FEDPROTO",
     "alive",
     "assert_pair_draws_follow",
+    "compile_cache_env",
     "fedproto_ok",
     "free_port",
     "gumbel_max_pick",
@@ -76,6 +79,21 @@ def fedproto_ok(argv: Sequence[str], cwd: Path, *, timeout_s: float = 300) -> su
                           stdin=subprocess.DEVNULL, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def compile_cache_env() -> dict[str, str]:
+    """This process's environment with JAX's persistent compilation cache turned on for a child
+    process, in the tests' shared cache (``$XDG_CACHE_HOME/fedproto/jax``, made by conftest.py).
+
+    For scripts that do not turn the cache on themselves (the examples, the benchmarks): a
+    kernel another test's process compiled with the same shapes is loaded, not compiled again.
+    The same three variables :func:`fedproto.compilation.enable_compile_cache` sets before JAX
+    is imported (every kernel cached, however quick its compilation); results are the same.
+    """
+    directory = default_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(directory),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def kill_group(proc: subprocess.Popen) -> None:

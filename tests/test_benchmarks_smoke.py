@@ -56,8 +56,10 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
 #: Scripts that draw a figure (sent to the test's temporary directory).
 PLOTTING = {"kz_communication.py", "kz_scale.py", "deletion_streams.py", "scma.py", "mufc_unlearning.py", "secagg.py"}
 #: Extra arguments of a script's smoke run: secagg.py's ``--quick`` (n = 100 and 1,000, about a
-#: minute) is cut to n = 20 and 50 (a few seconds), which still runs every scheme and table.
-SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"]}
+#: minute) is cut to n = 20 and 50 (a few seconds), which still runs every scheme and table;
+#: kz_communication.py's (300 inliers per data set, about 20 s of CPU) to 100 (about 12 s), which
+#: still runs every method at both values of z on both data sets.
+SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"], "kz_communication.py": ["--n", "100"]}
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
 #: MPI ranks that each import JAX), startup (three fresh ``fedproto run`` processes, about
@@ -69,6 +71,7 @@ SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "sta
 
 
 common = load_file(BENCHMARKS / "_common.py", "benchmark_common", sibling_imports=True)  # a script helper
+helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
 
 
 def test_every_script_is_listed_here_and_in_the_readme():
@@ -90,7 +93,9 @@ def test_benchmark_runs_quick_prints_its_table_and_writes_records(script, tmp_pa
     command = [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(path), *SMOKE_ARGS.get(script, [])]
     if script in PLOTTING:
         command += ["--plot", str(tmp_path / "figure.png")]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    # JAX's compile cache on (the tests' shared one): a kernel another test compiled is loaded
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT,
+                         env=helpers.compile_cache_env())
     assert out.returncode == 0, out.stderr[-4000:]
     assert title in out.stdout, out.stdout[-4000:]
     assert "numpy" in out.stdout and "jax" in out.stdout  # the machine facts come first
@@ -121,7 +126,7 @@ def test_scale_out_under_mpiexec_measures_one_and_two_ranks_in_one_invocation(tm
     path = tmp_path / "records.json"
     command = [_mpiexec(), "-n", "2", sys.executable, str(BENCHMARKS / "scale_out.py"), "--quick", "--json", str(path)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
+                            start_new_session=True, env=helpers.compile_cache_env())  # the quick run's kernels
     try:
         out, err = proc.communicate(timeout=180)
     finally:  # mpiexec and every rank it started end here, whatever happened

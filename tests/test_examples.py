@@ -29,10 +29,14 @@ def _mpiexec() -> str | None:
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``cmd`` with a timeout; kill its whole process group whatever happens."""
+    """Run ``cmd`` with a timeout; kill its whole process group whatever happens.
+
+    JAX's compile cache is on for it (the tests' shared one): the examples run the same kernels
+    several times here (memory, TCP parties, MPI ranks, the old option spelling), compiled once.
+    """
     proc = subprocess.Popen(
         cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        text=True, start_new_session=True,
+        text=True, start_new_session=True, env=helpers.compile_cache_env(),
     )
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
