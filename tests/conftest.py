@@ -8,6 +8,15 @@ cache. Data sets by name (``--data s1``) are read from ``FEDPROTO_DATA``: the pr
 ``../shared/data`` beside the checkout unless the variable is already set (a worktree elsewhere
 sets it to the mirror). Set here at import, so subprocesses inherit both; no test touches the
 network.
+
+OpenMP runs one thread per process (``OMP_NUM_THREADS=1`` unless already set; OpenBLAS reads it
+too): the suite runs two xdist workers on two cores, each starting party processes, and
+scikit-learn's KMeans (MUFC's split and baselines, the reference optima) otherwise starts a thread
+per core in every process, whose OpenMP threads spin-wait on the oversubscribed cores. Under load
+that spinning was a third of a run's CPU (the MUFC command-line test: 47 s of CPU, 34 s with one
+thread). Results do not depend on it: every check compares runs of this suite with each other or
+within tolerances (scikit-learn's threaded sums differ in the last bit at most, and
+tests/algorithms/mufc/test_data.py and FastLloyd's reference optimum already pin one thread).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ if _OWNER:
     os.environ[_SHARED] = tempfile.mkdtemp(prefix="fedproto-test-cache-")
 _CACHE_HOME = os.environ[_SHARED]
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FEDPROTO_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 

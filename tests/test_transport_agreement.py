@@ -1,7 +1,8 @@
 """Every protocol gives the same results and the same payload bytes over memory, TCP and MPI.
 
 (FastLloyd's case, with more detail, is in tests/test_cli.py.) Each run goes through the
-command line, so TCP runs have every party in its own OS process and MPI runs one party per rank.
+command line: the memory run in this process (``fedproto.cli.main``), TCP runs with every party in
+its own OS process and MPI runs with one party per rank.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from fedproto.cli import main
 
 FEDPROTO = [sys.executable, "-m", "fedproto"]
 #: case -> (number of parties, command line)
@@ -62,7 +65,7 @@ SLOW_CASES = {"qkmeans-federated", "dckmeans", "dckmeans-weighted", "mufc-secagg
 @pytest.mark.parametrize(
     "case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in sorted(CASES)]
 )
-def test_memory_tcp_and_mpi_agree(tmp_path, case):
+def test_memory_tcp_and_mpi_agree(tmp_path, monkeypatch, capsys, case):
     n_parties, argv = CASES[case]
     mpiexec = _mpiexec()
     runs = {"memory": FEDPROTO, "tcp": FEDPROTO}
@@ -72,7 +75,14 @@ def test_memory_tcp_and_mpi_agree(tmp_path, case):
     for transport, prefix in runs.items():
         out = tmp_path / f"{transport}.json"
         # --no-plot: the report alone (each plot would start matplotlib in a process: seconds)
-        _run([*prefix, *argv, "--transport", transport, "--quiet", "--no-plot", "--report", str(out)], tmp_path)
+        command = [*argv, "--transport", transport, "--quiet", "--no-plot", "--report", str(out)]
+        if transport == "memory":
+            # the reference in this process (the same main() that `python -m fedproto` calls): one
+            # process start fewer per case, JAX and the data libraries imported once per file
+            monkeypatch.chdir(tmp_path)
+            assert main(command) == 0, capsys.readouterr().err[-2000:]
+        else:
+            _run([*prefix, *command], tmp_path)
         reports[transport] = _comparable(out)
     assert not list(tmp_path.glob("*.png")), "--no-plot wrote a plot"
     reference = reports["memory"]
