@@ -19,10 +19,12 @@ map to 0) before it is split. Partitions are deterministic given their seed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ __all__ = [
     "find_data_file",
     "feature_extent",
     "check_extent",
+    "agree_feature_count",
     "normalize",
     "partition",
     "PARTITIONS",
@@ -381,6 +384,30 @@ def check_extent(extent: np.ndarray, *, empty: bool = False) -> None:
         raise ValueError("extent holds NaN or infinite values")
     if np.any(extent[0] > extent[1]):
         raise ValueError("extent has a minimum above its maximum")
+
+
+def agree_feature_count(features: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    """The number of features d the parties' data sets agree on, and who disagrees.
+
+    The set-up phase (``setup.data``) of every protocol whose parties each hold their own file
+    takes the number most parties' data have as right, the earliest party's on a tie, and names
+    the others (one party with a stray column is then the one blamed, not the rest).
+
+    Args:
+        features: each party's number of features, in roster (client) order; at least one.
+
+    Returns:
+        ``(d, odd)``: the agreed number, and the positions in ``features`` of the parties whose
+        number differs from it (empty when all agree), in order.
+
+    Raises:
+        ValueError: ``features`` is empty.
+    """
+    counts = [int(f) for f in features]
+    if not counts:
+        raise ValueError("no party's number of features to agree on")
+    d = collections.Counter(counts).most_common(1)[0][0]  # a stable sort: ties go to the earliest
+    return d, tuple(i for i, f in enumerate(counts) if f != d)
 
 
 def normalize(

@@ -44,7 +44,6 @@ scaling), plus each frame's envelope and integer fields (:func:`setup_payload_by
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Sequence
 
@@ -53,7 +52,7 @@ import numpy as np
 from fedproto.algorithms.deletion._store import check_points
 from fedproto.algorithms.deletion.messages import DataAgreement, DataSummary
 from fedproto.algorithms.deletion.streams import deletion_stream
-from fedproto.data import HoldsPoints, feature_extent, normalize
+from fedproto.data import HoldsPoints, agree_feature_count, feature_extent, normalize
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 
@@ -296,9 +295,8 @@ class DataCollector:
                 none where it does.
         """
         summaries = [self._summaries[p] for p in self.parties]
-        dims = collections.Counter(s.n_features for s in summaries)
-        d = dims.most_common(1)[0][0]  # ties go to the first party's, in roster order
-        odd = [(p, s.n_features) for p, s in zip(self.parties, summaries) if s.n_features != d]
+        d, positions = agree_feature_count([s.n_features for s in summaries])
+        odd = [(self.parties[i], summaries[i].n_features) for i in positions]
         if odd:
             party, features = odd[0]
             others = "the other parties'" if len(self.parties) > 2 else f"{self._other(party)}'s"

@@ -11,7 +11,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from fedproto.algorithms.fastlloyd.messages import (
 )
 from fedproto.algorithms.fastlloyd.shared import SECAGG_PURPOSE, check_ring_values, check_secagg_plus, one_of, secagg_config
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
+from fedproto.data import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Outgoing
@@ -230,10 +230,8 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         options = self.options
         assert options is not None
         widths = {c: int(self._summaries[c].extent.shape[1]) for c in self.clients}
-        tally = Counter(widths.values())
-        # the most common width; ties go to the width of the earliest client holding one of them
-        d = max(tally, key=lambda w: (tally[w], -min(i for i, c in enumerate(self.clients) if widths[c] == w)))
-        odd = [c for c in self.clients if widths[c] != d]
+        d, positions = agree_feature_count(list(widths.values()))
+        odd = [self.clients[i] for i in positions]
         if odd:
             named = ", ".join(f"{c} ({widths[c]})" for c in odd[:8]) + (f" and {len(odd) - 8} more" if len(odd) > 8 else "")
             raise RemoteProtocolError(

@@ -30,6 +30,7 @@ from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, SecAggPlusServer, SumOutcome
 from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
+from fedproto.data import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
@@ -353,8 +354,8 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
             return []
         summaries = [self._summaries[c] for c in self.clients]
         dims = [int(summary.extent.shape[1]) for summary in summaries]
-        d = max(dims, key=lambda v: (dims.count(v), -dims.index(v)))  # the most clients' d (ties: the first's)
-        odd = [c for c, v in zip(self.clients, dims, strict=True) if v != d]
+        d, positions = agree_feature_count(dims)
+        odd = [self.clients[i] for i in positions]
         if odd:
             described = ", ".join(f"{c} has {dims[self._index[c]]}" for c in odd)
             raise RemoteProtocolError(

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedproto import data
-from fedproto.data import BUNDLED, load_dataset, normalize, partition
+from fedproto.data import BUNDLED, agree_feature_count, load_dataset, normalize, partition
 
 
 @pytest.mark.parametrize("name", BUNDLED)
@@ -142,3 +142,23 @@ def test_normalize_extreme_finite_values_without_overflow():
     out = normalize(x)
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, [[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("features", "agreed", "odd"),
+    [
+        ([4, 4, 4], 4, ()),
+        ([4, 5, 4], 4, (1,)),  # one party with a stray column is the one named
+        ([5, 4, 4], 4, (0,)),
+        ([3, 5, 5, 3], 3, (1, 2)),  # a tie: the earliest party's number
+        ([5, 3, 3, 5], 5, (1, 2)),
+        ([7], 7, ()),
+    ],
+)
+def test_the_parties_agree_the_most_common_feature_count_and_name_the_others(features, agreed, odd):
+    assert agree_feature_count(features) == (agreed, odd)
+
+
+def test_no_feature_count_is_an_error():
+    with pytest.raises(ValueError, match="no party"):
+        agree_feature_count([])
