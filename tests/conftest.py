@@ -39,6 +39,48 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FEDPROTO_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
+#: Test files that each keep one worker busy for 15-75 s (they start processes: mpiexec, a Python
+#: per party, the benchmark scripts) while holding few tests, heaviest first. pytest-xdist's
+#: ``loadfile`` hands whole files to the workers in collection order (``--no-loadscope-reorder``
+#: in pyproject.toml: its default order, most tests first, would leave these for the end, where
+#: one worker runs a long file alone while the other waits). Only a schedule: a file missing here
+#: runs after them, in pytest's own order, and a one-process run (``-n 0``) is unaffected but for
+#: the order.
+HEAVY_FIRST = (
+    "test_benchmarks_smoke.py",
+    "test_transport_agreement.py",
+    "test_examples.py",
+    "test_sharded_identity.py",
+    "algorithms/mufc/test_clustering.py",
+    "algorithms/deletion/test_federated.py",
+    "algorithms/mufc/test_seeding.py",
+    "algorithms/deletion/test_qkmeans.py",
+    "algorithms/mufc/test_cli.py",
+    "test_cli.py",
+    "test_report_schema.py",
+    "transports/test_tcp_pressure.py",
+    "fedproto/test_compilation.py",
+    "test_startup_imports.py",
+    "test_tcp_failed_runs.py",
+    "test_frame_limits.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put the files of :data:`HEAVY_FIRST` first, in its order (a stable sort: the tests of a
+    file keep their order, and so do the other files)."""
+    tests = Path(__file__).resolve().parent
+    rank = {name: position for position, name in enumerate(HEAVY_FIRST)}
+
+    def position(item) -> int:
+        try:
+            return rank.get(Path(item.path).resolve().relative_to(tests).as_posix(), len(rank))
+        except ValueError:  # a test outside tests/ (a path given on the command line)
+            return len(rank)
+
+    items.sort(key=position)
+
+
 def pytest_unconfigure(config):
     if _OWNER:
         shutil.rmtree(_CACHE_HOME, ignore_errors=True)
