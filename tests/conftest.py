@@ -9,12 +9,6 @@ cache. Data sets by name (``--data s1``) are read from ``FEDPROTO_DATA``: the pr
 sets it to the mirror). Set here at import, so subprocesses inherit both; no test touches the
 network.
 
-The project's own modules are byte-compiled once, by the controller, before the workers start
-(``compileall`` into their ``__pycache__`` folders, where ``python -m compileall`` would put them):
-the workers and every party process, rank and example the tests start then read them instead of
-compiling fedproto again (about 0.4 s of CPU per process, hundreds of processes), also where
-``PYTHONDONTWRITEBYTECODE`` is set (it stops a process writing what it compiled, not reading).
-
 OpenMP runs one thread per process (``OMP_NUM_THREADS=1`` unless already set; OpenBLAS reads it
 too): the suite runs two xdist workers on two cores, each starting party processes, and
 scikit-learn's KMeans (MUFC's split and baselines, the reference optima) otherwise starts a thread
@@ -27,8 +21,6 @@ tests/algorithms/mufc/test_data.py and FastLloyd's reference optimum already pin
 
 from __future__ import annotations
 
-import compileall
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -44,22 +36,6 @@ if _OWNER:
 _CACHE_HOME = os.environ[_SHARED]
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _compile_project() -> None:
-    """Byte-compile the source folders of the fedproto package (``fedproto``, ``transports``,
-    ``algorithms``: what an editable install maps); up-to-date files are left as they are."""
-    folders: set[str] = set()
-    for name in ("fedproto", "fedproto.transports", "fedproto.algorithms"):
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            folders.update(spec.submodule_search_locations)
-    for folder in sorted(folders):
-        compileall.compile_dir(folder, quiet=2, workers=1)
-
-
-if _OWNER:
-    _compile_project()
 os.environ.setdefault("FEDPROTO_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
