@@ -319,7 +319,6 @@ def complete_config(n_clients: int, vector_length: int, modulus: Modulus, *, gra
     return SecAggPlusConfig(n_clients, vector_length, modulus, k, t, graph_seed)
 
 
-
 def session_config(
     kind: str, n_clients: int, vector_length: int, modulus: Modulus, *, graph_label: bytes, session: int
 ) -> SecAggPlusConfig:
