@@ -7,7 +7,6 @@ per-run frame limit would not limit much).
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest

@@ -17,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
