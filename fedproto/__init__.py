@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fedproto.roster import Roster, TlsFiles
     from fedproto.shards import ShardFailed, Shards
     from fedproto.simulation import SimulationStalled, simulate
-    from fedproto.star import StarParties, client_names, ids_owner
+    from fedproto.star import StarParties, check_clients, client_names, ids_owner
 
 # Names a run does not need load on first use (PEP 562): ``from fedproto import launch_local``
 # works as before, but ``fedproto run`` in memory does not import the launcher or the simulator.
@@ -42,6 +42,7 @@ _LAZY = {
     "Shards": "fedproto.shards",
     "ShardFailed": "fedproto.shards",
     "StarParties": "fedproto.star",
+    "check_clients": "fedproto.star",
     "client_names": "fedproto.star",
     "ids_owner": "fedproto.star",
 }
@@ -65,6 +66,7 @@ __all__ = [
     "machine_states",
     "party_index",
     "StarParties",
+    "check_clients",
     "client_names",
     "ids_owner",
     "RuntimeConfig",

@@ -31,20 +31,22 @@ Two kinds of plan share it:
   :meth:`~StarParties.machine_factory` turns ``{party: rows}`` into the ``make_machine`` of a
   :class:`fedproto.plugin.RunPlan`.
 
+:func:`check_clients` is the one check of a star's membership, for plans and hub machines alike;
 :func:`ids_owner` checks that point ids are held by one client each (the removal-request
 protocols name points by id).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import collections
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from fedproto.machine import ProtocolMachine, party_index
 
-__all__ = ["StarParties", "client_names", "ids_owner"]
+__all__ = ["StarParties", "check_clients", "client_names", "ids_owner"]
 
 
 def client_names(n_clients: int) -> tuple[str, ...]:
@@ -77,6 +79,33 @@ def ids_owner(ids_by_client: Sequence[Any]) -> dict[int, int]:
     return owner
 
 
+def check_clients(hub: str, clients: Iterable[str], *, noun: str = "clients") -> tuple[str, ...]:
+    """``clients`` as a tuple, checked to be the clients of a star around ``hub``: at least one,
+    none named twice, the hub not among them.
+
+    Args:
+        hub: the hub's party name (a hub machine passes its own ``party``).
+        clients: the clients' names, in client order.
+        noun: what the protocol calls its clients in the error (``"clients"``, ``"parties"``,
+            ``"machines"``).
+
+    Returns:
+        The names, in the order given.
+
+    Raises:
+        ValueError: no name, a name given twice (the first such is named), or ``hub`` among them.
+    """
+    names = tuple(clients)
+    if not names:
+        raise ValueError(f"no {noun}: a run needs at least one")
+    if len(set(names)) != len(names):
+        twice = next(name for name, count in collections.Counter(names).items() if count > 1)
+        raise ValueError(f"the {noun} must be distinct parties: {twice!r} is named twice")
+    if hub in names:
+        raise ValueError(f"the {noun} must not include the hub {hub!r}")
+    return names
+
+
 class StarParties:
     """The roster, roles and machines of a star: the hub first, then the clients.
 
@@ -104,11 +133,7 @@ class StarParties:
     client_role: str = "client"
 
     def __init__(self, n_clients: int = 0, *, hub: str = "server", clients: Sequence[str] | None = None) -> None:
-        names = client_names(n_clients) if clients is None else tuple(clients)
-        if not names:
-            raise ValueError("a run needs at least one client")
-        if len(set(names)) != len(names) or hub in names:
-            raise ValueError(f"the clients must be distinct parties other than {hub!r}, got {list(names)}")
+        names = check_clients(hub, client_names(n_clients) if clients is None else clients)
         self.hub = hub
         self.clients = names
         self.roster = (hub, *names)

@@ -98,6 +98,7 @@ from fedproto.algorithms.deletion.qkmeans import (
 )
 from fedproto.machine import machine_states
 from fedproto.messages import Outgoing
+from fedproto.star import check_clients
 
 __all__ = [
     "COORDINATOR",
@@ -211,9 +212,7 @@ class QKMeansCoordinator(SetupHub):
         setup: DataCollector | None = None,
     ) -> None:
         super().__init__(party)
-        parties = tuple(parties)
-        if not parties or len(set(parties)) != len(parties) or party in parties:
-            raise ValueError("parties must be unique, non-empty and must not include the coordinator")
+        parties = check_clients(party, parties, noun="parties")
         if setup is not None and (d is not None or owners is not None or setup.parties != parties):
             raise ValueError("a coordinator with the setup phase learns d and the id table there, with the parties")
         if setup is None and (d is None or owners is None):

@@ -34,6 +34,7 @@ from fedproto.algorithms.deletion.messages import (
 from fedproto.algorithms.deletion.qkmeans import QKMeans, QKMeansConfig
 from fedproto.machine import machine_states
 from fedproto.messages import Outgoing
+from fedproto.star import check_clients
 
 __all__ = [
     "ROOT",
@@ -524,9 +525,7 @@ class QKMeansServer(SetupHub):
         setup: DataCollector | None = None,
     ) -> None:
         super().__init__(party)
-        clients = tuple(clients)
-        if not clients or len(set(clients)) != len(clients) or party in clients:
-            raise ValueError("clients must be unique, non-empty and must not include the server")
+        clients = check_clients(party, clients)
         if n_deletions < 0:
             raise ValueError("n_deletions must be non-negative")
         if setup is not None and setup.parties != clients:

@@ -36,6 +36,7 @@ from fedproto.data import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Outgoing
+from fedproto.star import check_clients
 
 if TYPE_CHECKING:
     from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig, SecAggPlusServer, SumOutcome
@@ -129,9 +130,7 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         secagg_plus: SecAggPlusConfig | None = None,
     ) -> None:
         super().__init__(party)
-        clients = tuple(clients)
-        if not clients or len(set(clients)) != len(clients) or party in clients:
-            raise ValueError("clients must be unique, non-empty and must not include the server")
+        clients = check_clients(party, clients)
         one_of(config, options, secagg_plus)
         if config is not None:
             check_secagg_plus(config, secagg_plus, len(clients))

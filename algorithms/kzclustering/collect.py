@@ -26,6 +26,7 @@ from fedproto.algorithms.kzclustering.setup import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine
 from fedproto.messages import Message, Outgoing
+from fedproto.star import check_clients
 
 __all__ = ["CollectingCoordinator", "RunWords", "extents_diameter"]
 
@@ -102,8 +103,7 @@ class CollectingCoordinator(ProtocolMachine):
         n_machines = config.n_machines
         if len(machines) != n_machines:
             raise ValueError(f"{len(machines)} machines named, the configuration says {n_machines}")
-        if len(set(machines)) != len(machines) or party in machines:
-            raise ValueError("machine names must be unique and must not include the coordinator")
+        check_clients(party, machines, noun="machines")
         self.config = config
         self.machines = machines
         self._inbox: dict[str, Message] = {}

@@ -43,6 +43,7 @@ from fedproto.data import feature_extent, normalize
 from fedproto.errors import LocalProtocolError, RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing
+from fedproto.star import check_clients
 
 __all__ = [
     "SETUP_PHASE",
@@ -276,10 +277,7 @@ class DataSetupCoordinator(StagedMachine):
 
     def __init__(self, party: str, *, machines: Sequence[str], build: Callable[[int], ProtocolMachine]) -> None:
         super().__init__(party)
-        machines = tuple(machines)
-        if not machines or len(set(machines)) != len(machines) or party in machines:
-            raise ValueError("need at least one machine, unique names, without the coordinator")
-        self.machines = machines
+        self.machines = check_clients(party, machines, noun="machines")
         self._build = build
         self._inbox: dict[str, DataSummary] = {}
 

@@ -34,6 +34,7 @@ from fedproto.data import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states
 from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
+from fedproto.star import check_clients
 
 if TYPE_CHECKING:
     from fedproto.algorithms.mufc.setup import DataSetup
@@ -260,12 +261,12 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
         setup: DataSetup | None = None,
     ) -> None:
         super().__init__(party)
-        clients = tuple(clients)
+        clients = check_clients(party, clients)
         if (config is None) == (setup is None):
             raise ValueError("give the server either config (and n_points) or setup")
         n_clients = config.n_clients if config is not None else setup.n_clients  # type: ignore[union-attr]
-        if len(clients) != n_clients or len(set(clients)) != len(clients) or party in clients:
-            raise ValueError("clients must be config.n_clients unique names, not including the server")
+        if len(clients) != n_clients:
+            raise ValueError(f"{len(clients)} clients named, the configuration says {n_clients}")
         if n_requests < 0 or (config is not None and (n_points is None or n_points < 1)):
             raise ValueError("n_requests must be non-negative and n_points positive")
         if setup is not None and (n_points is not None or secagg_plus is not None or n_requests != setup.n_requests):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fedproto
-from fedproto.star import StarParties, client_names, ids_owner
+from fedproto.star import StarParties, check_clients, client_names, ids_owner
 
 
 class _Recorder(StarParties):
@@ -86,3 +86,22 @@ def test_client_names_and_public_exports():
     with pytest.raises(ValueError):
         client_names(0)
     assert fedproto.StarParties is StarParties and "StarParties" in fedproto.__all__
+
+
+@pytest.mark.parametrize(
+    ("clients", "match"),
+    [
+        ([], "no machines: a run needs at least one"),
+        (["m-0", "m-1", "m-0", "m-1"], "the machines must be distinct parties: 'm-0' is named twice"),
+        (["m-0", "hub"], "the machines must not include the hub 'hub'"),
+    ],
+)
+def test_check_clients_names_what_is_wrong_with_a_star(clients, match):
+    with pytest.raises(ValueError, match=match):
+        check_clients("hub", clients, noun="machines")
+
+
+def test_check_clients_keeps_the_order_and_every_plan_and_hub_uses_it():
+    assert check_clients("server", iter(["b", "a"])) == ("b", "a")
+    with pytest.raises(ValueError, match="must not include the hub 'client-0'"):
+        _Recorder(2, hub="client-0")  # generated names are checked too
