@@ -9,13 +9,18 @@ environment, working directory, standard streams and listening socket.
 Theory of operation:
 
 * **The server.** :meth:`ForkServer.start` forks the calling process itself when that is safe
-  (``zygote=True``: the caller is single-threaded and has not imported JAX, whose threads make
-  a fork unsafe; ``fedproto run`` does so right after parsing its command line, before it loads
-  data, makes keys or shows progress), else starts a fresh interpreter
-  (``python -m fedproto._fork_server``). Either way the server then imports ``preload`` (never
-  JAX: it refuses to fork once JAX is in), closes every descriptor but its control socket and
-  serves requests over that socket (``SOCK_SEQPACKET``, JSON, descriptors passed with
-  ``SCM_RIGHTS``). It is single-threaded: it forks only from its own main thread.
+  (``zygote=True``: the caller is single-threaded and JAX has started no backend; ``fedproto
+  run`` does so right after parsing its command line, before it loads data, makes keys or shows
+  progress), else starts a fresh interpreter (``python -m fedproto._fork_server``). Either way
+  the server then imports ``preload``, closes every descriptor but its control socket and serves
+  requests over that socket (``SOCK_SEQPACKET``, JSON, descriptors passed with ``SCM_RIGHTS``).
+  It is single-threaded: it forks only from its own main thread.
+* **JAX.** Importing JAX starts no thread; its backend (the CPU or GPU client, with its thread
+  pools) starts at the first device query or kernel, and only then does JAX install its own
+  warning against ``os.fork``. So a server may hold JAX imported, and a zygote copies it from a
+  launcher that imported the protocol to parse its options: its children then skip importing
+  JAX and the protocol (about 1 s of CPU each). A server in which a backend has started forks
+  nothing (:func:`_jax_started`), and a zygote is not taken from such a caller.
 * **A child.** Forked by the server, it asks the kernel for SIGKILL when the server dies
   (``PR_SET_PDEATHSIG``), gets the signal handlers a fresh interpreter has, its stdin from
   ``/dev/null``, stdout and stderr on the pipes the launcher made, the listening socket on the
@@ -57,7 +62,7 @@ from typing import Any
 __all__ = ["ForkServer", "ForkedProcess", "DEFAULT_PRELOAD"]
 
 #: What a server imports before forking: everything a ``fedproto party`` over TCP needs but the
-#: protocol (and never JAX).
+#: protocol and JAX (a zygote has those already where its launcher had imported them).
 DEFAULT_PRELOAD = (
     "fedproto.cli", "fedproto.transports.tcp", "fedproto.transports._tls", "fedproto.provision", "fedproto.roster",
     "msgpack", "numpy", "numpy.random", "trio", "ssl", "encodings.idna", "cryptography.x509",
@@ -67,8 +72,24 @@ _MAX_MESSAGE = 1 << 20
 _PR_SET_PDEATHSIG = 1
 
 
-def _interpreter_environment(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+def _interpreter_environment(env: Mapping[str, str], prefixes: Sequence[str]) -> dict[str, str]:
+    """The variables of ``env`` that shape what a child inherits before its command runs:
+    ``PYTHON*`` (the interpreter) and, in a server that has imported JAX, ``JAX_*`` (read into
+    JAX's configuration at its import)."""
+    return {k: v for k, v in env.items() if k.startswith(tuple(prefixes))}
+
+
+def _jax_started() -> bool:
+    """Whether JAX has started a backend in this process (from then on its threads make a fork
+    unsafe). A JAX whose backend state cannot be read counts as started."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:  # another JAX, or not JAX at all: assume the worst
+        return True
 
 
 def _parent_death_signal(parent: int) -> None:
@@ -112,8 +133,10 @@ def _serve(control: int, preload: Sequence[str]) -> None:
             __import__(name)
     except BaseException as exc:  # reported to the launcher, which then starts fresh processes
         error = f"cannot import {name}: {exc}"
-    if error is None and "jax" in sys.modules:
-        error = "JAX is imported (a fork after it is unsafe)"
+    if error is None and _jax_started():
+        error = "JAX has started a backend (a fork after it is unsafe)"
+    if error is None and threading.active_count() > 1:
+        error = "a thread is running (a fork copies only the forking one)"
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
@@ -122,8 +145,9 @@ def _serve(control: int, preload: Sequence[str]) -> None:
         sock.send(json.dumps(message).encode())
 
     try:
+        prefixes = ["PYTHON", "JAX_"] if "jax" in sys.modules else ["PYTHON"]
         send({"ready": error is None, "error": error, "pid": os.getpid(), "cwd": os.getcwd(),
-              "environment": _interpreter_environment(os.environ)})
+              "prefixes": prefixes, "environment": _interpreter_environment(os.environ, prefixes)})
         while error is None:
             for fd, _ in poller.poll():
                 if fd != sock.fileno():
@@ -311,9 +335,10 @@ class ForkServer:
         """Start a server that has imported ``preload``, or return ``None`` where none can run.
 
         Args:
-            preload: modules the server imports before forking (never JAX).
-            zygote: fork this very process when it is safe (single-threaded, JAX not
-                imported), instead of starting a fresh interpreter; call it from the main thread
+            preload: modules the server imports before forking (none that starts a JAX
+                backend or a thread: the server then forks nothing).
+            zygote: fork this very process when it is safe (single-threaded, no JAX backend
+                started), instead of starting a fresh interpreter; call it from the main thread
                 before any secret or data is loaded, as everything in memory is copied.
             env: the fresh interpreter's environment (default: this process's).
             cwd: the fresh interpreter's working directory (default: this process's).
@@ -329,7 +354,7 @@ class ForkServer:
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            if zygote and threading.active_count() == 1 and "jax" not in sys.modules:
+            if zygote and threading.active_count() == 1 and not _jax_started():
                 process: Any = _fork_zygote(ours, theirs, preload)
             else:
                 from fedproto.launcher import _with_parent_death_signal
@@ -360,12 +385,13 @@ class ForkServer:
 
     def can_fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str] | None = None) -> bool:
         """Whether ``argv`` run with ``env`` in ``cwd`` is a command this server forks: ``python -m``
-        with the server's interpreter, ``PYTHON*`` variables and working directory."""
+        with the server's interpreter, ``PYTHON*`` variables (and ``JAX_*`` where the server has
+        imported JAX) and working directory."""
         if self._closed or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or not self._ready():
             return False
         assert self._hello is not None
         return (
-            _interpreter_environment(env) == self._hello["environment"]
+            _interpreter_environment(env, self._hello["prefixes"]) == self._hello["environment"]
             and os.path.realpath(cwd if cwd is not None else os.getcwd()) == os.path.realpath(self._hello["cwd"])
         )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedproto._fork_server import ForkServer
-from fedproto.launcher import KIT_ENV, LaunchError, launch_local
+from fedproto.launcher import LaunchError, launch_local
 from fedproto.testing import load_file
 
 helpers = load_file(Path(__file__).with_name("_helpers.py"), "tests_helpers")
@@ -186,18 +185,65 @@ def test_nothing_outlives_a_launcher_killed_outright(party_dir, kind):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_a_zygote_is_refused_once_jax_is_imported(party_dir):
-    script = textwrap.dedent("""\
-        import sys, threading
-        sys.modules.setdefault("jax", type(sys)("jax"))  # as if imported: never fork after JAX
+#: A party module that says whether it found JAX imported, then runs a kernel.
+JAX_PARTY = """\
+import sys
+imported = "jax" in sys.modules
+import jax.numpy as jnp
+print(imported, int(jnp.arange(4).sum()), flush=True)
+"""
+
+
+def _zygote_script(before: str) -> str:
+    return textwrap.dedent(f"""\
+        import json, os, sys
+        import jax
+        {before}
         from fedproto._fork_server import ForkServer
-        with ForkServer.start(zygote=True) as forks:  # a fresh interpreter instead
-            assert forks.can_fork([sys.executable, "-m", "fedproto"], __import__("os").environ)
-            print(open(f"/proc/{forks.pid}/cmdline", "rb").read().split(b"\\0")[1:3])
+        with ForkServer.start(zygote=True) as forks:
+            env = dict(os.environ)
+            other = {{**env, "JAX_ENABLE_X64": "1"}}  # read by JAX at its import: not for this server
+            command = [sys.executable, "-m", "jax_party"]
+            facts = {{"forks": forks.can_fork(command, env), "forks_other_jax_env": forks.can_fork(command, other)}}
+            # (read once it has answered: a fresh server starts behind a parent-death shim)
+            cmdline = open(f"/proc/{{forks.pid}}/cmdline", "rb").read().split(b"\\0")
+            facts["server"] = cmdline[1:3] == [b"-m", b"fedproto._fork_server"]
+            print(json.dumps(facts))
+            if forks.can_fork(command, env):
+                child = forks.spawn(command, env=env)
+                assert child.wait(60) == 0
+                print(child.stdout.read().decode().strip())
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=party_dir, capture_output=True, text=True, timeout=60)
+
+
+def test_a_zygote_holds_jax_imported_and_its_children_skip_the_import(party_dir):
+    """JAX imported but no backend started (as ``fedproto run`` is once it has parsed its options):
+    the launcher forks itself, and a child finds JAX imported and runs a kernel."""
+    (party_dir / "jax_party.py").write_text(JAX_PARTY)
+    done = subprocess.run([sys.executable, "-c", _zygote_script("")], cwd=party_dir, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[b'-m', b'fedproto._fork_server']"
+    facts, child = done.stdout.strip().splitlines()
+    assert json.loads(facts) == {"server": False, "forks": True, "forks_other_jax_env": False}
+    assert child == "True 6"
+
+
+def test_a_zygote_is_refused_once_jax_has_started_a_backend(party_dir):
+    """After a device query (JAX's thread pools run): a fresh interpreter serves instead, without
+    JAX, so it forks commands whatever their ``JAX_*`` variables."""
+    (party_dir / "jax_party.py").write_text(JAX_PARTY)
+    done = subprocess.run([sys.executable, "-c", _zygote_script("jax.devices()")], cwd=party_dir,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    facts, child = done.stdout.strip().splitlines()
+    assert json.loads(facts) == {"server": True, "forks": True, "forks_other_jax_env": True}
+    assert child == "False 6"
+
+
+def test_a_server_that_starts_a_jax_backend_while_importing_forks_nothing(party_dir):
+    (party_dir / "starts_jax.py").write_text("import jax\njax.devices()\n")
+    with ForkServer.start(preload=["starts_jax"], cwd=party_dir, env={**os.environ, "PYTHONPATH": str(party_dir)}) as forks:
+        assert not forks.can_fork([sys.executable, "-m", "fork_party"], os.environ, party_dir)
 
 
 def test_the_cli_forks_its_tcp_parties_from_a_zygote(tmp_path):
