@@ -25,7 +25,6 @@ Every subprocess runs in its own process group with a timeout; the group is kill
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import re

@@ -615,7 +615,7 @@ class PointIndex:
     # -- the blocked method -------------------------------------------------------------------------
 
     def _aggregate_blocked(self, radius, threshold, max_reps, candidates) -> Aggregation:
-        x, n, rows = self.points, self.n_points, self.block_rows
+        x, rows = self.points, self.block_rows
         inner, outer = 2.0 * radius, 4.0 * radius
         count = _kernels.ball_counts(x, inner)
 

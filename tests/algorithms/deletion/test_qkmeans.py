@@ -373,7 +373,7 @@ def near_tie_model(x, ids, config):
 
     for _ in range(40):
         other = rng.uniform(-0.5, 0.5, size=x.shape[1])
-        (m0, g0), (m1, g1) = run(0.0, other), run(1.0, other)
+        (_, g0), (_, g1) = run(0.0, other), run(1.0, other)
         if np.sign(g0) == np.sign(g1):
             continue
         lo, hi = 0.0, 1.0

@@ -11,7 +11,6 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-import trio
 
 from fedproto.algorithms import scma
 from fedproto.algorithms.mufc.messages import AggregationRequest, MaskedSyndromes, ModelUpdate, PeerKeys, PublicKey, RemovalRequest
