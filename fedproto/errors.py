@@ -17,6 +17,7 @@ attributes (``party``, ``round_idx``, ``state``, ``phase``) as well as a message
           PartyCrashed
         PeerDropped
       AgreementMismatch         a peer runs another protocol, other options or another roster
+        SessionMismatch         a machine's session is not the run's (also a ValueError)
 
 Configuration mistakes are ``ValueError``/``TypeError`` at construction time instead.
 
@@ -45,6 +46,7 @@ __all__ = [
     "PartyCrashed",
     "PeerDropped",
     "AgreementMismatch",
+    "SessionMismatch",
     "describe",
 ]
 
@@ -215,6 +217,42 @@ class AgreementMismatch(FedProtoError):
     ``party`` is the peer that differs; the message names the first differing option and both
     values.
     """
+
+
+class SessionMismatch(AgreementMismatch, ValueError):
+    """A party's machine declares another session than the run's, before any frame is sent.
+
+    A protocol machine that computes with the session (it seeds a SecAgg+ graph, names an
+    aggregation's keys or seals seeds with it) declares it as its ``session`` attribute; the
+    runtime (:func:`~fedproto.runtime.run_party`, :func:`~fedproto.runtime.run_parties`), the
+    lean engine (:func:`~fedproto.simulation.simulate`, sharded too) and the synchronous
+    :class:`~fedproto.testing.Harness` compare it with the run's session
+    (:attr:`~fedproto.runtime.RuntimeConfig.session`) when they start, as they do an endpoint's
+    own ``session`` (a TCP endpoint's handshake session). A machine built without ``session=``
+    holds its default, 0, and in a run of another session fails here too: otherwise it would
+    compute with the wrong session and the run would end with wrong results and no error. A
+    configuration error (so also a ``ValueError``), raised before any frame is sent.
+
+    Attributes:
+        party: the first party whose machine (or endpoint) differs, in mapping order.
+        parties: every such party, in mapping order.
+        session: the session ``party``'s machine declares.
+        expected: the run's session.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        parties: tuple[str, ...] = (),
+        session: int | None = None,
+        expected: int | None = None,
+        **kwargs: Any,
+    ):
+        self.parties = tuple(parties)
+        self.session = session
+        self.expected = expected
+        super().__init__(message, **kwargs)
 
 
 def describe(error: BaseException) -> str:

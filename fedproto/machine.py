@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 from fedproto.errors import (
     InsufficientParticipants,
+    SessionMismatch,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
@@ -51,7 +52,7 @@ from fedproto.errors import (
 )
 from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
 
-__all__ = ["ProtocolMachine", "machine_states", "party_index"]
+__all__ = ["ProtocolMachine", "check_sessions", "machine_states", "party_index"]
 
 
 def machine_states(name: str, *members: str) -> type[enum.Enum]:
@@ -86,6 +87,63 @@ def machine_states(name: str, *members: str) -> type[enum.Enum]:
 #: ``id(parties) -> (parties, index)`` of the last few party lists indexed (kept alive by the entry).
 _INDEXES: dict[int, tuple[tuple[str, ...], Mapping[str, int]]] = {}
 _INDEXES_KEPT = 8
+#: Parties named in a SessionMismatch message per session (all of them are in its ``parties``).
+_SESSION_PARTIES_NAMED = 10
+
+
+def check_sessions(
+    machines: Mapping[str, Any], session: int, *, endpoints: Mapping[str, Any] | None = None
+) -> None:
+    """Check that every machine (and endpoint) that declares a session declares the run's.
+
+    A machine declares one with a ``session`` attribute (the protocols that compute with it:
+    FastLloyd, MUFC, SecAgg+); a machine without one is not checked, nor is an endpoint without
+    one (the memory transport's). The runtime, the lean engine and the harness call this before
+    any frame is sent, so that a machine built with another session, or without one (its default,
+    0) in a run of another session, fails at once instead of computing with the wrong session.
+
+    Args:
+        machines: ``{party: machine}``.
+        session: the run's session (:attr:`fedproto.runtime.RuntimeConfig.session`).
+        endpoints: ``{party: Transport}``, when the endpoints carry a session of their own (a TCP
+            endpoint's handshake session).
+
+    Raises:
+        SessionMismatch: a machine or endpoint declares another session; the message names the
+            parties (up to 10 per session), each session they declare and the run's.
+    """
+    differing: dict[tuple[str, int], list[str]] = {}
+    agreeing = 0
+    for kind, parts in (("machine", machines), ("endpoint", endpoints or {})):
+        for party, part in parts.items():
+            declared = getattr(part, "session", None)
+            if declared is None or isinstance(declared, bool) or not isinstance(declared, int):
+                continue
+            if declared == session:
+                agreeing += kind == "machine"
+            else:
+                differing.setdefault((kind, declared), []).append(party)
+    if not differing:
+        return
+    clauses = []
+    for (kind, declared), parties in differing.items():
+        named = ", ".join(parties[:_SESSION_PARTIES_NAMED])
+        if len(parties) > _SESSION_PARTIES_NAMED:
+            named += f" and {len(parties) - _SESSION_PARTIES_NAMED} more"
+        plural = len(parties) > 1
+        clause = f"{named}'s {kind}{'s are' if plural else ' is'} session {declared}"
+        if kind == "machine" and declared == 0:
+            clause += " (the default of a machine built without session=)"
+        clauses.append(clause)
+    message = f"{'; '.join(clauses)}, but the run is session {session}"
+    sessions = {declared for kind, declared in differing if kind == "machine"}
+    if agreeing == 0 and len(sessions) == 1 and sum(len(p) for p in differing.values()) > 1:
+        message += f" (RuntimeConfig.session): every machine is session {next(iter(sessions))}"
+    else:
+        message += " (RuntimeConfig.session): build every machine with the run's session"
+    (kind, declared), parties = next(iter(differing.items()))
+    every = tuple(p for group in differing.values() for p in group)
+    raise SessionMismatch(message, party=parties[0], parties=every, session=declared, expected=session)
 
 
 def party_index(parties: tuple[str, ...]) -> Mapping[str, int]:

@@ -101,7 +101,7 @@ from fedproto.errors import (
     TransportError,
     describe,
 )
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, check_sessions
 from fedproto.messages import (
     ABORT_REASON_MAX_CHARS,
     AbortNotice,
@@ -141,7 +141,11 @@ class RuntimeConfig:
     """How the runtime drives machines.
 
     Attributes:
-        session: the run's session id; frames of other sessions are refused.
+        session: the run's session id; frames of other sessions are refused. A machine that
+            declares a session (its ``session`` attribute: FastLloyd, MUFC, SecAgg+), or an
+            endpoint that does (TCP's), must declare this one: the runtime and the lean engine
+            raise :class:`~fedproto.errors.SessionMismatch` naming the party before any frame
+            otherwise (a machine built without ``session=`` is session 0).
         deadline_s: seconds a machine may wait without progress before ``PhaseTimedOut``.
         max_frame_bytes: frames above this are refused before decoding.
         record_received: also count received frames (for per-process reports).
@@ -243,6 +247,8 @@ async def run_party(
         The machine's result.
 
     Raises:
+        SessionMismatch: the machine, or the endpoint, declares another session than
+            ``config.session`` (before any frame is sent; see :func:`~fedproto.machine.check_sessions`).
         RemoteProtocolError: a peer broke the protocol (the machine is in ``ERROR``).
         InsufficientParticipants: a deadline passed with parties still silent, or the transport
             reported a peer gone (:class:`~fedproto.errors.PeerDropped`) whose input the machine
@@ -257,6 +263,7 @@ async def run_party(
         TransportError: the endpoint failed in a way the machine could not absorb.
     """
     config = config or RuntimeConfig()
+    check_sessions({machine.party: machine}, config.session, endpoints={machine.party: transport})
     meter = meter if meter is not None else Meter(trio.current_time)
     meter.start()
     roster = known_parties if known_parties is not None else frozenset(transport.roster)
@@ -699,12 +706,18 @@ async def run_parties(
         ``{party: result}`` for every party that finished (a crashed party has no entry).
 
     Raises:
+        SessionMismatch: a machine, or an endpoint, declares another session than
+            ``config.session`` (names every such party; raised before any frame is sent).
         ValueError: a machine has no endpoint.
         TypeError: ``network_or_endpoints`` is neither a network nor a mapping.
         FedProtoError: the first failure of any party (the other parties are cancelled); a
             party's own failure is preferred to the :class:`~fedproto.errors.RunAborted` of a
             local peer it told.
     """
+    config = config or RuntimeConfig()
+    # Every machine at once, before any endpoint is opened or task started (each run_party checks
+    # its own again, and _run_parties the endpoints' sessions once they are open).
+    check_sessions(machines, config.session)
     if isinstance(network_or_endpoints, Network):
         network = network_or_endpoints
         roster = network.roster if network.roster is not None else tuple(machines)
@@ -731,6 +744,7 @@ async def _run_parties(
     if missing:
         raise ValueError(f"no endpoint for {sorted(missing)}")
     config = config or RuntimeConfig()
+    check_sessions({}, config.session, endpoints=endpoints)  # before any task sends a frame
     meter = meter if meter is not None else Meter(trio.current_time)
     results: dict[str, Any] = {}
     failures: list[BaseException] = []

@@ -67,7 +67,7 @@ from fedproto.errors import (
     LocalProtocolError,
     TransportError,
 )
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, check_sessions
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
 from fedproto.netmodel import LinkModel, LinkSimulator, parse_compute
@@ -165,6 +165,8 @@ def simulate(
         ``{party: result}`` for every machine (with ``shards``: this rank's).
 
     Raises:
+        SessionMismatch: a machine declares another session than ``config.session`` (names the
+            parties; raised before any machine starts, see :func:`~fedproto.machine.check_sessions`).
         ValueError: a machine's ``party`` differs from its key, ``compute`` is malformed, ``machines``
             are not exactly ``shards.local``, or ``shards`` and ``network`` are both given (the link
             model runs in one process).
@@ -178,13 +180,15 @@ def simulate(
     compute_s = parse_compute(compute)
     if shards is not None and network is not None:
         raise ValueError("the link model runs in one process: a sharded simulation takes no network")
+    config = config or RuntimeConfig()
+    check_sessions(machines, config.session)  # before any machine starts (with shards: this rank's)
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
     try:
         if network is not None:
-            return _simulate_linked(machines, config or RuntimeConfig(), meter, observer, batch, network, compute_s)
-        return _simulate(machines, config or RuntimeConfig(), meter, observer, batch, shards)
+            return _simulate_linked(machines, config, meter, observer, batch, network, compute_s)
+        return _simulate(machines, config, meter, observer, batch, shards)
     finally:
         if paused:
             gc.enable()

@@ -138,13 +138,20 @@ async def accept_forever(
     (10 ms doubling to 1 s, reset by the next success); trio's own ``serve_listeners`` logs a
     traceback each time instead.
 
+    Returns when the listener is closed under a waiting accept: the endpoint's ``aclose`` cancels
+    the serving scope and then closes the sockets at once, and trio wakes the accept with
+    ``ClosedResourceError`` before the cancellation reaches it (seen when a run failed right
+    after its endpoints opened: the error came out wrapped in a group with this one).
+
     Raises:
-        OSError: any other accept failure (the listener's socket closed, say).
+        OSError: any other accept failure.
     """
     backoff = _FIRST_BACKOFF_S
     while True:
         try:
             stream = await listener.accept()
+        except trio.ClosedResourceError:
+            return  # closed by its endpoint: serving is over
         except OSError as exc:
             if exc.errno not in _EXHAUSTED:
                 raise

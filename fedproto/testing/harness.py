@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedproto.codec import decode_frame, encode_frame
-from fedproto.machine import ProtocolMachine
+from fedproto.machine import ProtocolMachine, check_sessions
 from fedproto.messages import Broadcast, Event, Outgoing
 from fedproto.metering import Meter
 
@@ -35,7 +35,8 @@ class Harness:
 
     Args:
         machines: ``{party: machine}``; every machine's ``party`` must match its key.
-        session: session id stamped on every frame.
+        session: session id stamped on every frame; a machine that declares a session must
+            declare this one (else :class:`~fedproto.errors.SessionMismatch`, as in the runtime).
         tamper: optional ``frame -> bytes | None`` applied to each frame before delivery
             (``None`` drops it).
     """
@@ -50,6 +51,7 @@ class Harness:
         for party, machine in machines.items():
             if machine.party != party:
                 raise ValueError(f"machine for {party!r} says it is {machine.party!r}")
+        check_sessions(machines, session)
         self.machines = dict(machines)
         self.session = session
         self.tamper = tamper

@@ -30,7 +30,8 @@ BLOBS = normalize(
 def build(config, x, n_clients, *, split_seed=0, noise_seed=0, entropy_seed=0, order=None, scheme="iid"):
     parts = partition(len(x), n_clients, scheme=scheme, seed=split_seed)
     clients = [f"client-{i}" for i in range(n_clients)]
-    machines = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=noise_seed)}
+    # every machine in the run's session (3): a server left at the default would be refused
+    machines = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=noise_seed, session=3)}
     ent = np.random.default_rng(entropy_seed)
     for i, c in enumerate(clients):
         machines[c] = FastLloydClient(
@@ -177,7 +178,7 @@ def test_server_never_sees_unmasked_statistics():
                 seen.append(message.masked)
         return frame.data
 
-    Harness(machines, tamper=spy).run()
+    Harness(machines, tamper=spy, session=3).run()
     assert len(seen) == 4
     # an unmasked update would have small encoded counts (< number of points) in column d
     for masked in seen:

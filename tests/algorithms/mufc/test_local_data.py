@@ -104,7 +104,8 @@ def test_raw_rows_and_options_equal_a_ready_config_on_the_pooled_scaled_data():
     # exactness: the final model is a from-scratch run on the remaining raw rows (same extent, keys)
     removed = {i for _, batch in agreement.stream for i in batch}
     kept = [r[~np.isin(r, list(removed))] for r in rows]
-    fresh = MUFCParties([(pooled[r], r.astype(np.int64)) for r in kept], agreement.config, key=key, seed=11)
+    fresh = MUFCParties([(pooled[r], r.astype(np.int64)) for r in kept], agreement.config, key=key, seed=11,
+                        session=9)
     assert np.array_equal(Harness(fresh.machines(), session=9).run()[SERVER].centroids, got[SERVER].centroids)
 
 
@@ -183,7 +184,8 @@ def test_split_gives_each_client_its_raw_rows_as_the_run_cuts_them():
     assert sorted(map(tuple, pooled.tolist())) == sorted(map(tuple, dataset.x.tolist()))  # the raw rows, cut
     for part in parts.values():
         assert (part.name, part.paper_k) == ("iris", 3) and part.x.dtype == np.float64
-    results = _run({p: PLUGIN.plan(args, dataset).make_machine(p) for p in (SERVER, *parts)}, 1)[0]
+    plan = PLUGIN.plan(args, dataset)  # its machines hold the plan's session: the run's
+    results = _run({p: plan.make_machine(p) for p in (SERVER, *parts)}, plan.session)[0]
     for c, party in enumerate(parts):  # each client's ids number its own rows after the earlier clients'
         start = sum(part.n for part in list(parts.values())[:c])
         assert results[party].ids.tolist() == list(range(start, start + parts[party].n))

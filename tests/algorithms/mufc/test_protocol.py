@@ -61,7 +61,7 @@ def remaining(parts, requests, upto=None):
 
 def test_training_decodes_the_exact_counts_and_matches_the_replay():
     x, ids, parts, config = federation()
-    parties = MUFCParties(parts, config, key=KEY)
+    parties = MUFCParties(parts, config, key=KEY, session=9)
     results, report = run_harness(parties)
     server = results[SERVER]
     assert server.totals == (len(x),)  # oracle 11: the decoded counts sum to n
@@ -80,7 +80,7 @@ def test_every_share_carries_exactly_T_field_elements():
     envelope, and one removal round costs 1 request + L opens + L shares + L model frames."""
     x, ids, parts, config = federation()
     requests = [(1, (int(parts[1][1][0]),))]
-    parties = MUFCParties(parts, config, key=KEY, requests=requests)
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=requests)
     harness = Harness(parties.machines(), session=9)
     harness.run()
     frames = {}
@@ -114,9 +114,9 @@ def test_exact_unlearning_equals_retraining_after_every_request(batch):
         used.update(chosen)
         requests.append((c, chosen))
     # make sure at least one request removes a seed: client 0's first seed
-    seeds0 = MUFCParties(parts, config, key=KEY).make_machine("client-0")._local.seeds
+    seeds0 = MUFCParties(parts, config, key=KEY, session=9).make_machine("client-0")._local.seeds
     requests.append((0, (int(seeds0[0]),) if seeds0[0] not in used else requests[0][1][:0] or (int(seeds0[1]),)))
-    parties = MUFCParties(parts, config, key=KEY, requests=requests)
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=requests)
     results, _ = run_harness(parties)
     server = results[SERVER]
     assert len(server.history) == len(requests) + 1
@@ -133,7 +133,7 @@ def test_unaffected_clients_do_not_recompute():
     syndromes are unchanged, only the masks change between rounds."""
     x, ids, parts, config = federation()
     requests = [(0, (int(parts[0][1][3]),)), (0, (int(parts[0][1][5]),))]
-    parties = MUFCParties(parts, config, key=KEY, requests=requests)
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=requests)
     machines = parties.machines()
     before = {c: (machines[c]._local.seeds, dict(machines[c]._counts)) for c in ("client-1", "client-2")}
     sent = {}
@@ -158,9 +158,9 @@ def test_unaffected_clients_do_not_recompute():
 
 def test_literal_mode_keeps_the_model_when_no_seed_moves():
     x, ids, parts, config = federation(unlearning="literal")
-    local = MUFCParties(parts, config, key=KEY).make_machine("client-0")._local
+    local = MUFCParties(parts, config, key=KEY, session=9).make_machine("client-0")._local
     non_seed = next(int(i) for i in parts[0][1] if int(i) not in local.seeds)
-    parties = MUFCParties(parts, config, key=KEY, requests=[(0, (non_seed,)), (0, (int(local.seeds[0]),))])
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (non_seed,)), (0, (int(local.seeds[0]),))])
     server = run_harness(parties)[0][SERVER]
     assert server.reclustered == (True, False, True)
     np.testing.assert_array_equal(server.history[0], server.history[1])
@@ -170,9 +170,9 @@ def test_literal_mode_keeps_the_model_when_no_seed_moves():
 
 def test_lazy_mode_reclusters_only_when_the_support_changes():
     x, ids, parts, config = federation(unlearning="lazy")
-    local = MUFCParties(parts, config, key=KEY).make_machine("client-0")._local
+    local = MUFCParties(parts, config, key=KEY, session=9).make_machine("client-0")._local
     non_seed = next(int(i) for i in parts[0][1] if int(i) not in local.seeds)
-    parties = MUFCParties(parts, config, key=KEY, requests=[(0, (non_seed,))])
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (non_seed,))])
     server = run_harness(parties)[0][SERVER]
     assert server.reclustered == (True, False)
     assert server.totals == (len(x), len(x) - 1)  # counts are fresh, the model is not
@@ -181,14 +181,14 @@ def test_lazy_mode_reclusters_only_when_the_support_changes():
 def test_a_client_leaves_and_its_data_leave_with_it():
     """Multi-client removal: the leaving client computes nothing, the others re-aggregate."""
     x, ids, parts, config = federation()
-    parties = MUFCParties(parts, config, key=KEY, requests=[(1, None)])
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=[(1, None)])
     results, _ = run_harness(parties)
     server = results[SERVER]
     assert server.active == (0, 2)
     assert server.totals == (len(x), len(x) - len(parts[1][1]))
     assert results["client-1"].left and results["client-1"].version == 0
     # the model is the server step on the other clients' unchanged count vectors
-    machines = MUFCParties(parts, config, key=KEY).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9).machines()
     counts = {}
     for c in ("client-0", "client-2"):
         for j, q in machines[c]._counts.items():
@@ -198,7 +198,7 @@ def test_a_client_leaves_and_its_data_leave_with_it():
 
 def test_dropout_with_a_quorum_reopens_the_round_without_the_silent_client():
     x, ids, parts, config = federation(min_clients=2)
-    parties = MUFCParties(parts, config, key=KEY, requests=[(0, (int(parts[0][1][2]),))])
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (int(parts[0][1][2]),))])
     machines = parties.machines()
 
     def silence(frame):
@@ -222,7 +222,7 @@ def test_dropout_with_a_quorum_reopens_the_round_without_the_silent_client():
 
 def test_dropout_without_a_quorum_names_the_silent_client():
     x, ids, parts, config = federation()
-    machines = MUFCParties(parts, config, key=KEY).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9).machines()
     harness = Harness(machines, session=9, tamper=lambda f: None if f.sender == "client-1" and
                       isinstance(decode_frame(f.data)[1], MaskedSyndromes) else f.data)
     harness.start()
@@ -234,19 +234,19 @@ def test_dropout_without_a_quorum_names_the_silent_client():
 
 async def test_a_silent_client_ends_the_run_with_a_clear_error(autojump_clock):
     x, ids, parts, config = federation()
-    parties = MUFCParties(parts, config, key=KEY)
+    parties = MUFCParties(parts, config, key=KEY, session=9)
     machines = parties.machines()
     network = MemoryNetwork(list(parties.roster))
     del machines["client-2"]  # never starts: its key never arrives
     with pytest.raises(InsufficientParticipants, match="client-2"):
-        await run_parties(machines, network, config=RuntimeConfig(session=1, deadline_s=5.0))
+        await run_parties(machines, network, config=RuntimeConfig(session=9, deadline_s=5.0))
 
 
 def _run_with_client0_element_3(change, error, match=None):
     """Run a federation in which client-0's shares carry ``change(element 3)``; the run must end
     with ``error`` and the server failed."""
     x, ids, parts, config = federation()
-    machines = MUFCParties(parts, config, key=KEY).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9).machines()
 
     def tamper(frame):
         envelope, message = decode_frame(frame.data)
@@ -273,7 +273,7 @@ def test_a_request_during_a_running_round_is_served_after_it():
     """A removal request that reaches the server mid-aggregation is queued, never merged into
     the running round's shares."""
     x, ids, parts, config = federation()
-    machines = MUFCParties(parts, config, key=KEY, requests=[(0, (int(parts[0][1][1]),))]).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (int(parts[0][1][1]),))]).machines()
     server = machines[SERVER]
     keys = [machines[c].start()[0].message for c in ("client-0", "client-1", "client-2")]
     opened = []
@@ -294,13 +294,13 @@ def test_a_request_during_a_running_round_is_served_after_it():
 
 def test_messages_for_another_round_or_from_strangers_are_refused():
     x, ids, parts, config = federation()
-    machines = MUFCParties(parts, config, key=KEY).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9).machines()
     server = machines[SERVER]
     server.start()
     key = machines["client-0"].start()[0].message
     with pytest.raises(RemoteProtocolError, match="not a client"):
         server.receive("mallory", key, round_idx=0)
-    machines = MUFCParties(parts, config, key=KEY).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9).machines()
     server = machines[SERVER]
     server.start()
     with pytest.raises(RemoteProtocolError, match="round"):
@@ -310,18 +310,18 @@ def test_messages_for_another_round_or_from_strangers_are_refused():
 def test_bad_removal_streams_are_refused_before_the_run():
     x, ids, parts, config = federation()
     with pytest.raises(ValueError, match="does not hold"):
-        MUFCParties(parts, config, key=KEY, requests=[(0, (int(parts[1][1][0]),))]).make_machine("client-0")
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (int(parts[1][1][0]),))]).make_machine("client-0")
     with pytest.raises(ValueError, match="twice"):
         i = int(parts[0][1][0])
-        MUFCParties(parts, config, key=KEY, requests=[(0, (i,)), (0, (i,))]).make_machine("client-0")
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(0, (i,)), (0, (i,))]).make_machine("client-0")
     with pytest.raises(ValueError, match="already left"):
-        MUFCParties(parts, config, key=KEY, requests=[(0, None), (0, (int(parts[0][1][0]),))])
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(0, None), (0, (int(parts[0][1][0]),))])
     with pytest.raises(ValueError, match="no client"):
-        MUFCParties(parts, config, key=KEY, requests=[(0, None), (1, None), (2, None)])
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(0, None), (1, None), (2, None)])
     with pytest.raises(ValueError, match="unknown client"):
-        MUFCParties(parts, config, key=KEY, requests=[(7, (1,))])
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(7, (1,))])
     with pytest.raises(ValueError, match="every point"):
-        MUFCParties(parts, config, key=KEY, requests=[(0, tuple(int(i) for i in parts[0][1]))]).make_machine(
+        MUFCParties(parts, config, key=KEY, session=9, requests=[(0, tuple(int(i) for i in parts[0][1]))]).make_machine(
             "client-0")
 
 
@@ -357,7 +357,7 @@ def test_share_width_is_checked_on_the_wire():
 async def test_memory_transport_run_equals_the_harness(autojump_clock):
     x, ids, parts, config = federation()
     requests = [(2, (int(parts[2][1][4]),)), (0, None)]
-    parties = MUFCParties(parts, config, key=KEY, requests=requests)
+    parties = MUFCParties(parts, config, key=KEY, session=9, requests=requests)
     expected, _ = run_harness(parties)
     network = MemoryNetwork(list(parties.roster))
     results = await run_parties(parties.machines(), network, config=RuntimeConfig(session=9))
@@ -406,7 +406,7 @@ def test_the_replay_breaks_each_removal_down():
 def test_a_mask_expanded_between_rounds_equals_the_one_computed_on_demand():
     x, ids, parts, config = federation()
     requests = [(0, (int(parts[0][1][3]),)), (0, (int(parts[0][1][5]),))]
-    machines = MUFCParties(parts, config, key=KEY, requests=requests).machines()
+    machines = MUFCParties(parts, config, key=KEY, session=9, requests=requests).machines()
     sent = {}
 
     def spy(frame):
