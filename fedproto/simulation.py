@@ -166,7 +166,9 @@ def simulate(
 
     Raises:
         SessionMismatch: a machine declares another session than ``config.session`` (names the
-            parties; raised before any machine starts, see :func:`~fedproto.machine.check_sessions`).
+            parties; raised before any machine starts, see :func:`~fedproto.machine.check_sessions`;
+            with ``shards``, the rank holding it raises it and the others ``ShardFailed`` with it
+            at their first exchange).
         ValueError: a machine's ``party`` differs from its key, ``compute`` is malformed, ``machines``
             are not exactly ``shards.local``, or ``shards`` and ``network`` are both given (the link
             model runs in one process).
@@ -181,7 +183,8 @@ def simulate(
     if shards is not None and network is not None:
         raise ValueError("the link model runs in one process: a sharded simulation takes no network")
     config = config or RuntimeConfig()
-    check_sessions(machines, config.session)  # before any machine starts (with shards: this rank's)
+    if shards is None:
+        check_sessions(machines, config.session)  # before any machine starts
     paused = pause_gc and gc.isenabled()
     if paused:
         gc.disable()
@@ -235,6 +238,10 @@ def _simulate(
         shards.start()
     meter.start()
     try:
+        if shards is not None:
+            # Inside the run, so that the failure reaches every other rank at its first exchange
+            # (they would otherwise wait for this one for ever).
+            check_sessions(machines, session)
         for party, machine in machines.items():
             progress[party] = (machine.round_idx, machine.state)
             arm(party, machine)

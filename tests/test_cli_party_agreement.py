@@ -90,3 +90,28 @@ def test_the_same_roster_and_equal_options_still_run_and_agree(tmp_path: Path) -
         assert code == 0, f"{party}: {err[-2000:]}"
         results[party] = json.loads(out.strip().splitlines()[-1])["result"]
     assert results["client-0"]["centroids"] == results["client-1"]["centroids"]
+
+
+def test_a_party_whose_roster_states_another_session_ends_every_party_naming_the_session_and_it(tmp_path: Path) -> None:
+    """Issue 34, target 4, across processes: client-1's roster (a stale copy) says session 54321,
+    the others' 12345. Its own machine and runtime agree (both are its roster's session), so the
+    difference shows between processes: the handshake compares sessions and every party ends in
+    one line naming client-1's session, the run's, and client-1 (or, on client-1, the hub)."""
+    hub = _federation(tmp_path, "--session", "12345")
+    stale = tmp_path / "fed" / "client-1" / "roster.json"
+    doc = json.loads(stale.read_text())
+    assert doc["session"] == 12345
+    stale.write_text(json.dumps({**doc, "session": 54321}))
+    outcomes = _run_parties(tmp_path, hub, dict.fromkeys(PARTIES, 3), deadline_s=15)
+    for party, (code, out, err) in outcomes.items():
+        lines = err.strip().splitlines()
+        assert code == 1, f"{party} exited {code}: {err[-2000:]}"
+        assert "Traceback" not in err and out == "", f"{party}: {err[-2000:]}"
+        if party == "client-0" and "hub" in lines[-1]:
+            # as above: client-0 lost the hub before anyone told it why
+            assert [line for line in lines if line.startswith("fedproto:")] == lines[-1:], err
+            continue
+        assert len(lines) == 1, f"{party}: {err}"
+        assert "session 54321" in lines[0] and "session 12345" in lines[0] and "client-1" in lines[0], lines[0]
+    assert "client-1 runs session 54321, this party (server) session 12345" in outcomes["server"][2]
+    assert "server runs session 12345, this party (client-1) session 54321" in outcomes["client-1"][2]

@@ -147,6 +147,19 @@ def test_simulate_refuses_shards_with_a_link_model(Shards):
         simulate(_machines(), shards=Shards(ROSTER), network=LinkModel.preset("lan"))
 
 
+def test_a_sharded_simulation_refuses_a_machine_of_another_session_naming_it(Shards):
+    from fedproto.errors import SessionMismatch
+    from fedproto.runtime import RuntimeConfig
+
+    machines = _machines()
+    for party, machine in machines.items():
+        machine.session = 8 if party == "worker-3" else 7  # as a protocol's machine declares it
+    meter = Meter()
+    with pytest.raises(SessionMismatch, match=r"^worker-3's machine is session 8, but the run is session 7"):
+        simulate(machines, meter=meter, shards=Shards(ROSTER), config=RuntimeConfig(session=7))
+    assert not meter.sent
+
+
 # --- Shards under mpiexec -------------------------------------------------------------------------
 
 MISMATCH = """
@@ -176,6 +189,47 @@ def test_ranks_given_different_rosters_fail_naming_the_rank(tmp_path):
     said = re.findall(r"rank (\d): (ValueError: rank 1 was given another roster or placement than rank 0|accepted)",
                       result.stdout)
     assert sorted(said) == [("0", said[0][1]), ("1", said[0][1])] and said[0][1].startswith("ValueError"), result.stdout
+
+
+SESSIONS = """
+import sys
+import numpy as np
+from mpi4py import MPI
+from fedproto.errors import SessionMismatch
+from fedproto.runtime import RuntimeConfig
+from fedproto.shards import ShardFailed, Shards
+from fedproto.simulation import simulate
+from fedproto.testing.toy import SumCoordinator, SumWorker
+
+roster = ["coordinator", "worker-0", "worker-1", "worker-2"]
+shards = Shards(roster)
+machines = {}
+for p in shards.local:
+    machines[p] = (SumCoordinator(p, workers=roster[1:], rounds=2, dim=2) if p == "coordinator"
+                   else SumWorker(p, coordinator="coordinator", values=np.ones(2)))
+    machines[p].session = 8 if p == "worker-2" else 7
+try:
+    simulate(machines, shards=shards, config=RuntimeConfig(session=7))
+except SessionMismatch as exc:
+    print(f"rank {shards.rank}: SessionMismatch: {exc}", flush=True)
+except ShardFailed as exc:
+    print(f"rank {shards.rank}: ShardFailed: {exc}", flush=True)
+else:
+    print(f"rank {shards.rank}: completed", flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_a_rank_holding_a_machine_of_another_session_fails_every_rank_naming_it(tmp_path):
+    driver.skip_without_mpi()
+    script = tmp_path / "sessions.py"
+    script.write_text(SESSIONS)
+    result = driver.run_mpiexec([driver.mpiexec(), "-n", "2", sys.executable, str(script)], 120)
+    assert result.returncode == 0, result
+    # worker-2 is on rank 1 (block placement): it names the party, rank 0 hears of it at once
+    assert re.search(r"rank 1: SessionMismatch: worker-2's machine is session 8, but the run is session 7",
+                     result.stdout), result.stdout
+    assert re.search(r"rank 0: ShardFailed: .*worker-2's machine is session 8", result.stdout), result.stdout
 
 
 # --- the command line -----------------------------------------------------------------------------

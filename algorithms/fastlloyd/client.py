@@ -102,8 +102,10 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             with ``config``, raw (any finite values) with ``options``.
         entropy: at least 32 secret random bytes: this client's X25519 key (and, for client 0,
             the mask seed) are derived from it. Same entropy, same keys: runs are repeatable.
-        session: the run's session id (bound into the seed-sealing context and, with SecAgg+,
-            the graph seed).
+        session: the run's session id (bound into the seed-sealing context and, with SecAgg+, the
+            graph seed). It must be the run's, ``RuntimeConfig.session`` (default 0, which is a
+            run's only when the run is session 0): the runtime, ``simulate`` and the harness raise
+            :class:`~fedproto.errors.SessionMismatch` naming this party before any frame otherwise.
         secagg_plus: with ``config``: aggregate each iteration with SecAgg+ (dropout-tolerant;
             see :mod:`fedproto.algorithms.fastlloyd.protocol`) under these parameters; ``None``
             (default) is the paper's MSA. With ``options`` leave it out: ``options.secagg``

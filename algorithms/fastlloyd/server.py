@@ -86,7 +86,10 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
             features, and derives :attr:`config` from the options at the total N.
         clients: every client's party name, in client order.
         noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
-        session: the run's session id (names each SecAgg+ aggregation, and seeds its graph).
+        session: the run's session id (names each SecAgg+ aggregation, and seeds its graph). It must
+            be the run's, ``RuntimeConfig.session`` (default 0, which is a run's only when the run
+            is session 0): the runtime, ``simulate`` and the harness raise
+            :class:`~fedproto.errors.SessionMismatch` naming this party before any frame otherwise.
         secagg_plus: with ``config``: aggregate with SecAgg+ under these parameters (the
             clients' must be the same); ``None`` (default) is the paper's MSA. With ``options``
             leave it out (``options.secagg`` chooses).

@@ -146,7 +146,10 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         key_entropy: 32+ bytes for the X25519 key pair (a simulation passes bytes derived from
             the run seed so runs repeat; deployments pass ``os.urandom(32)``); with SecAgg+, the
             keys, seeds and shares of every instance are derived from it.
-        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA). It must be
+            the run's, ``RuntimeConfig.session`` (default 0, which is a run's only when the run is
+            session 0): the runtime, ``simulate`` and the harness raise
+            :class:`~fedproto.errors.SessionMismatch` naming this party before any frame otherwise.
         secagg_plus: aggregate with SecAgg+ under these parameters (the server's; see
             :mod:`fedproto.algorithms.mufc.protocol`); ``None`` (default) is the paper's SCMA.
         setup: instead of ``config``, ``ids``, ``requests`` and ``secagg_plus``: the public

@@ -39,7 +39,8 @@ class MUFCParties(StarParties):
         seed: derives every client's X25519 key-pair entropy (simulation; see :class:`MUFCClient`).
         secagg_plus: aggregate with SecAgg+ under these parameters (:func:`secagg_plus_config`);
             ``None`` (default) is the paper's SCMA.
-        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA). Every machine
+            holds it, so it must be the run's (``RuntimeConfig.session``), SCMA or not.
 
     Raises:
         ValueError: overlapping ids (:func:`fedproto.star.ids_owner`), a request that does not fit

@@ -217,7 +217,10 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
         config: the public parameters; key: the server's `jax.random` key.
         n_requests: the removal requests the run serves (it ends after the last).
         n_points: the public total n (checked against the first decoded sum).
-        session: the run's session id (names each SecAgg+ instance; unused with SCMA).
+        session: the run's session id (names each SecAgg+ instance; unused with SCMA). It must be
+            the run's, ``RuntimeConfig.session`` (default 0, which is a run's only when the run is
+            session 0): the runtime, ``simulate`` and the harness raise
+            :class:`~fedproto.errors.SessionMismatch` naming this party before any frame otherwise.
         secagg_plus: aggregate with SecAgg+ under these parameters (the clients' must be the
             same; see :mod:`fedproto.algorithms.mufc.protocol`); ``None`` (default) is the paper's SCMA.
         setup: instead of ``config``, ``n_points`` and ``secagg_plus``: the public options of a

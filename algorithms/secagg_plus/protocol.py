@@ -307,7 +307,10 @@ class SumServer(SecAggPlusServerRole, ProtocolMachine):
         config: the public parameters (``config.n_clients == len(clients)``).
         clients: the client party names, in client-index order.
         rounds: aggregations to run (>= 1).
-        session: the run's session id (in the instance bytes).
+        session: the run's session id (in the instance bytes). It must be the run's,
+            ``RuntimeConfig.session`` (default 0, which is a run's only when the run is session 0):
+            the runtime, ``simulate`` and the harness raise
+            :class:`~fedproto.errors.SessionMismatch` naming this party before any frame otherwise.
 
     Raises:
         ValueError: ``rounds < 1`` or a client list that does not fit ``config``.
@@ -374,7 +377,10 @@ class SumClient(SecAggPlusClientRole, ProtocolMachine):
         clients: every client's party name, in client-index order (this one included).
         inputs: this client's input per round, ``[rounds, L]`` integers in the algebra.
         entropy: at least 32 secret random bytes (keys and masks of every round derive from it).
-        session: the run's session id.
+        session: the run's session id. It must be the run's, ``RuntimeConfig.session`` (default 0,
+            which is a run's only when the run is session 0): the runtime, ``simulate`` and the
+            harness raise :class:`~fedproto.errors.SessionMismatch` naming this party before any
+            frame otherwise.
 
     Raises:
         ValueError: ``party`` not in ``clients``, inputs of the wrong shape or outside the
