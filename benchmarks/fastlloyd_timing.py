@@ -127,7 +127,9 @@ def build_parties(
     """The server and ``n_clients`` clients of one run (iid split, entropy and noise from ``seed``)."""
     parts = partition(len(x), n_clients, scheme="iid", seed=seed)
     clients = [f"client-{i}" for i in range(n_clients)]
-    machines: dict[str, Any] = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed)}
+    machines: dict[str, Any] = {
+        "server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed, session=session)
+    }
     entropy = np.random.default_rng(seed)
     for i, name in enumerate(clients):
         machines[name] = FastLloydClient(

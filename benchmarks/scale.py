@@ -111,7 +111,7 @@ def build(n_clients: int, points: int, seed: int) -> dict:
     )
     clients = tuple(f"client-{i}" for i in range(n_clients))
     entropy = np.random.default_rng(seed).bytes(32 * n_clients)
-    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed)}
+    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed, session=SESSION)}
     for i, name in enumerate(clients):
         machines[name] = FastLloydClient(
             name, config=config, server="server", clients=clients, points=x[i * points : (i + 1) * points],

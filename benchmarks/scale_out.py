@@ -169,7 +169,7 @@ def build(local: tuple[str, ...], n_clients: int, points: int, seed: int, round_
     machines: dict = {}
     indices = [int(p.split("-", 1)[1]) for p in local if p != "server"]
     if "server" in local:
-        machines["server"] = server_cls("server", config=config, clients=clients, noise_seed=seed)
+        machines["server"] = server_cls("server", config=config, clients=clients, noise_seed=seed, session=SESSION)
     if indices:
         first, last = indices[0], indices[-1] + 1
         assert indices == list(range(first, last)), "a rank's clients form one block"

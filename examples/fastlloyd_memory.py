@@ -46,7 +46,8 @@ def main() -> None:
     clients = [f"client-{i}" for i in range(args.clients)]
     roster = ["server", *clients]
     session = 1
-    machines = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed)}
+    server = FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed, session=session)
+    machines = {"server": server}
     for name, idx in zip(clients, parts):
         machines[name] = FastLloydClient(
             name, config=config, server="server", clients=clients, points=x[idx],

@@ -49,7 +49,7 @@ def main() -> None:
     config = make_config("fastlloyd", n=n, k=k, d=d, epsilon=args.epsilon, init_seed=args.seed)
     session = 1
     if party == "server":
-        machine = FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed)
+        machine = FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed, session=session)
     else:
         points = x[partition(n, args.clients, seed=args.seed)[clients.index(party)]]
         machine = FastLloydClient(party, config=config, server="server", clients=clients, points=points,

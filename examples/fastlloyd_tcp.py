@@ -50,7 +50,7 @@ def build_machine(args: argparse.Namespace, party: str, session: int):
     config = make_config("fastlloyd", n=n, k=dataset.paper_k or 3, d=d, epsilon=args.epsilon, init_seed=args.seed)
     clients = [f"client-{i}" for i in range(args.clients)]
     if party == "server":
-        return FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed)
+        return FastLloydServer("server", config=config, clients=clients, noise_seed=args.seed, session=session)
     points = x[partition(n, args.clients, seed=args.seed)[clients.index(party)]]
     return FastLloydClient(party, config=config, server="server", clients=clients, points=points,
                            entropy=os.urandom(32), session=session)

@@ -54,7 +54,7 @@ def main() -> None:
         taken = {i for cc, b in requests if cc == c for i in b}
         requests.append((c, (int(rng.choice([i for i in parts[c][1] if int(i) not in taken])),)))
     key = jax.random.PRNGKey(args.seed)
-    parties = MUFCParties(parts, config, key=key, requests=requests, seed=args.seed)
+    parties = MUFCParties(parts, config, key=key, requests=requests, seed=args.seed, session=1)
 
     async def go():
         meter = Meter(trio.current_time)
