@@ -17,7 +17,11 @@ undecodable or oversized frames (whatever the decoder raises: a frame that crash
 the sender's fault, not the receiver's), frames of another session, frames from a party outside
 the roster. They are counted in the report and logged with the sender's name (logger
 ``fedproto.runtime``), rate-limited: the first refusal of each (sender, cause), then at most one
-summary line with the count per 10 s. A decoded message that breaks the protocol (wrong round, not
+summary line with the count per 10 s. A party that gives up on silent peers whose frames it
+refused as another session's says so in its ``InsufficientParticipants`` (the peer, the session
+its frames had and the run's). Before any frame, a machine or endpoint that declares another
+session than the run's raises :class:`~fedproto.errors.SessionMismatch`
+(:func:`~fedproto.machine.check_sessions`). A decoded message that breaks the protocol (wrong round, not
 allowed in the current state) moves the machine to ``ERROR`` and the runtime raises the machine's
 error.
 
@@ -269,18 +273,22 @@ async def run_party(
     roster = known_parties if known_parties is not None else frozenset(transport.roster)
     refusals = RateLimitedLog(log, machine.party, interval_s=REFUSAL_LOG_INTERVAL_S, clock=trio.current_time)
     contacts: set[str] = set()  # the parties this one exchanged frames with: who hears of a failure
+    foreign: dict[str, int] = {}  # roster peers whose frames of another session were refused: the last one's
     try:
-        result = await _drive(machine, transport, config, meter, observer, roster, refusals, contacts)
+        result = await _drive(machine, transport, config, meter, observer, roster, refusals, contacts, foreign)
     except Exception as exc:
-        notice = _abort_notice(exc, machine.party)
+        error = _with_foreign_sessions(exc, foreign, config.session)
+        notice = _abort_notice(error, machine.party)
         if notice is not None:
             # A passed-on notice goes to every contact but the one it came from and its reporter;
             # the culprits are only the reporter's claim, so they are told too.
-            if isinstance(exc, RunAborted):
-                told = {exc.reporter, exc.relayed_by or exc.reporter}
+            if isinstance(error, RunAborted):
+                told = {error.reporter, error.relayed_by or error.reporter}
             else:
                 told = {machine.party}
             await _announce_failure(machine, transport, notice, sorted(contacts - told), config, meter)
+        if error is not exc:
+            raise error from exc
         raise
     finally:
         refusals.flush()
@@ -394,6 +402,7 @@ async def _drive(
     roster: frozenset[str],
     refusals: RateLimitedLog,
     contacts: set[str],
+    foreign: dict[str, int],
 ) -> Any:
     def refuse(sender: str, cause: str, reason: str) -> None:
         meter.record_rejected(sender, reason, cause)
@@ -486,6 +495,7 @@ async def _drive(
                             "frame of another session",
                             f"frame of session {envelope.session}, this run is session {session}",
                         )
+                        foreign[sender] = envelope.session
                         continue
                     if record_received is not None:
                         record_received(envelope.round_idx, envelope.phase, sender, party, envelope.tag, len(frame))
@@ -565,6 +575,26 @@ async def _drive(
     finally:
         watchdog.release(wait)
     return machine.result()
+
+
+def _with_foreign_sessions(exc: Exception, foreign: dict[str, int], session: int) -> Exception:
+    """``exc``, or for a party that gave up on silent peers some of whose frames it refused as
+    another session's, the same error saying so (the cause, not only the silence; ``exc`` is its
+    ``__cause__``). Such a peer's runtime runs another session (a misconfigured process): its
+    frames are refused, not fatal, so that a stale frame of an earlier run cannot end this one."""
+    if not isinstance(exc, InsufficientParticipants) or not foreign:
+        return exc
+    named = [p for p in exc.missing if p in foreign]
+    if not named:
+        return exc
+    said = ", ".join(f"{p} sent frames of session {foreign[p]}" for p in named[:_CULPRITS_NAMED])
+    if len(named) > _CULPRITS_NAMED:
+        said += f" and {len(named) - _CULPRITS_NAMED} more did"
+    error = InsufficientParticipants(
+        f"{exc.detail}; {said}, refused: this run is session {session}",
+        missing=exc.missing, party=exc.party, round_idx=exc.round_idx, state=exc.state, phase=exc.phase,
+    )
+    return error
 
 
 def _one_line(text: str, limit: int = ABORT_REASON_MAX_CHARS) -> str:

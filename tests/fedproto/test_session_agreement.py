@@ -164,7 +164,9 @@ def test_many_parties_are_named_up_to_ten_and_counted():
 
 async def test_a_peer_whose_runtime_has_another_session_is_named_by_the_receiver(caplog, autojump_clock):
     """client-3's process is consistent (machine and runtime session 42), the others are session
-    41: the server refuses client-3's frames, naming it and both sessions, and ends naming it."""
+    41: the server refuses client-3's frames, naming it and both sessions (frames of another
+    session are refused, not fatal: a stale frame of an earlier run must not end this one), and
+    at its deadline ends naming client-3 and the session its frames had."""
     machines = _machines(client_sessions={"client-3": SESSION + 1})
     network = MemoryNetwork(list(machines))
     meter = Meter(trio.current_time)
@@ -186,6 +188,11 @@ async def test_a_peer_whose_runtime_has_another_session_is_named_by_the_receiver
                 nursery.start_soon(one, party)
     server = ended["server"]
     assert isinstance(server, InsufficientParticipants) and server.missing == ("client-3",), server
+    # the error says why client-3 was silent, not only that it was
+    assert "client-3 sent frames of session 42, refused: this run is session 41" in str(server), server
+    assert isinstance(server.__cause__, InsufficientParticipants)
+    # the other clients hear it from the server, with the reason
+    assert "client-3 sent frames of session 42" in str(ended["client-0"]), ended["client-0"]
     refused = [r for r in meter.rejected if r["cause"] == "frame of another session"]
     assert refused and {r["sender"] for r in refused if "session 42, this run is session 41" in r["reason"]} == {
         "client-3"
