@@ -44,10 +44,10 @@ from typing import Any, ClassVar
 
 from fedproto.errors import (
     InsufficientParticipants,
-    SessionMismatch,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
+    SessionMismatch,
     describe,
 )
 from fedproto.messages import Broadcast, Event, Message, Outgoing, PartyDropped, PhaseTimedOut, Send, SendFailed
@@ -139,8 +139,10 @@ def check_sessions(
     sessions = {declared for kind, declared in differing if kind == "machine"}
     if agreeing == 0 and len(sessions) == 1 and sum(len(p) for p in differing.values()) > 1:
         message += f" (RuntimeConfig.session): every machine is session {next(iter(sessions))}"
-    else:
+    elif sessions:
         message += " (RuntimeConfig.session): build every machine with the run's session"
+    else:
+        message += " (RuntimeConfig.session): open every endpoint with the run's session"
     (kind, declared), parties = next(iter(differing.items()))
     every = tuple(p for group in differing.values() for p in group)
     raise SessionMismatch(message, party=parties[0], parties=every, session=declared, expected=session)

@@ -26,7 +26,7 @@ from fedproto.runtime import RuntimeConfig, run_parties, run_party
 from fedproto.simulation import simulate
 from fedproto.testing.harness import Harness
 from fedproto.transports.memory import MemoryNetwork
-from fedproto.transports.tcp import TcpNetwork
+from fedproto.transports.tcp import TcpAddress, TcpNetwork, TcpTransport
 
 RNG = np.random.default_rng(34)
 BLOBS = normalize(np.concatenate([RNG.normal(c, 0.4, size=(40, 2)) for c in ((0, 0), (4, 0), (0, 4))]))
@@ -117,13 +117,31 @@ async def test_a_client_of_another_session_fails_naming_it_over_tcp():
 
 
 async def test_tcp_endpoints_of_another_session_than_the_runtime_fail_naming_them():
+    """A TCP endpoint carries its own (handshake) session: run_parties refuses endpoints whose
+    session is not the runtime's, before any task starts (built here, never opened)."""
     machines = _machines()
-    network = TcpNetwork(insecure_shared_secret=True, session=SESSION - 1)
-    with trio.fail_after(30):
-        with pytest.raises(SessionMismatch) as info:
-            await run_parties(machines, network, config=RuntimeConfig(session=SESSION))
-    assert info.value.party == "server" and info.value.parties == ("server", *CLIENTS)
-    assert "client-4's endpoints are session 40, but the run is session 41" in str(info.value)
+    roster = tuple(machines)
+    addresses = {p: TcpAddress("127.0.0.1", 0) for p in roster}
+    endpoints = {p: TcpTransport(p, roster, addresses, b"0123456789abcdef-run-secret", session=SESSION - 1)
+                 for p in roster}
+    with pytest.raises(SessionMismatch) as info:
+        await run_parties(machines, endpoints, config=RuntimeConfig(session=SESSION))
+    assert info.value.party == "server" and info.value.parties == roster
+    said = str(info.value)
+    assert "client-4's endpoints are session 40, but the run is session 41" in said, said
+    assert "open every endpoint with the run's session" in said, said
+    assert not any(m.done for m in machines.values())
+
+
+async def test_run_party_checks_its_own_machine_and_endpoint():
+    machines = _machines(client_sessions={"client-3": SESSION + 1})
+    network = MemoryNetwork(list(machines))
+    with pytest.raises(SessionMismatch, match="^client-3's machine is session 42, but the run is session 41"):
+        await run_party(machines["client-3"], network.endpoint("client-3"), config=RuntimeConfig(session=SESSION))
+    endpoint = network.endpoint("server")
+    endpoint.session = SESSION + 2  # as an endpoint of a transport with a session of its own declares it
+    with pytest.raises(SessionMismatch, match="^server's endpoint is session 43, but the run is session 41"):
+        await run_party(machines["server"], endpoint, config=RuntimeConfig(session=SESSION))
 
 
 def test_the_lean_engine_names_the_client():
