@@ -142,11 +142,11 @@ def run_once(machines: dict, engine: str, progress: Progress | None = None) -> t
             progress.advance(task)
 
     if engine == "lean":
-        meter = Meter(clock)
+        meter = Meter(clock, group_links=True)
         simulate(machines, config=config, meter=meter, observer=observer)
     else:
         async def go() -> Meter:
-            meter = Meter(clock)
+            meter = Meter(clock, group_links=True)
             await run_parties(machines, MemoryNetwork(list(machines)), config=config, meter=meter, observer=observer)
             return meter
         meter = trio.run(go)
