@@ -56,7 +56,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fedproto.codec import decode_frame
@@ -544,15 +544,19 @@ def _encode_and_meter(
     machines: Mapping[str, ProtocolMachine],
     session: int,
     meter: Meter,
-) -> list[tuple[Outgoing, bytes, tuple[str, ...]]]:
+) -> Iterator[tuple[Outgoing, bytes, tuple[str, ...]]]:
     """Encode each of ``machine``'s actions once and meter it on every link it goes on, as the
-    runtime does; ``(action, frame, receivers)`` for each action with a receiver in the
-    simulation. A receiver that is not is the machine's ``SendFailed`` (whose own actions follow
-    in turn). Raises the machine's LocalProtocolError for a message it cannot send."""
-    sends = []
-    pending = list(outgoing)
-    while pending:
-        action = pending.pop(0)
+    runtime does; yield ``(action, frame, receivers)`` for each action with a receiver in the
+    simulation, in order. A receiver that is not is the machine's ``SendFailed`` (whose own
+    actions follow in turn). Raises the machine's LocalProtocolError for a message it cannot send.
+
+    ``outgoing`` (the list the machine returned, the engine's to keep) is consumed: each entry is
+    cleared as it is encoded, so that a party's 10^5 messages (the server's seed relays) do not
+    all live on beside their frames."""
+    i = 0
+    while i < len(outgoing):
+        action, outgoing[i] = outgoing[i], None  # type: ignore[call-overload]
+        i += 1
         frame = _encode(machine, action, session)
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         known = []
@@ -561,13 +565,12 @@ def _encode_and_meter(
         for dest in dests:
             if dest not in machines:
                 error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
-                pending.extend(machine.handle(SendFailed(dest, error)))
+                outgoing.extend(machine.handle(SendFailed(dest, error)))
                 continue
             meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, size)
             known.append(dest)
         if known:
-            sends.append((action, frame, tuple(known)))
-    return sends
+            yield action, frame, tuple(known)
 
 
 def _deliveries(sends: list[tuple[Outgoing, _TimedFrame]]) -> int:
