@@ -25,6 +25,11 @@ its peak resident set (``ru_maxrss``) is its own. Phases:
 * ``run``: the whole run.
 
 Memory: the child's peak RSS, and per client ``(peak RSS - peak RSS of a 2-client child) / M``.
+The meter groups links (:class:`~fedproto.metering.Meter` with ``group_links``: exact totals, one
+record for the links of a frame kind that share one end); ``--per-link-meter`` keeps one counter
+per link instead. The memory table (``scale_memory``) shows the memory per client above the floor
+at ``--memory-clients`` (default 10^3, 10^4, 10^5; each in a fresh process, the runs above
+reused) beside issue 34's target (:data:`TARGET_KIB_PER_CLIENT`) and the masked round's time.
 Bytes: the report's round-1 bytes beside the analytic ``2 M k (d+1) w/8`` plus one envelope per
 frame (``tests/algorithms/fastlloyd`` holds them equal at 1,000 clients).
 
@@ -32,6 +37,7 @@ Baseline, measured in the same invocation: ``--baseline-clients`` clients (defau
 the same engine; the per-client ratios divide the big run's per-client time and memory by the
 baseline's (1.00 = linear). Targets (issue 11): round 1 under 10 s and peak RSS under 4 GiB at
 100,000 clients, memory per client within 1.3x of 1,000 clients'; 1,000,000 clients complete.
+Issue 34: at most 2 KiB per client above the floor at 100,000 clients.
 
 Run::
 
@@ -45,7 +51,9 @@ Run::
 ``--json PATH`` writes one record per row: table ``scale_runs`` (``engine``, ``n_clients``,
 ``ring_bits``, ``build_s``, ``rest_s``, ``round_s``, ``run_s``, ``round_ms_per_client``,
 ``messages``, ``setup_bytes``, ``round_bytes``, ``analytic_round_bytes``, ``peak_rss_mib``,
-``rss_kib_per_client``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
+``rss_kib_per_client``), table ``scale_memory`` (``n_clients``, ``peak_rss_mib``, ``floor_mib``,
+``kib_per_client``, ``target_kib_per_client``, ``ratio_to_target``, ``round_s``,
+``round_ms_per_client``, ``grouped_meter``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
 ``baseline``, ``clients``, ``value``, ``ratio``) and, unless ``--tasks-clients 0``, table
 ``scale_engines`` (``quantity``, ``clients``, ``lean``, ``tasks``, ``ratio``): both engines at
 ``--tasks-clients`` clients (default 10,000), each in a fresh process.
@@ -87,6 +95,8 @@ RING_BITS = 64
 SESSION = 0x5CA1_E001
 #: Clients of the child whose peak RSS is the memory floor (interpreter, JAX, compiled kernels).
 FLOOR_CLIENTS = 2
+#: Issue 34's target: memory per simulated client above the floor at 100,000 clients (KiB).
+TARGET_KIB_PER_CLIENT = 2.0
 
 
 def mixture(n: int, seed: int) -> np.ndarray:
@@ -120,7 +130,9 @@ def build(n_clients: int, points: int, seed: int) -> dict:
     return machines
 
 
-def run_once(machines: dict, engine: str, progress: Progress | None = None) -> tuple[RunReport, float]:
+def run_once(
+    machines: dict, engine: str, progress: Progress | None = None, group_links: bool = True
+) -> tuple[RunReport, float]:
     """One run with ``engine``: its report and the seconds of its last round.
 
     The last round runs from the server's broadcast of the previous round's aggregate to its
@@ -142,11 +154,11 @@ def run_once(machines: dict, engine: str, progress: Progress | None = None) -> t
             progress.advance(task)
 
     if engine == "lean":
-        meter = Meter(clock)
+        meter = Meter(clock, group_links=group_links)
         simulate(machines, config=config, meter=meter, observer=observer)
     else:
         async def go() -> Meter:
-            meter = Meter(clock)
+            meter = Meter(clock, group_links=group_links)
             await run_parties(machines, MemoryNetwork(list(machines)), config=config, meter=meter, observer=observer)
             return meter
         meter = trio.run(go)
@@ -154,7 +166,7 @@ def run_once(machines: dict, engine: str, progress: Progress | None = None) -> t
     return report, broadcast_at.get(ITERATIONS, math.nan) - broadcast_at.get(ITERATIONS - 1, math.nan)
 
 
-def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) -> dict:
+def child(n_clients: int, points: int, seed: int, engine: str, profile: bool, group_links: bool = True) -> dict:
     """Measure one configuration in this (fresh) process; the figures as a dict."""
     run_once(build(2, points, seed), engine)  # compiles what the clients' shapes need, untimed
     progress = Progress(
@@ -172,7 +184,7 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) ->
     if profiler is not None:
         profiler.enable()
     with progress:
-        report, round_s = run_once(machines, engine, progress)
+        report, round_s = run_once(machines, engine, progress, group_links)
     if profiler is not None:
         profiler.disable()
     run_s = time.perf_counter() - t0
@@ -181,7 +193,7 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool) ->
         "engine": engine, "clients": n_clients, "ring_bits": RING_BITS, "build_s": build_s,
         "rest_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
         "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(ITERATIONS - 1, 0),
-        "peak_rss_mib": maxrss_mib(),
+        "peak_rss_mib": maxrss_mib(), "grouped_meter": group_links,
     }
     if profiler is not None:
         stats = pstats.Stats(profiler)
@@ -198,7 +210,7 @@ def measure(n_clients: int, args: argparse.Namespace, profile: bool = False, eng
     command = [
         sys.executable, __file__, "--child", str(n_clients), "--points", str(args.points), "--seed", str(args.seed),
         "--engine", engine or args.engine,
-    ] + (["--profile"] if profile else [])
+    ] + (["--profile"] if profile else []) + (["--per-link-meter"] if args.per_link_meter else [])
     # The child's progress goes to its stderr, which is ours; its figures come back on stdout.
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
@@ -234,14 +246,23 @@ def main(argv: list[str] | None = None) -> int:
         "--tasks-clients", type=int, default=10_000,
         help="also run this many clients with the other engine (one trio task per party), for the engines' ratio; 0: no",
     )
+    parser.add_argument(
+        "--memory-clients", default="1000,10000,100000",
+        help="comma-separated client counts of the memory table (each in a fresh process; runs above reused)",
+    )
+    parser.add_argument(
+        "--per-link-meter", action="store_true", help="one meter counter per link (default: grouped links, exact totals)"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     add_common_arguments(parser, quick="smoke test: 1,000 against 100 clients")
     args = parse_args(parser, argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile)))
+        print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile, not args.per_link_meter)))
         return 0
     if args.quick:
         args.clients, args.baseline_clients, args.tasks_clients = 1_000, 100, 200
+        args.memory_clients = "100,1000"
+    memory_clients = [int(n) for n in args.memory_clients.split(",") if n.strip()]
 
     console = make_console()
     print_machine_facts(
@@ -253,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             "points per client": args.points,
             "k, d, epsilon, iterations, ring": f"{K}, {D}, {EPSILON}, {ITERATIONS}, Z_2^{RING_BITS}",
             "each configuration": "in a fresh process (its own peak RSS)",
+            "meter": "one counter per link" if args.per_link_meter else "grouped links (exact totals)",
         },
     )
     console.print(f"{FLOOR_CLIENTS} clients (the memory floor) ...")
@@ -261,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     for n_clients, prof in ((args.baseline_clients, False), (args.clients, args.profile)):
         console.print(f"{n_clients:,} clients ({args.engine} engine) in a fresh process ...")
         results.append(measure(n_clients, args, prof))
+    by_clients = {r["clients"]: r for r in results}
+    for n_clients in memory_clients:
+        if n_clients not in by_clients:
+            console.print(f"{n_clients:,} clients ({args.engine} engine, memory table) in a fresh process ...")
+            by_clients[n_clients] = measure(n_clients, args)
     other = None
     if args.tasks_clients > 0 and args.engine == "lean":
         console.print(f"{args.tasks_clients:,} clients, each engine, in fresh processes ...")
@@ -292,6 +319,32 @@ def main(argv: list[str] | None = None) -> int:
         ))
     console.print(table)
     console.print(f"memory floor: a {FLOOR_CLIENTS}-client run peaks at {floor['peak_rss_mib']:,.0f} MiB (interpreter, JAX, kernels)")
+
+    memory = Table(
+        title=f"Memory per client above the {FLOOR_CLIENTS}-client floor, beside issue 34's target "
+        f"({TARGET_KIB_PER_CLIENT:g} KiB at 100,000 clients), and the masked round ({args.engine} engine)",
+        title_justify="left",
+    )
+    for col in (
+        "clients", "peak RSS MiB", "floor MiB", "KiB/client", "target KiB/client", "KiB/client / target",
+        "round 1 s", "round ms/client",
+    ):
+        memory.add_column(col, justify="right")
+    for n_clients in memory_clients:
+        r = by_clients[n_clients]
+        kib = 1024 * (r["peak_rss_mib"] - floor["peak_rss_mib"]) / n_clients
+        memory.add_row(
+            f"{n_clients:,}", f"{r['peak_rss_mib']:,.0f}", f"{floor['peak_rss_mib']:,.0f}", f"{kib:.2f}",
+            f"{TARGET_KIB_PER_CLIENT:.2f}", f"{kib / TARGET_KIB_PER_CLIENT:.2f}", f"{r['round_s']:.2f}",
+            f"{1e3 * r['round_s'] / n_clients:.4f}",
+        )
+        records.append(record(
+            "scale_memory", n_clients=n_clients, peak_rss_mib=r["peak_rss_mib"], floor_mib=floor["peak_rss_mib"],
+            kib_per_client=kib, target_kib_per_client=TARGET_KIB_PER_CLIENT,
+            ratio_to_target=kib / TARGET_KIB_PER_CLIENT, round_s=r["round_s"],
+            round_ms_per_client=1e3 * r["round_s"] / n_clients, grouped_meter=r.get("grouped_meter", True),
+        ))
+    console.print(memory)
 
     base, big = results
     ratios = Table(

@@ -374,7 +374,7 @@ class Shards:
 
     def gather_meter(self, meter: Meter) -> None:
         """Add every rank's counts to rank 0's ``meter`` (collective) and set its :attr:`Meter.ranks`:
-        per-link frames and bytes (sent and received), refusals, the start of each round (the
+        per-link frames and bytes (sent and received; a grouping meter's groups), refusals, the start of each round (the
         earliest over ranks, on rank 0's clock: the ranks started together, see :meth:`start`),
         and per rank its parties, peak resident memory (MiB) and seconds spent in exchanges."""
         started = meter.started_s if meter.started_s is not None else 0.0
@@ -384,6 +384,7 @@ class Shards:
         mine = {
             "sent": [[*key, *c] for key, c in meter.sent.items()],
             "received": [[*key, *c] for key, c in meter.received.items()],
+            "grouped": [[*key, *names] for key, names in meter.grouped.items()],
             "rejected": meter.rejected,
             "rejected_frames": meter.rejected_frames,
             "rejected_by_cause": [[s, c, n] for (s, c), n in meter.rejected_by_cause.items()],
@@ -405,6 +406,10 @@ class Shards:
                     else:
                         counter[0] += count
                         counter[1] += nbytes
+            for r, phase, tag, nbytes, senders, receivers in part["grouped"]:
+                group = meter.grouped.setdefault((r, phase, tag, nbytes), ([], []))
+                group[0].extend(senders)
+                group[1].extend(receivers)
             meter.rejected_frames += part["rejected_frames"]
             for sender, cause, n in part["rejected_by_cause"]:
                 meter.rejected_by_cause[(sender, cause)] += n

@@ -56,7 +56,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fedproto.codec import decode_frame
@@ -89,6 +89,13 @@ _IDLE_DEADLINES = 3
 #: side instead of in turns (a count, never a time: the order of deliveries does not depend on
 #: timing).
 _FLUSH_DELIVERIES = 1024
+
+
+#: The most receivers of a broadcast handed to one ``receive_batch`` call: a batch's messages
+#: (one update and its arrays per receiver, about 0.4 KiB each for FastLloyd) exist together until
+#: they are encoded, so a broadcast to 10^5 clients goes in slices of this many (same results: a
+#: batch gives what each receive gives).
+_BATCH_RECEIVERS = 4096
 
 
 class SimulationStalled(FedProtoError):
@@ -220,8 +227,13 @@ def _simulate(
     # who may be sent to: this process's machines, or with shards every party of the roster
     known: Any = machines if shards is None else shards
 
+    # Deadlines and progress take few distinct values (the clock moves only on a timeout): one
+    # object per value, not one per party (a float and a tuple per party at 10^5 clients).
+    values: dict[Any, Any] = {}
+
     def arm(party: str, machine: ProtocolMachine) -> None:
-        deadline_of[party] = now + config.deadline_s * machine.DEADLINE_FACTOR
+        when = now + config.deadline_s * machine.DEADLINE_FACTOR
+        deadline_of[party] = values.setdefault(when, when)
 
     def enqueue(machine: ProtocolMachine, outgoing: list[Outgoing]) -> None:
         for _, frame, dests in _encode_and_meter(machine, outgoing, known, session, meter):
@@ -232,7 +244,7 @@ def _simulate(
             queue.append(_Frame(machine.party, dests, frame))
 
     def stepped(party: str, machine: ProtocolMachine) -> None:
-        _after_step(party, machine, progress, arm, observer)
+        _after_step(party, machine, progress, arm, observer, values)
 
     if shards is not None:
         shards.start()
@@ -243,7 +255,8 @@ def _simulate(
             # (they would otherwise wait for this one for ever).
             check_sessions(machines, session)
         for party, machine in machines.items():
-            progress[party] = (machine.round_idx, machine.state)
+            start = (machine.round_idx, machine.state)
+            progress[party] = values.setdefault(start, start)
             arm(party, machine)
             enqueue(machine, machine.start())
             stepped(party, machine)
@@ -327,22 +340,27 @@ def _simulate(
             envelope, message = decoded
             sender = item.sender
             delivered += len(item.dests)
-            receivers = [(dest, machines[dest]) for dest in item.dests]
             # A finished party's endpoint is read by nobody: frames to it are dropped.
-            receivers = [(dest, m) for dest, m in receivers if not m.done]
+            receivers = [dest for dest in item.dests if not machines[dest].done]
             if record_received:
-                for dest, _ in receivers:
+                for dest in receivers:
                     meter.record_received(envelope.round_idx, envelope.phase, sender, dest, envelope.tag, len(item.frame))
-            for group in _same_class_runs(receivers) if batch else [[r] for r in receivers]:
-                if len(group) == 1:
-                    dest, machine = group[0]
-                    outgoing_lists = [machine.receive(sender, message, round_idx=envelope.round_idx)]
+            for lo, hi in _batches(receivers, machines) if batch else ((i, i + 1) for i in range(len(receivers))):
+                if hi - lo == 1:
+                    outgoing_lists = [machines[receivers[lo]].receive(sender, message, round_idx=envelope.round_idx)]
                 else:
-                    outgoing_lists = type(group[0][1]).receive_batch(
-                        [m for _, m in group], sender, message, round_idx=envelope.round_idx
-                    )
-                for (dest, machine), outgoing in zip(group, outgoing_lists, strict=True):
+                    group = [machines[dest] for dest in receivers[lo:hi]]
+                    outgoing_lists = type(group[0]).receive_batch(group, sender, message, round_idx=envelope.round_idx)
+                    if len(outgoing_lists) != hi - lo:
+                        raise ValueError(f"receive_batch gave {len(outgoing_lists)} lists for {hi - lo} machines")
+                    del group
+                for i in range(hi - lo):
+                    dest = receivers[lo + i]
+                    machine = machines[dest]
+                    # each receiver's messages are dropped once encoded (a batch holds 10^5 of them)
+                    outgoing, outgoing_lists[i] = outgoing_lists[i], None
                     enqueue(machine, outgoing)
+                    del outgoing
                     stepped(dest, machine)
                     if machine.done:
                         remaining -= 1
@@ -537,15 +555,19 @@ def _encode_and_meter(
     machines: Mapping[str, ProtocolMachine],
     session: int,
     meter: Meter,
-) -> list[tuple[Outgoing, bytes, tuple[str, ...]]]:
+) -> Iterator[tuple[Outgoing, bytes, tuple[str, ...]]]:
     """Encode each of ``machine``'s actions once and meter it on every link it goes on, as the
-    runtime does; ``(action, frame, receivers)`` for each action with a receiver in the
-    simulation. A receiver that is not is the machine's ``SendFailed`` (whose own actions follow
-    in turn). Raises the machine's LocalProtocolError for a message it cannot send."""
-    sends = []
-    pending = list(outgoing)
-    while pending:
-        action = pending.pop(0)
+    runtime does; yield ``(action, frame, receivers)`` for each action with a receiver in the
+    simulation, in order. A receiver that is not is the machine's ``SendFailed`` (whose own
+    actions follow in turn). Raises the machine's LocalProtocolError for a message it cannot send.
+
+    ``outgoing`` (the list the machine returned, the engine's to keep) is consumed: each entry is
+    cleared as it is encoded, so that a party's 10^5 messages (the server's seed relays) do not
+    all live on beside their frames."""
+    i = 0
+    while i < len(outgoing):
+        action, outgoing[i] = outgoing[i], None  # type: ignore[call-overload]
+        i += 1
         frame = _encode(machine, action, session)
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         known = []
@@ -554,13 +576,12 @@ def _encode_and_meter(
         for dest in dests:
             if dest not in machines:
                 error = TransportError(f"no party named {dest!r} in this simulation", party=dest)
-                pending.extend(machine.handle(SendFailed(dest, error)))
+                outgoing.extend(machine.handle(SendFailed(dest, error)))
                 continue
             meter.record_sent(action.round_idx, action.phase, machine.party, dest, tag, size)
             known.append(dest)
         if known:
-            sends.append((action, frame, tuple(known)))
-    return sends
+            yield action, frame, tuple(known)
 
 
 def _deliveries(sends: list[tuple[Outgoing, _TimedFrame]]) -> int:
@@ -575,14 +596,16 @@ def _after_step(
     progress: dict[str, tuple[int, Any]],
     arm: Callable[[str, ProtocolMachine], None],
     observer: Observer | None,
+    values: dict[Any, Any] | None = None,
 ) -> None:
     """After ``machine`` handled something: raise its failure, or, when its round or state moved,
-    note the move, re-arm its deadline (unless it is done) and tell the observer."""
+    note the move (one tuple per distinct value when ``values`` keeps them), re-arm its deadline
+    (unless it is done) and tell the observer."""
     if machine.failed:
         raise machine.error if machine.error is not None else LocalProtocolError(f"{party} failed", party=party)
     now_progress = (machine.round_idx, machine.state)
     if now_progress != progress[party]:
-        progress[party] = now_progress
+        progress[party] = now_progress if values is None else values.setdefault(now_progress, now_progress)
         if not machine.done:
             arm(party, machine)
         if observer is not None:
@@ -599,6 +622,22 @@ def _stalled(machines: Mapping[str, ProtocolMachine], when: str, shards: Shards 
         count, waiting = shards.waiting(waiting, keep=10)
     named = ", ".join(waiting[:10]) + (" ..." if count > 10 else "")
     return SimulationStalled(f"{count} machines wait with nothing in flight{when}: {named}")
+
+
+def _batches(receivers: list[str], machines: Mapping[str, ProtocolMachine]) -> list[tuple[int, int]]:
+    """``receivers`` cut into ``[lo, hi)`` spans of consecutive machines of one class, each at most
+    :data:`_BATCH_RECEIVERS` long (delivery order kept)."""
+    spans: list[tuple[int, int]] = []
+    lo, kind = 0, None
+    for i, dest in enumerate(receivers):
+        this = type(machines[dest])
+        if i > lo and (this is not kind or i - lo == _BATCH_RECEIVERS):
+            spans.append((lo, i))
+            lo = i
+        kind = this
+    if receivers:
+        spans.append((lo, len(receivers)))
+    return spans
 
 
 def _same_class_runs(receivers: list[tuple[str, ProtocolMachine]]) -> list[list[tuple[str, ProtocolMachine]]]:

@@ -47,6 +47,8 @@ from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Message, Outgoing
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
     from fedproto.algorithms.secagg_plus.engine import SecAggPlusConfig
 
 __all__ = ["ClientState", "FastLloydClient", "FastLloydResult"]
@@ -172,7 +174,9 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         self.client_idx = index[party]
         self.session = session
         self._entropy = bytes(entropy)
-        self._private_key, self._public_key = secagg.x25519_keypair(self._entropy)
+        # The X25519 key pair is derived from the entropy when it is used (three times a run at
+        # most) rather than kept: a key object holds about 430 bytes of OpenSSL memory, which a
+        # simulation hosting 10^5 clients would pay for each of them for the whole run.
         self._masks: secagg.MaskGenerator | None = None
         # Computed by receive_batch for the aggregate of round t: (t, the aggregate's array, noisy
         # counts, next centroids, encoded statistics [k, d+1] of round t+1, unassigned points).
@@ -230,7 +234,11 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         return [self._send_key()]
 
     def _send_key(self) -> Outgoing:
-        return self.send(self.server, PublicKey(public_key=self._public_key), phase="setup.keys")
+        return self.send(self.server, PublicKey(public_key=self._key_pair()[1]), phase="setup.keys")
+
+    def _key_pair(self) -> tuple[X25519PrivateKey, bytes]:
+        """This client's X25519 ``(private key, raw public key)``, derived from its entropy."""
+        return secagg.x25519_keypair(self._entropy)
 
     def _on_federation(self, sender: str, message: FederationSummary) -> list[Outgoing]:
         """``setup.data``: normalise by the federation's extent, derive the config, send the key."""
@@ -257,9 +265,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         return [self._send_key()]
 
     def _install_seed(self, seed: bytes) -> None:
-        self._masks = secagg.MaskGenerator(
-            seed, len(self.clients), self.config.shape, ring_bits=self.config.ring_bits, label=_MASK_LABEL
-        )
+        self._masks = _mask_generator(seed, len(self.clients), self.config.shape, self.config.ring_bits)
 
     @classmethod
     def receive_batch(
@@ -290,11 +296,12 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             raise RemoteProtocolError(
                 f"key roster has {len(message.public_keys)} keys for {len(self.clients)} clients", party=sender
             )
-        if message.public_keys[0] != self._public_key:
+        private_key, public_key = self._key_pair()
+        if message.public_keys[0] != public_key:
             raise RemoteProtocolError("the key roster does not hold this client's key", party=sender)
         seed = secagg.derive_bytes(self._entropy, b"fedproto/fastlloyd/seed", 32)
         sealed = tuple(
-            secagg.seal_seed(self._private_key, key, seed, _seal_context(self.session, i))
+            secagg.seal_seed(private_key, key, seed, _seal_context(self.session, i))
             for i, key in enumerate(message.public_keys)
             if i != 0
         )
@@ -307,7 +314,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             raise RemoteProtocolError("client 0 draws the seed; it cannot receive one", party=sender)
         try:
             seed = secagg.open_seed(
-                self._private_key, message.sender_key, message.sealed, _seal_context(self.session, self.client_idx)
+                self._key_pair()[0], message.sender_key, message.sealed, _seal_context(self.session, self.client_idx)
             )
         except ValueError as exc:
             raise RemoteProtocolError(f"the sealed mask seed does not open: {exc}", party=sender) from exc
@@ -401,20 +408,63 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         else:
             self._prepared = None
             counts, self._centroids = self._next_centroids(masked, mask)
-        self._noisy_counts.append(counts)
+        self._noisy_counts.append(_shared(counts))
         self._history.append(self._centroids)
         self.round_idx += 1
         if self.round_idx == cfg.iterations:
             self._finish(
                 FastLloydResult(
                     centroids=self._centroids,
-                    history=np.stack(self._history),
-                    unassigned=np.asarray(self._unassigned, dtype=np.int64),
-                    noisy_counts=np.stack(self._noisy_counts),
+                    history=_shared(np.stack(self._history)),
+                    unassigned=_shared(np.asarray(self._unassigned, dtype=np.int64)),
+                    noisy_counts=_shared(np.stack(self._noisy_counts)),
                 )
             )
+            # what the result holds now; a simulation keeps every machine to the end of the run
+            self._history = self._noisy_counts = self._unassigned = ()  # type: ignore[assignment]
             return []
         return [self._update()]
+
+
+#: Arrays equal in every client of a run, kept once per process (see :func:`_shared`).
+_SHARED: dict[tuple, np.ndarray] = {}
+_SHARED_KEPT = 256
+#: Mask generators by ``(seed, n_parties, shape, ring_bits)`` (see :func:`_mask_generator`).
+_GENERATORS: dict[tuple, secagg.MaskGenerator] = {}
+_GENERATORS_KEPT = 16
+
+
+def _shared(array: np.ndarray) -> np.ndarray:
+    """``array``'s values as a read-only array shared with every equal one this process made.
+
+    Every client of a run decodes the same noisy counts and ends with the same centroid history
+    (most with the same unassigned counts too): a process that hosts 10^5 clients keeps each such
+    array once instead of once per client (the values, dtype and shape are the key; a few hundred
+    bytes per client). Read-only, as the centroids from the host update already are.
+    """
+    key = (array.dtype.str, array.shape, array.tobytes())
+    cached = _SHARED.get(key)
+    if cached is None:
+        cached = array
+        cached.flags.writeable = False
+        if len(_SHARED) >= _SHARED_KEPT:
+            _SHARED.pop(next(iter(_SHARED)))
+        _SHARED[key] = cached
+    return cached
+
+
+def _mask_generator(seed: bytes, n_parties: int, shape: tuple[int, ...], ring_bits: int) -> secagg.MaskGenerator:
+    """The MSA mask generator of a seed, one per process: every client of a run opens the same
+    seed, and a generator is a pure function of its arguments (its lazily derived HKDF key too),
+    so the clients a process hosts share one instead of holding a copy each."""
+    key = (seed, n_parties, shape, ring_bits)
+    generator = _GENERATORS.get(key)
+    if generator is None:
+        generator = secagg.MaskGenerator(seed, n_parties, shape, ring_bits=ring_bits, label=_MASK_LABEL)
+        if len(_GENERATORS) >= _GENERATORS_KEPT:
+            _GENERATORS.pop(next(iter(_GENERATORS)))
+        _GENERATORS[key] = generator
+    return generator
 
 
 def _prepare_statistics(machines: Sequence[ProtocolMachine], sender: str, masked: np.ndarray) -> None:

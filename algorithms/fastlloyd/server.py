@@ -11,7 +11,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -147,7 +147,10 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         self._summaries: dict[str, DataSummary] = {}
         self._key = jax.random.PRNGKey(noise_seed)
         self._keys: dict[str, bytes] = {}
-        self._updates: dict[str, np.ndarray] = {}
+        # This round's updates: who sent one, and their sum so far (added as they arrive, each
+        # wrapping mod 2^w, so the sum is the same in any order; not kept one per client).
+        self._updates: set[str] = set()
+        self._total: np.ndarray | None = None
         self._aggregation: SecAggPlusServer | None = None
         self._active = clients
         self._gone: set[str] = set()
@@ -206,7 +209,7 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
             n_points=self.n_points, d=cfg.d,
         )
 
-    def _check_client(self, sender: str, seen: dict) -> None:
+    def _check_client(self, sender: str, seen: Container[str]) -> None:
         if sender not in self._client_index:
             raise RemoteProtocolError(f"{sender} is not a client of this run", party=sender, round_idx=self.round_idx)
         if sender in seen:
@@ -283,7 +286,10 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
             raise RemoteProtocolError(f"an MSA update from {sender} in a SecAgg+ run", party=sender, round_idx=self.round_idx)
         self._check_client(sender, self._updates)
         check_ring_values(self.config, message.masked, "update", sender, self.round_idx)
-        self._updates[sender] = message.masked
+        self._updates.add(sender)
+        if self._total is None:
+            self._total = np.zeros(self.config.shape, dtype=secagg.ring_dtype(self.config.ring_bits))
+        self._total += message.masked  # wraps mod 2^w
         return []
 
     def _advance(self) -> list[Outgoing]:
@@ -292,6 +298,7 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         if self._state is ServerState.SETUP_KEYS and len(self._keys) == len(self.clients):
             keys = tuple(self._keys[c] for c in self.clients)
             out = self.send(self.clients[0], PublicKeys(public_keys=keys), phase="setup.roster")
+            self._keys = {self.clients[0]: keys[0]}  # what the relay of the sealed seeds needs
             self.move_to(ServerState.SETUP_SEAL)
             return [out]
         if self._state is ServerState.COLLECT and self.secagg_plus is None and len(self._updates) == len(self.clients):
@@ -317,13 +324,11 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
 
     def _aggregate(self) -> Outgoing:
         cfg = self.config
-        dtype = secagg.ring_dtype(cfg.ring_bits)
-        total = np.zeros(cfg.shape, dtype=dtype)
-        for client in self.clients:
-            total += self._updates[client]  # wraps mod 2^w
+        total = self._total
+        assert total is not None  # every client sent its update
         total += self._noise()
         out = self.broadcast(self.clients, NoisyAggregate(masked=total), phase="aggregate")
-        self._updates = {}
+        self._updates, self._total = set(), None
         self.round_idx += 1
         if self.round_idx == cfg.iterations:
             self._finish(self._summary())

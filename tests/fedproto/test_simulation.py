@@ -267,3 +267,29 @@ def test_the_collector_is_paused_during_the_run_and_restored_however_it_ends():
     seen.clear()
     simulate(toy(2), pause_gc=False, observer=lambda *_: seen.append(gc.isenabled()))
     assert all(seen)
+
+
+def test_a_broadcast_in_slices_of_receivers_gives_what_one_batch_gives(monkeypatch):
+    """A broadcast goes to at most _BATCH_RECEIVERS receivers per receive_batch (memory); slices
+    of 7 (the last one short) change no frame, no byte and no result."""
+    from fedproto import simulation
+
+    calls: list[int] = []
+    receive_batch = FastLloydClient.receive_batch.__func__
+
+    def counting(cls, machines, sender, message, *, round_idx=None):
+        calls.append(len(machines))
+        return receive_batch(cls, machines, sender, message, round_idx=round_idx)
+
+    whole_meter, sliced_meter = Meter(), Meter()
+    whole = simulate(fastlloyd(30, iterations=3), config=RuntimeConfig(session=SESSION), meter=whole_meter)
+    monkeypatch.setattr(simulation, "_BATCH_RECEIVERS", 7)
+    monkeypatch.setattr(FastLloydClient, "receive_batch", classmethod(counting))
+    sliced = simulate(fastlloyd(30, iterations=3), config=RuntimeConfig(session=SESSION), meter=sliced_meter)
+    assert calls and max(calls) == 7 and 30 % 7 in calls
+    assert dict(sliced_meter.sent) == dict(whole_meter.sent)
+    for party, result in whole.items():
+        if party != "server":
+            np.testing.assert_array_equal(sliced[party].centroids, result.centroids)
+            np.testing.assert_array_equal(sliced[party].history, result.history)
+            np.testing.assert_array_equal(sliced[party].unassigned, result.unassigned)
