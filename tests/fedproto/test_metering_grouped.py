@@ -25,7 +25,7 @@ def fastlloyd(n_clients: int, points: int = 10, seed: int = 3) -> dict:
     x = normalize(rng.normal(size=(n_clients * points, 2)) + rng.integers(0, 4, size=(n_clients * points, 1)) * 3)
     config = make_config("fastlloyd", n=len(x), k=4, d=2, epsilon=1.0, iterations=2, init_seed=seed, ring_bits=64)
     clients = tuple(f"client-{i}" for i in range(n_clients))
-    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed)}
+    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed, session=SESSION)}
     entropy = rng.bytes(32 * n_clients)
     for i, name in enumerate(clients):
         machines[name] = FastLloydClient(
