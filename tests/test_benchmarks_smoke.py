@@ -28,7 +28,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "fastlloyd_timing.py": ("FastLloyd, M = 2, epsilon = 0.1", {"fastlloyd_timing"}),
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
     "scale.py": (
-        "FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client", "scale_engines"}
+        "FastLloyd, all parties in one process: one steady round", {"scale_runs", "scale_per_client", "scale_engines", "scale_secagg_plus"}
     ),
     "scale_out.py": (
         "FastLloyd over R ranks: whole run and one steady round", {"scale_out_runs", "scale_out_ranks"}
