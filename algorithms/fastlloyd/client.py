@@ -366,6 +366,16 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         at = int(np.searchsorted(dropped, self.client_idx))
         if at < dropped.size and int(dropped[at]) == self.client_idx:
             raise RemoteProtocolError("the aggregate names this client as dropped", party=sender)
+        # What this client revealed must agree: the neighbours whose self-mask seeds it revealed
+        # are in the sum, those whose masking keys it revealed are not (O(k log D)).
+        alive, gone = aggregation.revealed
+        neighbours = np.asarray(alive + gone, dtype=np.uint32)
+        at = np.minimum(np.searchsorted(dropped, neighbours), max(dropped.size - 1, 0))
+        listed = dropped[at] == neighbours if dropped.size else np.zeros(neighbours.size, dtype=bool)
+        if listed[: len(alive)].any() or not listed[len(alive) :].all():
+            raise RemoteProtocolError(
+                "the aggregate's dropped list does not match the neighbours this client revealed shares of", party=sender
+            )
         assert self._masks is not None
         mask = self._survivor_mask(dropped.tolist())
         self._aggregation = None

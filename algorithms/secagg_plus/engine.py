@@ -214,6 +214,9 @@ class SecAggPlusClient:
         self.stage = STAGES[0]
         self._neighbour_keys: dict[int, tuple[bytes, bytes]] = {}
         self._received: dict[int, tuple[bytes, bytes]] = {}  # sender -> (share of b_v, share of s_v^SK)
+        #: After :meth:`unmask`: the neighbours whose self-mask seed shares this client revealed
+        #: (their inputs are in the sum) and those whose masking key shares it revealed (not in it).
+        self.revealed: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     def _expect(self, stage: str, sender: str) -> None:
         if self.stage != stage:
@@ -346,6 +349,7 @@ class SecAggPlusClient:
                 party=sender,
             )
         self.stage = "done"
+        self.revealed = (tuple(alive), tuple(gone))
 
         def rows(owners: list[int], part: int) -> np.ndarray:
             out = np.empty((len(owners), shamir.SHARE_BYTES), dtype=np.uint8)

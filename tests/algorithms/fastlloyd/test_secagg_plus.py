@@ -148,7 +148,7 @@ def test_the_aggregate_names_the_dropped_clients_so_its_size_does_not_grow_with_
     assert with_two == without + 2 * 4  # two uint32 indices
 
 
-def test_a_client_refuses_an_aggregate_that_names_it_dropped():
+def test_a_client_refuses_an_aggregate_whose_dropped_list_contradicts_what_it_knows():
     from fedproto.algorithms.fastlloyd.messages import SurvivorAggregate
     from fedproto.errors import RemoteProtocolError
 
@@ -159,12 +159,25 @@ def test_a_client_refuses_an_aggregate_that_names_it_dropped():
 
     class Done:
         stage = "done"
+        revealed = ((0,), (2,))  # client 0's input is in the sum, client 2's is not
 
-    client._aggregation = Done()
     masked = np.zeros(config.shape, dtype=np.uint32)
-    for dropped in ([1], [0, 1], [3]):
+    # itself listed; an index past the clients; a neighbour whose self-mask seed it revealed listed
+    # as dropped; one whose masking key it revealed not listed
+    for dropped in ([1, 2], [0, 1, 2], [2, 3], [0, 2], []):
+        client._aggregation = Done()
         with pytest.raises(RemoteProtocolError):
             client._on_survivor_aggregate("server", SurvivorAggregate(masked=masked, dropped=np.asarray(dropped, dtype=np.uint32)))
+    # The consistent list is taken: the masks of the clients outside the sum come off the total.
+    from fedproto.algorithms.secagg import MaskGenerator
+
+    client._masks = MaskGenerator(bytes(32), 3, config.shape, ring_bits=config.ring_bits)
+    unmasked = []
+    client._unmask_aggregate = lambda sender, got, mask: unmasked.append(mask) or []
+    client._aggregation = Done()
+    client._on_survivor_aggregate("server", SurvivorAggregate(masked=masked, dropped=np.asarray([2], dtype=np.uint32)))
+    (mask,) = unmasked
+    assert np.array_equal(mask, client._masks.party_mask(0, 0) + client._masks.party_mask(1, 0))
 
 
 def test_too_many_dropouts_fail_naming_the_parties():
