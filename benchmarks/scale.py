@@ -56,7 +56,16 @@ Run::
 ``round_ms_per_client``, ``grouped_meter``) and table ``scale_per_client`` (``quantity``, ``baseline_clients``,
 ``baseline``, ``clients``, ``value``, ``ratio``) and, unless ``--tasks-clients 0``, table
 ``scale_engines`` (``quantity``, ``clients``, ``lean``, ``tasks``, ``ratio``): both engines at
-``--tasks-clients`` clients (default 10,000), each in a fresh process.
+``--tasks-clients`` clients (default 10,000), each in a fresh process; and unless
+``--plus-clients`` is given empty, table ``scale_secagg_plus`` (``n_clients``, ``degree``,
+``plus_round_s``, ``masked_round_s``, ``plus_round_ms_per_client``, ``masked_round_ms_per_client``,
+``plus_over_masked``, ``plus_over_first``, ``plus_round_bytes``, ``plus_max_message_bytes``,
+``plus_peak_rss_mib``): FastLloyd with SecAgg+ (``--secagg plus``) over a random graph of fixed
+degree ``--plus-degree`` (default 8, threshold ``k // 2 + 1``) at each of ``--plus-clients``
+(default 10^3, 10^4 and 10^5; ``--quick``: 100 and 200), beside the masked round (the paper's
+MSA) at the same N, each in a fresh process. Issue 34's target: the SecAgg+ round per client flat
+within 1.3x from 10^3 to 10^5 clients (``plus_over_first``), every message ``O(k)`` bytes
+(``plus_max_message_bytes``). The 10^5-client SecAgg+ run takes about a quarter of an hour.
 """
 
 from __future__ import annotations
@@ -112,20 +121,37 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build(n_clients: int, points: int, seed: int) -> dict:
-    """Every machine of one run (clients own ``points`` consecutive points each; one shared roster tuple)."""
+def plus_config(n_clients: int, degree: int):
+    """SecAgg+ over a random ``degree``-regular graph (threshold ``degree // 2 + 1``) for the
+    run's ``k (d+1)`` elements of ``Z_2^64``: a fixed degree, so a client's work and bytes should
+    not depend on ``n_clients``."""
+    from fedproto.algorithms.secagg_plus.config import Modulus, SecAggPlusConfig
+
+    graph_seed = SESSION.to_bytes(32, "big")
+    return SecAggPlusConfig(n_clients, K * (D + 1), Modulus.ring(RING_BITS), degree, degree // 2 + 1, graph_seed)
+
+
+def build(n_clients: int, points: int, seed: int, plus_degree: int | None = None) -> dict:
+    """Every machine of one run (clients own ``points`` consecutive points each; one shared roster
+    tuple); with ``plus_degree``, each Lloyd iteration is a SecAgg+ aggregation over a graph of
+    that degree (:func:`plus_config`)."""
     n = n_clients * points
     x = mixture(n, seed)
     config = make_config(
         "fastlloyd", n=n, k=K, d=D, epsilon=EPSILON, iterations=ITERATIONS, init_seed=seed, ring_bits=RING_BITS
     )
+    plus = plus_config(n_clients, min(plus_degree, n_clients - 1)) if plus_degree else None
     clients = tuple(f"client-{i}" for i in range(n_clients))
     entropy = np.random.default_rng(seed).bytes(32 * n_clients)
-    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed, session=SESSION)}
+    machines: dict = {
+        "server": FastLloydServer(
+            "server", config=config, clients=clients, noise_seed=seed, session=SESSION, secagg_plus=plus
+        )
+    }
     for i, name in enumerate(clients):
         machines[name] = FastLloydClient(
             name, config=config, server="server", clients=clients, points=x[i * points : (i + 1) * points],
-            entropy=entropy[32 * i : 32 * (i + 1)], session=SESSION,
+            entropy=entropy[32 * i : 32 * (i + 1)], session=SESSION, secagg_plus=plus,
         )
     return machines
 
@@ -166,16 +192,19 @@ def run_once(
     return report, broadcast_at.get(ITERATIONS, math.nan) - broadcast_at.get(ITERATIONS - 1, math.nan)
 
 
-def child(n_clients: int, points: int, seed: int, engine: str, profile: bool, group_links: bool = True) -> dict:
+def child(
+    n_clients: int, points: int, seed: int, engine: str, profile: bool, plus_degree: int | None = None,
+    group_links: bool = True,
+) -> dict:
     """Measure one configuration in this (fresh) process; the figures as a dict."""
-    run_once(build(2, points, seed), engine)  # compiles what the clients' shapes need, untimed
+    run_once(build(max(2, min(n_clients, 3)), points, seed, plus_degree), engine)  # compiles the kernels, untimed
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=True,
     )
     gc.collect()
     t0 = time.perf_counter()
-    machines = build(n_clients, points, seed)
+    machines = build(n_clients, points, seed, plus_degree)
     build_s = time.perf_counter() - t0
     gc.collect()
     gc.freeze()  # the machines live to the end: the collector need not scan them again and again
@@ -194,6 +223,11 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool, gr
         "rest_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
         "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(ITERATIONS - 1, 0),
         "peak_rss_mib": maxrss_mib(), "grouped_meter": group_links,
+        # The largest message of the steady round (payload bytes): O(k) with SecAgg+.
+        "round_max_message_bytes": max(
+            (link.payload_bytes // link.messages for link in report.links if link.round_idx == ITERATIONS - 1 and link.messages),
+            default=0,
+        ),
     }
     if profiler is not None:
         stats = pstats.Stats(profiler)
@@ -205,12 +239,16 @@ def child(n_clients: int, points: int, seed: int, engine: str, profile: bool, gr
     return out
 
 
-def measure(n_clients: int, args: argparse.Namespace, profile: bool = False, engine: str | None = None) -> dict:
+def measure(
+    n_clients: int, args: argparse.Namespace, profile: bool = False, engine: str | None = None, plus_degree: int | None = None
+) -> dict:
     """Run one configuration in a fresh Python process (its own peak RSS) and return its figures."""
     command = [
         sys.executable, __file__, "--child", str(n_clients), "--points", str(args.points), "--seed", str(args.seed),
         "--engine", engine or args.engine,
-    ] + (["--profile"] if profile else []) + (["--per-link-meter"] if args.per_link_meter else [])
+    ] + (["--profile"] if profile else []) + (["--per-link-meter"] if args.per_link_meter else []) + (
+        ["--child-plus-degree", str(plus_degree)] if plus_degree else []
+    )
     # The child's progress goes to its stderr, which is ours; its figures come back on stdout.
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
@@ -234,6 +272,39 @@ def envelopes() -> tuple[int, int]:
     return up - data.nbytes, down - data.nbytes
 
 
+def plus_table(console: Console, runs: list[tuple[dict, dict]], degree: int) -> list[dict]:
+    """Print (and return as records) SecAgg+'s steady round beside the masked round of the same N:
+    per-client ms of each, their ratio, and per-client ms against the smallest N's (1.00: flat)."""
+    table = Table(
+        title=f"SecAgg+ (degree {degree}) beside the masked round: lean engine, one steady round (round 1), per client",
+        title_justify="left",
+    )
+    for col in (
+        "clients", "degree", "plus ms/client", "masked ms/client", "plus / masked", "plus ms/client vs first N",
+        "plus round bytes/client", "largest message bytes", "plus peak RSS MiB",
+    ):
+        table.add_column(col, justify="right")
+    records = []
+    first = None
+    for plus, masked in runs:
+        n = plus["clients"]
+        plus_ms, masked_ms = 1e3 * plus["round_s"] / n, 1e3 * masked["round_s"] / n
+        first = plus_ms if first is None else first
+        k = min(degree, n - 1)
+        table.add_row(
+            f"{n:,}", str(k), f"{plus_ms:.3f}", f"{masked_ms:.4f}", f"{plus_ms / masked_ms:.1f}", f"{plus_ms / first:.2f}",
+            f"{plus['round_bytes'] / n:,.0f}", f"{plus['round_max_message_bytes']:,}", f"{plus['peak_rss_mib']:,.0f}",
+        )
+        records.append(record(
+            "scale_secagg_plus", n_clients=n, degree=k, plus_round_s=plus["round_s"], masked_round_s=masked["round_s"],
+            plus_round_ms_per_client=plus_ms, masked_round_ms_per_client=masked_ms, plus_over_masked=plus_ms / masked_ms,
+            plus_over_first=plus_ms / first, plus_round_bytes=plus["round_bytes"],
+            plus_max_message_bytes=plus["round_max_message_bytes"], plus_peak_rss_mib=plus["peak_rss_mib"],
+        ))
+    console.print(table)
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=100_000, help="clients of the big run")
@@ -253,15 +324,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--per-link-meter", action="store_true", help="one meter counter per link (default: grouped links, exact totals)"
     )
+    parser.add_argument(
+        "--plus-clients", type=int, nargs="*", default=[1_000, 10_000, 100_000], metavar="N",
+        help="SecAgg+ (--secagg plus) at a fixed degree beside the masked round at these client counts; none: skip",
+    )
+    parser.add_argument("--plus-degree", type=int, default=8, help="SecAgg+ neighbours per client k (fixed in N)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-plus-degree", type=int, default=None, help=argparse.SUPPRESS)
     add_common_arguments(parser, quick="smoke test: 1,000 against 100 clients")
     args = parse_args(parser, argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile, not args.per_link_meter)))
+        print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile, args.child_plus_degree,
+                               not args.per_link_meter)))
         return 0
     if args.quick:
         args.clients, args.baseline_clients, args.tasks_clients = 1_000, 100, 200
         args.memory_clients = "100,1000"
+        args.plus_clients = [100, 200]
     memory_clients = [int(n) for n in args.memory_clients.split(",") if n.strip()]
 
     console = make_console()
@@ -292,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tasks_clients > 0 and args.engine == "lean":
         console.print(f"{args.tasks_clients:,} clients, each engine, in fresh processes ...")
         other = (measure(args.tasks_clients, args, engine="lean"), measure(args.tasks_clients, args, engine="tasks"))
+    plus_runs = []
+    for n_clients in args.plus_clients or []:
+        console.print(f"{n_clients:,} clients, SecAgg+ at degree {args.plus_degree} and the masked round, in fresh processes ...")
+        plus_runs.append((measure(n_clients, args, engine="lean", plus_degree=args.plus_degree), measure(n_clients, args, engine="lean")))
     up, down = envelopes()
 
     table = Table(title="FastLloyd, all parties in one process: one steady round (round 1) and the whole run", title_justify="left")
@@ -394,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         if lean["round_bytes"] != tasks["round_bytes"] or lean["setup_bytes"] != tasks["setup_bytes"]:
             console.print("[red]the two engines metered different bytes[/red]")
         console.print(engines)
+    if plus_runs:
+        records += plus_table(console, plus_runs, args.plus_degree)
     write_records(args.json, records, console)
     return 0
 

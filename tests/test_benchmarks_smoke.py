@@ -29,7 +29,7 @@ SCRIPTS: dict[str, tuple[str, set[str]]] = {
     "transport_rounds.py": ("Steady FastLloyd round (ms) per transport", {"transport_rounds"}),
     "scale.py": (
         "FastLloyd, all parties in one process: one steady round",
-        {"scale_runs", "scale_per_client", "scale_engines", "scale_memory"},
+        {"scale_runs", "scale_per_client", "scale_engines", "scale_memory", "scale_secagg_plus"},
     ),
     "scale_out.py": (
         "FastLloyd over R ranks: whole run and one steady round", {"scale_out_runs", "scale_out_ranks"}

@@ -368,18 +368,50 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         aggregation = self._stage(sender)
         if aggregation.stage != "done":
             raise RemoteProtocolError("an aggregate before this client revealed its shares", party=sender)
-        survivors = [int(i) for i in message.survivors]
-        if survivors[-1] >= len(self.clients) or self.client_idx not in survivors:
-            raise RemoteProtocolError(f"the survivor list {survivors[:8]} is not valid for this client", party=sender)
+        dropped = message.dropped
+        n = len(self.clients)
+        if (dropped.size and int(dropped[-1]) >= n) or dropped.size >= n:
+            raise RemoteProtocolError(f"the dropped list {dropped[:8].tolist()} is not valid for this client", party=sender)
+        at = int(np.searchsorted(dropped, self.client_idx))
+        if at < dropped.size and int(dropped[at]) == self.client_idx:
+            raise RemoteProtocolError("the aggregate names this client as dropped", party=sender)
+        # What this client revealed must agree: the neighbours whose self-mask seeds it revealed
+        # are in the sum, those whose masking keys it revealed are not (O(k log D)).
+        alive, gone = aggregation.revealed
+        neighbours = np.asarray(alive + gone, dtype=np.uint32)
+        at = np.minimum(np.searchsorted(dropped, neighbours), max(dropped.size - 1, 0))
+        listed = dropped[at] == neighbours if dropped.size else np.zeros(neighbours.size, dtype=bool)
+        if listed[: len(alive)].any() or not listed[len(alive) :].all():
+            raise RemoteProtocolError(
+                "the aggregate's dropped list does not match the neighbours this client revealed shares of", party=sender
+            )
         assert self._masks is not None
-        # sum_{i in S} r_i = r - sum_{i not in S} r_i: one expansion per dropped client.
-        mask = self._masks.total_mask(self.round_idx)
-        kept = set(survivors)
-        for i in range(len(self.clients)):
-            if i not in kept:
-                mask = mask - self._masks.party_mask(i, self.round_idx)
+        mask = self._survivor_mask(dropped.tolist())
         self._aggregation = None
         return self._unmask_aggregate(sender, message.masked, mask)
+
+    def _survivor_mask(self, dropped: list[int]) -> np.ndarray:
+        """``sum_{i in S} r_i`` this iteration, ``[k, d+1]`` in the ring, for the survivors ``S``:
+        all clients but ``dropped`` (increasing indices).
+
+        Every ``r_i`` but the last client's costs one PRG expansion, and the total ``r`` one
+        (:class:`~fedproto.algorithms.secagg.MaskGenerator`), so ``r - sum_{i in D} r_i`` costs
+        ``O(D)``: flat in the number of clients (issue 34). The last client's mask closes the sum
+        (``O(n)`` to expand), so when it dropped the survivors' masks are summed directly instead.
+        """
+        assert self._masks is not None
+        t, n = self.round_idx, len(self.clients)
+        if dropped and dropped[-1] == n - 1:
+            outside = set(dropped)
+            mask = np.zeros(self.config.shape, dtype=secagg.ring_dtype(self.config.ring_bits))
+            for i in range(n - 1):
+                if i not in outside:
+                    mask = mask + self._masks.party_mask(i, t)  # wraps mod 2^w
+            return mask
+        mask = self._masks.total_mask(t)
+        for i in dropped:
+            mask = mask - self._masks.party_mask(i, t)  # wraps mod 2^w
+        return mask
 
     def _on_aggregate(self, sender: str, message: NoisyAggregate) -> list[Outgoing]:
         self._check_server(sender)

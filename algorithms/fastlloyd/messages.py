@@ -25,7 +25,7 @@ Each Lloyd iteration (one round trip):
 With ``--secagg plus`` an iteration is one SecAgg+ aggregation
 (:mod:`fedproto.algorithms.secagg_plus.messages`: four stages, the update travels in its
 ``MaskedInput``), and the server answers with :class:`SurvivorAggregate`, which also names the
-clients whose updates the sum holds.
+clients whose updates the sum does not hold.
 """
 
 from __future__ import annotations
@@ -175,17 +175,20 @@ class NoisyAggregate(_RingStatistics, tag="fl.agg"):
 
 class SurvivorAggregate(_RingStatistics, tag="fl.agg+"):
     """With ``--secagg plus``: the survivors' masked sum plus quantised noise, ``uint32`` or
-    ``uint64`` ``[k, d+1]``, and the client indices whose updates it holds (``uint32 [m]``,
-    increasing), so each client removes exactly their shared-seed masks."""
+    ``uint64`` ``[k, d+1]``, and the client indices whose updates it does *not* hold (``uint32
+    [D]``, increasing: the clients that dropped in this or an earlier iteration), so each client
+    removes exactly the survivors' shared-seed masks. Naming the dropped clients rather than the
+    survivors keeps the message ``O(D)`` bytes, ``O(1)`` when no one drops, whatever the number of
+    clients (issue 34)."""
 
-    survivors: np.ndarray = array_field("uint32", 1)
+    dropped: np.ndarray = array_field("uint32", 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.survivors.ndim != 1 or self.survivors.size == 0:
-            raise ValueError("survivors must be a non-empty 1-D array of client indices")
-        if self.survivors.size > 1 and not bool(np.all(self.survivors[1:] > self.survivors[:-1])):
-            raise ValueError("survivors must be strictly increasing client indices")
+        if self.dropped.ndim != 1:
+            raise ValueError("dropped must be a 1-D array of client indices")
+        if self.dropped.size > 1 and not bool(np.all(self.dropped[1:] > self.dropped[:-1])):
+            raise ValueError("dropped must be strictly increasing client indices")
 
 
 def frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlusConfig | None = None) -> int:
@@ -196,7 +199,7 @@ def frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlus
     ``M - 1`` clients); each iteration sends ``[k, d+1]`` ring elements of ``w / 8`` bytes each
     way, or with SecAgg+ (``plus``) its stages' messages
     (:func:`fedproto.algorithms.secagg_plus.messages.frame_limit`) and a
-    :class:`SurvivorAggregate` naming up to ``n_clients`` survivors.
+    :class:`SurvivorAggregate` naming up to ``n_clients - 1`` dropped clients.
 
     Args:
         k: clusters. d: features. ring_bits: the ring width w (32 or 64).
@@ -223,6 +226,6 @@ def frame_bound(k: int, d: int, ring_bits: int, n_clients: int, plus: SecAggPlus
     if plus is not None:
         from fedproto.algorithms.secagg_plus.messages import frame_limit
 
-        survivors = {"masked": (k, d + 1), "survivors": (n_clients,)}
-        limit = max(limit, frame_limit(plus), max_frame_bytes(SurvivorAggregate, arrays=survivors, dtypes=dtype))
+        aggregate = {"masked": (k, d + 1), "dropped": (max(n_clients - 1, 0),)}
+        limit = max(limit, frame_limit(plus), max_frame_bytes(SurvivorAggregate, arrays=aggregate, dtypes=dtype))
     return limit

@@ -65,7 +65,8 @@ iteration after setup:
   mask ``r_i`` (as above) plus the SecAgg+ masks; SecAgg+ gives the server the sum over the
   survivors ``S`` of ``enc_i + r_i``, still hidden by ``sum_{i in S} r_i``, which only clients can
   compute. The server adds its noise as above and sends :class:`SurvivorAggregate` (phase
-  ``aggregate``) naming ``S``; each client subtracts ``sum_{i in S} r_i`` and decodes. So the
+  ``aggregate``) naming the clients outside ``S`` (``O(D)`` indices for ``D`` dropped, none
+  without dropouts); each client subtracts ``sum_{i in S} r_i`` and decodes. So the
   server still never sees an unmasked value, and a client colluding with it (who knows every
   ``r_i``) still sees only sums: an individual update stays hidden by the SecAgg+ masks.
 * a client dropped in iteration t takes no part in later iterations; the next centroids come from

@@ -186,14 +186,18 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         return self._aggregation.drop(self._gone)
 
     def _aggregated(self, outcome: SumOutcome) -> list[Outgoing]:
-        """The iteration's SecAgg+ sum: add the noise, send it with the survivors to those still in."""
+        """The iteration's SecAgg+ sum: add the noise, send it with the clients outside it to those still in."""
         self._survivors.append(outcome.survivors)
         cfg = self.config
         total = outcome.total.reshape(cfg.shape) + self._noise()  # wraps mod 2^w
         index = self._client_index
-        survivors = np.asarray([index[c] for c in outcome.survivors], dtype=np.uint32)
+        # Name the clients outside the sum (those gone in earlier iterations and this one's
+        # dropouts), not the survivors: O(D) bytes to each client rather than O(n) (issue 34).
+        outside = np.ones(len(self.clients), dtype=bool)
+        outside[np.fromiter((index[c] for c in outcome.survivors), dtype=np.int64, count=len(outcome.survivors))] = False
+        dropped = np.flatnonzero(outside).astype(np.uint32)
         receivers = self._still_in(outcome)
-        out = [self.broadcast(receivers, SurvivorAggregate(masked=total, survivors=survivors), phase="aggregate")]
+        out = [self.broadcast(receivers, SurvivorAggregate(masked=total, dropped=dropped), phase="aggregate")]
         self._active = receivers
         self.round_idx += 1
         if self.round_idx == cfg.iterations:

@@ -214,6 +214,9 @@ class SecAggPlusClient:
         self.stage = STAGES[0]
         self._neighbour_keys: dict[int, tuple[bytes, bytes]] = {}
         self._received: dict[int, tuple[bytes, bytes]] = {}  # sender -> (share of b_v, share of s_v^SK)
+        #: After :meth:`unmask`: the neighbours whose self-mask seed shares this client revealed
+        #: (their inputs are in the sum) and those whose masking key shares it revealed (not in it).
+        self.revealed: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     def _expect(self, stage: str, sender: str) -> None:
         if self.stage != stage:
@@ -346,6 +349,7 @@ class SecAggPlusClient:
                 party=sender,
             )
         self.stage = "done"
+        self.revealed = (tuple(alive), tuple(gone))
 
         def rows(owners: list[int], part: int) -> np.ndarray:
             out = np.empty((len(owners), shamir.SHARE_BYTES), dtype=np.uint8)
@@ -420,9 +424,11 @@ class SecAggPlusServer:
         self._reveals: dict[int, UnmaskShares] = {}
         self._dropped: set[int] = set()
         self._gone: set[int] = set()
+        self._gone_unmarked = False  # a gone client may be waited for at the current stage
         self._neighbours_of: dict[int, np.ndarray] = {}
         self._forwarded_from: dict[int, np.ndarray] = {}
         self._unmask_dropped: np.ndarray = np.zeros(0, dtype=np.uint32)
+        self._requested: dict[int, np.ndarray] = {}  # survivor -> its dropped neighbours, when any dropped
         # The clients the current stage still waits for, kept as messages arrive (O(1) each).
         self._waiting: set[int] = set(self._active)
 
@@ -519,8 +525,8 @@ class SecAggPlusServer:
                 raise refuse(f"masked input: {exc}") from None
         elif isinstance(message, UnmaskShares):
             holders = self._forwarded_from[index]
-            gone = np.intersect1d(holders, self._unmask_dropped)
-            alive = np.setdiff1d(holders, self._unmask_dropped)
+            gone = self._requested.get(index, self._unmask_dropped[:0])  # what its request named
+            alive = np.setdiff1d(holders, gone)
             if not (np.array_equal(message.self_owners, alive) and np.array_equal(message.key_owners, gone)):
                 raise refuse("unmask shares that do not match its neighbours and the dropped list")
         return message
@@ -537,9 +543,15 @@ class SecAggPlusServer:
             index = self._index.get(party)
             if index is not None:
                 self._gone.add(index)
+                self._gone_unmarked = True
         return self._advance()
 
     def _mark_gone(self) -> None:
+        # Only after a drop or a new stage can a gone client be waited for: scanning ``_gone`` on
+        # every message would cost O(gone) per client (issue 34).
+        if not self._gone_unmarked:
+            return
+        self._gone_unmarked = False
         for index in sorted(i for i in self._gone if i in self._waiting):
             self._waiting.discard(index)
             self._dropped.add(index)
@@ -559,12 +571,15 @@ class SecAggPlusServer:
             if stage == STAGES[0]:
                 out += self._close_advertise()
                 self._waiting = set(self._keys)
+                self._gone_unmarked = bool(self._gone)
             elif stage == STAGES[1]:
                 out += self._close_share_keys()
                 self._waiting = set(self._shared)
+                self._gone_unmarked = bool(self._gone)
             elif stage == STAGES[2]:
                 out += self._close_masked_input()
                 self._waiting = set(self._inputs)
+                self._gone_unmarked = bool(self._gone)
             else:
                 self._close_unmask()
 
@@ -652,16 +667,15 @@ class SecAggPlusServer:
         if not gone:
             dests = tuple(self.clients[u] for u in sorted(survivors))
             return [Broadcast(dests, UnmaskRequest(dropped=self._unmask_dropped), self.round_idx, STAGES[2])]
-        # Each survivor hears only of its own neighbours that dropped: O(k) bytes, not O(n).
-        return [
-            Send(
-                self.clients[u],
-                UnmaskRequest(dropped=np.intersect1d(self._forwarded_from[u], self._unmask_dropped).astype(np.uint32)),
-                self.round_idx,
-                STAGES[2],
-            )
-            for u in sorted(survivors)
-        ]
+        # Each survivor hears only of its own neighbours that dropped: O(k) bytes and O(k) work
+        # per survivor, not O(n) (a set lookup per neighbour, not an intersection with all).
+        gone_set = set(gone)
+        out: list[Outgoing] = []
+        for u in sorted(survivors):
+            mine = np.asarray([w for w in self._forwarded_from[u].tolist() if w in gone_set], dtype=np.uint32)
+            self._requested[u] = mine
+            out.append(Send(self.clients[u], UnmaskRequest(dropped=mine), self.round_idx, STAGES[2]))
+        return out
 
     def _close_unmask(self) -> None:
         cfg = self.config

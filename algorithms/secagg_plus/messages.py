@@ -220,11 +220,11 @@ def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict
 
 def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
     """The largest frame (bytes, envelope included) any party of an aggregation sends: the
-    stage messages at ``k`` neighbours, an unmask request naming up to ``n`` dropped clients,
-    and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
+    stage messages at ``k`` neighbours (the unmask request names only the receiver's dropped
+    neighbours, at most ``k``), and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
     from fedproto.framesize import max_frame_bytes
 
-    k, n, length = config.degree, config.n_clients, config.vector_length
+    k, length = config.degree, config.vector_length
     modulus = config.modulus
     wire = (length, 1) if modulus.ring_bits is not None else (length, modulus.width)
     wire_dtype = modulus.dtype if modulus.ring_bits is not None else np.dtype(np.uint8)
@@ -237,7 +237,7 @@ def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
         bound(EncryptedShares, arrays={"recipients": (k,), "ciphertexts": ct}),
         bound(ForwardedShares, arrays={"senders": (k,), "ciphertexts": ct}),
         bound(MaskedInput, arrays={"masked": wire}, dtypes={"masked": wire_dtype}),
-        bound(UnmaskRequest, arrays={"dropped": (n,)}),
+        bound(UnmaskRequest, arrays={"dropped": (k,)}),
         bound(
             UnmaskShares,
             arrays={"self_owners": (k,), "self_shares": share, "key_owners": (k,), "key_shares": share},

@@ -79,18 +79,22 @@ def test_without_dropouts_plus_equals_the_papers_aggregation_exactly():
     assert set(engine.STAGES) <= phases and "update" not in phases
 
 
-def test_a_client_dropped_before_its_first_update_leaves_the_others_result():
+@pytest.mark.parametrize("dropped", [2, 4])
+def test_a_client_dropped_before_its_first_update_leaves_the_others_result(dropped):
     """A client that drops at the first advertise-keys never contributes: the survivors' centroids
-    equal the paper's MSA run over the other clients' data with the same configuration and noise."""
+    equal the paper's MSA run over the other clients' data with the same configuration and noise.
+    Client 4 is the last one, whose shared-seed mask closes the total: the survivors then sum
+    their masks directly rather than take the dropped ones from the total."""
     config = _config()
     names = [f"client-{i}" for i in range(5)]
     parts = partition(len(BLOBS), 5, scheme="iid", seed=0)
-    faults = Faults(crash_at={"client-2": ("advertise-keys", 0)})
+    gone = f"client-{dropped}"
+    faults = Faults(crash_at={gone: ("advertise-keys", 0)})
     plus, _ = _run(_machines(config, BLOBS, names, parts, _plus(config, 5)), faults=faults)
-    assert "client-2" not in plus
-    assert plus["server"].dropouts == {"client-2": (0, "advertise-keys")}
-    others = [n for n in names if n != "client-2"]
-    reference, _ = _run(_machines(config, BLOBS, others, [parts[i] for i in (0, 1, 3, 4)], None))
+    assert gone not in plus
+    assert plus["server"].dropouts == {gone: (0, "advertise-keys")}
+    others = [n for n in names if n != gone]
+    reference, _ = _run(_machines(config, BLOBS, others, [parts[i] for i in range(5) if i != dropped], None))
     for name in others:
         assert np.array_equal(plus[name].centroids, reference[name].centroids)
 
@@ -116,6 +120,64 @@ def test_dropout_in_a_later_iteration_keeps_the_earlier_ones(stage):
     # its input was in).
     expected = 6 if stage == "unmask" else 5
     assert [len(s) for s in got["server"].survivors] == [6, 6, expected, 5]
+
+
+def _aggregate_bytes_per_client(meter, parties):
+    report = meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(parties))
+    links = [link for link in report.links if link.phase == "aggregate"]
+    return {link.payload_bytes // link.messages for link in links}
+
+
+def test_the_aggregate_names_the_dropped_clients_so_its_size_does_not_grow_with_n():
+    """Issue 34: every client receives the aggregate, so it must not list the n survivors. Without
+    dropouts it is the same size at 5 and at 9 clients; each dropped client adds one index."""
+    config = _config()
+    sizes = []
+    for n in (5, 9):
+        names = [f"client-{i}" for i in range(n)]
+        parts = partition(len(BLOBS), n, scheme="iid", seed=0)
+        _, meter = _run(_machines(config, BLOBS, names, parts, _plus(config, n, complete=True)))
+        sizes.append(_aggregate_bytes_per_client(meter, names))
+    assert sizes[0] == sizes[1] and len(sizes[0]) == 1
+    names = [f"client-{i}" for i in range(9)]
+    parts = partition(len(BLOBS), 9, scheme="iid", seed=0)
+    faults = Faults(crash_at={"client-1": ("advertise-keys", 0), "client-3": ("advertise-keys", 0)})
+    _, meter = _run(_machines(config, BLOBS, names, parts, _plus(config, 9, complete=True)), faults=faults)
+    (with_two,) = _aggregate_bytes_per_client(meter, names)
+    (without,) = sizes[0]
+    assert with_two == without + 2 * 4  # two uint32 indices
+
+
+def test_a_client_refuses_an_aggregate_whose_dropped_list_contradicts_what_it_knows():
+    from fedproto.algorithms.fastlloyd.messages import SurvivorAggregate
+    from fedproto.errors import RemoteProtocolError
+
+    config = _config()
+    names = [f"client-{i}" for i in range(3)]
+    parts = partition(len(BLOBS), 3, scheme="iid", seed=0)
+    client = _machines(config, BLOBS, names, parts, _plus(config, 3, complete=True))["client-1"]
+
+    class Done:
+        stage = "done"
+        revealed = ((0,), (2,))  # client 0's input is in the sum, client 2's is not
+
+    masked = np.zeros(config.shape, dtype=np.uint32)
+    # itself listed; an index past the clients; a neighbour whose self-mask seed it revealed listed
+    # as dropped; one whose masking key it revealed not listed
+    for dropped in ([1, 2], [0, 1, 2], [2, 3], [0, 2], []):
+        client._aggregation = Done()
+        with pytest.raises(RemoteProtocolError):
+            client._on_survivor_aggregate("server", SurvivorAggregate(masked=masked, dropped=np.asarray(dropped, dtype=np.uint32)))
+    # The consistent list is taken: the masks of the clients outside the sum come off the total.
+    from fedproto.algorithms.secagg import MaskGenerator
+
+    client._masks = MaskGenerator(bytes(32), 3, config.shape, ring_bits=config.ring_bits)
+    unmasked = []
+    client._unmask_aggregate = lambda sender, got, mask: unmasked.append(mask) or []
+    client._aggregation = Done()
+    client._on_survivor_aggregate("server", SurvivorAggregate(masked=masked, dropped=np.asarray([2], dtype=np.uint32)))
+    (mask,) = unmasked
+    assert np.array_equal(mask, client._masks.party_mask(0, 0) + client._masks.party_mask(1, 0))
 
 
 def test_too_many_dropouts_fail_naming_the_parties():
