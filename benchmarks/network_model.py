@@ -116,7 +116,7 @@ from _common import (
 from _netns_star import NetnsUnavailable, netns_unavailable_reason, run_tcp_star
 from fastlloyd_timing import timesynth
 from rich.table import Table
-from tcp_rate import runtime_round_trips
+from tcp_rate import SESSION, runtime_round_trips
 
 from fedproto.data import Dataset, find_data_file, save_dataset
 from fedproto.provision import FederationCA
@@ -219,7 +219,7 @@ def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRA
             for party in ("a", "b"):
                 (Path(tmp) / party).mkdir()
                 kits[party] = ca.issue(party).write(Path(tmp) / party)
-            async with open_tcp_network(["a", "b"], tls=kits, topology="star") as endpoints:
+            async with open_tcp_network(["a", "b"], tls=kits, topology="star", session=SESSION) as endpoints:
                 await runtime_round_trips(endpoints, array, 20)  # handshakes and first frames, untimed
                 return min([await runtime_round_trips(endpoints, array, round_trips) for _ in range(repeats)])
 

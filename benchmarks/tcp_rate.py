@@ -228,10 +228,10 @@ async def echo_and_network(handshake: str) -> AsyncIterator[tuple[BareEcho, Bare
             if handshake == "tls":
                 kits = files.enter_context(throwaway_tls(["a", "b"]))
                 contexts = (load_contexts(kits["b"], "b"), load_contexts(kits["a"], "a"))
-                network = open_tcp_network(["a", "b"], tls=kits)
+                network = open_tcp_network(["a", "b"], tls=kits, session=SESSION)
             else:
                 contexts = (None, None)
-                network = open_tcp_network(["a", "b"], secrets.token_bytes(32))
+                network = open_tcp_network(["a", "b"], secrets.token_bytes(32), session=SESSION)
             bare, hop = BareEcho(*contexts), BareEcho(*contexts, through_inbox=True)
             await bare.open(nursery)
             await hop.open(nursery)

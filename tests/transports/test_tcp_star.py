@@ -225,8 +225,8 @@ async def test_a_protocol_with_client_to_client_frames_agrees_over_memory_mesh_a
     hub = plan.roster[0]
     runs = {
         "memory": await _run_plan(plan, MemoryNetwork(plan.roster)),
-        "mesh": await _run_plan(plan, TcpNetwork(topology="mesh")),
-        "star": await _run_plan(plan, TcpNetwork()),  # the star is TcpNetwork's default
+        "mesh": await _run_plan(plan, TcpNetwork(topology="mesh", session=plan.session)),
+        "star": await _run_plan(plan, TcpNetwork(session=plan.session)),  # the star is TcpNetwork's default
     }
     relayed_links = [link for link in runs["memory"][1].links if hub not in (link.sender, link.receiver)]
     assert relayed_links, "the tree of height 2 must have leaf-to-node frames"
