@@ -397,7 +397,7 @@ async def _run_fastlloyd(plan, cut_after: int | None) -> tuple[dict, RunReport, 
                         nursery.start_soon(_one, plan, name, endpoints[name], config, meter, results)
         resumed = {}
     else:
-        async with proxied_star(roster=plan.roster) as (eps, proxies):
+        async with proxied_star(roster=plan.roster, session=plan.session) as (eps, proxies):
             endpoints = {**eps, hub: CutAfter(eps[hub], proxies, cut_after)}
             with trio.fail_after(120):
                 async with trio.open_nursery() as nursery:
