@@ -4,35 +4,21 @@ request, a valid report."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import numpy as np
 
-from fedproto.algorithms.fastlloyd.config import make_config
 from fedproto.algorithms.fastlloyd.messages import MaskedUpdate
-from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
-from fedproto.data import normalize
 from fedproto.metering import ANY_PARTY, LinkRecord, Meter, RunReport, report_schema
 from fedproto.runtime import RuntimeConfig
 from fedproto.simulation import simulate
+from fedproto.testing import load_file
 
 M = 12
-SESSION = 78
-
-
-def fastlloyd(n_clients: int, points: int = 10, seed: int = 3) -> dict:
-    rng = np.random.default_rng(seed)
-    x = normalize(rng.normal(size=(n_clients * points, 2)) + rng.integers(0, 4, size=(n_clients * points, 1)) * 3)
-    config = make_config("fastlloyd", n=len(x), k=4, d=2, epsilon=1.0, iterations=2, init_seed=seed, ring_bits=64)
-    clients = tuple(f"client-{i}" for i in range(n_clients))
-    machines: dict = {"server": FastLloydServer("server", config=config, clients=clients, noise_seed=seed, session=SESSION)}
-    entropy = rng.bytes(32 * n_clients)
-    for i, name in enumerate(clients):
-        machines[name] = FastLloydClient(
-            name, config=config, server="server", clients=clients, points=x[i * points : (i + 1) * points],
-            entropy=entropy[32 * i : 32 * (i + 1)], session=SESSION,
-        )
-    return machines
+#: FastLloyd machines of one run, built as the lean engine's tests build them (its run's session).
+_simulation = load_file(Path(__file__).with_name("test_simulation.py"), "tests_fedproto_simulation")
+fastlloyd, SESSION = _simulation.fastlloyd, _simulation.SESSION
 
 
 def _run(group_links: bool) -> tuple[dict, Meter, RunReport]:
