@@ -206,9 +206,9 @@ def sum_machines() -> dict:
 
 
 def dropout_reference() -> dict:
-    """The results of the run in which client-1 drops out as it would send its encrypted shares."""
+    """The results of the run in which client-1 drops out as it would send its masked input."""
     machines = sum_machines()
-    network = MemoryNetwork(list(machines), faults=Faults(crash_at={"client-1": ("share-keys", 0)}), report_drops=True)
+    network = MemoryNetwork(list(machines), faults=Faults(crash_at={"client-1": ("masked-input", 0)}), report_drops=True)
 
     async def go():
         return await run_parties(machines, network, config=RuntimeConfig(session=SESSION, deadline_s=DEADLINE_S))
@@ -234,7 +234,7 @@ async def test_in_secagg_plus_a_clients_forged_notice_ends_only_its_own_part(kin
     assert isinstance(outcomes["client-1"], PartyCrashed)
     server = outcomes["server"]
     assert not isinstance(server, BaseException), server
-    assert server.dropouts == reference["server"].dropouts == {"client-1": (0, "share-keys")}
+    assert server.dropouts == reference["server"].dropouts == {"client-1": (0, "masked-input")}
     assert server.survivors == reference["server"].survivors
     for r in range(ROUNDS):
         assert np.array_equal(server.totals[r], reference["server"].totals[r])
@@ -267,7 +267,7 @@ async def test_a_notice_from_a_dropped_party_is_not_news(autojump_clock) -> None
 
         insider = Twice(eps["client-1"], after=1, target="server", culprits=("client-0",), session=SESSION)
         outcomes = await run_each(machines, eps, {"client-1": insider}, session=SESSION)
-    assert outcomes["server"].dropouts == {"client-1": (0, "share-keys")}
+    assert outcomes["server"].dropouts == {"client-1": (0, "masked-input")}
     assert all(not isinstance(outcomes[c], BaseException) for c in CLIENTS if c != "client-1")
 
 

@@ -214,7 +214,8 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         if self._state is ClientState.SETUP:
             return "setup.keys"
         if self._aggregation is not None:
-            return self._aggregation.stage
+            # after its unmask shares, a client waits for the iteration's aggregate
+            return "aggregate" if self._aggregation.stage == "done" else self._aggregation.stage
         return "update"
 
     def pending(self) -> Sequence[str]:
@@ -387,7 +388,6 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             )
         assert self._masks is not None
         mask = self._survivor_mask(dropped.tolist())
-        self._aggregation = None
         return self._unmask_aggregate(sender, message.masked, mask)
 
     def _survivor_mask(self, dropped: list[int]) -> np.ndarray:

@@ -57,9 +57,9 @@ fail naming the server.
 
 With SecAgg+ (``secagg_plus=`` a :class:`~fedproto.algorithms.secagg_plus.SecAggPlusConfig`,
 ``fedproto run fastlloyd --secagg plus``) each iteration is one SecAgg+ aggregation
-(:mod:`fedproto.algorithms.secagg_plus.engine`: phases ``advertise-keys``, ``share-keys``,
-``masked-input``, ``unmask``) of the same masked updates, and clients may drop at any stage of any
-iteration after setup:
+(:mod:`fedproto.algorithms.secagg_plus.engine`: phases ``masked-input`` and ``unmask``, after the
+keys are agreed once in the first iteration's ``advertise-keys``) of the same masked updates, and
+clients may drop at any stage of any iteration after setup:
 
 * the update a client sends in ``masked-input`` is its fixed-point statistics plus its shared-seed
   mask ``r_i`` (as above) plus the SecAgg+ masks; SecAgg+ gives the server the sum over the

@@ -221,7 +221,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         if config is not None:
             self._configure(config, x, ids, requests or {}, secagg_plus)
             if secagg_plus is not None:
-                self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
+                self.move_to(ClientState.SERVING)  # no SCMA key setup: SecAgg+ agrees its own keys in round 0
             return
         assert setup is not None
         if ids is not None or requests is not None or secagg_plus is not None or n_requests != setup.n_requests:
@@ -313,7 +313,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         return self._open_training()
 
     def _open_training(self) -> list[Outgoing]:
-        """The first messages once the parameters are known: SCMA's key, or SecAgg+'s first stage."""
+        """The first messages once the parameters are known: SCMA's key, or SecAgg+'s set-up."""
         if self.secagg_plus is not None:
             return [self._advertise()]
         return [self.send(self.server, messages.PublicKey(public_key=self._public), phase="setup")]
@@ -337,7 +337,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         self._configure(agreement.config, federation.scale(raw), federation.ids(self.index),
                         agreement.requests_of(self.index), agreement.secagg_plus)
         if agreement.secagg_plus is not None:
-            self.move_to(ClientState.SERVING)  # no key setup: SecAgg+ keys are fresh per instance
+            self.move_to(ClientState.SERVING)  # no SCMA key setup: SecAgg+ agrees its own keys in round 0
         return self._open_training()
 
     def _on_peer_keys(self, sender: str, message: messages.PeerKeys) -> list[Outgoing]:
@@ -387,14 +387,13 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         if plus and (self._aggregation is None or self._aggregation.stage != "done"):
             raise remote_error("a model before this client revealed its shares", sender, self)
         self._version, self._centroids = message.version, message.centroids
-        self._aggregation = None
         if message.version == self.n_requests:
             self._finish(self._outcome())
             return []
         self.round_idx += 1
         if plus and self.requests.get(self.round_idx, ()) is not None:
             # the next round opens now: remove first (the input is taken at masked-input), then
-            # advertise this round's keys
+            # send this round's masked input
             out = []
             if self.round_idx in self.requests:
                 self._remove(self.requests[self.round_idx])
@@ -419,7 +418,8 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
     # -- SecAgg+ ---------------------------------------------------------------------------------
 
     def _advertise(self) -> Outgoing:
-        """Open this round's SecAgg+ instance and send its keys (stage 1)."""
+        """Open this round's SecAgg+ aggregation: round 0 sends the set-up's key, a later round
+        its masked input."""
         assert self.secagg_plus is not None
         return self._open_aggregation(
             self.secagg_plus, self.index, entropy=self._secagg_entropy, purpose=SECAGG_PURPOSE

@@ -64,21 +64,21 @@ a wrong sum is never returned.
 With SecAgg+ (``secagg_plus=`` a :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`
 over ``F_p`` with vectors of ``T`` elements, :func:`secagg_plus_config`; ``fedproto run mufc
 --secagg plus`` or ``complete``), every aggregation, training (round 0) and each removal round,
-is one SecAgg+ instance among the active clients (:mod:`fedproto.algorithms.secagg_plus.engine`;
-phases ``advertise-keys``, ``share-keys``, ``masked-input``, ``unmask``), and the setup above is
-not run (SecAgg+ draws fresh keys for every instance):
+is one SecAgg+ aggregation among the active clients (:mod:`fedproto.algorithms.secagg_plus.engine`;
+phases ``masked-input`` and ``unmask``, after SecAgg+'s own key set-up, ``advertise-keys``, in
+round 0), and the setup above is not run:
 
 * each client's input is its *unmasked* syndromes (SecAgg+ adds the masks); the server obtains the
   syndrome sum of the survivors, exactly what SCMA reveals for the same clients, and decodes and
   clusters it as above, then sends :class:`ModelUpdate` to the survivors;
-* a client advertises its keys for round ``s`` as soon as it has the model of round ``s - 1`` (the
-  requesting client after its :class:`RemovalRequest`; a leaving client sends its request and
-  nothing else), so the server opens round ``s`` at once and needs no :class:`AggregationRequest`;
+* a client sends its masked input for round ``s`` as soon as it has the model of round ``s - 1``
+  (the requesting client after its :class:`RemovalRequest`; a leaving client sends its request
+  and nothing else), so the server opens round ``s`` at once and needs no :class:`AggregationRequest`;
   a request only names a leaving client (it is then absent from the instance, not a dropout);
 * dropout: a client silent past the deadline, or reported gone by the transport, at any stage
-  is dropped (:meth:`SecAggPlusServer.drop`); the round completes with the survivors (no
-  re-opening, no extra round) whenever SecAgg+ can still remove the masks (t surviving
-  neighbours), else :class:`~fedproto.errors.InsufficientParticipants` names the parties. A
+  is dropped (:meth:`SecAggPlusServer.drop`); the round completes with the survivors whenever
+  SecAgg+ can still remove the masks (t surviving neighbours; a client silent at ``unmask`` whose
+  neighbour sent no input makes the others mask once more), else :class:`~fedproto.errors.InsufficientParticipants` names the parties. A
   dropped client leaves the federation: its data leave the model from the next aggregation on
   (one that dropped at ``unmask`` had its input in that round's sum already) and its late frames
   are ignored. ``min_clients`` is kept as a quorum on the clients still in the federation;

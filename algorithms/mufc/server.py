@@ -28,12 +28,11 @@ from fedproto.algorithms.mufc.clustering import PaddedPoints, server_points
 from fedproto.algorithms.mufc.config import SECAGG_PURPOSE, MUFCConfig, check_secagg_plus, remote_error
 from fedproto.algorithms.mufc.data import Federation
 from fedproto.algorithms.secagg_plus.engine import STAGES, SecAggPlusConfig, SecAggPlusServer, SumOutcome
-from fedproto.algorithms.secagg_plus.messages import AdvertiseKeys
 from fedproto.algorithms.secagg_plus.protocol import SecAggPlusServerRole, server_transitions
 from fedproto.data import agree_feature_count
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states
-from fedproto.messages import Event, Message, Outgoing, PhaseTimedOut
+from fedproto.messages import Event, Outgoing, PhaseTimedOut
 from fedproto.star import check_clients
 
 if TYPE_CHECKING:
@@ -293,14 +292,12 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
         self._totals: list[int] = []
         self._supports: list[int] = []
         self._reclustered: list[bool] = []
-        # SecAgg+ only: the running instance, the clients counted as gone (dropped; their late
-        # frames are ignored), the clients leaving in this round, the requests of this round, and
-        # the keys advertised in this round (to re-open the instance without a leaving client).
+        # SecAgg+ only: the run's engine, the clients counted as gone (dropped; their late frames
+        # are ignored), the clients leaving in this round and the requests of this round.
         self._aggregation: SecAggPlusServer | None = None
         self._gone: set[str] = set()
         self._leaving: set[str] = set()
         self._round_requests = 0
-        self._advertised: list[tuple[str, AdvertiseKeys]] = []
         if config is not None:
             self._configure(config, n_points, secagg_plus)  # type: ignore[arg-type]
         else:
@@ -312,7 +309,7 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
         self.config, self.n_points, self.secagg_plus = config, n_points, secagg_plus
         self._model = ServerModel(config, self.key)
         if secagg_plus is not None:
-            self.move_to(ServerState.AGGREGATE)  # no key setup: SecAgg+ keys are fresh per instance
+            self.move_to(ServerState.AGGREGATE)  # no SCMA key setup: SecAgg+ agrees its own keys in round 0
             self._aggregation = self._new_aggregation()
 
     @property
@@ -489,9 +486,9 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
             return out
         self.round_idx += 1
         if self.secagg_plus is not None:
-            # Every client still in the federation advertises its keys for the next round as
-            # soon as it has this model: the next instance opens now.
-            self._leaving, self._round_requests, self._advertised = set(), 0, []
+            # Every client still in the federation sends its masked input for the next round as
+            # soon as it has this model: the next aggregation opens now.
+            self._leaving, self._round_requests = set(), 0
             self._aggregation = self._new_aggregation()
             return out
         self.move_to(ServerState.SERVING)
@@ -520,13 +517,6 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
         active = [self.clients[c] for c in self._active if self.clients[c] not in self._leaving]
         return self._secagg_server(self.secagg_plus, SECAGG_PURPOSE, active)
 
-    def _on_stage(self, sender: str, message: Message) -> list[Outgoing]:
-        if isinstance(message, AdvertiseKeys) and self._aggregation is not None:
-            # kept to replay into the round re-opened without a leaving client (a message the
-            # engine refuses fails the machine; one of a dropped client never reaches it: _ignores)
-            self._advertised.append((sender, message))
-        return super()._on_stage(sender, message)
-
     def _on_secagg_request(self, sender: str, message: messages.RemovalRequest) -> list[Outgoing]:
         """A removal request under SecAgg+: the round is already open; a leaving client is taken
         out of it (absent, not a dropout), a partial removal needs nothing from the server."""
@@ -542,21 +532,15 @@ class MUFCServer(SecAggPlusServerRole, ProtocolMachine):
             raise remote_error(f"a second removal request in round {self.round_idx}", sender, self)
         if not message.whole_client:
             return []
-        if aggregation.stage != STAGES[0] or sender not in aggregation.pending():
+        if aggregation.stage != STAGES[1] or aggregation.attempt or sender not in aggregation.pending():
             raise remote_error(f"{sender} asks to leave after joining the aggregation of round {self.round_idx}",
                           sender, self)
         if len(self._remaining()) == 1:
             raise remote_error(f"{sender} is the last client; the federation would be empty", sender, self)
         self._leaving.add(sender)
         self._check_quorum()
-        # Re-open the instance without the leaving client (absent, not a dropout: the error
-        # messages and the dropout record must not name it) and replay the keys already in; the
-        # first stage cannot have completed, since it waited for the leaving client.
-        self._aggregation = self._new_aggregation()
-        out = self._aggregation.drop(sorted(self._gone))
-        for party, keys in self._advertised:
-            out += self._aggregation.receive(party, keys)
-        return self._after_stage(out)
+        # absent, not a dropout: the error messages and the dropout record must not name it
+        return self._after_stage(aggregation.withdraw([sender]))
 
     def _remaining(self) -> list[int]:
         """The clients of the running aggregation that are neither gone nor leaving."""

@@ -1,52 +1,53 @@
-"""SecAgg+ stage engines: dropout-tolerant secure aggregation that protocol machines embed.
+"""SecAgg+ engines: dropout-tolerant secure aggregation that protocol machines embed.
 
-One *aggregation* (an instance) sums one vector per client over a ring ``Z_{2^w}`` (``w`` = 32
-or 64, FastLloyd's fixed point) or a prime field ``F_p`` (MUFC's syndromes), in four stages
-(:data:`STAGES`), each one request and one reply through the server:
+A run's clients agree their keys **once** (the set-up) and then sum one vector per client in each
+*aggregation* (one per round), over a ring ``Z_{2^w}`` (``w`` = 32 or 64, FastLloyd's fixed point)
+or a prime field ``F_p`` (MUFC's syndromes). Each stage (:data:`STAGES`) is one request and one
+reply through the server:
 
-1. ``advertise-keys``: client u draws two X25519 key pairs, ``(c_u^PK, c_u^SK)`` to encrypt
-   shares and ``(s_u^PK, s_u^SK)`` to agree pairwise mask seeds, and sends both public keys. The
-   server sends every client the keys of its neighbours that advertised (set ``U1``).
-2. ``share-keys``: client u draws a self-mask seed ``b_u``, Shamir-shares ``b_u`` and
-   ``s_u^SK`` among its neighbours in ``U1`` with threshold t, and encrypts each neighbour's two
-   shares with ChaCha20-Poly1305 under a key agreed from ``c_u^SK`` and the neighbour's
-   ``c_v^PK`` (HKDF; the indices and the aggregation are bound as associated data). The server
-   forwards each client the ciphertexts addressed to it, from the clients that sent theirs
-   (``U2``).
-3. ``masked-input``: client u sends ``y_u = x_u + PRG(b_u) + sum_{v in N(u) & U2} sign(u, v)
-   PRG(s_{u,v})``, with ``s_{u,v}`` = HKDF of the X25519 agreement of ``s_u^SK`` and
-   ``s_v^PK``, ``sign = +1`` if ``u < v`` else ``-1``, so the pairwise masks of two senders
-   cancel. The server tells each client which of its neighbours in ``U2`` sent nothing (``D = U2 \\ U3``).
-4. ``unmask``: client u in ``U3`` sends, for each neighbour v in ``U2``, its share of ``s_v^SK``
-   if ``v`` is in ``D`` and its share of ``b_v`` otherwise; never both for the same v. With t
-   shares of each, the server removes the self masks of ``U3`` and the pairwise masks that
-   dropped clients left in their neighbours' inputs, and obtains ``sum_{u in U3} x_u``
-   exactly.
+0. ``advertise-keys`` (set-up, once per run): client u sends one X25519 public key; the server
+   sends every client the keys of its neighbours that advertised (``U1``). Client u agrees, with
+   each neighbour v, the X25519 secret of the pair and derives from it (HKDF-SHA256, bound to the
+   run and the pair) two keys it keeps for the run: ``e_uv``, which encrypts shares between u and
+   v, and ``m_uv``, from which the pair's mask keys are drawn.
+1. ``masked-input`` (every aggregation ``(r, a)``: round r, attempt a): client u draws a fresh
+   self-mask seed ``b_u^{r,a}``, Shamir-shares it among the neighbours it masks with (threshold
+   t), and sends ``y_u = x_u + PRG(b_u^{r,a}) + sum_v sign(u, v) PRG(k_uv^{r,a})``, where
+   ``k_uv^{r,a} = PRF_{m_uv}(r, a)`` (ChaCha20 keyed by ``m_uv``, the nonce ``(r, a)``) and
+   ``sign = +1`` if ``u < v`` else ``-1`` (the masks of two senders cancel), together with each
+   neighbour's share encrypted under ``e_uv`` (ChaCha20-Poly1305, the nonce and associated data
+   binding ``(r, a)`` and the direction). The server tells each client which of its neighbours sent
+   nothing (``D``) and forwards it the ciphertexts of the others.
+2. ``unmask``: client u reveals, for each neighbour v that sent its input, its share of
+   ``b_v^{r,a}``, and for each that did not, ``k_uv^{r,a}``; never both for one neighbour. The
+   server rebuilds each sender's self-mask seed from t shares, removes the self masks and the
+   pairwise masks that dropped clients left in their neighbours' inputs, and has
+   ``sum_{u in U3} x_u`` exactly.
 
-The neighbourhood graph is public: a random ``k``-regular graph drawn from a public seed
-(:func:`~fedproto.algorithms.secagg_plus.graph.neighbourhoods`), or the complete graph, which
-is classic SecAgg. A client checks that the server's neighbour list is part of its own
-neighbourhood. Masks are ChaCha20 keystreams keyed by HKDF-SHA256 (the ring: keystream words
-read little-endian; the field: rejection sampling, exactly uniform), never a statistical
-generator.
+**Why the set-up can be reused.** No long-lived secret is ever revealed: the server learns only
+per-aggregation values (``b_u^{r,a}`` of a client whose input arrived, ``k_uv^{r,a}`` of a pair
+with one side missing), and the PRF keeps every other aggregation's masks pseudorandom. Revealing
+a client's masking *key* (Bonawitz et al.'s recovery of a dropped client) would instead expose
+every earlier input of that client whose self mask was removed. A client that dropped may
+therefore take part again later under the same keys. ``docs/protocols/secagg_plus.md`` gives the
+argument in full.
 
-Dropout: a client that is silent in a stage (the embedding machine calls
+**Dropouts.** A client silent in a stage (the embedding machine calls
 :meth:`SecAggPlusServer.drop` when its deadline passes or the transport reports the party gone)
-is left out of that stage's set and of every later one. The sum of ``U3``'s inputs is recovered
-whenever every client of ``U3`` and of ``D`` has at least t neighbours in the set that answers
-the unmask request; otherwise :class:`~fedproto.errors.InsufficientParticipants` names the
-clients whose masks cannot be removed. A wrong sum is never returned.
+is out of that aggregation. A client silent at ``unmask`` is still in the sum when its pairwise
+masks all cancel; if one of its neighbours also missed the masked input, the pair's mask key is
+known to those two clients only, so the server asks the clients that answered to mask the same
+inputs again (:class:`~fedproto.algorithms.secagg_plus.messages.Remask`, attempt ``a + 1``,
+fresh seeds and mask keys) without the silent ones. Too few clients left for the threshold raises
+:class:`~fedproto.errors.InsufficientParticipants` naming them. A wrong sum is never returned.
 
 Threat model: semi-honest (honest-but-curious) server and clients; the server relays faithfully.
-What the server holds: the public keys, ciphertexts it cannot open, the masked inputs, and for
-each client either t shares of its self-mask seed (it sent its input) or t shares of its
-masking key (it did not), never both, so it learns only the sum of ``U3``'s inputs. An active
-server could claim an online client dropped to learn its masking key after receiving its input:
-Bonawitz et al.'s consistency checks and signatures (their actively secure variant) are not
-implemented here.
+Fewer than t colluding neighbours learn nothing about a self-mask seed. An active server could
+claim that an online client dropped, to learn its pair keys after receiving its input: Bonawitz et
+al.'s consistency checks and signatures (their actively secure variant) are not implemented here.
 
-Engines are sans-IO objects, not machines: a :class:`~fedproto.machine.ProtocolMachine` creates
-one per aggregation, routes the stage messages to it and sends what it returns
+Engines are sans-IO objects, not machines: a :class:`~fedproto.machine.ProtocolMachine` keeps one
+per run, routes the stage messages to it and sends what it returns
 (:mod:`fedproto.algorithms.secagg_plus.protocol` is the smallest such machine pair).
 
 References:
@@ -62,10 +63,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from fedproto.algorithms import secagg
 from fedproto.algorithms.secagg_plus import shamir
@@ -75,10 +79,9 @@ from fedproto.algorithms.secagg_plus.messages import (
     KEY_BYTES,
     STAGES,
     AdvertiseKeys,
-    EncryptedShares,
-    ForwardedShares,
     MaskedInput,
     NeighbourKeys,
+    Remask,
     UnmaskRequest,
     UnmaskShares,
     frame_limit,
@@ -104,7 +107,10 @@ __all__ = [
 # secagg_plus.config; STAGES and the wire sizes (stage_bytes, frame_limit) with the messages,
 # which import without FLINT. All are re-exported here.
 
-_LABEL = b"fedproto/secagg-plus/v1"
+_LABEL = b"fedproto/secagg-plus/v2"
+#: After the unmask stage: the aggregation's sum is known (client: its shares are sent).
+DONE = "done"
+_MAX_ATTEMPT = 2**16 - 1
 
 
 def _info(*fields: bytes | int) -> bytes:
@@ -116,39 +122,40 @@ def _info(*fields: bytes | int) -> bytes:
     return b"".join(parts)
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # Keys and masks
 # --------------------------------------------------------------------------------------------
 
 
-def _private_key(raw: bytes) -> X25519PrivateKey:
-    return X25519PrivateKey.from_private_bytes(raw)
+def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u: int, v: int) -> tuple[ChaCha20Poly1305, bytes]:
+    """``(AEAD under e_uv, m_uv)``: the run's share-encryption key and mask base key of a pair.
 
-
-def _public_bytes(key: X25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes_raw()
-
-
-def _agree(private: X25519PrivateKey, peer_public: bytes) -> bytes:
+    Raises:
+        ValueError: an invalid X25519 public key (a low-order point or a malformed key).
+    """
     try:
-        return private.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    except ValueError as exc:  # a low-order point or a malformed key
+        shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:
         raise ValueError(f"invalid X25519 public key: {exc}") from exc
-
-
-def _pair_key(shared: bytes, instance: bytes, u: int, v: int) -> bytes:
     lo, hi = (u, v) if u < v else (v, u)
-    return secagg.derive_bytes(shared, _info(b"pair-mask", instance, lo, hi))
+    material = secagg.derive_bytes(shared, _info(b"pair", instance, lo, hi), 64)
+    return ChaCha20Poly1305(material[:32]), material[32:]
 
 
-def _self_key(seed: bytes, instance: bytes, u: int) -> bytes:
-    return secagg.derive_bytes(seed, _info(b"self-mask", instance, u))
+def _mask_key(base: bytes, round_idx: int, attempt: int) -> bytes:
+    """``k_uv^{r,a}``: 32 bytes of the ChaCha20 keystream of the pair's base key ``m_uv`` at the
+    nonce ``(r, a)`` (a PRF of ``(r, a)``: one aggregation's key tells nothing of another's)."""
+    nonce = bytes(4) + struct.pack(">QI", round_idx, attempt)  # 32-bit block counter 0, then the nonce
+    return Cipher(algorithms.ChaCha20(base, nonce), mode=None).encryptor().update(bytes(KEY_BYTES))
 
 
-def _share_context(instance: bytes, sender: int, receiver: int) -> bytes:
-    return _info(b"share", instance, sender, receiver)
+def _share_nonce(round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:
+    # one ciphertext per (pair key, aggregation, direction): the 96-bit nonce never repeats
+    return struct.pack(">QHH", round_idx, attempt, 0 if sender < receiver else 1)
+
+
+def _share_context(instance: bytes, round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:
+    return _info(b"share", instance, round_idx, attempt, sender, receiver)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,12 +166,15 @@ class SumOutcome:
         total: ``sum_{u in survivors} x_u`` in the algebra, ``[L]``.
         survivors: the clients whose inputs are in ``total`` (``U3``), in client order.
         dropouts: ``{client: stage}`` for each client that dropped, with the stage it did not
-            complete (a client that dropped at ``unmask`` is a survivor: its input is in).
+            complete (a client that dropped at ``unmask`` is a survivor when its input could be
+            kept in the sum).
+        attempts: how many times the inputs were masked (1 unless a :class:`Remask` was needed).
     """
 
     total: np.ndarray
     survivors: tuple[str, ...]
     dropouts: dict[str, str]
+    attempts: int = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,22 +183,28 @@ class SumOutcome:
 
 
 class SecAggPlusClient:
-    """One client's side of one aggregation (sans-IO; Bonawitz et al. Fig. 4, "User").
+    """One client's side of a run's aggregations (sans-IO; Bonawitz et al. Fig. 4, "User").
 
-    Call, in order: :meth:`advertise` (stage 1), :meth:`share_keys` with the server's
-    :class:`NeighbourKeys` (stage 2), :meth:`receive_shares` with the
-    :class:`ForwardedShares` and then :meth:`mask_input` with the input (stage 3), and
-    :meth:`unmask` with the :class:`UnmaskRequest` (stage 4). Each returns the message to send
-    to the server (``receive_shares`` returns nothing).
+    Set-up, once: :meth:`advertise`, then :meth:`receive_keys` with the server's
+    :class:`NeighbourKeys`. Then, for each aggregation: :meth:`mask_input` with the round's input,
+    and :meth:`unmask` with the :class:`UnmaskRequest`; on a :class:`Remask`, :meth:`remask` with
+    the same input. Each returns the message to send to the server (``receive_keys`` nothing).
 
     Args:
         config: the public parameters.
         index: this client's index in ``[0, n_clients)``.
-        entropy: at least 32 secret random bytes; every key, seed and share coefficient of this
-            aggregation is derived from it and ``instance`` (HKDF), so the engine is a pure
-            function of its arguments.
-        instance: public bytes naming this aggregation (session, round, purpose): keys and masks
-            are fresh for every instance.
+        entropy: at least 32 secret random bytes; every key, seed and share coefficient of the run
+            is derived from it and ``instance`` (HKDF), so the engine is a pure function of its
+            arguments.
+        instance: public bytes naming the run's set-up (session, purpose): keys are fresh for
+            every instance.
+
+    Attributes:
+        stage: ``advertise-keys`` until the keys are in, ``masked-input`` until the first input
+            is masked, ``unmask`` while an unmask request is awaited, then :data:`DONE`.
+        revealed: after :meth:`unmask`: the neighbours whose self-mask seed shares this client
+            revealed (their inputs are in the sum) and those whose pair keys it revealed (not in
+            it).
 
     Raises:
         ValueError: ``index`` out of range or ``entropy`` shorter than 32 bytes.
@@ -204,41 +220,40 @@ class SecAggPlusClient:
         self.index = index
         self.instance = bytes(instance)
         derive = functools.partial(secagg.derive_bytes, entropy)
-        self._encryption_key = _private_key(derive(_info(b"encryption-key", self.instance, index)))
-        self._encryption_public = _public_bytes(self._encryption_key)
-        self._masking_raw = derive(_info(b"masking-key", self.instance, index))
-        self._masking_key = _private_key(self._masking_raw)
-        self._encryption_shared: dict[int, bytes] = {}  # neighbour -> X25519(c_u, c_v), agreed once
-        self._self_seed = derive(_info(b"self-seed", self.instance, index))
+        self._private = X25519PrivateKey.from_private_bytes(derive(_info(b"key", self.instance, index)))
+        self._seed_key = derive(_info(b"self-seed", self.instance, index))
         self._share_entropy = derive(_info(b"share-coefficients", self.instance, index))
         self.stage = STAGES[0]
-        self._neighbour_keys: dict[int, tuple[bytes, bytes]] = {}
-        self._received: dict[int, tuple[bytes, bytes]] = {}  # sender -> (share of b_v, share of s_v^SK)
-        #: After :meth:`unmask`: the neighbours whose self-mask seed shares this client revealed
-        #: (their inputs are in the sum) and those whose masking key shares it revealed (not in it).
+        self._advertised = False
+        self._aead: dict[int, ChaCha20Poly1305] = {}  # neighbour -> AEAD under e_uv
+        self._mask_base: dict[int, bytes] = {}  # neighbour -> m_uv
+        self._neighbours: list[int] = []  # the neighbours the next input is masked with, increasing
+        self._last: tuple[int, int] = (-1, 0)  # (round, attempt) of the last masked input
+        self._masked_with: list[int] = []
         self.revealed: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
-    def _expect(self, stage: str, sender: str) -> None:
-        if self.stage != stage:
-            raise RemoteProtocolError(
-                f"a {stage} message from {sender} while this client's aggregation is at {self.stage}", party=sender
-            )
+    @property
+    def neighbours(self) -> tuple[int, ...]:
+        """The neighbours the next input will be masked with (those with keys, less those the
+        server has reported without input), increasing."""
+        return tuple(self._neighbours)
 
     def advertise(self) -> AdvertiseKeys:
-        """Stage 1: the two public keys."""
-        if self.stage != STAGES[0]:
+        """Set-up: this client's public key."""
+        if self.stage != STAGES[0] or self._advertised:
             raise LocalProtocolError(f"advertise() at stage {self.stage}")
-        self.stage = STAGES[1]
-        return AdvertiseKeys(encryption_key=self._encryption_public, masking_key=_public_bytes(self._masking_key))
+        self._advertised = True
+        return AdvertiseKeys(public_key=self._private.public_key().public_bytes_raw())
 
-    def share_keys(self, sender: str, message: NeighbourKeys) -> EncryptedShares:
-        """Stage 2: Shamir-share ``b_u`` and ``s_u^SK`` among the neighbours and encrypt.
+    def receive_keys(self, sender: str, message: NeighbourKeys) -> None:
+        """Set-up: agree the run's keys with each neighbour that advertised.
 
         Raises:
-            RemoteProtocolError: a listed client is not a neighbour, or the list is shorter than
-                t (the client's secrets could not be recovered, so it does not take part).
+            RemoteProtocolError: a listed client is not a neighbour, a key is invalid, or the list
+                is shorter than t (the client's seeds could not be recovered).
         """
-        self._expect(STAGES[1], sender)
+        if self.stage != STAGES[0] or not self._advertised:
+            raise RemoteProtocolError(f"neighbour keys while this client's aggregation is at {self.stage}", party=sender)
         cfg = self.config
         mine = cfg._neighbour_sets[self.index]
         neighbours = [int(v) for v in message.neighbours]
@@ -251,118 +266,132 @@ class SecAggPlusClient:
             )
         keys = np.asarray(message.keys, dtype=np.uint8)
         for row, v in enumerate(neighbours):
-            raw = keys[row].tobytes()
-            self._neighbour_keys[v] = (raw[:KEY_BYTES], raw[KEY_BYTES:])
-        # A neighbour's evaluation point is 1 + its rank in the sorted neighbour list the server
-        # sent (the server knows the list): small, dense points make reconstruction cheap.
-        xs = list(range(1, len(neighbours) + 1))
-        b_shares = shamir.split_secret(self._self_seed, xs, cfg.threshold, self._share_entropy + b"b")
-        s_shares = shamir.split_secret(self._masking_raw, xs, cfg.threshold, self._share_entropy + b"s")
-        ciphertexts = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
-        for row, v in enumerate(neighbours):
-            peer = self._neighbour_keys[v][0]
             try:
-                shared = secagg.x25519_shared(self._encryption_key, peer)
+                self._aead[v], self._mask_base[v] = _pair_keys(self._private, keys[row].tobytes(), self.instance, self.index, v)
             except ValueError as exc:
-                raise RemoteProtocolError(f"client {v}'s encryption key: {exc}", party=sender) from None
-            self._encryption_shared[v] = shared
-            sealed = secagg.seal_with_shared(
-                shared, self._encryption_public, peer, b_shares[row] + s_shares[row], _share_context(self.instance, self.index, v)
-            )
-            ciphertexts[row] = np.frombuffer(sealed, dtype=np.uint8)
-        self.stage = STAGES[2]
-        return EncryptedShares(recipients=np.asarray(neighbours, dtype=np.uint32), ciphertexts=ciphertexts)
+                raise RemoteProtocolError(f"client {v}'s public key: {exc}", party=sender) from None
+        self._neighbours = neighbours
+        self.stage = STAGES[1]
 
-    def receive_shares(self, sender: str, message: ForwardedShares) -> None:
-        """Stage 2, second half: open the shares the neighbours sent.
-
-        Raises:
-            RemoteProtocolError: a sender that is not a neighbour with keys, or a ciphertext
-                that does not authenticate.
-        """
-        self._expect(STAGES[2], sender)
-        if self._received:
-            raise RemoteProtocolError("a second set of forwarded shares", party=sender)
-        s = shamir.SHARE_BYTES
-        for row, v in enumerate(int(v) for v in message.senders):
-            keys = self._neighbour_keys.get(v)
-            if keys is None:
-                raise RemoteProtocolError(f"forwarded shares from client {v}, which is not a neighbour with keys", party=sender)
-            try:
-                plain = secagg.open_with_shared(
-                    self._encryption_shared[v],
-                    keys[0],
-                    self._encryption_public,
-                    np.asarray(message.ciphertexts[row], dtype=np.uint8).tobytes(),
-                    _share_context(self.instance, v, self.index),
-                )
-            except ValueError as exc:
-                raise RemoteProtocolError(f"the shares of client {v} do not open: {exc}", party=sender) from exc
-            self._received[v] = (plain[:s], plain[s:])
-        if len(self._received) < self.config.threshold:
-            raise RemoteProtocolError(
-                f"only {len(self._received)} neighbours shared keys; t = {self.config.threshold}", party=sender
-            )
-
-    def mask_input(self, values: object) -> MaskedInput:
-        """Stage 3: ``y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_{u,v})``.
+    def mask_input(self, values: object, *, round_idx: int, attempt: int = 0) -> MaskedInput:
+        """``y_u = x_u + PRG(b_u^{r,a}) + sum_v sign(u, v) PRG(k_uv^{r,a})``, and the shares of
+        ``b_u^{r,a}`` encrypted for the neighbours.
 
         Args:
             values: ``[L]`` integers in ``[0, size)`` of the algebra (ring elements: the
                 fixed-point encoding; field elements).
+            round_idx: the aggregation's round ``r`` (>= 0).
+            attempt: ``a``, 0 unless the server asked to mask again (:meth:`remask`).
 
         Raises:
             ValueError: wrong length or an element outside the algebra.
-            LocalProtocolError: called before the shares arrived.
+            LocalProtocolError: before the set-up completed, while an unmask request is awaited,
+                or for an ``(r, a)`` not after the last one masked: masks are never reused.
+            InsufficientParticipants: fewer than t neighbours left to share the seed with.
         """
-        if self.stage != STAGES[2] or not self._received:
-            raise LocalProtocolError("mask_input() before the neighbours' shares arrived")
+        if self.stage not in (STAGES[1], DONE):
+            raise LocalProtocolError(f"mask_input() at stage {self.stage}")
+        round_idx = _check_int("round_idx", round_idx, 0)
+        attempt = _check_int("attempt", attempt, 0)
+        if attempt > _MAX_ATTEMPT:
+            raise ValueError(f"attempt must be at most {_MAX_ATTEMPT}, got {attempt}")
+        if (round_idx, attempt) <= self._last:
+            raise LocalProtocolError(
+                f"round {round_idx} attempt {attempt} is not after round {self._last[0]} attempt {self._last[1]}: "
+                "masks are never reused"
+            )
         cfg = self.config
+        neighbours = self._neighbours
+        if len(neighbours) < cfg.threshold:
+            raise InsufficientParticipants(
+                f"client {self.index} has {len(neighbours)} neighbours left; sharing its seed needs t = {cfg.threshold}"
+            )
         modulus, length = cfg.modulus, cfg.vector_length
-        y = modulus.add(modulus.vector(values, length), modulus.expand(_self_key(self._self_seed, self.instance, self.index), length))
-        for v in sorted(self._received):
-            shared = _agree(self._masking_key, self._neighbour_keys[v][1])
-            mask = modulus.expand(_pair_key(shared, self.instance, self.index, v), length)
-            y = modulus.add(y, mask) if self.index < v else modulus.sub(y, mask)
-        self.stage = STAGES[3]
-        return MaskedInput(masked=modulus.to_wire(y))
+        x = modulus.vector(values, length)
+        seed = secagg.derive_bytes(self._seed_key, _info(b"self-seed", round_idx, attempt))
+        y = modulus.add(x, modulus.expand(seed, length))
+        u = self.index
+        for v in neighbours:
+            mask = modulus.expand(_mask_key(self._mask_base[v], round_idx, attempt), length)
+            y = modulus.add(y, mask) if u < v else modulus.sub(y, mask)
+        # A neighbour's evaluation point is 1 + its rank in this list (the server tracks the list).
+        shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), cfg.threshold, self._share_entropy)
+        sealed = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
+        for row, v in enumerate(neighbours):
+            ciphertext = self._aead[v].encrypt(
+                _share_nonce(round_idx, attempt, u, v), shares[row], _share_context(self.instance, round_idx, attempt, u, v)
+            )
+            sealed[row] = np.frombuffer(ciphertext, dtype=np.uint8)
+        self._last = (round_idx, attempt)
+        self._masked_with = list(neighbours)
+        self.stage = STAGES[2]
+        return MaskedInput(masked=modulus.to_wire(y), shares=sealed)
 
     def unmask(self, sender: str, message: UnmaskRequest) -> UnmaskShares:
-        """Stage 4: for each neighbour that shared keys, the share of ``s_v^SK`` if it dropped
-        (it is in ``message.dropped``), else the share of ``b_v``.
+        """For each neighbour it masked with: the share of its self-mask seed if it sent its input,
+        else this aggregation's pair key with it (it is in ``message.dropped``). The neighbours
+        without input are left out of later aggregations' masks.
 
         Raises:
-            RemoteProtocolError: this client is listed as dropped, or fewer than t - 1 of its
-                neighbours survived (with itself, fewer than t: Bonawitz et al.'s abort rule).
+            RemoteProtocolError: a dropped client that is not a neighbour, this client listed as
+                dropped, the wrong number of ciphertexts, or one that does not authenticate.
+            InsufficientParticipants: fewer than t - 1 of its neighbours sent their input (with
+                itself, fewer than t: Bonawitz et al.'s abort rule; revealing the pair keys would
+                leave its own input with too few masks).
         """
-        self._expect(STAGES[3], sender)
-        dropped = {int(v) for v in message.dropped}
+        if self.stage != STAGES[2]:
+            raise RemoteProtocolError(f"an unmask request while this client's aggregation is at {self.stage}", party=sender)
+        dropped = [int(v) for v in message.dropped]
         if self.index in dropped:
             raise RemoteProtocolError("the server lists this client, which sent its input, as dropped", party=sender)
-        alive = [v for v in sorted(self._received) if v not in dropped]
-        gone = [v for v in sorted(self._received) if v in dropped]
+        masked_with = self._masked_with
+        gone = set(dropped)
+        if len(gone) != len(dropped) or not gone <= set(masked_with):
+            raise RemoteProtocolError("the dropped list names clients this client did not mask with", party=sender)
+        alive = [v for v in masked_with if v not in gone]
         if len(alive) + 1 < self.config.threshold:
             raise InsufficientParticipants(
-                f"only {len(alive)} neighbours of client {self.index} sent their input; revealing shares needs "
+                f"only {len(alive)} neighbours of client {self.index} sent their input; revealing needs "
                 f"t - 1 = {self.config.threshold - 1}",
-                missing=[str(v) for v in gone],
+                missing=[str(v) for v in dropped],
                 party=sender,
             )
-        self.stage = "done"
-        self.revealed = (tuple(alive), tuple(gone))
+        if message.shares.shape[0] != len(alive):
+            raise RemoteProtocolError(
+                f"{message.shares.shape[0]} forwarded shares for {len(alive)} neighbours with input", party=sender
+            )
+        round_idx, attempt = self._last
+        u = self.index
+        shares = np.empty((len(alive), shamir.SHARE_BYTES), dtype=np.uint8)
+        for row, v in enumerate(alive):
+            try:
+                plain = self._aead[v].decrypt(
+                    _share_nonce(round_idx, attempt, v, u),
+                    message.shares[row].tobytes(),
+                    _share_context(self.instance, round_idx, attempt, v, u),
+                )
+            except InvalidTag:
+                raise RemoteProtocolError(f"the share of client {v} does not authenticate", party=sender) from None
+            shares[row] = np.frombuffer(plain, dtype=np.uint8)
+        keys = np.empty((len(dropped), KEY_BYTES), dtype=np.uint8)
+        for row, v in enumerate(dropped):
+            keys[row] = np.frombuffer(_mask_key(self._mask_base[v], round_idx, attempt), dtype=np.uint8)
+        self._neighbours = [v for v in self._neighbours if v not in gone]
+        self.revealed = (tuple(alive), tuple(dropped))
+        self.stage = DONE
+        return UnmaskShares(shares=shares, pair_keys=keys)
 
-        def rows(owners: list[int], part: int) -> np.ndarray:
-            out = np.empty((len(owners), shamir.SHARE_BYTES), dtype=np.uint8)
-            for row, v in enumerate(owners):
-                out[row] = np.frombuffer(self._received[v][part], dtype=np.uint8)
-            return out
+    def remask(self, sender: str, message: Remask, values: object) -> MaskedInput:
+        """Mask the same ``values`` again for the attempt the server names (fresh seed and keys).
 
-        return UnmaskShares(
-            self_owners=np.asarray(alive, dtype=np.uint32),
-            self_shares=rows(alive, 0),
-            key_owners=np.asarray(gone, dtype=np.uint32),
-            key_shares=rows(gone, 1),
-        )
+        Raises:
+            RemoteProtocolError: not after this client's unmask shares, or not the next attempt.
+        """
+        if self.stage != DONE or message.attempt != self._last[1] + 1:
+            raise RemoteProtocolError(
+                f"a remask for attempt {message.attempt} at stage {self.stage} after attempt {self._last[1]}", party=sender
+            )
+        return self.mask_input(values, round_idx=self._last[0], attempt=message.attempt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,20 +400,21 @@ class SecAggPlusClient:
 
 
 class SecAggPlusServer:
-    """The server's side of one aggregation (sans-IO; Bonawitz et al. Fig. 4, "Server").
+    """The server's side of a run's aggregations (sans-IO; Bonawitz et al. Fig. 4, "Server").
 
-    Feed it each stage message with :meth:`receive` and the clients that go silent with
-    :meth:`drop`; both return the messages to send (as :class:`~fedproto.messages.Send` /
-    :class:`~fedproto.messages.Broadcast` stamped with ``round_idx`` and the stage). When the
-    last stage completes, :attr:`outcome` holds the sum.
+    The engine starts with the set-up and the first aggregation; once :attr:`outcome` holds its
+    sum, :meth:`begin` starts the next. Feed it each stage message with :meth:`receive` and the
+    clients that go silent with :meth:`drop`; both return the messages to send (as
+    :class:`~fedproto.messages.Send` / :class:`~fedproto.messages.Broadcast` stamped with the
+    round and the stage).
 
     Args:
         config: the public parameters.
         clients: the party name of each client index, ``[n_clients]``.
-        round_idx: the round the aggregation's messages are stamped with.
-        instance: the public bytes naming this aggregation, as the clients were given them.
+        round_idx: the round of the first aggregation (its messages are stamped with it).
+        instance: the public bytes naming the run's set-up, as the clients were given them.
         active: the clients expected to take part (default all); the others left the federation
-            earlier and count as absent, not as dropouts of this aggregation.
+            earlier and count as absent, not as dropouts.
 
     Raises:
         ValueError: ``clients`` has the wrong length or repeats a name; an active client is not
@@ -405,53 +435,75 @@ class SecAggPlusServer:
             raise ValueError(f"clients must be {config.n_clients} distinct names, got {len(clients)}")
         self.config = config
         self.clients = clients
-        self.round_idx = round_idx
         self.instance = bytes(instance)
         self._index = {name: i for i, name in enumerate(clients)}
-        if active is None:
-            self._active = set(range(len(clients)))
-        else:
-            unknown = [a for a in active if a not in self._index]
-            if unknown:
-                raise ValueError(f"active clients not in the client list: {unknown}")
-            self._active = {self._index[a] for a in active}
-        self.stage = STAGES[0]
-        self.dropouts: dict[str, str] = {}
+        self._keys: dict[int, bytes] = {}  # set-up: the public keys that arrived
+        # After the set-up: each client's neighbours that it masks its next input with, as the
+        # client tracks them (those with keys, less those reported to it without input).
+        self._neighbours: dict[int, np.ndarray] = {}
+        self.round_idx = -1
         self.outcome: SumOutcome | None = None
-        self._keys: dict[int, tuple[bytes, bytes]] = {}
-        self._shared: dict[int, EncryptedShares] = {}
-        self._inputs: dict[int, np.ndarray] = {}
-        self._reveals: dict[int, UnmaskShares] = {}
-        self._dropped: set[int] = set()
-        self._gone: set[int] = set()
-        self._gone_unmarked = False  # a gone client may be waited for at the current stage
-        self._neighbours_of: dict[int, np.ndarray] = {}
-        self._forwarded_from: dict[int, np.ndarray] = {}
-        self._unmask_dropped: np.ndarray = np.zeros(0, dtype=np.uint32)
-        self._requested: dict[int, np.ndarray] = {}  # survivor -> its dropped neighbours, when any dropped
-        # The clients the current stage still waits for, kept as messages arrive (O(1) each).
-        self._waiting: set[int] = set(self._active)
+        self._start(round_idx, self._active_indices(active))
+        self.stage = STAGES[0]
 
     # -- state ----------------------------------------------------------------------------------
 
+    def _active_indices(self, active: Iterable[str] | None) -> set[int]:
+        if active is None:
+            return set(range(len(self.clients)))
+        active = list(active)
+        unknown = [a for a in active if a not in self._index]
+        if unknown:
+            raise ValueError(f"active clients not in the client list: {unknown}")
+        return {self._index[a] for a in active}
+
+    def _start(self, round_idx: int, active: set[int]) -> None:
+        self.round_idx = round_idx
+        self.attempt = 0
+        self.stage = STAGES[1]
+        self.dropouts: dict[str, str] = {}
+        self.outcome = None
+        self._active = active
+        self._dropped: set[int] = set()  # dropped in this aggregation (any attempt)
+        self._gone: set[int] = set()
+        self._gone_unmarked = False  # a gone client may be waited for at the current stage
+        self._reset_attempt(active)
+
+    def _reset_attempt(self, expected: set[int]) -> None:
+        self._inputs: dict[int, np.ndarray] = {}
+        self._sealed: dict[int, np.ndarray] = {}  # sender -> its ciphertexts, one per neighbour it masked with
+        self._reveals: dict[int, UnmaskShares] = {}
+        self._requested: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # survivor -> (senders, dropped) asked of it
+        # The clients the current stage still waits for, kept as messages arrive (O(1) each).
+        self._waiting: set[int] = set(expected)
+
+    def begin(self, round_idx: int, active: Iterable[str] | None = None) -> None:
+        """Start the next aggregation; its clients send their masked inputs unasked. Clients known
+        to be gone are then passed to :meth:`drop`, which completes the stage if no one is left.
+
+        Args:
+            round_idx: its round, after the last one.
+            active: the clients expected (default all); a client that never completed the set-up
+                cannot take part and is absent.
+
+        Raises:
+            LocalProtocolError: the running aggregation has no sum yet, or ``round_idx`` is not
+                after its round.
+            ValueError: an active client not in ``clients``.
+        """
+        if self.outcome is None:
+            raise LocalProtocolError(f"begin() while round {self.round_idx}'s aggregation runs")
+        if round_idx <= self.round_idx:
+            raise LocalProtocolError(f"round {round_idx} is not after round {self.round_idx}: masks are never reused")
+        self._start(round_idx, self._active_indices(active) & self._neighbours.keys())
+
     @property
     def done(self) -> bool:
-        """True once the sum is known."""
+        """True once the running aggregation's sum is known."""
         return self.outcome is not None
 
-    def _expected(self) -> Mapping[int, object] | set[int]:
-        """The clients of the current stage (a set or a dict keyed by client; membership only)."""
-        return {
-            STAGES[0]: self._active,
-            STAGES[1]: self._keys,
-            STAGES[2]: self._shared,
-            STAGES[3]: self._inputs,
-        }.get(self.stage, set())
-
-    def _received(self) -> Mapping[int, object]:
-        return {STAGES[0]: self._keys, STAGES[1]: self._shared, STAGES[2]: self._inputs, STAGES[3]: self._reveals}.get(
-            self.stage, {}
-        )
+    def _received(self) -> dict[int, object]:
+        return {STAGES[0]: self._keys, STAGES[1]: self._inputs, STAGES[2]: self._reveals}.get(self.stage, {})  # type: ignore[return-value]
 
     def pending(self) -> list[str]:
         """The clients the current stage still waits for, in client order."""
@@ -471,19 +523,14 @@ class SecAggPlusServer:
 
         Raises:
             RemoteProtocolError: a sender that is not an expected client of this stage, a second
-                message, a message of another stage, or contents that do not match what the
-                server sent (the forwarded neighbour lists).
+                message, a message of another stage, or contents that do not fit what the server
+                sent (the number of ciphertexts, shares or keys).
             InsufficientParticipants: completing the stage shows the sum cannot be recovered.
         """
         index = self._index.get(sender)
         if index is not None and index in self._dropped:
             return []
-        expected_type = {
-            STAGES[0]: AdvertiseKeys,
-            STAGES[1]: EncryptedShares,
-            STAGES[2]: MaskedInput,
-            STAGES[3]: UnmaskShares,
-        }.get(self.stage)
+        expected_type = {STAGES[0]: AdvertiseKeys, STAGES[1]: MaskedInput, STAGES[2]: UnmaskShares}.get(self.stage)
         if type(message) is not expected_type:
             raise RemoteProtocolError(
                 f"unexpected {type(message).__name__} from {sender} at stage {self.stage}",
@@ -491,19 +538,19 @@ class SecAggPlusServer:
                 round_idx=self.round_idx,
                 phase=self.stage,
             )
-        if index is None or index not in self._expected():
+        store = self._received()
+        if index is not None and index in store:
+            raise RemoteProtocolError(
+                f"second {self.stage} message from {sender}", party=sender, round_idx=self.round_idx, phase=self.stage
+            )
+        if index is None or index not in self._waiting:
             raise RemoteProtocolError(
                 f"{sender} is not a client of stage {self.stage} of this aggregation",
                 party=sender,
                 round_idx=self.round_idx,
                 phase=self.stage,
             )
-        store = self._received()
-        if index in store:
-            raise RemoteProtocolError(
-                f"second {self.stage} message from {sender}", party=sender, round_idx=self.round_idx, phase=self.stage
-            )
-        store[index] = self._check(index, sender, message)  # type: ignore[index]
+        store[index] = self._check(index, sender, message)
         self._waiting.discard(index)
         return self._advance()
 
@@ -514,21 +561,24 @@ class SecAggPlusServer:
             return RemoteProtocolError(f"{sender}: {what}", party=sender, round_idx=self.round_idx, phase=self.stage)
 
         if isinstance(message, AdvertiseKeys):
-            return (message.encryption_key, message.masking_key)
-        if isinstance(message, EncryptedShares):
-            if not np.array_equal(message.recipients, self._neighbours_of[index]):
-                raise refuse("encrypted shares for other clients than its neighbours with keys")
-        elif isinstance(message, MaskedInput):
+            return message.public_key
+        if isinstance(message, MaskedInput):
+            expected = self._neighbours[index].size
+            if message.shares.shape[0] != expected:
+                raise refuse(f"{message.shares.shape[0]} encrypted shares for {expected} neighbours")
             try:
-                return self.config.modulus.from_wire(np.asarray(message.masked), self.config.vector_length)
+                masked = self.config.modulus.from_wire(np.asarray(message.masked), self.config.vector_length)
             except ValueError as exc:
                 raise refuse(f"masked input: {exc}") from None
-        elif isinstance(message, UnmaskShares):
-            holders = self._forwarded_from[index]
-            gone = self._requested.get(index, self._unmask_dropped[:0])  # what its request named
-            alive = np.setdiff1d(holders, gone)
-            if not (np.array_equal(message.self_owners, alive) and np.array_equal(message.key_owners, gone)):
-                raise refuse("unmask shares that do not match its neighbours and the dropped list")
+            self._sealed[index] = message.shares
+            return masked
+        assert isinstance(message, UnmaskShares)
+        senders, dropped = self._requested[index]
+        if message.shares.shape[0] != senders.size or message.pair_keys.shape[0] != dropped.size:
+            raise refuse(
+                f"{message.shares.shape[0]} shares and {message.pair_keys.shape[0]} pair keys for a request of "
+                f"{senders.size} and {dropped.size}"
+            )
         return message
 
     def drop(self, parties: Iterable[str]) -> list[Outgoing]:
@@ -544,6 +594,24 @@ class SecAggPlusServer:
             if index is not None:
                 self._gone.add(index)
                 self._gone_unmarked = True
+        return self._advance()
+
+    def withdraw(self, parties: Iterable[str]) -> list[Outgoing]:
+        """Take ``parties`` out of the running aggregation as absent, not as dropouts: they leave
+        the federation before sending their masked input (their neighbours reveal this
+        aggregation's pair keys with them, as for any neighbour without input).
+
+        Raises:
+            LocalProtocolError: not at the first attempt's masked-input stage, or a party that
+                already sent its input or is not expected.
+            InsufficientParticipants: the sum can no longer be recovered.
+        """
+        for party in parties:
+            index = self._index.get(party)
+            if self.stage != STAGES[1] or self.attempt or index is None or index not in self._waiting:
+                raise LocalProtocolError(f"{party} cannot leave round {self.round_idx}'s aggregation at stage {self.stage}")
+            self._waiting.discard(index)
+            self._active.discard(index)
         return self._advance()
 
     def _mark_gone(self) -> None:
@@ -567,25 +635,19 @@ class SecAggPlusServer:
             self._mark_gone()
             if self._waiting:
                 return out
-            stage = self.stage
-            if stage == STAGES[0]:
+            if self.stage == STAGES[0]:
                 out += self._close_advertise()
-                self._waiting = set(self._keys)
-                self._gone_unmarked = bool(self._gone)
-            elif stage == STAGES[1]:
-                out += self._close_share_keys()
-                self._waiting = set(self._shared)
-                self._gone_unmarked = bool(self._gone)
-            elif stage == STAGES[2]:
+                self._waiting = set(self._neighbours) - self._dropped
+            elif self.stage == STAGES[1]:
                 out += self._close_masked_input()
                 self._waiting = set(self._inputs)
-                self._gone_unmarked = bool(self._gone)
             else:
-                self._close_unmask()
+                out += self._close_unmask()
+            self._gone_unmarked = bool(self._gone)
 
-    def _fail(self, what: str, owners: Iterable[int], silent: Iterable[int]) -> InsufficientParticipants:
+    def _fail(self, what: str, owners: Iterable[int]) -> InsufficientParticipants:
         owners = sorted(set(owners))
-        silent_names = sorted({self.clients[i] for i in silent})
+        silent_names = sorted(self.clients[i] for i in self._dropped)
         names = [self.clients[i] for i in owners]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         absent = len(self.clients) - len(self._active)
@@ -593,7 +655,7 @@ class SecAggPlusServer:
             f"secure aggregation cannot recover the sum: {what}"
             + (f" (clients {shown})" if names else "")
             + f", t = {self.config.threshold}; dropped: {', '.join(silent_names) if silent_names else 'none'}"
-            + (f"; {absent} of the {len(self.clients)} clients left in earlier rounds" if absent else ""),
+            + (f"; {absent} of the {len(self.clients)} clients are not in this aggregation" if absent else ""),
             missing=silent_names,
             party=names[0] if len(names) == 1 else None,
             round_idx=self.round_idx,
@@ -604,121 +666,121 @@ class SecAggPlusServer:
         cfg = self.config
         present = set(self._keys)
         if len(present) < cfg.threshold:
-            raise self._fail(f"only {len(present)} clients advertised keys", (), self._dropped)
+            raise self._fail(f"only {len(present)} clients advertised keys", ())
         short = []
-        out: list[Outgoing] = []
         for u in sorted(present):
             nb = np.asarray([v for v in cfg.neighbours[u] if v in present], dtype=np.uint32)
             if nb.size < cfg.threshold:
                 short.append(u)
-            self._neighbours_of[u] = nb
+            self._neighbours[u] = nb
         if short:
-            raise self._fail("fewer than t neighbours advertised keys", short, self._dropped)
-        for u in sorted(present):
-            nb = self._neighbours_of[u]
-            keys = np.empty((nb.size, 2 * KEY_BYTES), dtype=np.uint8)
-            for row, v in enumerate(nb.tolist()):
-                keys[row] = np.frombuffer(self._keys[v][0] + self._keys[v][1], dtype=np.uint8)
-            out.append(Send(self.clients[u], NeighbourKeys(neighbours=nb, keys=keys), self.round_idx, STAGES[0]))
-        self.stage = STAGES[1]
-        return out
-
-    def _close_share_keys(self) -> list[Outgoing]:
-        cfg = self.config
-        senders = set(self._shared)
-        inbox: dict[int, list[tuple[int, np.ndarray]]] = {v: [] for v in senders}
-        for u in sorted(senders):
-            message = self._shared[u]
-            for row, v in enumerate(message.recipients.tolist()):
-                if v in inbox:
-                    inbox[v].append((u, message.ciphertexts[row]))
-        short = [v for v in sorted(senders) if len(inbox[v]) < cfg.threshold]
-        if short:
-            raise self._fail("fewer than t neighbours shared keys", short, self._dropped)
+            raise self._fail("fewer than t neighbours advertised keys", short)
         out: list[Outgoing] = []
-        for v in sorted(senders):
-            rows = inbox[v]  # already in increasing sender order
-            from_ = np.asarray([u for u, _ in rows], dtype=np.uint32)
-            self._forwarded_from[v] = from_
-            ciphertexts = np.stack([c for _, c in rows]).astype(np.uint8, copy=False)
-            out.append(
-                Send(self.clients[v], ForwardedShares(senders=from_, ciphertexts=ciphertexts), self.round_idx, STAGES[1])
-            )
-        self.stage = STAGES[2]
+        for u in sorted(present):
+            nb = self._neighbours[u]
+            keys = np.frombuffer(b"".join(self._keys[v] for v in nb.tolist()), dtype=np.uint8).reshape(nb.size, KEY_BYTES)
+            out.append(Send(self.clients[u], NeighbourKeys(neighbours=nb, keys=keys), self.round_idx, STAGES[0]))
+        self._keys = {}  # the clients hold them; the server needs only the neighbour lists
+        self.stage = STAGES[1]
         return out
 
     def _close_masked_input(self) -> list[Outgoing]:
         cfg = self.config
-        survivors = set(self._inputs)
-        gone = sorted(set(self._shared) - survivors)
-        if len(survivors) < cfg.threshold:
-            raise self._fail(f"only {len(survivors)} clients sent their input", (), self._dropped)
-        # Every survivor's self-mask seed and every dropped client's masking key needs t holders
-        # among the survivors (the only clients asked to reveal).
-        short = [
-            u
-            for u in sorted(survivors) + gone
-            if sum(1 for w in self._forwarded_from[u].tolist() if w in survivors) < cfg.threshold
-        ]
+        senders_all = sorted(self._inputs)
+        if len(senders_all) < cfg.threshold:
+            raise self._fail(f"only {len(senders_all)} clients sent their input", ())
+        sent = np.zeros(len(self.clients), dtype=bool)
+        sent[senders_all] = True
+        # Each sender's seed is shared among the neighbours it masked with: t of them must have
+        # sent their input too (only they are asked to reveal).
+        requested: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        short = []
+        for u in senders_all:
+            nb = self._neighbours[u]
+            with_input = sent[nb]
+            requested[u] = (nb[with_input], nb[~with_input])
+            if requested[u][0].size < cfg.threshold:
+                short.append(u)
         if short:
-            raise self._fail("fewer than t neighbours sent their input", short, self._dropped)
-        self._unmask_dropped = np.asarray(gone, dtype=np.uint32)
-        self.stage = STAGES[3]
-        if not gone:
-            dests = tuple(self.clients[u] for u in sorted(survivors))
-            return [Broadcast(dests, UnmaskRequest(dropped=self._unmask_dropped), self.round_idx, STAGES[2])]
-        # Each survivor hears only of its own neighbours that dropped: O(k) bytes and O(k) work
-        # per survivor, not O(n) (a set lookup per neighbour, not an intersection with all).
-        gone_set = set(gone)
+            raise self._fail("fewer than t neighbours sent their input", short)
+        # Forward each ciphertext to its holder: v's row j is for v's j-th neighbour. Iterating
+        # the senders in increasing order leaves every inbox in increasing sender order.
+        inbox: dict[int, list[np.ndarray]] = {u: [] for u in senders_all}
+        for v in senders_all:
+            sealed = self._sealed[v]
+            for row, w in enumerate(self._neighbours[v].tolist()):
+                if sent[w]:
+                    inbox[w].append(sealed[row])
+        self._requested = requested
+        self.stage = STAGES[2]
         out: list[Outgoing] = []
-        for u in sorted(survivors):
-            mine = np.asarray([w for w in self._forwarded_from[u].tolist() if w in gone_set], dtype=np.uint32)
-            self._requested[u] = mine
-            out.append(Send(self.clients[u], UnmaskRequest(dropped=mine), self.round_idx, STAGES[2]))
+        empty = np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8)
+        for u in senders_all:
+            rows = inbox[u]
+            request = UnmaskRequest(dropped=requested[u][1], shares=np.stack(rows) if rows else empty)
+            out.append(Send(self.clients[u], request, self.round_idx, STAGES[1]))
         return out
 
-    def _close_unmask(self) -> None:
+    def _close_unmask(self) -> list[Outgoing]:
         cfg = self.config
-        modulus, length = cfg.modulus, cfg.vector_length
         survivors = sorted(self._inputs)
-        gone = self._unmask_dropped.tolist()
-        # owner -> (holders, share rows) of its self-mask seed (survivors) or masking key (dropped)
-        held: dict[int, tuple[list[int], list[np.ndarray]]] = {u: ([], []) for u in (*survivors, *gone)}
-        for w, message in self._reveals.items():
-            for owners, shares in ((message.self_owners, message.self_shares), (message.key_owners, message.key_shares)):
-                for row, u in enumerate(owners.tolist()):
-                    held[u][0].append(w)
-                    held[u][1].append(shares[row])
-        short = [u for u, (holders, _) in held.items() if len(holders) < cfg.threshold]
-        if short:
-            raise self._fail("fewer than t neighbours revealed shares", short, self._dropped)
-
-        def points(u: int) -> dict[int, bytes]:
-            # The client shared with x = 1 + the holder's rank in its neighbour list; the t
-            # smallest points are the ones reconstruction uses.
-            holders, rows = held[u]
-            xs = np.searchsorted(self._neighbours_of[u], np.asarray(holders, dtype=np.uint32)) + 1
-            first = np.argsort(xs, kind="stable")[: cfg.threshold]
-            return {int(xs[i]): rows[i].tobytes() for i in first.tolist()}
-
-        seeds = shamir.combine_many([points(u) for u in survivors], cfg.threshold)
-        keys = shamir.combine_many([points(v) for v in gone], cfg.threshold)
+        answered = set(self._reveals)
+        # owner -> {evaluation point: share} of its self-mask seed, from the holders that answered
+        held: dict[int, dict[int, bytes]] = {u: {} for u in survivors}
+        for w in sorted(answered):
+            senders = self._requested[w][0].tolist()
+            shares = self._reveals[w].shares
+            for row, v in enumerate(senders):
+                point = int(np.searchsorted(self._neighbours[v], w)) + 1
+                held[v][point] = shares[row].tobytes()
+        short = [u for u in survivors if len(held[u]) < cfg.threshold]
+        # A survivor silent here whose neighbour sent no input leaves that pair's mask in the
+        # sum: only the two of them know its key.
+        stuck = [u for u in survivors if u not in answered and self._requested[u][1].size]
+        if short or stuck:
+            return self._mask_again(sorted(set(short) | set(stuck)))
+        modulus, length = cfg.modulus, cfg.vector_length
+        seeds = shamir.combine_many([held[u] for u in survivors], cfg.threshold)
         total = modulus.zeros(length)
-        for u in survivors:
-            total = modulus.add(total, self._inputs[u])
         for u, seed in zip(survivors, seeds):
-            total = modulus.sub(total, modulus.expand(_self_key(seed, self.instance, u), length))
-        survivor_set = set(survivors)
-        for v, raw in zip(gone, keys):
-            private = _private_key(raw)
-            for u in cfg.neighbours[v]:
-                if u not in survivor_set:
-                    continue
-                shared = _agree(private, self._keys[u][1])
-                mask = modulus.expand(_pair_key(shared, self.instance, u, v), length)
-                # y_u carries +mask when u < v, -mask otherwise: take it out.
-                total = modulus.sub(total, mask) if u < v else modulus.add(total, mask)
-        self.stage = "done"
+            total = modulus.add(total, modulus.sub(self._inputs[u], modulus.expand(seed, length)))
+        for w in sorted(answered):
+            dropped = self._requested[w][1].tolist()
+            keys = self._reveals[w].pair_keys
+            for row, v in enumerate(dropped):
+                mask = modulus.expand(keys[row].tobytes(), length)
+                # y_w carries +mask when w < v, -mask otherwise: take it out.
+                total = modulus.sub(total, mask) if w < v else modulus.add(total, mask)
+        self._forget_dropped(answered)
+        self.stage = DONE
         self.outcome = SumOutcome(
-            total=total, survivors=tuple(self.clients[u] for u in survivors), dropouts=dict(self.dropouts)
+            total=total,
+            survivors=tuple(self.clients[u] for u in survivors),
+            dropouts=dict(self.dropouts),
+            attempts=self.attempt + 1,
         )
+        return []
+
+    def _forget_dropped(self, answered: Iterable[int]) -> None:
+        """Each client that answered the unmask request leaves its neighbours without input out of
+        later masks (:meth:`SecAggPlusClient.unmask`): track the same lists."""
+        for w in answered:
+            self._neighbours[w] = self._requested[w][0]
+
+    def _mask_again(self, blocking: list[int]) -> list[Outgoing]:
+        """The sum cannot be unmasked (``blocking``: survivors whose seed lacks t shares or whose
+        pair mask is stuck): the clients that answered mask their inputs again, without the others."""
+        answered = sorted(self._reveals)
+        silent = [u for u in sorted(self._inputs) if u not in self._reveals]
+        if len(answered) < self.config.threshold or self.attempt >= _MAX_ATTEMPT:
+            raise self._fail("too few clients answered the unmask request to mask again", blocking)
+        for u in silent:
+            self._dropped.add(u)
+            self.dropouts[self.clients[u]] = STAGES[2]
+        self._forget_dropped(answered)
+        self.attempt += 1
+        self.stage = STAGES[1]
+        self._reset_attempt(set())  # _advance waits for the clients that answered
+        dests = tuple(self.clients[u] for u in answered)
+        self._waiting = set(answered)
+        return [Broadcast(dests, Remask(attempt=self.attempt), self.round_idx, STAGES[2])]

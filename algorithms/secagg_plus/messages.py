@@ -1,23 +1,27 @@
-"""SecAgg+'s wire messages: four stages, one request and one reply each.
+"""SecAgg+'s wire messages: a set-up stage once per run, then two stages per aggregation.
 
 Clients are named on the wire by their 0-based index in the aggregation's client list (a
-``uint32``), so a message's size depends on the neighbourhood, not on party names.
+``uint32``), so a message's size depends on the neighbourhood, not on party names. Where a list of
+clients is implied (the receiver's neighbours, which both sides track), it is not sent.
 
-* ``advertise-keys``: :class:`AdvertiseKeys` client -> server (two X25519 public keys);
-  :class:`NeighbourKeys` server -> client (the keys of its neighbours that advertised).
-* ``share-keys``: :class:`EncryptedShares` client -> server (one AEAD ciphertext per neighbour,
-  holding a Shamir share of the client's self-mask seed and one of its masking key);
-  :class:`ForwardedShares` server -> client (the ciphertexts addressed to it).
-* ``masked-input``: :class:`MaskedInput` client -> server (the input plus its masks);
-  :class:`UnmaskRequest` server -> every client that sent one (its neighbours that did not).
-* ``unmask``: :class:`UnmaskShares` client -> server (for each neighbour, either the share of its
-  self-mask seed, if it sent its input, or the share of its masking key, if it did not; never
-  both).
+* ``advertise-keys`` (set-up, once per run): :class:`AdvertiseKeys` client -> server (one X25519
+  public key); :class:`NeighbourKeys` server -> client (the keys of its neighbours that advertised).
+* ``masked-input`` (every aggregation): :class:`MaskedInput` client -> server (the input plus its
+  masks, and one AEAD ciphertext per neighbour holding a Shamir share of this aggregation's
+  self-mask seed); :class:`UnmaskRequest` server -> every client that sent one (its neighbours
+  that did not, and the ciphertexts its other neighbours addressed to it).
+* ``unmask`` (every aggregation): :class:`UnmaskShares` client -> server (for each neighbour,
+  either the share of its self-mask seed, if it sent its input, or this aggregation's pairwise
+  mask key with it, if it did not; never both); :class:`Remask` server -> client only when a
+  client that went silent here leaves a mask that cannot be removed: the aggregation is masked
+  again, with fresh masks, among the clients that answered.
 
 References:
     Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning",
     ACM CCS 2017, Fig. 4 (rounds 0-3). Bell et al., "Secure Single-Server Aggregation with
     (Poly)Logarithmic Overhead", ACM CCS 2020, Sec. 3 (the same rounds over a sparse graph).
+    ``docs/protocols/secagg_plus.md`` says what changes when the set-up is reused, and why it is
+    safe.
 """
 
 from __future__ import annotations
@@ -40,18 +44,18 @@ __all__ = [
     "TO_CLIENT",
     "TO_SERVER",
     "AdvertiseKeys",
-    "EncryptedShares",
-    "ForwardedShares",
     "MaskedInput",
     "NeighbourKeys",
+    "Remask",
     "UnmaskRequest",
     "UnmaskShares",
     "frame_limit",
     "stage_bytes",
 ]
 
-STAGES = ("advertise-keys", "share-keys", "masked-input", "unmask")
-"""The four stages, in order; each is also the metering phase of its messages."""
+STAGES = ("advertise-keys", "masked-input", "unmask")
+"""The stages, in order; each is also the metering phase of its messages. The first is the run's
+set-up; every aggregation runs the other two."""
 
 SHARE_BYTES = 33
 """Length of one Shamir share on the wire: a field element ``< p < 2^257``, big-endian (``p`` is
@@ -59,9 +63,9 @@ SHARE_BYTES = 33
 the messages import without FLINT."""
 
 KEY_BYTES = 32
-"""Bytes of one raw X25519 public key."""
-CIPHERTEXT_BYTES = 2 * SHARE_BYTES + 16
-"""Bytes of one encrypted share pair: two Shamir shares and the 16-byte Poly1305 tag."""
+"""Bytes of one raw X25519 public key, and of one pairwise mask key."""
+CIPHERTEXT_BYTES = SHARE_BYTES + 16
+"""Bytes of one encrypted share: a Shamir share and the 16-byte Poly1305 tag."""
 
 
 def _check_indices(values: np.ndarray, what: str) -> None:
@@ -71,34 +75,26 @@ def _check_indices(values: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} must be strictly increasing client indices")
 
 
-def _check_rows(values: np.ndarray, rows: int, width: int, what: str) -> None:
-    if values.shape != (rows, width):
-        raise ValueError(f"{what} must have shape [{rows}, {width}], got {list(values.shape)}")
+def _check_width(values: np.ndarray, width: int, what: str) -> None:
+    if values.ndim != 2 or values.shape[1] != width:
+        raise ValueError(f"{what} must have shape [m, {width}], got {list(values.shape)}")
 
 
 class AdvertiseKeys(Message, tag="sa.adv"):
-    """A client's two fresh X25519 public keys for one aggregation (32 bytes each).
+    """A client's X25519 public key for the run (32 raw bytes). Every key between it and a
+    neighbour (the pairwise mask keys and the key that encrypts shares) is agreed from it once."""
 
-    ``encryption_key`` agrees the keys that encrypt shares between neighbours; ``masking_key``
-    agrees the pairwise mask seeds. They are separate because a dropped client's masking key is
-    revealed to the server, which must not open the shares sent to it.
-    """
-
-    encryption_key: bytes
-    masking_key: bytes
+    public_key: bytes
 
     def __post_init__(self) -> None:
-        for name in ("encryption_key", "masking_key"):
-            value = getattr(self, name)
-            if not isinstance(value, bytes) or len(value) != KEY_BYTES:
-                raise ValueError(f"{name} must be {KEY_BYTES} raw bytes")
+        if not isinstance(self.public_key, bytes) or len(self.public_key) != KEY_BYTES:
+            raise ValueError(f"public_key must be {KEY_BYTES} raw bytes")
 
 
 class NeighbourKeys(Message, tag="sa.nbr"):
     """The neighbours of the receiving client that advertised keys, and their keys.
 
-    ``neighbours`` ``uint32 [m]`` increasing client indices; ``keys`` ``uint8 [m, 64]``: each
-    neighbour's encryption key then masking key.
+    ``neighbours`` ``uint32 [m]`` increasing client indices; ``keys`` ``uint8 [m, 32]``.
     """
 
     neighbours: np.ndarray = array_field("uint32", 1)
@@ -106,85 +102,82 @@ class NeighbourKeys(Message, tag="sa.nbr"):
 
     def __post_init__(self) -> None:
         _check_indices(self.neighbours, "neighbours")
-        _check_rows(self.keys, self.neighbours.size, 2 * KEY_BYTES, "keys")
-
-
-class EncryptedShares(Message, tag="sa.enc"):
-    """One ciphertext per neighbour (``uint8 [m, CIPHERTEXT_BYTES]``), for ``recipients``
-    (``uint32 [m]``, increasing)."""
-
-    recipients: np.ndarray = array_field("uint32", 1)
-    ciphertexts: np.ndarray = array_field("uint8", 2)
-
-    def __post_init__(self) -> None:
-        _check_indices(self.recipients, "recipients")
-        _check_rows(self.ciphertexts, self.recipients.size, CIPHERTEXT_BYTES, "ciphertexts")
-
-
-class ForwardedShares(Message, tag="sa.fwd"):
-    """The ciphertexts addressed to the receiving client (``uint8 [m, CIPHERTEXT_BYTES]``), from
-    ``senders`` (``uint32 [m]``, increasing): exactly its neighbours that shared keys."""
-
-    senders: np.ndarray = array_field("uint32", 1)
-    ciphertexts: np.ndarray = array_field("uint8", 2)
-
-    def __post_init__(self) -> None:
-        _check_indices(self.senders, "senders")
-        _check_rows(self.ciphertexts, self.senders.size, CIPHERTEXT_BYTES, "ciphertexts")
+        _check_width(self.keys, KEY_BYTES, "keys")
+        if self.keys.shape[0] != self.neighbours.size:
+            raise ValueError(f"keys must have one row per neighbour ({self.neighbours.size}), got {self.keys.shape[0]}")
 
 
 class MaskedInput(Message, tag="sa.in"):
-    """The client's input plus its self mask and pairwise masks, ``[L, 1]`` ``uint32``/``uint64``
-    (the ring ``Z_2^32``/``Z_2^64``) or ``[L, width]`` ``uint8`` (a prime field, big-endian
-    rows of ``width = ceil(bitlength(p) / 8)`` bytes)."""
+    """The client's input plus its self mask and pairwise masks, and its encrypted shares.
+
+    ``masked``: ``[L, 1]`` ``uint32``/``uint64`` (the ring ``Z_2^32``/``Z_2^64``) or ``[L, width]``
+    ``uint8`` (a prime field, big-endian rows of ``width = ceil(bitlength(p) / 8)`` bytes).
+    ``shares``: ``uint8 [m, CIPHERTEXT_BYTES]``, one ciphertext per neighbour the client masks
+    with, in increasing neighbour order (the server tracks that list: it is not sent).
+    """
 
     masked: np.ndarray = array_field(("uint8", "uint32", "uint64"), 2)
+    shares: np.ndarray = array_field("uint8", 2)
 
     def __post_init__(self) -> None:
         if self.masked.shape[0] < 1 or self.masked.shape[1] < 1:
             raise ValueError(f"masked must have shape [L, width] with L, width >= 1, got {list(self.masked.shape)}")
         if self.masked.dtype != np.uint8 and self.masked.shape[1] != 1:
             raise ValueError(f"a ring vector travels as [L, 1], got {list(self.masked.shape)}")
+        _check_width(self.shares, CIPHERTEXT_BYTES, "shares")
 
 
 class UnmaskRequest(Message, tag="sa.req"):
-    """The receiving client's neighbours (``uint32 [m]``, increasing) that shared keys but sent no
-    masked input: their masking keys are to be revealed, every other neighbour's self-mask seed.
-    Only the receiver's own neighbours are listed, so the message is ``O(k)`` bytes whatever the
-    number of clients."""
+    """What the server asks of a client that sent its input.
+
+    ``dropped``: ``uint32 [D]`` increasing, the client's neighbours that sent no input in this
+    aggregation (their pairwise mask keys are to be revealed). ``shares``: ``uint8 [m - D,
+    CIPHERTEXT_BYTES]``, the ciphertexts its other neighbours addressed to it, in increasing
+    neighbour order (their self-mask seed shares are to be revealed). Only the receiver's own
+    neighbours appear, so the message is ``O(k)`` bytes whatever the number of clients.
+    """
 
     dropped: np.ndarray = array_field("uint32", 1)
+    shares: np.ndarray = array_field("uint8", 2)
 
     def __post_init__(self) -> None:
         _check_indices(self.dropped, "dropped")
+        _check_width(self.shares, CIPHERTEXT_BYTES, "shares")
 
 
 class UnmaskShares(Message, tag="sa.shr"):
-    """A client's shares for the server: of the self-mask seeds of ``self_owners`` (``uint32
-    [a]``, ``self_shares`` ``uint8 [a, SHARE_BYTES]``) and of the masking keys of ``key_owners``
-    (``uint32 [b]``, ``key_shares`` ``uint8 [b, SHARE_BYTES]``). The two owner lists are
-    disjoint."""
+    """A client's answer, in the order of its :class:`UnmaskRequest`: ``shares`` ``uint8 [m - D,
+    SHARE_BYTES]``, the self-mask seed shares of the neighbours that sent their input, and
+    ``pair_keys`` ``uint8 [D, KEY_BYTES]``, this aggregation's pairwise mask key with each
+    neighbour that did not. A neighbour is in one list or the other, never both."""
 
-    self_owners: np.ndarray = array_field("uint32", 1)
-    self_shares: np.ndarray = array_field("uint8", 2)
-    key_owners: np.ndarray = array_field("uint32", 1)
-    key_shares: np.ndarray = array_field("uint8", 2)
+    shares: np.ndarray = array_field("uint8", 2)
+    pair_keys: np.ndarray = array_field("uint8", 2)
 
     def __post_init__(self) -> None:
-        _check_indices(self.self_owners, "self_owners")
-        _check_indices(self.key_owners, "key_owners")
-        _check_rows(self.self_shares, self.self_owners.size, SHARE_BYTES, "self_shares")
-        _check_rows(self.key_shares, self.key_owners.size, SHARE_BYTES, "key_shares")
-        if np.intersect1d(self.self_owners, self.key_owners).size:
-            raise ValueError("a client's self-mask seed and masking key shares cannot both be revealed")
+        _check_width(self.shares, SHARE_BYTES, "shares")
+        _check_width(self.pair_keys, KEY_BYTES, "pair_keys")
 
 
-TO_SERVER: tuple[type[Message], ...] = (AdvertiseKeys, EncryptedShares, MaskedInput, UnmaskShares)
+class Remask(Message, tag="sa.rem"):
+    """Mask the same input again, for attempt ``attempt`` (>= 1) of this aggregation: a client that
+    sent its input went silent at ``unmask`` and left a mask that cannot be removed. Sent only to
+    the clients that answered the unmask request; fresh keys and masks are derived for the attempt.
+    """
+
+    attempt: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempt, int) or isinstance(self.attempt, bool) or not 1 <= self.attempt < 2**16:
+            raise ValueError(f"attempt must be an int in [1, 65536), got {self.attempt!r}")
+
+
+TO_SERVER: tuple[type[Message], ...] = (AdvertiseKeys, MaskedInput, UnmaskShares)
 """The client -> server message of each stage, in :data:`STAGES` order: what a server machine
 routes to its :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusServer`."""
-TO_CLIENT: tuple[type[Message], ...] = (NeighbourKeys, ForwardedShares, UnmaskRequest)
-"""The server -> client replies of the first three stages, in :data:`STAGES` order (the last
-stage's reply is the embedding protocol's own result message)."""
+TO_CLIENT: tuple[type[Message], ...] = (NeighbourKeys, UnmaskRequest, Remask)
+"""The server -> client replies of each stage, in :data:`STAGES` order (the unmask stage's usual
+reply is the embedding protocol's own result message; :class:`Remask` is the exception)."""
 
 
 def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict[str, int]]:
@@ -192,13 +185,11 @@ def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict
     neighbours drop at the masked input): the analytic cost, without envelopes.
 
     Per client (``k`` = degree, ``L`` = vector length, ``w`` = element bytes, ``s`` =
-    :data:`~fedproto.algorithms.secagg_plus.SHARE_BYTES`, ``c`` = ciphertext bytes
-    ``2 s + 16``, indices 4 bytes):
+    :data:`SHARE_BYTES`, ``c`` = ciphertext bytes ``s + 16``, ``D`` = ``dropped``, indices 4 bytes):
 
-    * ``advertise-keys``: sent ``64``; received ``k (4 + 64)``;
-    * ``share-keys``: sent ``k (4 + c)``; received ``k (4 + c)``;
-    * ``masked-input``: sent ``L w``; received ``4 D`` (its neighbours that dropped, ``D``);
-    * ``unmask``: sent ``k (4 + s)``; received nothing.
+    * ``advertise-keys`` (once per run): sent ``32``; received ``k (4 + 32)``;
+    * ``masked-input``: sent ``L w + k c``; received ``4 D + (k - D) c``;
+    * ``unmask``: sent ``(k - D) s + 32 D``; received nothing (the protocol's result follows).
 
     So a client's bytes grow as ``k``: ``O(log n)`` for SecAgg+, ``n - 1`` for the complete graph.
 
@@ -208,20 +199,19 @@ def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict
     References:
         Bell et al., ACM CCS 2020, Table 1 (client communication ``O(log n + L)``).
     """
-    k, s = config.degree, SHARE_BYTES
+    k, s, c, d = config.degree, SHARE_BYTES, CIPHERTEXT_BYTES, dropped
     w = config.modulus.width
     return {
-        "advertise-keys": {"sent": 2 * KEY_BYTES, "received": k * (4 + 2 * KEY_BYTES)},
-        "share-keys": {"sent": k * (4 + CIPHERTEXT_BYTES), "received": k * (4 + CIPHERTEXT_BYTES)},
-        "masked-input": {"sent": config.vector_length * w, "received": 4 * dropped},
-        "unmask": {"sent": k * (4 + s), "received": 0},
+        "advertise-keys": {"sent": KEY_BYTES, "received": k * (4 + KEY_BYTES)},
+        "masked-input": {"sent": config.vector_length * w + k * c, "received": 4 * d + (k - d) * c},
+        "unmask": {"sent": (k - d) * s + KEY_BYTES * d, "received": 0},
     }
 
 
 def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
     """The largest frame (bytes, envelope included) any party of an aggregation sends: the
-    stage messages at ``k`` neighbours (the unmask request names only the receiver's dropped
-    neighbours, at most ``k``), and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
+    stage messages at ``k`` neighbours (the unmask request names only the receiver's neighbours,
+    at most ``k``), and an input of ``L`` elements (:func:`fedproto.framesize.max_frame_bytes`)."""
     from fedproto.framesize import max_frame_bytes
 
     k, length = config.degree, config.vector_length
@@ -229,17 +219,13 @@ def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
     wire = (length, 1) if modulus.ring_bits is not None else (length, modulus.width)
     wire_dtype = modulus.dtype if modulus.ring_bits is not None else np.dtype(np.uint8)
     ct = (k, CIPHERTEXT_BYTES)
-    share = (k, SHARE_BYTES)
     bound = functools.partial(max_frame_bytes, phase_bytes=phase_bytes)
     return max(
-        bound(AdvertiseKeys, plain={"encryption_key": bytes(KEY_BYTES), "masking_key": bytes(KEY_BYTES)}),
-        bound(NeighbourKeys, arrays={"neighbours": (k,), "keys": (k, 2 * KEY_BYTES)}),
-        bound(EncryptedShares, arrays={"recipients": (k,), "ciphertexts": ct}),
-        bound(ForwardedShares, arrays={"senders": (k,), "ciphertexts": ct}),
-        bound(MaskedInput, arrays={"masked": wire}, dtypes={"masked": wire_dtype}),
-        bound(UnmaskRequest, arrays={"dropped": (k,)}),
-        bound(
-            UnmaskShares,
-            arrays={"self_owners": (k,), "self_shares": share, "key_owners": (k,), "key_shares": share},
-        ),
+        bound(AdvertiseKeys, plain={"public_key": bytes(KEY_BYTES)}),
+        bound(NeighbourKeys, arrays={"neighbours": (k,), "keys": (k, KEY_BYTES)}),
+        bound(MaskedInput, arrays={"masked": wire, "shares": ct}, dtypes={"masked": wire_dtype}),
+        # every neighbour listed as dropped and every ciphertext forwarded: a bound on both
+        bound(UnmaskRequest, arrays={"dropped": (k,), "shares": ct}),
+        bound(UnmaskShares, arrays={"shares": (k, SHARE_BYTES), "pair_keys": (k, KEY_BYTES)}),
+        bound(Remask),
     )

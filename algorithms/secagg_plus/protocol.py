@@ -3,8 +3,10 @@
 The smallest protocol built on the stage engines (:mod:`fedproto.algorithms.secagg_plus.engine`),
 and the pattern the clustering protocols follow when they embed them:
 
-* round r (``r = 0 .. rounds-1``) is one aggregation: the four stages, then the server sends every
-  client that sent its input the sum (:class:`SumResult`, phase ``result``);
+* the keys are agreed once, in round 0 (stage ``advertise-keys``); round r (``r = 0 .. rounds-1``)
+  is one aggregation: its two stages (``masked-input``, ``unmask``), then the server sends every
+  client that sent its input the sum (:class:`SumResult`, phase ``result``), and each client
+  sends its next masked input at once;
 * a client that goes silent (the phase deadline passes, or the transport reports it gone) is
   dropped at the stage it did not complete; its input is in the round's sum only if it sent it
   before dropping, and it takes no part in later rounds;
@@ -12,10 +14,10 @@ and the pattern the clustering protocols follow when they embed them:
   dropped at which stage.
 
 Every client needs the same :class:`~fedproto.algorithms.secagg_plus.engine.SecAggPlusConfig`;
-instance bytes (the keys' context) are ``session || round``.
+the set-up's instance bytes (the keys' context) are ``purpose || session || round of the set-up``.
 
 A protocol machine embeds the engines by mixing in :class:`SecAggPlusClientRole` (a client's
-three replies) or :class:`SecAggPlusServerRole` (a server's stage messages, and the dropout rule
+replies) or :class:`SecAggPlusServerRole` (a server's stage messages, and the dropout rule
 above: who is gone, who dropped at which stage); :class:`SumServer` and :class:`SumClient` add
 only the delivery of the sum, FastLloyd's and MUFC's roles their own phases around it.
 
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from fedproto.algorithms.secagg_plus.messages import STAGES, TO_CLIENT, TO_SERVER, ForwardedShares, NeighbourKeys, UnmaskRequest
+from fedproto.algorithms.secagg_plus.messages import STAGES, TO_CLIENT, TO_SERVER, NeighbourKeys, Remask, UnmaskRequest
 from fedproto.errors import RemoteProtocolError
 from fedproto.machine import ProtocolMachine, machine_states, party_index
 from fedproto.messages import Event, Message, Outgoing, PartyDropped, PhaseTimedOut, array_field
@@ -57,8 +59,9 @@ __all__ = [
 
 
 def instance_bytes(session: int, round_idx: int, purpose: bytes = b"sum") -> bytes:
-    """The public bytes naming one aggregation: ``purpose || session || round`` (keys and masks
-    are derived from them, so each round's are fresh)."""
+    """The public bytes naming a run's SecAgg+ set-up: ``purpose || session || round`` (the round
+    of the set-up; the keys are derived from them, and each aggregation's masks from the keys and
+    its own round)."""
     return bytes(purpose) + b"/" + session.to_bytes(8, "big") + round_idx.to_bytes(8, "big")
 
 
@@ -117,20 +120,22 @@ SumClientState = machine_states("SumClientState", "AGGREGATING")
 
 
 class SecAggPlusClientRole:
-    """The client side of an embedded SecAgg+ aggregation, for a :class:`ProtocolMachine` subclass.
+    """The client side of embedded SecAgg+ aggregations, for a :class:`ProtocolMachine` subclass.
 
     Mix it into a client role (``class MyClient(SecAggPlusClientRole, ProtocolMachine)``), put
-    :meth:`secagg_transitions` in its transition table for the states where it aggregates, call :meth:`_open_aggregation` when a round's
-    aggregation starts and send what it returns, and implement :meth:`_secagg_input`: the vector
-    this client contributes, asked for when the masked input is due. The role needs the machine's
-    ``server`` (party name), ``session`` and ``round_idx`` (in the instance bytes), and keeps
-    the round's engine in ``_aggregation``; its :meth:`_check_server` serves the machine's own
-    handlers too.
+    :meth:`secagg_transitions` in its transition table for the states where it aggregates, call
+    :meth:`_open_aggregation` when a round's aggregation starts and send what it returns, and
+    implement :meth:`_secagg_input`: the vector this client contributes, asked for once per round
+    when the masked input is due. The first call sets up the run's keys (``advertise-keys``); later
+    rounds send their masked input at once. The role needs the machine's ``server`` (party name),
+    ``session`` and ``round_idx``, and keeps the run's engine in ``_aggregation``; its
+    :meth:`_check_server` serves the machine's own handlers too.
     """
 
     server: str
     _aggregation: SecAggPlusClient | None = None
-    _HANDLERS = ("_on_neighbour_keys", "_on_forwarded_shares", "_on_unmask_request")  # TO_CLIENT's, in order
+    _secagg_values: object = None  # the running aggregation's input, kept in case it is masked again
+    _HANDLERS = ("_on_neighbour_keys", "_on_unmask_request", "_on_remask")  # TO_CLIENT's, in order
 
     @classmethod
     def secagg_transitions(cls, state: enum.Enum) -> dict[tuple[enum.Enum, type[Message]], tuple[str, enum.Enum]]:
@@ -145,15 +150,21 @@ class SecAggPlusClientRole:
     def _open_aggregation(
         self, config: SecAggPlusConfig, index: int, *, entropy: bytes, purpose: bytes = b"sum"
     ) -> Outgoing:
-        """Start this round's aggregation as client ``index``; return the stage-1 message to send.
+        """Start this round's aggregation as client ``index``; return the message to send: the
+        first time, the set-up's public key (the engine is named ``instance_bytes(session,
+        round_idx, purpose)``, as the server role names its engine); later, the masked input."""
+        if self._aggregation is None:
+            from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient
 
-        The aggregation is named ``instance_bytes(session, round_idx, purpose)``, as the server
-        role names its engine (:meth:`SecAggPlusServerRole._secagg_server`)."""
-        from fedproto.algorithms.secagg_plus.engine import SecAggPlusClient
+            instance = instance_bytes(self.session, self.round_idx, purpose)  # type: ignore[attr-defined]
+            self._aggregation = SecAggPlusClient(config, index, entropy=entropy, instance=instance)
+            return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])  # type: ignore[attr-defined]
+        return self._send_masked_input(self._aggregation)
 
-        instance = instance_bytes(self.session, self.round_idx, purpose)  # type: ignore[attr-defined]
-        self._aggregation = SecAggPlusClient(config, index, entropy=entropy, instance=instance)
-        return self.send(self.server, self._aggregation.advertise(), phase=STAGES[0])  # type: ignore[attr-defined]
+    def _send_masked_input(self, aggregation: SecAggPlusClient) -> Outgoing:
+        self._secagg_values = self._secagg_input()
+        masked = aggregation.mask_input(self._secagg_values, round_idx=self.round_idx)  # type: ignore[attr-defined]
+        return self.send(self.server, masked, phase=STAGES[1])  # type: ignore[attr-defined]
 
     def _secagg_input(self) -> object:
         """The vector this client sums in the running aggregation (``[L]`` in the algebra)."""
@@ -178,18 +189,17 @@ class SecAggPlusClientRole:
         return self._aggregation
 
     def _on_neighbour_keys(self, sender: str, message: NeighbourKeys) -> list[Outgoing]:
-        shares = self._stage(sender).share_keys(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[1])]  # type: ignore[attr-defined]
-
-    def _on_forwarded_shares(self, sender: str, message: ForwardedShares) -> list[Outgoing]:
         aggregation = self._stage(sender)
-        aggregation.receive_shares(sender, message)
-        masked = aggregation.mask_input(self._secagg_input())
-        return [self.send(self.server, masked, phase=STAGES[2])]  # type: ignore[attr-defined]
+        aggregation.receive_keys(sender, message)
+        return [self._send_masked_input(aggregation)]
 
     def _on_unmask_request(self, sender: str, message: UnmaskRequest) -> list[Outgoing]:
         shares = self._stage(sender).unmask(sender, message)
-        return [self.send(self.server, shares, phase=STAGES[3])]  # type: ignore[attr-defined]
+        return [self.send(self.server, shares, phase=STAGES[2])]  # type: ignore[attr-defined]
+
+    def _on_remask(self, sender: str, message: Remask) -> list[Outgoing]:
+        masked = self._stage(sender).remask(sender, message, self._secagg_values)
+        return [self.send(self.server, masked, phase=STAGES[1])]  # type: ignore[attr-defined]
 
 
 class SecAggPlusServerRole:
@@ -220,18 +230,23 @@ class SecAggPlusServerRole:
     _dropouts: dict[str, tuple[int, str]]
 
     def _secagg_server(self, config: SecAggPlusConfig, purpose: bytes, active: Iterable[str]) -> SecAggPlusServer:
-        """A fresh SecAgg+ server engine for this round among ``active`` (the other clients left
-        the federation earlier: absent, not dropouts), named ``instance_bytes(session, round_idx,
-        purpose)``."""
+        """The run's SecAgg+ server engine, at this round's aggregation among ``active`` (the
+        other clients left the federation earlier: absent, not dropouts). The first call creates
+        it with the set-up, named ``instance_bytes(session, round_idx, purpose)``; later calls
+        move it on to the machine's round (:meth:`SecAggPlusServer.begin`)."""
         from fedproto.algorithms.secagg_plus.engine import SecAggPlusServer
 
-        return SecAggPlusServer(
-            config,
-            self.clients,
-            round_idx=self.round_idx,  # type: ignore[attr-defined]
-            instance=instance_bytes(self.session, self.round_idx, purpose),  # type: ignore[attr-defined]
-            active=active,
-        )
+        engine = self._aggregation
+        if engine is None:
+            return SecAggPlusServer(
+                config,
+                self.clients,
+                round_idx=self.round_idx,  # type: ignore[attr-defined]
+                instance=instance_bytes(self.session, self.round_idx, purpose),  # type: ignore[attr-defined]
+                active=active,
+            )
+        engine.begin(self.round_idx, active)  # type: ignore[attr-defined]
+        return engine
 
     def _aggregating(self) -> bool:
         """True while a SecAgg+ aggregation runs."""

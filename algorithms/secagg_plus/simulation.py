@@ -1,11 +1,12 @@
-"""One SecAgg+ aggregation driven in a loop, without a runtime: for tests, benchmarks and quick
+"""SecAgg+ aggregations driven in a loop, without a runtime: for tests, benchmarks and quick
 experiments with dropouts.
 
-:func:`simulate` plays the server and every client engine in one process, stage by stage, encodes
-every message as the runtime would (:func:`fedproto.codec.encode_frame`, so the byte counts are
-the frames' exact sizes), and makes the chosen clients drop at the chosen stages: a client that
-drops at stage S sends nothing from S on, and the server learns it when the other messages of S
-are in (as it would at the phase deadline).
+:func:`simulate` plays the server and every client engine in one process, stage by stage: the
+set-up, then one aggregation per round. It encodes every message as the runtime would
+(:func:`fedproto.codec.encode_frame`, so the byte counts are the frames' exact sizes), and makes
+the chosen clients drop at the chosen stages: a client that drops at stage S of round r sends
+nothing from there on, and the server learns it when the other messages of S are in (as it would
+at the phase deadline).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fedproto.algorithms.secagg_plus.engine import (
     SecAggPlusServer,
     SumOutcome,
 )
+from fedproto.algorithms.secagg_plus.messages import Remask
 from fedproto.codec import encode_frame
 from fedproto.messages import Broadcast, Message, Outgoing
 
@@ -37,46 +39,72 @@ def client_name(index: int) -> str:
 
 @dataclasses.dataclass
 class Simulation:
-    """What one simulated aggregation did.
+    """What the simulated aggregations did.
 
     Attributes:
-        outcome: the server's :class:`~fedproto.algorithms.secagg_plus.engine.SumOutcome`.
-        sent_bytes: ``{stage: [n]}`` frame bytes each client sent in the stage (int64).
+        outcomes: the server's :class:`~fedproto.algorithms.secagg_plus.engine.SumOutcome` of
+            each round.
+        sent_bytes: ``{stage: [n]}`` frame bytes each client sent in the stage, all rounds (int64).
         received_bytes: ``{stage: [n]}`` frame bytes each client received in the stage.
-        server_s: ``{stage: seconds}`` the server spent handling the stage's messages
-            (measured with ``time.perf_counter``; 0 unless ``timed``).
-        client_s: ``{stage: seconds}`` all clients together spent in the stage.
-        server_view: every message the server received, ``[(sender, message)]`` in order.
+        server_s: per round, ``{stage: seconds}`` the server spent handling the stage's messages
+            (``time.perf_counter``; 0 unless ``timed``). The set-up is round 0's ``advertise-keys``.
+        client_s: per round, ``{stage: seconds}`` all clients together spent in the stage.
+        server_view: every message the server received, ``[(round, attempt, sender, message)]``
+            in order (with ``keep_view``).
+        masked_with: ``{(round, attempt, client): neighbours}``, the neighbours each client masked
+            its input with (public: the server tracks the same lists; with ``keep_view``).
+        clients: the client engines, which hold every client's secrets (for tests of what the
+            server's view reveals).
     """
 
-    outcome: SumOutcome
+    outcomes: list[SumOutcome]
     sent_bytes: dict[str, np.ndarray]
     received_bytes: dict[str, np.ndarray]
-    server_s: dict[str, float]
-    client_s: dict[str, float]
-    server_view: list[tuple[str, Message]]
+    server_s: list[dict[str, float]]
+    client_s: list[dict[str, float]]
+    server_view: list[tuple[int, int, str, Message]]
+    masked_with: dict[tuple[int, int, int], tuple[int, ...]]
+    clients: list[SecAggPlusClient]
+
+    @property
+    def outcome(self) -> SumOutcome:
+        """The last round's outcome."""
+        return self.outcomes[-1]
+
+
+def _stage_of(value: str | tuple[str, int]) -> tuple[str, int]:
+    stage, round_idx = (value, 0) if isinstance(value, str) else value
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    if not isinstance(round_idx, int) or round_idx < 0:
+        raise ValueError(f"a dropout's round must be an int >= 0, got {round_idx!r}")
+    return stage, round_idx
 
 
 def simulate(
     config: SecAggPlusConfig,
     inputs: Sequence[object],
     *,
-    dropouts: Mapping[int, str] | None = None,
+    dropouts: Mapping[int, str | tuple[str, int]] | None = None,
+    rounds: int = 1,
     entropy: Callable[[int], bytes] | None = None,
     instance: bytes = b"simulation",
     timed: bool = False,
     keep_view: bool = False,
 ) -> Simulation:
-    """Run one aggregation of ``inputs`` with ``dropouts``.
+    """Run the set-up and ``rounds`` aggregations of ``inputs`` with ``dropouts``.
 
     Args:
         config: the public parameters.
-        inputs: ``[n, L]``: client ``i``'s vector (elements of ``config.modulus``).
-        dropouts: ``{client index: stage}``: the stage (one of :data:`STAGES`) whose message the
-            client does not send.
+        inputs: ``[n, L]``: client ``i``'s vector (elements of ``config.modulus``), summed in
+            every round; or ``[rounds, n, L]``, one set per round.
+        dropouts: ``{client index: stage}`` (round 0) or ``{client index: (stage, round)}``: the
+            stage (one of :data:`STAGES`) of the round whose message the client does not send;
+            it sends nothing after it.
+        rounds: aggregations after the one set-up (>= 1).
         entropy: ``i -> bytes``: client ``i``'s secret entropy (default: HKDF of a fixed key and
             ``i``, so runs repeat).
-        instance: the aggregation's instance bytes.
+        instance: the set-up's instance bytes.
         timed: measure the server's and the clients' seconds per stage.
         keep_view: keep every message the server received (``server_view``).
 
@@ -84,16 +112,17 @@ def simulate(
         A :class:`Simulation`.
 
     Raises:
-        InsufficientParticipants: the dropouts leave the sum unrecoverable (from the server).
+        InsufficientParticipants: the dropouts leave a sum unrecoverable (from the server).
         ValueError: an unknown stage or client index, or inputs of the wrong shape.
     """
     n = config.n_clients
-    if len(inputs) != n:
-        raise ValueError(f"inputs must hold one vector per client ({n}), got {len(inputs)}")
-    dropouts = dict(dropouts or {})
-    for index, stage in dropouts.items():
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    per_round = [inputs] * rounds if len(inputs) == n else list(inputs)
+    if len(per_round) != rounds or any(len(x) != n for x in per_round):
+        raise ValueError(f"inputs must hold one vector per client ({n}), or {rounds} such sets")
+    drops = {i: _stage_of(s) for i, s in (dropouts or {}).items()}
+    for index in drops:
         if not 0 <= index < n:
             raise ValueError(f"dropout client index {index} outside [0, {n})")
     if entropy is None:
@@ -108,13 +137,15 @@ def simulate(
     clients = [SecAggPlusClient(config, i, entropy=entropy(i), instance=instance) for i in range(n)]
     sent = {stage: np.zeros(n, dtype=np.int64) for stage in STAGES}
     received = {stage: np.zeros(n, dtype=np.int64) for stage in STAGES}
-    server_s = dict.fromkeys(STAGES, 0.0)
-    client_s = dict.fromkeys(STAGES, 0.0)
-    view: list[tuple[str, Message]] = []
+    server_s: list[dict[str, float]] = []
+    client_s: list[dict[str, float]] = []
+    view: list[tuple[int, int, str, Message]] = []
+    masked_with: dict[tuple[int, int, int], tuple[int, ...]] = {}
     clock = time.perf_counter if timed else (lambda: 0.0)
+    round_idx = 0
 
     def size(message: Message, stage: str) -> int:
-        return len(encode_frame(message, session=0, round_idx=0, phase=stage))
+        return len(encode_frame(message, session=0, round_idx=round_idx, phase=stage))
 
     def deliver(out: list[Outgoing]) -> dict[int, Message]:
         inbox: dict[int, Message] = {}
@@ -127,43 +158,61 @@ def simulate(
                 received[action.phase][i] += nbytes
         return inbox
 
-    def to_server(stage: str, messages: dict[int, Message]) -> dict[int, Message]:
+    def silent(i: int, stage: str) -> bool:
+        """Client i sends nothing at ``stage`` of this round (it dropped there or before)."""
+        if i not in drops:
+            return False
+        at, when = drops[i]
+        return (when, STAGES.index(at)) <= (round_idx, STAGES.index(stage))
+
+    def exchange(stage: str, makers: dict[int, Callable[[], Message]]) -> dict[int, Message]:
+        messages: dict[int, Message] = {}
+        start = clock()
+        for i in sorted(makers):
+            if not silent(i, stage):
+                messages[i] = makers[i]()
+                sent[stage][i] += size(messages[i], stage)
+        client_s[-1][stage] += clock() - start
         out: list[Outgoing] = []
         start = clock()
         for i in sorted(messages):
             if keep_view:
-                view.append((names[i], messages[i]))
+                view.append((round_idx, server.attempt, names[i], messages[i]))
+                if stage == STAGES[1]:
+                    masked_with[round_idx, server.attempt, i] = clients[i].neighbours
             out += server.receive(names[i], messages[i])
-        silent = [names[i] for i, s in dropouts.items() if s == stage]
-        if silent:
-            out += server.drop(silent)
-        server_s[stage] += clock() - start
+        gone = [names[i] for i in makers if i not in messages]
+        if gone:
+            out += server.drop(gone)
+        server_s[-1][stage] += clock() - start
         return deliver(out)
 
-    def alive(stage: str) -> Callable[[int], bool]:
-        order = STAGES.index(stage)
-        return lambda i: i not in dropouts or STAGES.index(dropouts[i]) > order
+    outcomes: list[SumOutcome] = []
+    values = per_round[0]
+    for round_idx in range(rounds):
+        server_s.append(dict.fromkeys(STAGES, 0.0))
+        client_s.append(dict.fromkeys(STAGES, 0.0))
+        values = per_round[round_idx]
+        if round_idx == 0:
+            inbox = exchange(STAGES[0], {i: clients[i].advertise for i in range(n)})
+            masking = sorted(inbox)
+            for i in masking:
+                clients[i].receive_keys("server", inbox[i])  # type: ignore[arg-type]
+        else:
+            server.begin(round_idx, [c for c in outcomes[-1].survivors if c not in outcomes[-1].dropouts])
+            masking = sorted(index_of[c] for c in server.pending())
 
-    def from_clients(stage: str, indices: Sequence[int], make: Callable[[int], Message]) -> dict[int, Message]:
-        messages: dict[int, Message] = {}
-        start = clock()
-        for i in indices:
-            if alive(stage)(i):
-                messages[i] = make(i)
-                sent[stage][i] += size(messages[i], stage)
-        client_s[stage] += clock() - start
-        return messages
+        def mask(i: int, r: int = round_idx, x: Sequence[object] = values) -> Callable[[], Message]:
+            return lambda: clients[i].mask_input(x[i], round_idx=r)
 
-    inbox = to_server(STAGES[0], from_clients(STAGES[0], range(n), lambda i: clients[i].advertise()))
-    inbox = to_server(
-        STAGES[1], from_clients(STAGES[1], sorted(inbox), lambda i: clients[i].share_keys("server", inbox[i]))
-    )
-
-    def masked(i: int) -> Message:
-        clients[i].receive_shares("server", inbox[i])
-        return clients[i].mask_input(inputs[i])
-
-    inbox = to_server(STAGES[2], from_clients(STAGES[2], sorted(inbox), masked))
-    to_server(STAGES[3], from_clients(STAGES[3], sorted(inbox), lambda i: clients[i].unmask("server", inbox[i])))
-    assert server.outcome is not None
-    return Simulation(server.outcome, sent, received, server_s, client_s, view)
+        inbox = exchange(STAGES[1], {i: mask(i) for i in masking})
+        while server.outcome is None:
+            inbox = exchange(STAGES[2], {i: (lambda i=i: clients[i].unmask("server", inbox[i])) for i in sorted(inbox)})
+            if server.outcome is None:  # masked again: every client told to
+                assert all(isinstance(m, Remask) for m in inbox.values())
+                inbox = exchange(
+                    STAGES[1],
+                    {i: (lambda i=i: clients[i].remask("server", inbox[i], values[i])) for i in sorted(inbox)},  # type: ignore[arg-type]
+                )
+        outcomes.append(server.outcome)
+    return Simulation(outcomes, sent, received, server_s, client_s, view, masked_with, clients)
