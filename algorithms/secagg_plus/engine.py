@@ -13,7 +13,7 @@ reply through the server:
 1. ``masked-input`` (every aggregation ``(r, a)``: round r, attempt a): client u draws a fresh
    self-mask seed ``b_u^{r,a}``, Shamir-shares it among the neighbours it masks with (threshold
    t), and sends ``y_u = x_u + PRG(b_u^{r,a}) + sum_v sign(u, v) PRG(k_uv^{r,a})``, where
-   ``k_uv^{r,a} = PRF_{m_uv}(r, a)`` (ChaCha20 keyed by ``m_uv``, the nonce ``(r, a)``) and
+   ``k_uv^{r,a} = PRF_{m_uv}(r, a)`` (HMAC-SHA256 keyed by ``m_uv``) and
    ``sign = +1`` if ``u < v`` else ``-1`` (the masks of two senders cancel), together with each
    neighbour's share encrypted under ``e_uv`` (ChaCha20-Poly1305, the nonce and associated data
    binding ``(r, a)`` and the direction). The server tells each client which of its neighbours sent
@@ -62,13 +62,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hmac
 import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from fedproto.algorithms import secagg
@@ -108,6 +108,7 @@ __all__ = [
 # which import without FLINT. All are re-exported here.
 
 _LABEL = b"fedproto/secagg-plus/v2"
+_MASK_KEY_LABEL = _LABEL + b"/mask-key"
 #: After the unmask stage: the aggregation's sum is known (client: its shares are sent).
 DONE = "done"
 _MAX_ATTEMPT = 2**16 - 1
@@ -143,10 +144,9 @@ def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u
 
 
 def _mask_key(base: bytes, round_idx: int, attempt: int) -> bytes:
-    """``k_uv^{r,a}``: 32 bytes of the ChaCha20 keystream of the pair's base key ``m_uv`` at the
-    nonce ``(r, a)`` (a PRF of ``(r, a)``: one aggregation's key tells nothing of another's)."""
-    nonce = bytes(4) + struct.pack(">QI", round_idx, attempt)  # 32-bit block counter 0, then the nonce
-    return Cipher(algorithms.ChaCha20(base, nonce), mode=None).encryptor().update(bytes(KEY_BYTES))
+    """``k_uv^{r,a}``: HMAC-SHA256 keyed by the pair's base key ``m_uv`` of ``(r, a)`` (a PRF:
+    one aggregation's key tells nothing of another's, nor of ``m_uv``)."""
+    return hmac.digest(base, _MASK_KEY_LABEL + struct.pack(">QQ", round_idx, attempt), "sha256")
 
 
 def _share_nonce(round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:
@@ -154,8 +154,10 @@ def _share_nonce(round_idx: int, attempt: int, sender: int, receiver: int) -> by
     return struct.pack(">QHH", round_idx, attempt, 0 if sender < receiver else 1)
 
 
-def _share_context(instance: bytes, round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:
-    return _info(b"share", instance, round_idx, attempt, sender, receiver)
+def _share_context(instance: bytes, round_idx: int, attempt: int) -> bytes:
+    """The associated data of an aggregation's encrypted shares, less the ``sender || receiver``
+    (8-byte big-endian each) appended per ciphertext."""
+    return _info(b"share", instance, round_idx, attempt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,9 +319,10 @@ class SecAggPlusClient:
         # A neighbour's evaluation point is 1 + its rank in this list (the server tracks the list).
         shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), cfg.threshold, self._share_entropy)
         sealed = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
+        context = _share_context(self.instance, round_idx, attempt)
         for row, v in enumerate(neighbours):
             ciphertext = self._aead[v].encrypt(
-                _share_nonce(round_idx, attempt, u, v), shares[row], _share_context(self.instance, round_idx, attempt, u, v)
+                _share_nonce(round_idx, attempt, u, v), shares[row], context + struct.pack(">QQ", u, v)
             )
             sealed[row] = np.frombuffer(ciphertext, dtype=np.uint8)
         self._last = (round_idx, attempt)
@@ -363,12 +366,11 @@ class SecAggPlusClient:
         round_idx, attempt = self._last
         u = self.index
         shares = np.empty((len(alive), shamir.SHARE_BYTES), dtype=np.uint8)
+        context = _share_context(self.instance, round_idx, attempt)
         for row, v in enumerate(alive):
             try:
                 plain = self._aead[v].decrypt(
-                    _share_nonce(round_idx, attempt, v, u),
-                    message.shares[row].tobytes(),
-                    _share_context(self.instance, round_idx, attempt, v, u),
+                    _share_nonce(round_idx, attempt, v, u), message.shares[row].tobytes(), context + struct.pack(">QQ", v, u)
                 )
             except InvalidTag:
                 raise RemoteProtocolError(f"the share of client {v} does not authenticate", party=sender) from None
