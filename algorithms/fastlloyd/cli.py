@@ -121,6 +121,7 @@ LABELS: dict[str, str] = {
     "analytic_payload_bytes_per_iteration": "analytic payload bytes per iteration (2·M·k·(d+1)·w/8)",
     "analytic_setup_data_bytes": "analytic setup.data bytes (2·M·2d·8, counts and envelopes apart)",
     "analytic_secagg_bytes_per_client_per_iteration": "analytic SecAgg+ data bytes per client per iteration",
+    "analytic_secagg_setup_bytes_per_client": "analytic SecAgg+ key set-up bytes per client (once per run)",
     "secagg": "secure aggregation",
     "secagg_degree": "SecAgg+ neighbours k",
     "secagg_threshold": "SecAgg+ threshold t",
@@ -367,9 +368,12 @@ class FastLloydPlugin:
             from fedproto.algorithms.secagg_plus import engine as secagg_plus  # only a SecAgg+ run loads it
 
             per_client = secagg_plus.stage_bytes(plus)
+            # the keys are agreed once (advertise-keys); every iteration runs the other stages
+            setup_stage = secagg_plus.STAGES[0]
             analytic["analytic_secagg_bytes_per_client_per_iteration"] = sum(
-                v["sent"] + v["received"] for v in per_client.values()
+                v["sent"] + v["received"] for stage, v in per_client.items() if stage != setup_stage
             )
+            analytic["analytic_secagg_setup_bytes_per_client"] = sum(per_client[setup_stage].values())
         return RunPlan(
             roster=parties.roster,
             session=session,

@@ -23,8 +23,8 @@ Each Lloyd iteration (one round trip):
   quantised noise, still masked.
 
 With ``--secagg plus`` an iteration is one SecAgg+ aggregation
-(:mod:`fedproto.algorithms.secagg_plus.messages`: four stages, the update travels in its
-``MaskedInput``), and the server answers with :class:`SurvivorAggregate`, which also names the
+(:mod:`fedproto.algorithms.secagg_plus.messages`: the keys agreed once, in the first iteration,
+then two stages per iteration; the update travels in its ``MaskedInput``), and the server answers with :class:`SurvivorAggregate`, which also names the
 clients whose updates the sum does not hold.
 """
 

@@ -634,8 +634,11 @@ class MUFCPlugin:
         limit = frame_limit(config, d)
         if plus is not None:
             limit = max(limit, secagg_plus.frame_limit(plus))
+            per_client = secagg_plus.stage_bytes(plus)
+            # the keys are agreed once, in round 0 (advertise-keys); every aggregation runs the rest
             analytic["analytic_secagg_bytes_per_client_per_aggregation"] = sum(
-                v["sent"] + v["received"] for v in secagg_plus.stage_bytes(plus).values())
+                v["sent"] + v["received"] for stage, v in per_client.items() if stage != secagg_plus.STAGES[0])
+            analytic["analytic_secagg_setup_bytes_per_client"] = sum(per_client[secagg_plus.STAGES[0]].values())
 
         # every client from its own raw rows only, the server from the public options only
         make_machine = parties.machine_factory({name: part.x for name, part in own.items()})
@@ -652,6 +655,8 @@ class MUFCPlugin:
                 "would send (bytes per client)",
                 "analytic_secagg_bytes_per_client_per_aggregation": "analytic SecAgg+ data bytes per client per "
                 "aggregation (sent and received, no dropout)",
+                "analytic_secagg_setup_bytes_per_client": "analytic SecAgg+ key set-up bytes per client (once, "
+                "in round 0)",
                 "analytic_setup_data_bytes_per_client": "analytic setup.data bytes per client (16 d up, "
                 "8 L + 16 d down; envelopes apart)",
             },

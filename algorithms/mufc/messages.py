@@ -29,9 +29,10 @@ Unlearning (phases ``removal`` and ``model``):
   (``version`` 0) and after each removal request; the optional downlink of spec 1.7, metered in
   its own phase.
 
-With SecAgg+ (``--secagg plus``) there is no setup and no :class:`AggregationRequest` or
-:class:`MaskedSyndromes`: each aggregation is the four stages of
-:mod:`fedproto.algorithms.secagg_plus.messages` (the syndromes travel in its ``MaskedInput``);
+With SecAgg+ (``--secagg plus``) there is no SCMA setup and no :class:`AggregationRequest` or
+:class:`MaskedSyndromes`: SecAgg+ agrees its keys in round 0 and each aggregation is the
+``masked-input`` and ``unmask`` stages of :mod:`fedproto.algorithms.secagg_plus.messages` (the
+syndromes travel in its ``MaskedInput``);
 :class:`RemovalRequest` and :class:`ModelUpdate` are unchanged.
 """
 
