@@ -21,9 +21,10 @@ import dataclasses
 import functools
 import hashlib
 import operator
+from collections.abc import Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from fedproto.algorithms import scma, secagg
 from fedproto.algorithms._scma_field import _is_prime
@@ -47,11 +48,19 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 
 
+_ZERO_NONCE = bytes(12)
+_LITTLE_ENDIAN = {32: np.dtype("<u4"), 64: np.dtype("<u8")}
+
+
 def _keystream(key: bytes, n_bytes: int) -> bytes:
-    # Every key is derived for one (aggregation, purpose, pair) and used for one stream, so the
-    # zero nonce is safe.
-    encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    return encryptor.update(bytes(n_bytes)) + encryptor.finalize()
+    """``n_bytes`` of the ChaCha20 keystream of ``key`` with the zero nonce, from block 1 on
+    (RFC 8439: block 0 is the one its AEAD keeps for the Poly1305 key).
+
+    Every key is derived for one (aggregation, purpose, pair) and used for one stream, so the
+    zero nonce is safe. The keystream is ChaCha20-Poly1305's encryption of zeros less its tag:
+    the same bytes as a bare ChaCha20 cipher at block 1, in a third of the time (one call into
+    `cryptography` instead of four)."""
+    return ChaCha20Poly1305(key).encrypt(_ZERO_NONCE, bytes(n_bytes), None)[:n_bytes]
 
 
 
@@ -180,10 +189,26 @@ class Modulus:
         The ring reads little-endian ``w``-bit words; the field rejection-samples
         (:func:`fedproto.algorithms.scma.uniform_elements`), so both are exactly uniform.
         """
+        return self.expand_sum([key], [], length)
+
+    def expand_sum(self, plus: Sequence[bytes], minus: Sequence[bytes], length: int) -> np.ndarray:
+        """``sum_{key in plus} expand(key) - sum_{key in minus} expand(key)``, ``[length]``.
+
+        In the ring every keystream is read in one NumPy call (a client's pairwise masks: one
+        row per neighbour, summed with wrap-around); the field adds its expansions one by one.
+        """
         if self.ring_bits is not None:
-            dtype = np.dtype(self.dtype).newbyteorder("<")
-            return np.frombuffer(_keystream(key, length * self.width), dtype=dtype).astype(self.dtype)
-        return self.vector(scma.uniform_elements(key, self.prime, length))
+            width, little = self.width, _LITTLE_ENDIAN[self.ring_bits]
+            n_bytes = length * width
+            stream = b"".join(_keystream(key, n_bytes) for key in (*plus, *minus))
+            rows = np.frombuffer(stream, dtype=little).reshape(len(plus) + len(minus), length).astype(self.dtype)
+            return rows[: len(plus)].sum(axis=0, dtype=self.dtype) - rows[len(plus) :].sum(axis=0, dtype=self.dtype)
+        total = self.zeros(length)
+        for key in plus:
+            total = self.add(total, self.vector(scma.uniform_elements(key, self.prime, length)))
+        for key in minus:
+            total = self.sub(total, self.vector(scma.uniform_elements(key, self.prime, length)))
+        return total
 
     def to_wire(self, vector: np.ndarray) -> np.ndarray:
         """The wire form: ``[L, 1]`` ring elements or ``uint8 [L, width]`` big-endian rows."""

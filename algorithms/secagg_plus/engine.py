@@ -311,11 +311,11 @@ class SecAggPlusClient:
         modulus, length = cfg.modulus, cfg.vector_length
         x = modulus.vector(values, length)
         seed = secagg.derive_bytes(self._seed_key, _info(b"self-seed", round_idx, attempt))
-        y = modulus.add(x, modulus.expand(seed, length))
         u = self.index
-        for v in neighbours:
-            mask = modulus.expand(_mask_key(self._mask_base[v], round_idx, attempt), length)
-            y = modulus.add(y, mask) if u < v else modulus.sub(y, mask)
+        base = self._mask_base
+        plus = [seed, *(_mask_key(base[v], round_idx, attempt) for v in neighbours if u < v)]
+        minus = [_mask_key(base[v], round_idx, attempt) for v in neighbours if v < u]
+        y = modulus.add(x, modulus.expand_sum(plus, minus, length))
         # A neighbour's evaluation point is 1 + its rank in this list (the server tracks the list).
         shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), cfg.threshold, self._share_entropy)
         sealed = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
@@ -744,15 +744,15 @@ class SecAggPlusServer:
         modulus, length = cfg.modulus, cfg.vector_length
         seeds = shamir.combine_many([held[u] for u in survivors], cfg.threshold)
         total = modulus.zeros(length)
-        for u, seed in zip(survivors, seeds):
-            total = modulus.add(total, modulus.sub(self._inputs[u], modulus.expand(seed, length)))
+        for u in survivors:
+            total = modulus.add(total, self._inputs[u])
+        # y_w carries +PRG(k_wv) when w < v, -PRG(k_wv) otherwise: take out what remains.
+        added, taken = list(seeds), []
         for w in sorted(answered):
-            dropped = self._requested[w][1].tolist()
             keys = self._reveals[w].pair_keys
-            for row, v in enumerate(dropped):
-                mask = modulus.expand(keys[row].tobytes(), length)
-                # y_w carries +mask when w < v, -mask otherwise: take it out.
-                total = modulus.sub(total, mask) if w < v else modulus.add(total, mask)
+            for row, v in enumerate(self._requested[w][1].tolist()):
+                (added if w < v else taken).append(keys[row].tobytes())
+        total = modulus.sub(total, modulus.expand_sum(added, taken, length))
         self._forget_dropped(answered)
         self.stage = DONE
         self.outcome = SumOutcome(

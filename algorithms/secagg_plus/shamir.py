@@ -92,9 +92,12 @@ SECRET_BYTES = 32
 _SECRET_LIMIT = 1 << (8 * SECRET_BYTES)
 _PRIME_BYTES = SHARE_PRIME.to_bytes(SHARE_BYTES, "big")
 _COEFFICIENT_INFO = b"fedproto/secagg_plus/shamir/coefficients/v1"
-# Below this many field operations (threshold times points) Horner's rule in Python beats
-# FLINT's multipoint evaluation (measured: about even at t = 12 and 24 points).
+# Below this many field operations (threshold times points) Horner's rule in Python is fastest;
+# up to _MATRIX_WORK a FLINT product with the points' cached Vandermonde matrix (0.41 ms against
+# 1.04 ms for FLINT's multipoint evaluation at t = 54 and 92 points, SecAgg+'s k at 1,000
+# clients); above it (the complete graph's t ~ n/2 over n points) the multipoint evaluation.
 _MULTIPOINT_WORK = 300
+_MATRIX_WORK = 1 << 15
 # NumPy work arrays for the sparse weights stay below this many int64 entries (64 MiB).
 _CHUNK_ENTRIES = 1 << 23
 
@@ -148,18 +151,28 @@ def _coefficients(secret: int, threshold: int, entropy: bytes, p: int) -> list[i
     return [secret, *uniform_elements(derive_bytes(entropy, info), p, threshold - 1)]
 
 
-def _evaluate(coefficients: list[int], xs: list[int], p: int) -> list[int]:
+@functools.lru_cache(maxsize=16)
+def _vandermonde(xs: tuple[int, ...], degree: int, p: int) -> flint.fmpz_mat:
+    """``[x^j mod p]`` for the points ``xs`` and ``j < degree``, as an exact integer matrix."""
+    return flint.fmpz_mat([[pow(x, j, p) for j in range(degree)] for x in xs])
+
+
+def _evaluate(coefficients: list[int], xs: Sequence[int], p: int) -> list[int]:
     """``f(x) mod p`` for each ``x``, ``f = sum_j coefficients[j] x^j``."""
-    if len(coefficients) * len(xs) >= _MULTIPOINT_WORK:
-        return [int(v) for v in _poly_ctx(p)(coefficients).multipoint_evaluate(xs)]
-    reversed_coefficients = coefficients[::-1]
-    out = []
-    for x in xs:
-        acc = 0
-        for c in reversed_coefficients:
-            acc = (acc * x + c) % p
-        out.append(acc)
-    return out
+    work = len(coefficients) * len(xs)
+    if work < _MULTIPOINT_WORK:
+        reversed_coefficients = coefficients[::-1]
+        out = []
+        for x in xs:
+            acc = 0
+            for c in reversed_coefficients:
+                acc = acc * x + c  # exact: at most t (257 + bitlength(x)) bits, reduced once
+            out.append(acc % p)
+        return out
+    if work <= _MATRIX_WORK:
+        column = flint.fmpz_mat(len(coefficients), 1, coefficients)
+        return [int(v) % p for v in (_vandermonde(tuple(xs), len(coefficients), p) * column).entries()]
+    return [int(v) for v in _poly_ctx(p)(coefficients).multipoint_evaluate(list(xs))]
 
 
 def split_secret(secret: bytes, xs: Sequence[int], threshold: int, entropy: bytes) -> list[bytes]:

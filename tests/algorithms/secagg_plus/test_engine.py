@@ -317,6 +317,19 @@ def test_masks_are_uniform_and_fresh_per_round():
             assert np.count_nonzero(draws[a] == draws[b]) == 0
 
 
+def test_ring_masks_are_the_chacha20_keystream():
+    """A ring mask is the ChaCha20 keystream of its key (zero nonce, from block 1, as RFC 8439's
+    AEAD encrypts), read as little-endian words: checked against a bare ChaCha20 cipher."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    key = bytes(range(32))
+    for bits in (32, 64):
+        modulus = Modulus.ring(bits)
+        stream = Cipher(algorithms.ChaCha20(key, (1).to_bytes(4, "little") + bytes(12)), mode=None).encryptor()
+        words = np.frombuffer(stream.update(bytes(11 * bits // 8)), dtype=f"<u{bits // 8}")
+        assert np.array_equal(modulus.expand(key, 11), words.astype(modulus.dtype))
+
+
 def test_per_neighbour_bytes_grow_exactly_as_the_formula():
     """Bytes a client sends and receives per stage: the difference between degrees k1 and k2 is
     exactly (k2 - k1) times the per-neighbour term of `stage_bytes`, and the rest is a frame
