@@ -727,14 +727,7 @@ class SecAggPlusServer:
         cfg = self.config
         survivors = sorted(self._inputs)
         answered = set(self._reveals)
-        # owner -> {evaluation point: share} of its self-mask seed, from the holders that answered
-        held: dict[int, dict[int, bytes]] = {u: {} for u in survivors}
-        for w in sorted(answered):
-            senders = self._requested[w][0].tolist()
-            shares = self._reveals[w].shares
-            for row, v in enumerate(senders):
-                point = int(np.searchsorted(self._neighbours[v], w)) + 1
-                held[v][point] = shares[row].tobytes()
+        held = self._held_shares(survivors, sorted(answered))
         short = [u for u in survivors if len(held[u]) < cfg.threshold]
         # A survivor silent here whose neighbour sent no input leaves that pair's mask in the
         # sum: only the two of them know its key.
@@ -762,6 +755,26 @@ class SecAggPlusServer:
             attempts=self.attempt + 1,
         )
         return []
+
+    def _held_shares(self, survivors: list[int], answered: list[int]) -> dict[int, dict[int, bytes]]:
+        """``{owner: {evaluation point: share}}`` of each survivor's self-mask seed, from the
+        holders that answered. Holder w's point for owner v is 1 + w's rank in the list v masked
+        with, found for all pairs by one search in the concatenated lists (keys ``v n + w``)."""
+        held: dict[int, dict[int, bytes]] = {u: {} for u in survivors}
+        if not answered:
+            return held
+        n = len(self.clients)
+        owners = np.concatenate([self._requested[w][0] for w in answered]).astype(np.int64)
+        counts = [self._requested[w][0].size for w in answered]
+        holders = np.repeat(np.asarray(answered, dtype=np.int64), counts)
+        shares = np.concatenate([self._reveals[w].shares for w in answered])
+        lists = [self._neighbours[v].astype(np.int64) + v * n for v in survivors]
+        starts = np.zeros(n, dtype=np.int64)
+        starts[survivors] = np.cumsum([0, *(len(a) for a in lists[:-1])])
+        points = np.searchsorted(np.concatenate(lists), owners * n + holders) - starts[owners] + 1
+        for owner, point, share in zip(owners.tolist(), points.tolist(), shares, strict=True):
+            held[owner][point] = share.tobytes()
+        return held
 
     def _forget_dropped(self, answered: Iterable[int]) -> None:
         """Each client that answered the unmask request leaves its neighbours without input out of
