@@ -387,7 +387,7 @@ class FastLloydPlugin:
             analytic=analytic,
             labels={**LABELS, "nicv": f"NICV, normalised intra-cluster variance ({config.variant})"},
             max_frame_bytes=frame_limit(config, len(clients), plus),
-            dropout_stages=SECAGG_PLUS_STAGES if plus is not None else (),
+            dropout_stages=SECAGG_PLUS_STAGES[1:] if plus is not None else (),  # the stages every iteration has
             dropout_unsupported="" if plus is not None else _NO_DROPOUT,
         )
 
@@ -469,7 +469,7 @@ class FastLloydPlugin:
             phases=_phases(options),
             labels=LABELS,
             max_frame_bytes=limit,
-            dropout_stages=SECAGG_PLUS_STAGES if plus_possible else (),
+            dropout_stages=SECAGG_PLUS_STAGES[1:] if plus_possible else (),  # the stages every iteration has
             dropout_unsupported="" if plus_possible else _NO_DROPOUT,
         )
 

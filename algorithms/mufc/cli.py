@@ -291,7 +291,7 @@ def _run_plan(parties: LocalDataParties, make_machine: Callable[[str], Any], **p
         role_of=parties.role_of,
         iterations=setup.n_requests + 1,
         phases=_phases(setup.secagg),
-        dropout_stages=secagg_plus.STAGES if plus else (),
+        dropout_stages=secagg_plus.STAGES[1:] if plus else (),  # the stages every round has (keys: round 0 only)
         dropout_unsupported="" if plus else "mufc survives dropouts at a stage only with --secagg plus or complete",
         **plan,
     )
