@@ -419,14 +419,19 @@ def test_server_refuses_wrong_share_counts_repeats_and_strangers():
         server.receive("intruder", masked)
 
 
-def test_tampered_ciphertext_does_not_open():
-    config = _config(n=5, degree=4, threshold=3)
-    server, clients, inbox = _set_up(config, b"y")
+def _at_unmask(config, instance):
+    """Set up and mask round 0's inputs: the server, the clients and client-0's unmask request."""
+    server, clients, inbox = _set_up(config, instance)
     out = []
     for i, c in enumerate(clients):
         c.receive_keys("server", inbox[client_name(i)])
         out += server.receive(client_name(i), c.mask_input(_inputs(config)[i], round_idx=0))
-    request = {o.dest: o.message for o in out}["client-0"]
+    return server, clients, {o.dest: o.message for o in out}["client-0"]
+
+
+def test_tampered_ciphertext_does_not_open():
+    config = _config(n=5, degree=4, threshold=3)
+    _, clients, request = _at_unmask(config, b"y")
     shares = request.shares.copy()
     shares[0, 0] ^= 1
     with pytest.raises(RemoteProtocolError, match="does not authenticate"):
@@ -526,12 +531,7 @@ def test_plus_parameters_fall_back_to_the_complete_graph_for_few_clients():
 
 def test_unmask_shares_refuse_mismatched_counts():
     config = _config(n=5, degree=4, threshold=3)
-    server, clients, inbox = _set_up(config, b"u")
-    out = []
-    for i, c in enumerate(clients):
-        c.receive_keys("server", inbox[client_name(i)])
-        out += server.receive(client_name(i), c.mask_input(_inputs(config)[i], round_idx=0))
-    request = {o.dest: o.message for o in out}["client-0"]
+    server, clients, request = _at_unmask(config, b"u")
     reply = clients[0].unmask("server", request)
     wrong = UnmaskShares(shares=reply.shares[:-1], pair_keys=reply.pair_keys)
     with pytest.raises(RemoteProtocolError, match="shares and"):
