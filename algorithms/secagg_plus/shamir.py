@@ -120,7 +120,9 @@ def _check_threshold(threshold: object) -> int:
     return threshold
 
 
-def _check_points(xs: object, p: int) -> list[int]:
+def _check_points(xs: object, p: int) -> Sequence[int]:
+    if isinstance(xs, range) and xs.step == 1 and 1 <= xs.start and xs.stop <= p:
+        return xs  # distinct points in [1, p) by construction (SecAgg+'s ranks 1..m)
     if isinstance(xs, str | bytes | bytearray | memoryview) or not isinstance(xs, Sequence):
         raise TypeError(f"xs must be a sequence of ints, got {type(xs).__name__}")
     points = [_check_int(f"xs[{i}]", x) for i, x in enumerate(xs)]
