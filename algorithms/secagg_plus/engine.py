@@ -13,7 +13,7 @@ reply through the server:
 1. ``masked-input`` (every aggregation ``(r, a)``: round r, attempt a): client u draws a fresh
    self-mask seed ``b_u^{r,a}``, Shamir-shares it among the neighbours it masks with (threshold
    t), and sends ``y_u = x_u + PRG(b_u^{r,a}) + sum_v sign(u, v) PRG(k_uv^{r,a})``, where
-   ``k_uv^{r,a} = PRF_{m_uv}(r, a)`` (HMAC-SHA256 keyed by ``m_uv``) and
+   ``k_uv^{r,a} = PRF_{m_uv}(r, a)`` (keyed BLAKE2b) and
    ``sign = +1`` if ``u < v`` else ``-1`` (the masks of two senders cancel), together with each
    neighbour's share encrypted under ``e_uv`` (ChaCha20-Poly1305, the nonce and associated data
    binding ``(r, a)`` and the direction). The server tells each client which of its neighbours sent
@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hmac
+import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -108,7 +108,7 @@ __all__ = [
 # which import without FLINT. All are re-exported here.
 
 _LABEL = b"fedproto/secagg-plus/v2"
-_MASK_KEY_LABEL = _LABEL + b"/mask-key"
+_MASK_KEY_PERSON = b"fp/sa+/mask-key"  # BLAKE2b personalisation (at most 16 bytes)
 #: After the unmask stage: the aggregation's sum is known (client: its shares are sent).
 DONE = "done"
 _MAX_ATTEMPT = 2**16 - 1
@@ -144,9 +144,9 @@ def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u
 
 
 def _mask_key(base: bytes, round_idx: int, attempt: int) -> bytes:
-    """``k_uv^{r,a}``: HMAC-SHA256 keyed by the pair's base key ``m_uv`` of ``(r, a)`` (a PRF:
-    one aggregation's key tells nothing of another's, nor of ``m_uv``)."""
-    return hmac.digest(base, _MASK_KEY_LABEL + struct.pack(">QQ", round_idx, attempt), "sha256")
+    """``k_uv^{r,a}``: keyed BLAKE2b (RFC 7693's MAC mode, a PRF) of ``(r, a)`` under the pair's
+    base key ``m_uv``: one aggregation's key tells nothing of another's, nor of ``m_uv``."""
+    return hashlib.blake2b(struct.pack(">QQ", round_idx, attempt), key=base, digest_size=KEY_BYTES, person=_MASK_KEY_PERSON).digest()
 
 
 def _share_nonce(round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:
@@ -318,17 +318,17 @@ class SecAggPlusClient:
         y = modulus.add(x, modulus.expand_sum(plus, minus, length))
         # A neighbour's evaluation point is 1 + its rank in this list (the server tracks the list).
         shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), cfg.threshold, self._share_entropy)
-        sealed = np.empty((len(neighbours), CIPHERTEXT_BYTES), dtype=np.uint8)
         context = _share_context(self.instance, round_idx, attempt)
-        for row, v in enumerate(neighbours):
-            ciphertext = self._aead[v].encrypt(
-                _share_nonce(round_idx, attempt, u, v), shares[row], context + struct.pack(">QQ", u, v)
-            )
-            sealed[row] = np.frombuffer(ciphertext, dtype=np.uint8)
+        aead = self._aead
+        sealed = b"".join(
+            aead[v].encrypt(_share_nonce(round_idx, attempt, u, v), share, context + struct.pack(">QQ", u, v))
+            for v, share in zip(neighbours, shares, strict=True)
+        )
         self._last = (round_idx, attempt)
         self._masked_with = list(neighbours)
         self.stage = STAGES[2]
-        return MaskedInput(masked=modulus.to_wire(y), shares=sealed)
+        rows = np.frombuffer(sealed, dtype=np.uint8).reshape(len(neighbours), CIPHERTEXT_BYTES)
+        return MaskedInput(masked=modulus.to_wire(y), shares=rows)
 
     def unmask(self, sender: str, message: UnmaskRequest) -> UnmaskShares:
         """For each neighbour it masked with: the share of its self-mask seed if it sent its input,
@@ -365,19 +365,24 @@ class SecAggPlusClient:
             )
         round_idx, attempt = self._last
         u = self.index
-        shares = np.empty((len(alive), shamir.SHARE_BYTES), dtype=np.uint8)
         context = _share_context(self.instance, round_idx, attempt)
+        sealed = message.shares.tobytes()
+        opened = []
         for row, v in enumerate(alive):
             try:
-                plain = self._aead[v].decrypt(
-                    _share_nonce(round_idx, attempt, v, u), message.shares[row].tobytes(), context + struct.pack(">QQ", v, u)
+                opened.append(
+                    self._aead[v].decrypt(
+                        _share_nonce(round_idx, attempt, v, u),
+                        sealed[row * CIPHERTEXT_BYTES : (row + 1) * CIPHERTEXT_BYTES],
+                        context + struct.pack(">QQ", v, u),
+                    )
                 )
             except InvalidTag:
                 raise RemoteProtocolError(f"the share of client {v} does not authenticate", party=sender) from None
-            shares[row] = np.frombuffer(plain, dtype=np.uint8)
-        keys = np.empty((len(dropped), KEY_BYTES), dtype=np.uint8)
-        for row, v in enumerate(dropped):
-            keys[row] = np.frombuffer(_mask_key(self._mask_base[v], round_idx, attempt), dtype=np.uint8)
+        shares = np.frombuffer(b"".join(opened), dtype=np.uint8).reshape(len(alive), shamir.SHARE_BYTES)
+        base = self._mask_base
+        revealed = b"".join(_mask_key(base[v], round_idx, attempt) for v in dropped)
+        keys = np.frombuffer(revealed, dtype=np.uint8).reshape(len(dropped), KEY_BYTES)
         self._neighbours = [v for v in self._neighbours if v not in gone]
         self.revealed = (tuple(alive), tuple(dropped))
         self.stage = DONE
