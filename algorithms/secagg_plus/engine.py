@@ -710,23 +710,22 @@ class SecAggPlusServer:
                 short.append(u)
         if short:
             raise self._fail("fewer than t neighbours sent their input", short)
-        # Forward each ciphertext to its holder: v's row j is for v's j-th neighbour. Iterating
-        # the senders in increasing order leaves every inbox in increasing sender order.
-        inbox: dict[int, list[np.ndarray]] = {u: [] for u in senders_all}
-        for v in senders_all:
-            sealed = self._sealed[v]
-            for row, w in enumerate(self._neighbours[v].tolist()):
-                if sent[w]:
-                    inbox[w].append(sealed[row])
+        # Forward each ciphertext to its holder: v's row j is for v's j-th neighbour. All rows at
+        # once: keep those whose holder sent its input, order them by holder, then by sender (the
+        # order each holder expects), and cut them into one block per holder.
+        holders = np.concatenate([self._neighbours[v] for v in senders_all]).astype(np.int64)
+        owners = np.repeat(np.asarray(senders_all, dtype=np.int64), [self._neighbours[v].size for v in senders_all])
+        sealed = np.concatenate([self._sealed[v] for v in senders_all])
+        keep = sent[holders]
+        holders, owners, sealed = holders[keep], owners[keep], sealed[keep]
+        order = np.lexsort((owners, holders))
+        blocks = np.split(sealed[order], np.cumsum(np.bincount(holders, minlength=len(self.clients)))[:-1])
         self._requested = requested
         self.stage = STAGES[2]
-        out: list[Outgoing] = []
-        empty = np.zeros((0, CIPHERTEXT_BYTES), dtype=np.uint8)
-        for u in senders_all:
-            rows = inbox[u]
-            request = UnmaskRequest(dropped=requested[u][1], shares=np.stack(rows) if rows else empty)
-            out.append(Send(self.clients[u], request, self.round_idx, STAGES[1]))
-        return out
+        return [
+            Send(self.clients[u], UnmaskRequest(dropped=requested[u][1], shares=blocks[u]), self.round_idx, STAGES[1])
+            for u in senders_all
+        ]
 
     def _close_unmask(self) -> list[Outgoing]:
         cfg = self.config
