@@ -448,6 +448,9 @@ class SecAggPlusServer:
         # After the set-up: each client's neighbours that it masks its next input with, as the
         # client tracks them (those with keys, less those reported to it without input).
         self._neighbours: dict[int, np.ndarray] = {}
+        # Clients whose input some aggregation lacked: their neighbours have left them out of
+        # their masks since, so they take no part in later aggregations of the run.
+        self._out: set[int] = set()
         self.round_idx = -1
         self.outcome: SumOutcome | None = None
         self._start(round_idx, self._active_indices(active))
@@ -490,8 +493,9 @@ class SecAggPlusServer:
 
         Args:
             round_idx: its round, after the last one.
-            active: the clients expected (default all); a client that never completed the set-up
-                cannot take part and is absent.
+            active: the clients expected (default all). A client that never completed the set-up,
+                or whose input an earlier aggregation of the run lacked (its neighbours have left
+                it out of their masks since), cannot take part and is absent.
 
         Raises:
             LocalProtocolError: the running aggregation has no sum yet, or ``round_idx`` is not
@@ -502,7 +506,7 @@ class SecAggPlusServer:
             raise LocalProtocolError(f"begin() while round {self.round_idx}'s aggregation runs")
         if round_idx <= self.round_idx:
             raise LocalProtocolError(f"round {round_idx} is not after round {self.round_idx}: masks are never reused")
-        self._start(round_idx, self._active_indices(active) & self._neighbours.keys())
+        self._start(round_idx, (self._active_indices(active) & self._neighbours.keys()) - self._out)
 
     @property
     def done(self) -> bool:
@@ -698,6 +702,7 @@ class SecAggPlusServer:
             raise self._fail(f"only {len(senders_all)} clients sent their input", ())
         sent = np.zeros(len(self.clients), dtype=bool)
         sent[senders_all] = True
+        self._out.update(u for u in self._neighbours if not sent[u])
         # Each sender's seed is shared among the neighbours it masked with: t of them must have
         # sent their input too (only they are asked to reveal).
         requested: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -465,6 +465,34 @@ def test_masks_are_never_reused():
         done.begin(2)
 
 
+def test_a_client_whose_input_a_round_lacked_is_absent_later():
+    """Its neighbours left it out of their masks, so a later round named with it in ``active``
+    goes on without it (absent, not a dropout) and sums the others exactly."""
+    config = _config(n=10, degree=6, threshold=3)
+    inputs = _inputs(config, 8)
+    names = [client_name(i) for i in range(10)]
+    server, clients, inbox = _set_up(config, b"b")
+    for i, c in enumerate(clients):
+        c.receive_keys("server", inbox[names[i]])
+
+    def aggregate(r, senders):
+        out = []
+        for i in senders:
+            out += server.receive(names[i], clients[i].mask_input(inputs[i], round_idx=r))
+        out += server.drop([names[i] for i in range(10) if i not in senders and names[i] in server.pending()])
+        for o in list(out):
+            out += server.receive(o.dest, clients[names.index(o.dest)].unmask("server", o.message))
+        return server.outcome
+
+    first = aggregate(0, [i for i in range(10) if i != 4])
+    assert first.dropouts == {client_name(4): "masked-input"}
+    server.begin(1, names)  # client 4 named again
+    assert client_name(4) not in server.pending()
+    second = aggregate(1, [i for i in range(10) if i != 4])
+    assert second.dropouts == {} and client_name(4) not in second.survivors
+    assert np.array_equal(second.total, _expected_sum(config, inputs, [i for i in range(10) if i != 4]))
+
+
 def test_late_message_from_a_dropped_client_is_ignored():
     config = _config()
     names = [client_name(i) for i in range(config.n_clients)]
