@@ -2,11 +2,20 @@
 
 What it measures
 ----------------
-One aggregation of a vector of ``L`` elements of ``Z_2^w`` (``--length 1000``, ``--ring-bits 32``)
-per client, for n = 100, 1,000 and 10,000 clients (``--clients``), each run in one process by
+A SecAgg+ run is one set-up (``advertise-keys``: the clients' keys, agreed once per run) followed
+by one aggregation per round (``masked-input`` + ``unmask``), so the cost that matters per round is
+an aggregation after the set-up; the set-up is reported beside it, once. Each vector holds ``L``
+elements of ``Z_2^w`` (``--length 1000``, ``--ring-bits 32``) per client, for n = 100, 1,000 and
+10,000 clients (``--clients``), each run in one process by
 :func:`fedproto.algorithms.secagg_plus.simulation.simulate` (``timed=True``): every client and the
-server engine of :mod:`fedproto.algorithms.secagg_plus.engine` in a loop, every message encoded
-by the runtime's codec (``encode_frame``), so the byte counts are the frames' exact sizes. Per n:
+server engine of :mod:`fedproto.algorithms.secagg_plus.engine` in a loop, every message encoded by
+the runtime's codec (``encode_frame``), so the byte counts are the frames' exact sizes. Every
+SecAgg run is the set-up and two aggregations (rounds 0 and 1, ``rounds=2``); its figures are the
+set-up's (round 0's ``advertise-keys``) and round 1's, one aggregation after the set-up.
+``simulate`` sums the bytes over the rounds, so round 1's are the 2-round run's minus those of a
+``rounds=1`` run of the same configuration, inputs and entropy (the same set-up and round 0, byte
+for byte: the set-up's bytes are checked equal); its seconds are ``server_s[1]`` and
+``client_s[1]``, the set-up's ``server_s[0]`` and ``client_s[0]`` at ``advertise-keys``. Per n:
 
 (a) **SecAgg+** (``engine.plus_config``): a random k-regular graph, (k, t) from Bell et al.'s bounds
     (failure probability 2^-40, 20% corrupt clients, 10% dropouts).
@@ -17,26 +26,42 @@ by the runtime's codec (``encode_frame``), so the byte counts are the frames' ex
     masked vector (FastLloyd's ``MaskedUpdate``, ``uint [1, L]``, phase ``update``) and receives
     the masked aggregate (``NoisyAggregate``, phase ``aggregate``); the bytes are those two frames.
     Server seconds: summing the n masked vectors in the ring with NumPy (best of 3); client
-    seconds: one ``MaskGenerator.party_mask`` and the addition (mean over all n clients; the last
-    client's mask costs n expansions). MSA's one-time key set-up (the sealed shared seed) is not
-    counted: it is paid once per run, not per aggregation.
+    seconds: one ``MaskGenerator.party_mask`` and the addition (mean over all n clients, best of
+    3; the last client's mask costs n expansions). MSA's one-time key set-up (the sealed shared seed) is not
+    counted: like SecAgg+'s set-up, it is paid once per run, not per aggregation.
 (d) **SecAgg+ with 5% dropouts** (``--dropout-rate``): the same as (a), with a seeded random 5% of
-    the clients silent from the masked-input stage on, so the unmask stage reconstructs their
-    masking keys and removes their pairwise masks from their neighbours' inputs.
+    the clients silent from round 1's masked-input on (``{i: ("masked-input", 1)}``), so round 1
+    is the aggregation with dropouts: its survivors reveal, for each silent neighbour, the round's
+    pair mask key with it (never a long-term key), and the server removes the pairwise masks the
+    silent clients left in their neighbours' inputs. (Remasking, ``SumOutcome.attempts == 2``, is
+    not triggered: nobody goes silent at unmask; the ``attempts`` field says so.)
 
-Every run's sum is checked against the plain sum of the survivors' inputs.
+Every round's sum (rounds 0 and 1 of every run, and round 0 of the 1-round run) is checked against
+the plain sum of that round's survivors' inputs (``sim.outcomes[r].survivors``).
 
-Bytes per client (mean over all n clients, sent + received, per stage and in total) are set beside
-the analytic ``engine.stage_bytes`` (data bytes without envelopes; for the dropout run the
-survivors' and the dropped clients' shares of it): ``overhead/frame`` is the measured minus the
-analytic bytes per frame a client sends or receives, i.e. the envelope and the msgpack headers.
-``x MSA`` is a row's bytes per client over MSA's at the same n. Times: the server's seconds per
-stage (``simulate``'s per-stage ``server_s``: handling the stage's messages, including
-reconstruction and unmasking in ``unmask``), and the clients' seconds per client (every client's
-engine calls, plus encoding the frames to count them, over n). The growth table gives, for each
-scheme, bytes per client against n, the factor and the increment from the previous n, next to
-the factor of n and of log n: SecAgg+'s bytes grow by a roughly constant increment per decade of n
-(k = O(log n)), classic SecAgg's by the factor of n (k = n - 1).
+The protocol's sizes: a client sends one 32-byte X25519 key at the set-up and receives each
+neighbour's (``k (4 + 32)`` bytes); in each aggregation it sends its masked vector and one
+ciphertext per neighbour (``CIPHERTEXT_BYTES`` = 49: one 33-byte Shamir share of that round's
+self-mask seed and a 16-byte Poly1305 tag), receives its neighbours' ciphertexts (with the list of
+its neighbours without input), and sends back one 33-byte share per neighbour that sent its input
+and one 32-byte round pair key per neighbour that did not (``engine.stage_bytes``).
+
+Bytes per client (mean over all n clients, sent + received, per stage, per aggregation after the
+set-up and for the set-up) are set beside the analytic ``engine.stage_bytes`` (data bytes without
+envelopes; for the dropout run its mean over the n clients: a silent client sends and receives
+nothing in round 1, a survivor has ``k D / (n - 1)`` silent neighbours in expectation for ``D``
+silent clients, and ``stage_bytes`` is linear in that number): ``overhead/frame`` is the measured
+minus the analytic bytes per frame a client sends or receives in the aggregation (3 per survivor),
+i.e. the envelope and the msgpack headers. ``x MSA`` is a row's bytes per aggregation per client
+over MSA's at the same n. Times: the server's seconds per stage of round 1 (handling the stage's
+messages, including reconstruction and unmasking in ``unmask``) and of the set-up, and the
+clients' seconds per client (every client's engine calls, plus encoding the frames to count them,
+over n), each beside MSA's as a ratio. ``simulate`` does not time the clients' ``receive_keys``
+(the set-up's key agreements): this script adds it to the set-up's client seconds by wrapping
+``SecAggPlusClient.receive_keys`` with a clock for the run. The growth table gives, for each
+scheme, bytes per client per aggregation against n, the factor and the increment from the
+previous n, next to the factor of n and of log n: SecAgg+'s bytes grow by a roughly constant
+increment per decade of n (k = O(log n)), classic SecAgg's by the factor of n (k = n - 1).
 
 Flower (optional, ``--flower-python PATH``)
 -------------------------------------------
@@ -50,47 +75,68 @@ with ``num_shares = k + 1`` (Flower counts the client itself) and the same thres
 SecAgg+ at that n, on the same L (as float32 values, which Flower quantises). Its bytes are its
 messages' protobuf serialisation (``flwr.common.serde.message_to_proto``), the form each
 message takes on Flower's wire, with no gRPC framing; the deflated object tree Flower 1.2x+
-pushes is in its detail table. Its stages are mapped onto ours by content: keys = ``setup`` +
-the keys received in ``share_keys``; shares = the ciphertexts sent in ``share_keys`` and
-received in ``collect_masked_vectors``; masked input = the vector sent in
-``collect_masked_vectors`` + the node lists received in ``unmask``; unmask = the shares sent in
-``unmask``. No model is sent with the fit instruction (the aggregation alone is measured).
-Measured with flwr 1.41.0: Flower's client encrypts each neighbour's two shares with Fernet
-(AES-128-CBC + HMAC-SHA256, base64) under keys agreed on SECP384R1 and sent as PEM, and shares
-its PEM-encoded private key (padded to 320 bytes, 20 chunks of Shamir over GF(2^128)), so one
-neighbour's ciphertext is 612 bytes against our 82 (two 33-byte shares and a Poly1305 tag), and
-its masks are NumPy ``RandomState`` streams seeded with 32 bits, in ``int64`` arrays (8 bytes per
-element of ``Z_2^32``). At n = 100 and L = 1,000 its run takes about 3 minutes (a minute of it the
-server's unmasking: Shamir over GF(2^128) in pure Python, PyCryptodome's ``Shamir.combine``; most
-of the rest the clients' share creation), so it is off by default.
+pushes is in its detail table. Its four stages are mapped onto our three by content:
+advertise-keys = ``setup`` sent + the keys received in ``setup`` and ``share_keys``;
+masked-input = the ciphertexts sent in ``share_keys`` + the vector sent in
+``collect_masked_vectors``, and received: the ciphertexts received in ``collect_masked_vectors``
++ the node lists received in ``unmask``; unmask = the shares sent in ``unmask``. Server seconds:
+advertise-keys = ``setup``; masked-input = ``share_keys`` + ``collect_masked_vectors``; unmask =
+``unmask``. **Flower redoes its set-up every round** (new keys, new shares), so its per-round
+figures (its ``total_bytes``, ``server_s``, ``client_s_per_client`` and their ratios to MSA) are
+its whole round, set-up included: compare them with our set-up plus one aggregation, not with our
+aggregation alone. No model is sent with the fit instruction (the aggregation alone is measured).
+Measured with flwr 1.41.0: Flower's client encrypts each neighbour's TWO shares (its self-mask
+seed's and its secret key's) with Fernet (AES-128-CBC + HMAC-SHA256, base64) under keys agreed on
+SECP384R1 and sent as PEM, and shares its PEM-encoded private key (padded to 320 bytes, 20 chunks
+of Shamir over GF(2^128)), so one neighbour's ciphertext is 612 bytes. Ours is 49 bytes and
+carries ONE share per neighbour per round (the round's self-mask seed; a dropped client's masks
+are removed with the round's pair keys its neighbours reveal, not with a shared secret key), so
+the ratio of the two sizes is not a like-for-like comparison of the encryption alone. Flower's
+masks are NumPy ``RandomState`` streams seeded with 32 bits, in ``int64`` arrays (8 bytes per
+element of ``Z_2^32``). At n = 100 and L = 1,000 its run takes about 3 minutes (a minute of it
+the server's unmasking: Shamir over GF(2^128) in pure Python, PyCryptodome's ``Shamir.combine``;
+most of the rest the clients' share creation), so it is off by default. (Flower was not run
+since the protocol change; the mapping above is correct by construction, not re-measured.)
 
-Where the time goes (measured on 2 shared cores, the Flower run excluded): the full run takes about
-11 minutes: classic SecAgg at n = 1,000 about 3 minutes (k = 999), and each SecAgg+ run at
-n = 10,000 about 3.5 minutes, of which the clients' engines are about 80% (per client and
-neighbour: three X25519 agreements, two share-encryption HKDFs and AEADs, one ChaCha20 mask)
-and the server about 40 s (``--profile`` shows the clients' split).
+Where the time goes
+-------------------
+Measured on 2 cores shared with the lead's work (load about 1.5 before the run), the Flower run
+excluded. ``--quick`` takes about 80 s, most of it SecAgg+ at n = 1,000 (k = 92): its 1-round and
+2-round runs (two set-ups, three aggregations) take about 40 s, the dropout run about 20 s. One
+aggregation after the set-up costs a client about 7.6 ms (per neighbour: one ChaCha20 pair-mask
+expansion of L elements, one share and its ChaCha20-Poly1305 encryption, one decryption) and the
+server about 0.8 s, three quarters of it in ``unmask`` (rebuilding each sender's seed from t = 54
+shares and expanding its self mask); the set-up costs a client about 8.7 ms (one X25519 agreement
+and HKDF per neighbour) and the server about 45 ms.
 
 Tables (``--json PATH``, one record per row): ``secagg_bytes`` (``n_clients``, ``scheme``:
 ``msa``, ``secagg_plus``, ``secagg_plus_dropout``, ``secagg_complete``, ``flower_secagg_plus``;
 ``measured``, ``degree``, ``threshold``, ``dropped``, ``<stage>_sent_bytes`` and
-``<stage>_received_bytes`` for the stages ``advertise_keys``, ``share_keys``, ``masked_input``,
-``unmask`` (MSA: its two frames under ``masked_input``), ``total_bytes``, ``analytic_total_bytes``,
-``overhead_bytes_per_frame``, ``ratio_to_msa``), ``secagg_time`` (``n_clients``, ``scheme``,
-``<stage>_server_s``, ``server_s``, ``server_ratio_to_msa``, ``client_s_per_client``,
-``wall_s``), ``secagg_growth`` (``scheme``, ``n_clients``, ``degree``, ``total_bytes``,
-``measured``, ``growth``, ``increment_bytes``, ``n_growth``, ``log_n_growth``; ``null`` for the
-first n) and, with ``--flower-python``, ``secagg_flower`` (``n_clients``, ``stage`` (Flower's),
+``<stage>_received_bytes`` for the stages ``advertise_keys`` (the set-up), ``masked_input`` and
+``unmask`` (round 1; MSA: its two frames under ``masked_input``, ``null`` set-up), ``total_bytes``
+(one aggregation after the set-up, masked-input + unmask; Flower: its whole round),
+``setup_bytes``, ``analytic_total_bytes``, ``analytic_setup_bytes``, ``overhead_bytes_per_frame``,
+``attempts`` (round 1's), ``ratio_to_msa`` (``total_bytes`` over MSA's)), ``secagg_time``
+(``n_clients``, ``scheme``, ``advertise_keys_server_s`` (the set-up), ``masked_input_server_s``,
+``unmask_server_s`` (round 1), ``server_s`` (round 1's total; Flower: its whole round),
+``server_ratio_to_msa``, ``setup_client_s_per_client``, ``client_s_per_client`` (round 1),
+``client_ratio_to_msa``, ``wall_s`` (the whole 2-round run)), ``secagg_growth`` (``scheme``,
+``n_clients``, ``degree``, ``total_bytes`` (per aggregation after the set-up), ``measured``,
+``growth``, ``increment_bytes``, ``n_growth``, ``log_n_growth``; ``null`` for the first n) and,
+with ``--flower-python``, ``secagg_flower`` (``n_clients``, ``stage`` (Flower's),
 ``sent_bytes``, ``received_bytes``, ``sent_object_bytes``, ``received_object_bytes``,
 ``client_s_per_client``, ``server_s``). ``--profile`` adds ``secagg_profile`` (``function``,
-``calls``, ``tottime_s``, ``cumtime_s``): cProfile of one extra SecAgg+ run at the middle n.
+``calls``, ``tottime_s``, ``cumtime_s``): cProfile of one extra SecAgg+ run (the set-up and two
+aggregations) at the middle n.
 
-``--plot PATH``: bytes per client against n (log-log; measured solid, analytic dashed) and the
-server's seconds per stage as stacked bars, one panel per n.
+``--plot PATH``: bytes per client per aggregation after the set-up against n (log-log; measured
+solid, analytic dashed) and the server's seconds per stage of that aggregation as stacked bars,
+one panel per n (our set-up left out; Flower's bar is its whole round, set-up included).
 
 Run::
 
-    python benchmarks/secagg.py                # n = 100, 1,000, 10,000 (about 11 minutes on 2 shared cores)
-    python benchmarks/secagg.py --quick        # n = 100 and 1,000, complete graph at 100 (about 40 s)
+    python benchmarks/secagg.py                # n = 100, 1,000, 10,000 (see "Where the time goes" on 2 shared cores)
+    python benchmarks/secagg.py --quick        # n = 100 and 1,000, complete graph at 100 (about 80 s)
     python benchmarks/secagg.py --plot secagg.png --json secagg.json
     python benchmarks/secagg.py --flower-python /tmp/flwr-venv/bin/python   # + Flower at n = 100
 
@@ -103,6 +149,7 @@ References:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import math
@@ -110,6 +157,7 @@ import pstats
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import cryptography
@@ -136,6 +184,8 @@ from fedproto.codec import encode_frame
 
 STAGES = engine.STAGES
 STAGE_KEYS = {stage: stage.replace("-", "_") for stage in STAGES}
+#: The stages of every aggregation (``STAGES[0]``, ``advertise-keys``, is the run's set-up).
+AGGREGATION = STAGES[1:]
 SCHEME_LABELS = {
     "msa": "MSA (no dropouts)",
     "secagg_plus": "SecAgg+",
@@ -158,9 +208,14 @@ def msa_run(inputs: np.ndarray, ring_bits: int, seed: int) -> dict:
     """FastLloyd's MSA on the same inputs: frame bytes per client, server and client seconds."""
     n, length = inputs.shape
     masks = secagg.MaskGenerator(np.random.default_rng(seed).bytes(32), n, (1, length), ring_bits=ring_bits)
-    start = time.perf_counter()
-    masked = [inputs[i].reshape(1, length) + masks.party_mask(i, 0) for i in range(n)]
-    client_s = (time.perf_counter() - start) / n
+
+    def clients() -> float:
+        start = time.perf_counter()
+        clients.masked = [inputs[i].reshape(1, length) + masks.party_mask(i, 0) for i in range(n)]
+        return (time.perf_counter() - start) / n
+
+    client_s = best_of(clients, 3)  # the first pass also pays NumPy's and the PRG's warm-up
+    masked = clients.masked
 
     def server_sum() -> float:
         t0 = time.perf_counter()
@@ -180,44 +235,111 @@ def msa_run(inputs: np.ndarray, ring_bits: int, seed: int) -> dict:
 
 
 def analytic_mean(config: engine.SecAggPlusConfig, dropped: int) -> dict[str, dict[str, float]]:
-    """``stage_bytes`` averaged over all clients when ``dropped`` clients are silent from the
-    masked-input stage on (they send and receive nothing after sharing keys). A survivor's unmask
-    request lists its own dropped neighbours: ``k D / (n - 1)`` of them in expectation over a
-    uniformly random dropped set."""
+    """``stage_bytes`` averaged over all n clients for one aggregation in which ``dropped`` clients
+    are silent from its masked-input stage on (they send and receive nothing in it); the
+    ``advertise-keys`` entry is the set-up's (nobody drops there).
+
+    A survivor's ``stage_bytes`` is linear in the number ``d`` of its neighbours without input (its
+    request lists them, and the forwarded ciphertexts and revealed shares shrink by as many, each
+    replaced by a revealed pair key); over a uniformly random dropped set ``d`` is ``k D / (n - 1)``
+    in expectation, so the survivors' mean is ``stage_bytes`` at that ``d``.
+    """
     n = config.n_clients
     alive = (n - dropped) / n
-    cost = {stage: dict(sides) for stage, sides in engine.stage_bytes(config).items()}
-    cost[STAGES[2]]["received"] += 4 * config.degree * dropped / (n - 1)
-    return {
-        stage: {side: value * (alive if stage in STAGES[2:] else 1.0) for side, value in cost[stage].items()}
-        for stage in STAGES
-    }
+    setup = engine.stage_bytes(config)[STAGES[0]]
+    survivor = engine.stage_bytes(config, dropped=config.degree * dropped / (n - 1))  # type: ignore[arg-type]
+    cost = {STAGES[0]: {side: float(v) for side, v in setup.items()}}
+    for stage in AGGREGATION:
+        cost[stage] = {side: alive * float(v) for side, v in survivor[stage].items()}
+    return cost
 
 
-def secagg_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, dropouts: dict[int, str]) -> dict:
-    """One simulated aggregation: bytes per client per stage, seconds, checked sum."""
+@contextlib.contextmanager
+def key_agreement_clock() -> Iterator[list[float]]:
+    """Count the seconds every client spends in ``SecAggPlusClient.receive_keys`` (the set-up's
+    X25519 agreements and HKDFs), which ``simulate`` calls outside its clients' clock: the set-up's
+    client seconds are ``client_s[0]["advertise-keys"]`` plus these."""
+    original = engine.SecAggPlusClient.receive_keys
+    spent = [0.0]
+
+    def receive_keys(self, sender, message):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return original(self, sender, message)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    engine.SecAggPlusClient.receive_keys = receive_keys  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        engine.SecAggPlusClient.receive_keys = original  # type: ignore[method-assign]
+
+
+def check_sums(sim, inputs: np.ndarray, what: str) -> None:
+    """Every round's sum against the plain sum of that round's survivors' inputs."""
+    for r, outcome in enumerate(sim.outcomes):
+        survivors = np.array(sorted(int(name.rsplit("-", 1)[1]) for name in outcome.survivors), dtype=np.int64)
+        if not np.array_equal(outcome.total, inputs[survivors].sum(axis=0, dtype=inputs.dtype)):
+            raise AssertionError(f"{what}, round {r}: the sum is not the sum of the survivors' inputs")
+
+
+def secagg_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, dropped: np.ndarray,
+               base: dict | None = None) -> dict:
+    """The set-up and two aggregations (rounds 0 and 1), ``dropped`` silent from round 1's
+    masked-input on: the set-up's bytes and seconds, and round 1's (one aggregation after the
+    set-up).
+
+    ``simulate`` sums the bytes over the rounds, so round 1's are this run's minus those of the
+    set-up and round 0 alone (``base``: a ``rounds=1`` run of the same configuration, inputs and
+    entropy without dropouts, whose set-up and round 0 are this run's; made here when None).
+    """
+    n = config.n_clients
+    what = f"SecAgg (k = {config.degree}, n = {n})"
+    if base is None:
+        one = simulate(config, list(inputs), rounds=1)
+        check_sums(one, inputs, what + ", 1 round")
+        base = {"sent": {s: one.sent_bytes[s].copy() for s in STAGES},
+                "received": {s: one.received_bytes[s].copy() for s in STAGES}}
+    dropouts = {int(i): (STAGES[1], 1) for i in dropped}
     start = time.perf_counter()
-    sim = simulate(config, list(inputs), dropouts=dropouts, timed=True)
+    with key_agreement_clock() as agreeing:
+        sim = simulate(config, list(inputs), dropouts=dropouts, rounds=2, timed=True)
     wall_s = time.perf_counter() - start
-    survivors = np.setdiff1d(np.arange(config.n_clients), np.fromiter(dropouts, dtype=np.int64))
-    expected = inputs[survivors].sum(axis=0, dtype=inputs.dtype)
-    if not np.array_equal(sim.outcome.total, expected) or len(sim.outcome.survivors) != survivors.size:
-        raise AssertionError(f"SecAgg (k = {config.degree}, n = {config.n_clients}): wrong sum")
-    frames = sum(
-        float(np.count_nonzero(sim.sent_bytes[s]) + np.count_nonzero(sim.received_bytes[s])) for s in STAGES
-    ) / config.n_clients
-    analytic = analytic_mean(config, len(dropouts))
-    measured_total = sum(float(sim.sent_bytes[s].mean() + sim.received_bytes[s].mean()) for s in STAGES)
-    analytic_total = sum(analytic[s]["sent"] + analytic[s]["received"] for s in STAGES)
+    check_sums(sim, inputs, what)
+    if len(sim.outcomes[1].survivors) != n - len(dropped):
+        raise AssertionError(f"{what}: {len(sim.outcomes[1].survivors)} survivors in round 1, expected {n - len(dropped)}")
+    if not (np.array_equal(sim.sent_bytes[STAGES[0]], base["sent"][STAGES[0]])
+            and np.array_equal(sim.received_bytes[STAGES[0]], base["received"][STAGES[0]])):
+        raise AssertionError(f"{what}: the set-up's bytes differ between the 1- and 2-round runs")
+    sent = {STAGES[0]: float(sim.sent_bytes[STAGES[0]].mean())}
+    received = {STAGES[0]: float(sim.received_bytes[STAGES[0]].mean())}
+    for s in AGGREGATION:  # round 1 alone
+        sent[s] = float((sim.sent_bytes[s] - base["sent"][s]).mean())
+        received[s] = float((sim.received_bytes[s] - base["received"][s]).mean())
+    analytic = analytic_mean(config, len(dropped))
+    total = sum(sent[s] + received[s] for s in AGGREGATION)
+    analytic_total = sum(analytic[s]["sent"] + analytic[s]["received"] for s in AGGREGATION)
+    attempts = sim.outcomes[1].attempts
+    # Round 1's frames: each survivor sends its masked input, receives its unmask request and sends
+    # its shares (3 frames); a client silent from masked-input on has none. A remasked round has
+    # more: the per-frame overhead is then not given.
+    frames = 3 * len(sim.outcomes[1].survivors)
     return {
-        "sent": {s: float(sim.sent_bytes[s].mean()) for s in STAGES},
-        "received": {s: float(sim.received_bytes[s].mean()) for s in STAGES},
-        "total": measured_total,
+        "sent": sent,
+        "received": received,
+        "total": total,
+        "setup": sent[STAGES[0]] + received[STAGES[0]],
+        "analytic": analytic,
         "analytic_total": analytic_total,
-        "overhead": (measured_total - analytic_total) / frames,
-        "server_s": dict(sim.server_s),
-        "client_s": sum(sim.client_s.values()) / config.n_clients,
+        "analytic_setup": analytic[STAGES[0]]["sent"] + analytic[STAGES[0]]["received"],
+        "overhead": (total - analytic_total) / (frames / n) if attempts == 1 else None,
+        "attempts": attempts,
+        "server_s": {STAGES[0]: sim.server_s[0][STAGES[0]], **{s: sim.server_s[1][s] for s in AGGREGATION}},
+        "client_s": sum(sim.client_s[1][s] for s in AGGREGATION) / n,
+        "setup_client_s": (sim.client_s[0][STAGES[0]] + agreeing[0]) / n,
         "wall_s": wall_s,
+        "base": base,
     }
 
 
@@ -234,41 +356,47 @@ def flower_run(python: str, n: int, length: int, k: int, t: int, seed: int) -> d
 
 
 def flower_as_ours(result: dict) -> dict:
-    """Flower's per-stage bytes regrouped by content onto our four stages (see the docstring)."""
+    """Flower's per-stage figures regrouped by content onto our three stages (see the docstring).
+
+    Flower redoes its set-up every round, so its ``total`` (bytes per client), ``server_total``
+    and ``client_s`` are its whole round, set-up included: compare them with our set-up plus one
+    aggregation, and its ``setup`` entries with our set-up.
+    """
     fs = result["stages"]
     sent = {
         STAGES[0]: fs["setup"]["sent_bytes"],
-        STAGES[1]: fs["share_keys"]["sent_bytes"],
-        STAGES[2]: fs["collect_masked_vectors"]["sent_bytes"],
-        STAGES[3]: fs["unmask"]["sent_bytes"],
+        STAGES[1]: fs["share_keys"]["sent_bytes"] + fs["collect_masked_vectors"]["sent_bytes"],
+        STAGES[2]: fs["unmask"]["sent_bytes"],
     }
     received = {
         STAGES[0]: fs["setup"]["received_bytes"] + fs["share_keys"]["received_bytes"],
-        STAGES[1]: fs["collect_masked_vectors"]["received_bytes"],
-        STAGES[2]: fs["unmask"]["received_bytes"],
-        STAGES[3]: 0.0,
+        STAGES[1]: fs["collect_masked_vectors"]["received_bytes"] + fs["unmask"]["received_bytes"],
+        STAGES[2]: 0.0,
     }
     server = {
         STAGES[0]: fs["setup"]["server_s"],
-        STAGES[1]: fs["share_keys"]["server_s"],
-        STAGES[2]: fs["collect_masked_vectors"]["server_s"],
-        STAGES[3]: fs["unmask"]["server_s"],
+        STAGES[1]: fs["share_keys"]["server_s"] + fs["collect_masked_vectors"]["server_s"],
+        STAGES[2]: fs["unmask"]["server_s"],
     }
     return {
         "sent": sent,
         "received": received,
         "total": sum(sent.values()) + sum(received.values()),
+        "setup": sent[STAGES[0]] + received[STAGES[0]],
         "server_s": server,
+        "server_total": sum(server.values()),
         "client_s": sum(s["client_s"] for s in fs.values()),
+        "setup_client_s": fs["setup"]["client_s"],
         "wall_s": result["total_s"],
+        "attempts": 1,
     }
 
 
 def profile_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, top: int = 15) -> list[tuple[str, int, float, float]]:
-    """cProfile one SecAgg+ aggregation; the ``top`` functions by own time."""
+    """cProfile one SecAgg+ run (the set-up and two aggregations); the ``top`` functions by own time."""
     profiler = cProfile.Profile()
     profiler.enable()
-    simulate(config, list(inputs))
+    simulate(config, list(inputs), rounds=2)
     profiler.disable()
     stats = pstats.Stats(profiler)
     rows = []
@@ -285,7 +413,7 @@ def profile_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, top: int = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser, quick="n = 100 and 1,000, the complete graph at 100 only (about 40 s)")
+    add_common_arguments(parser, quick="n = 100 and 1,000, the complete graph at 100 only (about 80 s)")
     parser.add_argument("--clients", type=int, nargs="+", default=None, metavar="N",
                         help="client counts (default 100 1000 10000; --quick: 100 1000)")
     parser.add_argument("--length", type=int, default=1000, help="elements per client vector L (default 1000)")
@@ -293,7 +421,7 @@ def main() -> None:
     parser.add_argument("--complete-max", type=int, default=None, metavar="N",
                         help="run classic SecAgg up to this n, analytic bytes above (default 1000; --quick: 100)")
     parser.add_argument("--dropout-rate", type=float, default=0.05,
-                        help="fraction of clients that drop at masked-input in the dropout run (default 0.05)")
+                        help="fraction of clients silent from round 1's masked-input on in the dropout run (default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the dropout set")
     parser.add_argument("--flower-python", default=None, metavar="PATH",
                         help="a Python with flwr installed: also run Flower's SecAgg+ workflow (not a dependency)")
@@ -325,7 +453,7 @@ def main() -> None:
         "clients n": ", ".join(f"{n:,}" for n in plan),
         "vector": f"L = {args.length:,} elements of {modulus.describe()} ({args.length * modulus.width:,} bytes)",
         "classic SecAgg run up to": f"n = {args.complete_max:,} (analytic bytes above)",
-        "dropout run": f"{args.dropout_rate:.0%} of the clients silent from masked-input on (seed {args.seed})",
+        "dropout run": f"{args.dropout_rate:.0%} of the clients silent from round 1's masked-input on (seed {args.seed})",
         "Flower": f"{args.flower_python} up to n = {args.flower_max:,}" if args.flower_python else "not run (--flower-python)",
     })
 
@@ -344,24 +472,26 @@ def main() -> None:
         results[n, "msa"] = msa_run(inputs, args.ring_bits, args.seed)
         plus = engine.plus_config(n, args.length, modulus)
         configs[n, "secagg_plus"] = configs[n, "secagg_plus_dropout"] = plus
-        progress(f"n = {n:,}: SecAgg+ (k = {plus.degree}, t = {plus.threshold}) ...")
-        results[n, "secagg_plus"] = secagg_run(plus, inputs, {})
+        progress(f"n = {n:,}: SecAgg+ (k = {plus.degree}, t = {plus.threshold}): set-up + 1 round, then + 2 rounds ...")
+        results[n, "secagg_plus"] = secagg_run(plus, inputs, np.empty(0, dtype=np.int64))
         n_drop = round(args.dropout_rate * n)
         dropped = rng.choice(n, size=n_drop, replace=False)
-        progress(f"n = {n:,}: SecAgg+ with {n_drop:,} clients dropped at masked-input ...")
-        results[n, "secagg_plus_dropout"] = secagg_run(plus, inputs, {int(i): STAGES[2] for i in dropped})
+        progress(f"n = {n:,}: SecAgg+, set-up + 2 rounds, {n_drop:,} clients silent from round 1's masked-input ...")
+        results[n, "secagg_plus_dropout"] = secagg_run(plus, inputs, dropped, base=results[n, "secagg_plus"]["base"])
         results[n, "secagg_plus_dropout"]["dropped"] = n_drop
         complete = engine.complete_config(n, args.length, modulus)
         configs[n, "secagg_complete"] = complete
         if n <= args.complete_max:
-            progress(f"n = {n:,}: classic SecAgg (k = {complete.degree}, t = {complete.threshold}) ...")
-            results[n, "secagg_complete"] = secagg_run(complete, inputs, {})
+            progress(f"n = {n:,}: classic SecAgg (k = {complete.degree}, t = {complete.threshold}): set-up + 1 round, "
+                     "then + 2 rounds ...")
+            results[n, "secagg_complete"] = secagg_run(complete, inputs, np.empty(0, dtype=np.int64))
         else:
-            cost = engine.stage_bytes(complete)
+            cost = analytic_mean(complete, 0)
             results[n, "secagg_complete"] = {
                 "analytic_only": True,
                 "analytic": cost,
-                "analytic_total": float(sum(c["sent"] + c["received"] for c in cost.values())),
+                "analytic_total": sum(cost[s]["sent"] + cost[s]["received"] for s in AGGREGATION),
+                "analytic_setup": cost[STAGES[0]]["sent"] + cost[STAGES[0]]["received"],
             }
         if args.flower_python and n <= args.flower_max:
             progress(f"n = {n:,}: Flower SecAgg+ (num_shares = {min(plus.degree + 1, n)}, t = {plus.threshold}) ...")
@@ -375,10 +505,13 @@ def main() -> None:
     schemes = ["msa", "secagg_plus", "secagg_plus_dropout", "secagg_complete", "flower_secagg_plus"]
     table = Table(
         title=f"Bytes per client per stage (sent + received, mean over the n clients), L = {args.length:,} "
-              f"elements of {modulus.describe()}; baseline: MSA (FastLloyd's masking, no dropouts) in the same run",
+              f"elements of {modulus.describe()}: the set-up (advertise-keys, once per run) and ONE aggregation "
+              "after it (round 1's masked-input + unmask); baseline: MSA (FastLloyd's masking, no dropouts) in "
+              "the same run",
         title_justify="left",
     )
-    for col in ("n", "scheme", "k", "t", *STAGES, "total", "analytic", "overhead/frame", "x MSA"):
+    for col in ("n", "scheme", "k", "t", "set-up: " + STAGES[0], *AGGREGATION, "per aggregation", "analytic",
+                "overhead/frame", "x MSA"):
         table.add_column(col, justify="left" if col == "scheme" else "right")
     for n in plan:
         msa = results[n, "msa"]
@@ -389,13 +522,15 @@ def main() -> None:
                 continue
             label = SCHEME_LABELS[scheme]
             if scheme == "msa":
-                table.add_row(f"{n:,}", label, "—", "—", "—", "—", fmt_bytes(msa_total), "—", fmt_bytes(msa_total),
+                table.add_row(f"{n:,}", label, "—", "—", "—", fmt_bytes(msa_total), "—", fmt_bytes(msa_total),
                               "—", "—", "1.00")
                 records.append(record(
                     "secagg_bytes", n_clients=n, scheme=scheme, measured=True, degree=None, threshold=None, dropped=0,
-                    **{f"{STAGE_KEYS[s]}_sent_bytes": (msa["sent"] if s == STAGES[2] else 0) for s in STAGES},
-                    **{f"{STAGE_KEYS[s]}_received_bytes": (msa["received"] if s == STAGES[2] else 0) for s in STAGES},
-                    total_bytes=msa_total, analytic_total_bytes=None, overhead_bytes_per_frame=None, ratio_to_msa=1.0,
+                    advertise_keys_sent_bytes=None, advertise_keys_received_bytes=None,
+                    masked_input_sent_bytes=msa["sent"], masked_input_received_bytes=msa["received"],
+                    unmask_sent_bytes=0, unmask_received_bytes=0, total_bytes=msa_total, setup_bytes=None,
+                    analytic_total_bytes=None, analytic_setup_bytes=None, overhead_bytes_per_frame=None,
+                    attempts=1, ratio_to_msa=1.0,
                 ))
                 continue
             cfg = configs[n, scheme]
@@ -410,78 +545,101 @@ def main() -> None:
                     threshold=cfg.threshold, dropped=0,
                     **{f"{STAGE_KEYS[s]}_sent_bytes": r["analytic"][s]["sent"] for s in STAGES},
                     **{f"{STAGE_KEYS[s]}_received_bytes": r["analytic"][s]["received"] for s in STAGES},
-                    total_bytes=None, analytic_total_bytes=r["analytic_total"], overhead_bytes_per_frame=None,
+                    total_bytes=None, setup_bytes=None, analytic_total_bytes=r["analytic_total"],
+                    analytic_setup_bytes=r["analytic_setup"], overhead_bytes_per_frame=None, attempts=None,
                     ratio_to_msa=r["analytic_total"] / msa_total,
                 ))
                 continue
             if scheme == "secagg_plus_dropout":
                 label = f"SecAgg+, {r['dropped']:,} dropped"
-            k = cfg.degree if scheme != "flower_secagg_plus" else min(cfg.degree + 1, n)
+            flower = scheme == "flower_secagg_plus"
+            k = min(cfg.degree + 1, n) if flower else cfg.degree
             analytic = r.get("analytic_total")
             table.add_row(
                 f"{n:,}", label, str(k), str(cfg.threshold),
                 *(fmt_bytes(r["sent"][s] + r["received"][s]) for s in STAGES),
-                fmt_bytes(r["total"]), fmt_bytes(analytic) if analytic is not None else "—",
-                f"{r['overhead']:.1f}" if "overhead" in r else "—", f"{r['total'] / msa_total:.3g}",
+                fmt_bytes(r["total"]) + (" (with set-up)" if flower else ""),
+                fmt_bytes(analytic) if analytic is not None else "—",
+                f"{r['overhead']:.1f}" if r.get("overhead") is not None else "—", f"{r['total'] / msa_total:.3g}",
             )
             records.append(record(
                 "secagg_bytes", n_clients=n, scheme=scheme, measured=True, degree=k, threshold=cfg.threshold,
                 dropped=r.get("dropped", 0),
                 **{f"{STAGE_KEYS[s]}_sent_bytes": r["sent"][s] for s in STAGES},
                 **{f"{STAGE_KEYS[s]}_received_bytes": r["received"][s] for s in STAGES},
-                total_bytes=r["total"], analytic_total_bytes=analytic, overhead_bytes_per_frame=r.get("overhead"),
-                ratio_to_msa=r["total"] / msa_total,
+                total_bytes=r["total"], setup_bytes=r["setup"], analytic_total_bytes=analytic,
+                analytic_setup_bytes=r.get("analytic_setup"), overhead_bytes_per_frame=r.get("overhead"),
+                attempts=r["attempts"], ratio_to_msa=r["total"] / msa_total,
             ))
     console.print(table)
     console.print(
-        "k, t: degree and threshold (Flower: num_shares = k + 1, itself included). analytic: engine.stage_bytes "
-        "(data bytes, no envelopes); overhead/frame: (measured - analytic) per frame sent or received (envelope "
-        "and msgpack headers). MSA's bytes are its two frames (masked vector up, masked aggregate down), shown "
-        "under masked-input; SecAgg+ sends no aggregate down (the server learns the sum). Flower: its protobuf "
-        "messages, regrouped onto our stages by content.",
+        "k, t: degree and threshold (Flower: num_shares = k + 1, itself included). set-up: the run's advertise-keys, "
+        "paid once; masked-input, unmask: round 1 alone (the 2-round run's bytes minus a 1-round run's: the same "
+        "set-up and round 0); per aggregation: their sum, the cost of every round after the set-up, and x MSA is "
+        "it over MSA's. analytic: engine.stage_bytes (data bytes, no envelopes; dropouts: its mean over the n "
+        "clients); overhead/frame: (measured - analytic) per frame a client sent or received in the aggregation "
+        "(envelope and msgpack headers). MSA's bytes are its two frames (masked vector up, masked aggregate down), "
+        "shown under masked-input; SecAgg+ sends no aggregate down (the server learns the sum). Flower: its "
+        "protobuf messages regrouped onto our stages by content; it redoes its set-up every round, so its per "
+        "aggregation figure includes it (compare it with our set-up + per aggregation).",
         highlight=False,
     )
 
     # -- time --------------------------------------------------------------------------------------
     table = Table(
-        title="Server seconds per stage (the stage columns), in total, and clients' seconds per client (one process, "
-              "perf_counter); baseline: MSA's server summing the n masked vectors (best of 3)",
+        title="Seconds (one process, perf_counter): the set-up (advertise-keys, round 0: the server's, and the "
+              "clients' per client) and ONE aggregation after it (round 1: the server's per stage and in total, "
+              "the clients' per client); baselines: MSA's server summing the n masked vectors (best of 3) and its "
+              "clients' mask and addition",
         title_justify="left",
     )
-    for col in ("n", "scheme", *STAGES, "server total", "x MSA", "client s/client", "wall"):
+    for col in ("n", "scheme", "set-up server", "set-up client/client", *(f"{s} server" for s in AGGREGATION),
+                "server per aggregation", "x MSA", "client/client per aggregation", "client x MSA", "wall"):
         table.add_column(col, justify="left" if col == "scheme" else "right")
     for n in plan:
         msa = results[n, "msa"]
         table.add_row(f"{n:,}", SCHEME_LABELS["msa"], "—", "—", fmt_s(msa["server_s"]), "—", fmt_s(msa["server_s"]),
-                      "1.00", fmt_s(msa["client_s"]), "—")
+                      "1.00", fmt_s(msa["client_s"]), "1.00", "—")
         records.append(record(
-            "secagg_time", n_clients=n, scheme="msa", **{f"{STAGE_KEYS[s]}_server_s": None for s in STAGES},
-            server_s=msa["server_s"], server_ratio_to_msa=1.0, client_s_per_client=msa["client_s"], wall_s=None,
+            "secagg_time", n_clients=n, scheme="msa", advertise_keys_server_s=None,
+            masked_input_server_s=msa["server_s"], unmask_server_s=None, server_s=msa["server_s"],
+            server_ratio_to_msa=1.0, setup_client_s_per_client=None, client_s_per_client=msa["client_s"],
+            client_ratio_to_msa=1.0, wall_s=None,
         ))
         for scheme in schemes[1:]:
             r = results.get((n, scheme))
             if r is None or r.get("analytic_only"):
                 continue
-            server = sum(r["server_s"].values())
+            flower = scheme == "flower_secagg_plus"
+            server = r["server_total"] if flower else sum(r["server_s"][s] for s in AGGREGATION)
             label = f"SecAgg+, {r['dropped']:,} dropped" if scheme == "secagg_plus_dropout" else SCHEME_LABELS[scheme]
+            with_setup = " (with set-up)" if flower else ""
             table.add_row(
-                f"{n:,}", label, *(fmt_s(r["server_s"][s]) for s in STAGES), fmt_s(server),
-                f"{server / msa['server_s']:.3g}", fmt_s(r["client_s"]), fmt_s(r["wall_s"]),
+                f"{n:,}", label, fmt_s(r["server_s"][STAGES[0]]), fmt_s(r["setup_client_s"]),
+                *(fmt_s(r["server_s"][s]) for s in AGGREGATION), fmt_s(server) + with_setup,
+                f"{server / msa['server_s']:.3g}", fmt_s(r["client_s"]) + with_setup,
+                f"{r['client_s'] / msa['client_s']:.3g}", fmt_s(r["wall_s"]),
             )
             records.append(record(
                 "secagg_time", n_clients=n, scheme=scheme,
                 **{f"{STAGE_KEYS[s]}_server_s": r["server_s"][s] for s in STAGES}, server_s=server,
-                server_ratio_to_msa=server / msa["server_s"], client_s_per_client=r["client_s"], wall_s=r["wall_s"],
+                server_ratio_to_msa=server / msa["server_s"], setup_client_s_per_client=r["setup_client_s"],
+                client_s_per_client=r["client_s"], client_ratio_to_msa=r["client_s"] / msa["client_s"],
+                wall_s=r["wall_s"],
             ))
     console.print(table)
     console.print(
-        "wall: the whole simulated aggregation (all n clients and the server, one after another, and the frame "
-        "encoding that counts bytes). Timings share 2 cores with other work: treat them as indicative.",
+        "set-up client/client: advertise-keys (the key, and agreeing the run's keys with every neighbour) over n; "
+        "client/client per aggregation: round 1's masked-input and unmask, every client's engine calls and the "
+        "encoding of its frames, over n (dropouts: silent clients count as 0). wall: the whole 2-round simulation "
+        "(set-up, rounds 0 and 1, every client and the server one after another). Flower: its whole round, its "
+        "set-up included. Timings share 2 cores with other work: treat them as indicative.",
         highlight=False,
     )
 
     # -- growth ------------------------------------------------------------------------------------
-    table = Table(title="Growth of bytes per client with n (SecAgg+: k = O(log n); complete graph: k = n - 1)",
+    table = Table(title="Growth with n of bytes per client per aggregation after the set-up (SecAgg+: k = O(log n); "
+                        "complete graph: k = n - 1)",
                   title_justify="left")
     for col in ("scheme", "n", "k", "bytes/client", "x previous n", "+ bytes per step", "n x", "log n x"):
         table.add_column(col, justify="left" if col == "scheme" else "right")
@@ -576,11 +734,13 @@ def main() -> None:
 
 
 def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> None:
-    """Bytes per client against n (log-log) and the server's seconds per stage (stacked bars)."""
+    """Bytes per client per aggregation after the set-up against n (log-log), and the server's
+    seconds per stage of that aggregation (stacked bars, our set-up left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig = plt.figure(figsize=(12, 8.5), layout="constrained")
     grid = fig.add_gridspec(2, len(plan), height_ratios=[1.15, 1])
@@ -595,17 +755,15 @@ def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> N
                 continue
             points.append((n, r["sent"] + r["received"] if scheme == "msa" else r["total"]))
         if points:
+            note = " (whole round, set-up included)" if scheme == "flower_secagg_plus" else ""
             top.plot(*zip(*points), color=styles[scheme], marker="o", linestyle="-" if len(points) > 1 else "none",
-                     label=f"{SCHEME_LABELS[scheme]} (measured)")
+                     label=f"{SCHEME_LABELS[scheme]} (measured){note}")
     for scheme in ("secagg_plus", "secagg_complete"):
-        analytic = [(n, float(sum(c["sent"] + c["received"] for c in engine.stage_bytes(configs[n, scheme]).values())))
-                    for n in plan]
+        analytic = [(n, results[n, scheme]["analytic_total"]) for n in plan]
         top.plot(*zip(*analytic), color=styles[scheme], linestyle="--", marker="x",
                  label=f"{SCHEME_LABELS[scheme]} (analytic, no envelopes)")
     top.set_xscale("log")
     top.set_yscale("log")
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
     top.set_xticks(plan, [f"{n:,}" for n in plan])
     top.set_xlim(plan[0] / 1.4, plan[-1] * 1.6)  # room for the k labels
     top.xaxis.set_minor_formatter(NullFormatter())
@@ -619,12 +777,13 @@ def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> N
                          xytext=(6, -12 if scheme == "secagg_plus" else 6), fontsize="small", color=styles[scheme])
     top.set_xlabel("clients n")
     top.set_ylabel("bytes per client (sent + received)")
-    top.set_title("Bytes per client per aggregation")
+    top.set_title("Bytes per client per aggregation after the set-up (round 1: masked-input + unmask)")
     top.grid(True, which="major", alpha=0.3)
     top.legend(fontsize="small", loc="upper left")
-    colors = {STAGES[0]: "C0", STAGES[1]: "C1", STAGES[2]: "C2", STAGES[3]: "C3"}
+    colors = {STAGES[0]: "C1", STAGES[1]: "C2", STAGES[2]: "C3"}
     short = {"msa": "MSA", "secagg_plus": "SecAgg+", "secagg_plus_dropout": "SecAgg+\ndropouts",
-             "secagg_complete": "SecAgg\ncomplete", "flower_secagg_plus": "Flower\nSecAgg+"}
+             "secagg_complete": "SecAgg\ncomplete", "flower_secagg_plus": "Flower\nSecAgg+\n(+ set-up)"}
+    labelled: set[str] = set()
     for column, n in enumerate(plan):
         ax = fig.add_subplot(grid[1, column])
         labels, bottoms = [], []
@@ -634,22 +793,33 @@ def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> N
                 continue
             x = len(labels)
             labels.append(short[scheme])
-            stages = {STAGES[2]: r["server_s"]} if scheme == "msa" else r["server_s"]
+            if scheme == "msa":
+                stages = {STAGES[1]: r["server_s"]}
+            elif scheme == "flower_secagg_plus":  # Flower's round redoes its set-up
+                stages = r["server_s"]
+            else:
+                stages = {s: r["server_s"][s] for s in AGGREGATION}
             bottom = 0.0
             for stage in STAGES:
                 value = stages.get(stage, 0.0)
-                ax.bar(x, value, bottom=bottom, color=colors[stage], label=stage if x == 1 else None)
+                if value <= 0:
+                    continue
+                ax.bar(x, value, bottom=bottom, color=colors[stage], label=stage if stage not in labelled else None)
+                labelled.add(stage)
                 bottom += value
             bottoms.append(bottom)
             ax.annotate(fmt_s(bottom), (x, bottom), textcoords="offset points", xytext=(0, 2), ha="center",
                         va="bottom", fontsize="small")
-        ax.set_ylim(0, max(bottoms) * 1.12)
+        ax.set_ylim(0, max(bottoms) * 1.15)
         ax.set_xticks(range(len(labels)), labels, fontsize="small")
         ax.set_title(f"n = {n:,}")
-        ax.set_ylabel("server seconds" if column == 0 else "")
-        if column == 0:
+        ax.set_ylabel("server seconds, one aggregation" if column == 0 else "")
+        handles, names = ax.get_legend_handles_labels()
+        if handles:
             ax.legend(fontsize="small", loc="upper left", title="stage", title_fontsize="small")
-    fig.suptitle("Secure aggregation: SecAgg+ (Bell et al.) vs classic SecAgg vs FastLloyd's MSA")
+    fig.suptitle("Secure aggregation after the set-up: SecAgg+ (Bell et al.) vs classic SecAgg vs FastLloyd's MSA\n"
+                 "bars: the server's seconds of one aggregation by stage; our once-per-run set-up (advertise-keys) "
+                 "is left out (see the tables)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     console.print(f"plot written to {path}")
