@@ -14,7 +14,8 @@ SecAgg run is the set-up and two aggregations (rounds 0 and 1, ``rounds=2``); it
 set-up's (round 0's ``advertise-keys``) and round 1's, one aggregation after the set-up.
 ``simulate`` sums the bytes over the rounds, so round 1's are the 2-round run's minus those of a
 ``rounds=1`` run of the same configuration, inputs and entropy (the same set-up and round 0, byte
-for byte: the set-up's bytes are checked equal); its seconds are ``server_s[1]`` and
+for byte: the set-up's bytes are checked equal, and without dropouts round 1's bytes are checked
+equal to round 0's, client by client); its seconds are ``server_s[1]`` and
 ``client_s[1]``, the set-up's ``server_s[0]`` and ``client_s[0]`` at ``advertise-keys``. Per n:
 
 (a) **SecAgg+** (``engine.plus_config``): a random k-regular graph, (k, t) from Bell et al.'s bounds
@@ -308,10 +309,17 @@ def secagg_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, dropped: np.
     wall_s = time.perf_counter() - start
     check_sums(sim, inputs, what)
     if len(sim.outcomes[1].survivors) != n - len(dropped):
-        raise AssertionError(f"{what}: {len(sim.outcomes[1].survivors)} survivors in round 1, expected {n - len(dropped)}")
+        raise AssertionError(
+            f"{what}: {len(sim.outcomes[1].survivors)} survivors in round 1, expected {n - len(dropped)}"
+        )
     if not (np.array_equal(sim.sent_bytes[STAGES[0]], base["sent"][STAGES[0]])
             and np.array_equal(sim.received_bytes[STAGES[0]], base["received"][STAGES[0]])):
         raise AssertionError(f"{what}: the set-up's bytes differ between the 1- and 2-round runs")
+    if not len(dropped) and not all(
+        np.array_equal(getattr(sim, f"{side}_bytes")[s] - base[side][s], base[side][s])
+        for side in ("sent", "received") for s in AGGREGATION
+    ):  # without dropouts, rounds 0 and 1 exchange frames of the same sizes
+        raise AssertionError(f"{what}: round 1's bytes differ from round 0's without dropouts")
     sent = {STAGES[0]: float(sim.sent_bytes[STAGES[0]].mean())}
     received = {STAGES[0]: float(sim.received_bytes[STAGES[0]].mean())}
     for s in AGGREGATION:  # round 1 alone
@@ -421,7 +429,8 @@ def main() -> None:
     parser.add_argument("--complete-max", type=int, default=None, metavar="N",
                         help="run classic SecAgg up to this n, analytic bytes above (default 1000; --quick: 100)")
     parser.add_argument("--dropout-rate", type=float, default=0.05,
-                        help="fraction of clients silent from round 1's masked-input on in the dropout run (default 0.05)")
+                        help="fraction of clients silent from round 1's masked-input on in the dropout run "
+                             "(default 0.05)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the dropout set")
     parser.add_argument("--flower-python", default=None, metavar="PATH",
                         help="a Python with flwr installed: also run Flower's SecAgg+ workflow (not a dependency)")
@@ -453,7 +462,8 @@ def main() -> None:
         "clients n": ", ".join(f"{n:,}" for n in plan),
         "vector": f"L = {args.length:,} elements of {modulus.describe()} ({args.length * modulus.width:,} bytes)",
         "classic SecAgg run up to": f"n = {args.complete_max:,} (analytic bytes above)",
-        "dropout run": f"{args.dropout_rate:.0%} of the clients silent from round 1's masked-input on (seed {args.seed})",
+        "dropout run": f"{args.dropout_rate:.0%} of the clients silent from round 1's masked-input on "
+                       f"(seed {args.seed})",
         "Flower": f"{args.flower_python} up to n = {args.flower_max:,}" if args.flower_python else "not run (--flower-python)",
     })
 
@@ -719,7 +729,8 @@ def main() -> None:
         rng = np.random.default_rng([args.seed, n])
         inputs = rng.integers(0, modulus.size, size=(n, args.length), dtype=dtype)
         rows = profile_run(configs[n, "secagg_plus"], inputs)
-        table = Table(title=f"cProfile of one SecAgg+ aggregation, n = {n:,} (own time, top {len(rows)})",
+        table = Table(title=f"cProfile of one SecAgg+ run (the set-up and two aggregations), n = {n:,} "
+                            f"(own time, top {len(rows)})",
                       title_justify="left")
         for col in ("function", "calls", "own s", "cumulative s"):
             table.add_column(col, justify="left" if col == "function" else "right")
