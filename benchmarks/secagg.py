@@ -28,8 +28,8 @@ equal to round 0's, client by client); its seconds are ``server_s[1]`` and
     the masked aggregate (``NoisyAggregate``, phase ``aggregate``); the bytes are those two frames.
     Server seconds: summing the n masked vectors in the ring with NumPy (best of 3); client
     seconds: one ``MaskGenerator.party_mask`` and the addition (mean over all n clients, best of
-    3; the last client's mask costs n expansions). MSA's one-time key set-up (the sealed shared seed) is not
-    counted: like SecAgg+'s set-up, it is paid once per run, not per aggregation.
+    3; the last client's mask costs n expansions). MSA's one-time key set-up (the sealed shared
+    seed) is not counted: like SecAgg+'s set-up, it is paid once per run, not per aggregation.
 (d) **SecAgg+ with 5% dropouts** (``--dropout-rate``): the same as (a), with a seeded random 5% of
     the clients silent from round 1's masked-input on (``{i: ("masked-input", 1)}``), so round 1
     is the aggregation with dropouts: its survivors reveal, for each silent neighbour, the round's
@@ -101,14 +101,18 @@ since the protocol change; the mapping above is correct by construction, not re-
 
 Where the time goes
 -------------------
-Measured on 2 cores shared with the lead's work (load about 1.5 before the run), the Flower run
-excluded. ``--quick`` takes about 80 s, most of it SecAgg+ at n = 1,000 (k = 92): its 1-round and
-2-round runs (two set-ups, three aggregations) take about 40 s, the dropout run about 20 s. One
-aggregation after the set-up costs a client about 7.6 ms (per neighbour: one ChaCha20 pair-mask
-expansion of L elements, one share and its ChaCha20-Poly1305 encryption, one decryption) and the
-server about 0.8 s, three quarters of it in ``unmask`` (rebuilding each sender's seed from t = 54
-shares and expanding its self mask); the set-up costs a client about 8.7 ms (one X25519 agreement
-and HKDF per neighbour) and the server about 45 ms.
+Measured on 2 cores shared with other work (another session's jobs: load average 1.5 to 3.1 during
+the run), the Flower run excluded. The full run takes about 20 minutes: classic SecAgg at n = 1,000
+about 8 minutes (k = 999; its 1-round and 2-round runs: two set-ups of a million X25519 agreements
+and three aggregations), SecAgg+ at n = 10,000 (k = 100) about 7.5 minutes for its 1-round and
+2-round runs and 4 minutes for the dropout run. ``--quick`` takes about 80 s, most of it SecAgg+ at
+n = 1,000 (k = 92). Per client, one SecAgg+ aggregation after the set-up costs 5.8 to 6.6 ms at
+every n (per neighbour: one ChaCha20 pair-mask expansion of L elements, one share and its
+ChaCha20-Poly1305 encryption, one decryption) against 0.03 to 0.04 ms for MSA's one mask; the
+set-up costs 7 to 10 ms (one X25519 agreement and two HKDF keys per neighbour), paid once. The
+server's aggregation at n = 10,000 takes about 11 s, about 70% of it in ``unmask`` (rebuilding each
+sender's self-mask seed from t = 58 shares and removing its self mask); its set-up about 0.8 s.
+``--profile`` shows the clients' split.
 
 Tables (``--json PATH``, one record per row): ``secagg_bytes`` (``n_clients``, ``scheme``:
 ``msa``, ``secagg_plus``, ``secagg_plus_dropout``, ``secagg_complete``, ``flower_secagg_plus``;
@@ -136,8 +140,8 @@ one panel per n (our set-up left out; Flower's bar is its whole round, set-up in
 
 Run::
 
-    python benchmarks/secagg.py                # n = 100, 1,000, 10,000 (see "Where the time goes" on 2 shared cores)
-    python benchmarks/secagg.py --quick        # n = 100 and 1,000, complete graph at 100 (about 80 s)
+    python benchmarks/secagg.py            # n = 100, 1,000, 10,000 (about 20 minutes, 2 shared cores)
+    python benchmarks/secagg.py --quick    # n = 100 and 1,000, complete graph at 100 (about 80 s)
     python benchmarks/secagg.py --plot secagg.png --json secagg.json
     python benchmarks/secagg.py --flower-python /tmp/flwr-venv/bin/python   # + Flower at n = 100
 
@@ -815,7 +819,7 @@ def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> N
                 value = stages.get(stage, 0.0)
                 if value <= 0:
                     continue
-                ax.bar(x, value, bottom=bottom, color=colors[stage], label=stage if stage not in labelled else None)
+                ax.bar(x, value, bottom=bottom, color=colors[stage])
                 labelled.add(stage)
                 bottom += value
             bottoms.append(bottom)
@@ -825,9 +829,9 @@ def plot(path: str, plan: list[int], results: dict, configs: dict, console) -> N
         ax.set_xticks(range(len(labels)), labels, fontsize="small")
         ax.set_title(f"n = {n:,}")
         ax.set_ylabel("server seconds, one aggregation" if column == 0 else "")
-        handles, names = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(fontsize="small", loc="upper left", title="stage", title_fontsize="small")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[stage]) for stage in STAGES if stage in labelled]
+    fig.legend(handles, [stage for stage in STAGES if stage in labelled], loc="outside lower center",
+               ncols=len(handles), fontsize="small", title="server seconds by stage", title_fontsize="small")
     fig.suptitle("Secure aggregation after the set-up: SecAgg+ (Bell et al.) vs classic SecAgg vs FastLloyd's MSA\n"
                  "bars: the server's seconds of one aggregation by stage; our once-per-run set-up (advertise-keys) "
                  "is left out (see the tables)")
