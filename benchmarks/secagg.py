@@ -101,18 +101,20 @@ since the protocol change; the mapping above is correct by construction, not re-
 
 Where the time goes
 -------------------
-Measured on 2 cores shared with other work (another session's jobs: load average 1.5 to 3.1 during
-the run), the Flower run excluded. The full run takes about 20 minutes: classic SecAgg at n = 1,000
-about 8 minutes (k = 999; its 1-round and 2-round runs: two set-ups of a million X25519 agreements
-and three aggregations), SecAgg+ at n = 10,000 (k = 100) about 7.5 minutes for its 1-round and
-2-round runs and 4 minutes for the dropout run. ``--quick`` takes about 80 s, most of it SecAgg+ at
-n = 1,000 (k = 92). Per client, one SecAgg+ aggregation after the set-up costs 5.8 to 6.6 ms at
-every n (per neighbour: one ChaCha20 pair-mask expansion of L elements, one share and its
-ChaCha20-Poly1305 encryption, one decryption) against 0.03 to 0.04 ms for MSA's one mask; the
-set-up costs 7 to 10 ms (one X25519 agreement and two HKDF keys per neighbour), paid once. The
-server's aggregation at n = 10,000 takes about 11 s, about 70% of it in ``unmask`` (rebuilding each
-sender's self-mask seed from t = 58 shares and removing its self mask); its set-up about 0.8 s.
-``--profile`` shows the clients' split.
+Measured on the 2 cores with nothing else running (load average 1.0: this run alone), the Flower
+run excluded, on the engine of main at 62e7095. The full run takes about 12.5 minutes: classic
+SecAgg at n = 1,000 about 5.3 minutes (k = 999; its 1-round and 2-round runs: two set-ups of a
+million X25519 agreements each and three aggregations), SecAgg+ at n = 10,000 (k = 100) about 4.2
+minutes for its 1-round and 2-round runs and 2.4 minutes for the dropout run. ``--quick`` takes
+about 50 s. One SecAgg+ aggregation after the set-up costs a client 1.5 ms at n = 100, 1.6 ms at
+1,000 and 2.8 ms at 10,000 (per neighbour: one pair-mask expansion of L elements, one share and its
+ChaCha20-Poly1305 encryption, one decryption), against 0.04 to 0.07 ms for MSA's one mask; the
+set-up costs a client 6 to 8 ms (one X25519 agreement and two HKDF keys per neighbour), paid once.
+The server's aggregation takes 11 ms, 0.14 s and 2.9 s at n = 100, 1,000 and 10,000, 80% of it in
+``unmask`` (rebuilding each sender's self-mask seed from t shares and removing its self mask); its
+set-up 5 ms, 47 ms and 0.94 s. Both grow faster than n from 1,000 to 10,000 (a client's seconds
+1.7x, the server's 20x for 10x the clients) with k only 1.09x larger. ``--profile`` shows the
+clients' split.
 
 Tables (``--json PATH``, one record per row): ``secagg_bytes`` (``n_clients``, ``scheme``:
 ``msa``, ``secagg_plus``, ``secagg_plus_dropout``, ``secagg_complete``, ``flower_secagg_plus``;
@@ -140,8 +142,8 @@ one panel per n (our set-up left out; Flower's bar is its whole round, set-up in
 
 Run::
 
-    python benchmarks/secagg.py            # n = 100, 1,000, 10,000 (about 20 minutes, 2 shared cores)
-    python benchmarks/secagg.py --quick    # n = 100 and 1,000, complete graph at 100 (about 80 s)
+    python benchmarks/secagg.py            # n = 100, 1,000, 10,000 (about 13 minutes on 2 cores)
+    python benchmarks/secagg.py --quick    # n = 100 and 1,000, complete graph at 100 (about 50 s)
     python benchmarks/secagg.py --plot secagg.png --json secagg.json
     python benchmarks/secagg.py --flower-python /tmp/flwr-venv/bin/python   # + Flower at n = 100
 
@@ -425,7 +427,7 @@ def profile_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, top: int = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser, quick="n = 100 and 1,000, the complete graph at 100 only (about 80 s)")
+    add_common_arguments(parser, quick="n = 100 and 1,000, the complete graph at 100 only (about 50 s)")
     parser.add_argument("--clients", type=int, nargs="+", default=None, metavar="N",
                         help="client counts (default 100 1000 10000; --quick: 100 1000)")
     parser.add_argument("--length", type=int, default=1000, help="elements per client vector L (default 1000)")
