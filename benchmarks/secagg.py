@@ -57,9 +57,8 @@ i.e. the envelope and the msgpack headers. ``x MSA`` is a row's bytes per aggreg
 over MSA's at the same n. Times: the server's seconds per stage of round 1 (handling the stage's
 messages, including reconstruction and unmasking in ``unmask``) and of the set-up, and the
 clients' seconds per client (every client's engine calls, plus encoding the frames to count them,
-over n), each beside MSA's as a ratio. ``simulate`` does not time the clients' ``receive_keys``
-(the set-up's key agreements): this script adds it to the set-up's client seconds by wrapping
-``SecAggPlusClient.receive_keys`` with a clock for the run. The growth table gives, for each
+over n), each beside MSA's as a ratio; the set-up's client seconds include the key agreements
+(``SecAggPlusClient.receive_keys``). The growth table gives, for each
 scheme, bytes per client per aggregation against n, the factor and the increment from the
 previous n, next to the factor of n and of log n: SecAgg+'s bytes grow by a roughly constant
 increment per decade of n (k = O(log n)), classic SecAgg's by the factor of n (k = n - 1).
@@ -156,7 +155,6 @@ References:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import json
 import math
@@ -164,7 +162,6 @@ import pstats
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import cryptography
@@ -261,28 +258,6 @@ def analytic_mean(config: engine.SecAggPlusConfig, dropped: int) -> dict[str, di
     return cost
 
 
-@contextlib.contextmanager
-def key_agreement_clock() -> Iterator[list[float]]:
-    """Count the seconds every client spends in ``SecAggPlusClient.receive_keys`` (the set-up's
-    X25519 agreements and HKDFs), which ``simulate`` calls outside its clients' clock: the set-up's
-    client seconds are ``client_s[0]["advertise-keys"]`` plus these."""
-    original = engine.SecAggPlusClient.receive_keys
-    spent = [0.0]
-
-    def receive_keys(self, sender, message):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        try:
-            return original(self, sender, message)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    engine.SecAggPlusClient.receive_keys = receive_keys  # type: ignore[method-assign]
-    try:
-        yield spent
-    finally:
-        engine.SecAggPlusClient.receive_keys = original  # type: ignore[method-assign]
-
-
 def check_sums(sim, inputs: np.ndarray, what: str) -> None:
     """Every round's sum against the plain sum of that round's survivors' inputs."""
     for r, outcome in enumerate(sim.outcomes):
@@ -310,8 +285,7 @@ def secagg_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, dropped: np.
                 "received": {s: one.received_bytes[s].copy() for s in STAGES}}
     dropouts = {int(i): (STAGES[1], 1) for i in dropped}
     start = time.perf_counter()
-    with key_agreement_clock() as agreeing:
-        sim = simulate(config, list(inputs), dropouts=dropouts, rounds=2, timed=True)
+    sim = simulate(config, list(inputs), dropouts=dropouts, rounds=2, timed=True)
     wall_s = time.perf_counter() - start
     check_sums(sim, inputs, what)
     if len(sim.outcomes[1].survivors) != n - len(dropped):
@@ -351,7 +325,7 @@ def secagg_run(config: engine.SecAggPlusConfig, inputs: np.ndarray, dropped: np.
         "attempts": attempts,
         "server_s": {STAGES[0]: sim.server_s[0][STAGES[0]], **{s: sim.server_s[1][s] for s in AGGREGATION}},
         "client_s": sum(sim.client_s[1][s] for s in AGGREGATION) / n,
-        "setup_client_s": (sim.client_s[0][STAGES[0]] + agreeing[0]) / n,
+        "setup_client_s": sim.client_s[0][STAGES[0]] / n,
         "wall_s": wall_s,
         "base": base,
     }

@@ -48,7 +48,8 @@ class Simulation:
         received_bytes: ``{stage: [n]}`` frame bytes each client received in the stage.
         server_s: per round, ``{stage: seconds}`` the server spent handling the stage's messages
             (``time.perf_counter``; 0 unless ``timed``). The set-up is round 0's ``advertise-keys``.
-        client_s: per round, ``{stage: seconds}`` all clients together spent in the stage.
+        client_s: per round, ``{stage: seconds}`` all clients together spent in the stage (the
+            set-up's include the key agreements, :meth:`SecAggPlusClient.receive_keys`).
         server_view: every message the server received, ``[(round, attempt, sender, message)]``
             in order (with ``keep_view``).
         masked_with: ``{(round, attempt, client): neighbours}``, the neighbours each client masked
@@ -196,8 +197,10 @@ def simulate(
         if round_idx == 0:
             inbox = exchange(STAGES[0], {i: clients[i].advertise for i in range(n)})
             masking = sorted(inbox)
-            for i in masking:
+            start = clock()
+            for i in masking:  # the key agreements: the set-up's client work
                 clients[i].receive_keys("server", inbox[i])  # type: ignore[arg-type]
+            client_s[-1][STAGES[0]] += clock() - start
         else:
             server.begin(round_idx, [c for c in outcomes[-1].survivors if c not in outcomes[-1].dropouts])
             masking = sorted(index_of[c] for c in server.pending())
