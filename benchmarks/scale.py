@@ -58,13 +58,16 @@ Run::
 ``scale_engines`` (``quantity``, ``clients``, ``lean``, ``tasks``, ``ratio``): both engines at
 ``--tasks-clients`` clients (default 10,000), each in a fresh process; and unless
 ``--plus-clients`` is given empty, table ``scale_secagg_plus`` (``n_clients``, ``degree``,
-``plus_round_s``, ``masked_round_s``, ``plus_round_ms_per_client``, ``masked_round_ms_per_client``,
+``rounds_timed``, ``plus_round_s``, ``masked_round_s``, ``plus_round_ms_per_client``, ``masked_round_ms_per_client``,
 ``plus_over_masked``, ``plus_over_first``, ``plus_round_bytes``, ``plus_max_message_bytes``,
 ``plus_peak_rss_mib``): FastLloyd with SecAgg+ (``--secagg plus``) over a random graph of fixed
 degree ``--plus-degree`` (default 8, threshold ``k // 2 + 1``) at each of ``--plus-clients``
 (default 10^3, 10^4 and 10^5; ``--quick``: 100 and 200), beside the masked round (the paper's
-MSA) at the same N, each in a fresh process. SecAgg+ agrees its keys once, in round 0, so round 1
-(the one timed) is a round after the set-up. Issue 34's targets: the SecAgg+ round per client
+MSA) at the same N, each in a fresh process. SecAgg+ agrees its keys once, in round 0, so every
+round timed is a round after the set-up: the median of the steady rounds 1, 2, ... of a run of
+:func:`plus_iterations` iterations (11 at 10^3 clients, 3 at 10^4, 1 at 10^5: a round at 10^3
+lasts under a second, and one such round varied by about 20% between runs), for SecAgg+ and for
+the masked round alike. Issue 34's targets: the SecAgg+ round per client
 flat within 1.3x from 10^3 to 10^5 clients (``plus_over_first``), every message ``O(k)`` bytes
 (``plus_max_message_bytes``), and the round after the set-up at most 20x the masked round
 (``plus_over_masked``). The 10^5-client SecAgg+ run takes about five minutes.
@@ -123,6 +126,13 @@ def maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def plus_iterations(n_clients: int) -> int:
+    """Lloyd iterations of the SecAgg+ table's runs at ``n_clients``: below 10^5 clients one round
+    lasts a second or less, so the median of several steady rounds is taken (2 + 20,000 / N of
+    them, at most 12 iterations: 12 at 10^3, 4 at 10^4, 2 at 10^5)."""
+    return min(12, 2 + 20_000 // n_clients)
+
+
 def plus_config(n_clients: int, degree: int):
     """SecAgg+ over a random ``degree``-regular graph (threshold ``degree // 2 + 1``) for the
     run's ``k (d+1)`` elements of ``Z_2^64``: a fixed degree, so a client's work and bytes should
@@ -133,14 +143,14 @@ def plus_config(n_clients: int, degree: int):
     return SecAggPlusConfig(n_clients, K * (D + 1), Modulus.ring(RING_BITS), degree, degree // 2 + 1, graph_seed)
 
 
-def build(n_clients: int, points: int, seed: int, plus_degree: int | None = None) -> dict:
-    """Every machine of one run (clients own ``points`` consecutive points each; one shared roster
-    tuple); with ``plus_degree``, each Lloyd iteration is a SecAgg+ aggregation over a graph of
-    that degree (:func:`plus_config`)."""
+def build(n_clients: int, points: int, seed: int, plus_degree: int | None = None, iterations: int = ITERATIONS) -> dict:
+    """Every machine of one run of ``iterations`` Lloyd iterations (clients own ``points``
+    consecutive points each; one shared roster tuple); with ``plus_degree``, each iteration is a
+    SecAgg+ aggregation over a graph of that degree (:func:`plus_config`)."""
     n = n_clients * points
     x = mixture(n, seed)
     config = make_config(
-        "fastlloyd", n=n, k=K, d=D, epsilon=EPSILON, iterations=ITERATIONS, init_seed=seed, ring_bits=RING_BITS
+        "fastlloyd", n=n, k=K, d=D, epsilon=EPSILON, iterations=iterations, init_seed=seed, ring_bits=RING_BITS
     )
     plus = plus_config(n_clients, min(plus_degree, n_clients - 1)) if plus_degree else None
     clients = tuple(f"client-{i}" for i in range(n_clients))
@@ -161,13 +171,14 @@ def build(n_clients: int, points: int, seed: int, plus_degree: int | None = None
 def run_once(
     machines: dict, engine: str, progress: Progress | None = None, group_links: bool = True
 ) -> tuple[RunReport, float]:
-    """One run with ``engine``: its report and the seconds of its last round.
+    """One run with ``engine``: its report and the median seconds of its steady rounds (1 to the
+    last; with the default two iterations, round 1 alone).
 
-    The last round runs from the server's broadcast of the previous round's aggregate to its
-    broadcast of the last one (each moves the server's round index on): every client unmasks the
-    aggregate, updates its centroids, computes, masks and sends its statistics, the server decodes
-    and sums them and adds its noise. (The clients' unmasking of the last aggregate is the next
-    round's first step, so it is left out.)
+    A round runs from the server's broadcast of the previous round's aggregate to its broadcast
+    of this one (each moves the server's round index on): every client unmasks the aggregate,
+    updates its centroids, computes, masks and sends its statistics, the server decodes and sums
+    them and adds its noise. (The clients' unmasking of the last aggregate is the next round's
+    first step, so it is left out.)
     """
     config = RuntimeConfig(session=SESSION, deadline_s=3600.0)
     clock = time.perf_counter
@@ -191,12 +202,14 @@ def run_once(
             return meter
         meter = trio.run(go)
     report = meter.report(protocol="fastlloyd", transport="memory", session=SESSION, parties=list(machines))
-    return report, broadcast_at.get(ITERATIONS, math.nan) - broadcast_at.get(ITERATIONS - 1, math.nan)
+    iterations = machines["server"].config.iterations
+    steady = [broadcast_at.get(r + 1, math.nan) - broadcast_at.get(r, math.nan) for r in range(1, iterations)]
+    return report, float(np.median(steady))
 
 
 def child(
     n_clients: int, points: int, seed: int, engine: str, profile: bool, plus_degree: int | None = None,
-    group_links: bool = True,
+    group_links: bool = True, iterations: int = ITERATIONS,
 ) -> dict:
     """Measure one configuration in this (fresh) process; the figures as a dict."""
     run_once(build(max(2, min(n_clients, 3)), points, seed, plus_degree), engine)  # compiles the kernels, untimed
@@ -206,7 +219,7 @@ def child(
     )
     gc.collect()
     t0 = time.perf_counter()
-    machines = build(n_clients, points, seed, plus_degree)
+    machines = build(n_clients, points, seed, plus_degree, iterations)
     build_s = time.perf_counter() - t0
     gc.collect()
     gc.freeze()  # the machines live to the end: the collector need not scan them again and again
@@ -223,11 +236,12 @@ def child(
     out = {
         "engine": engine, "clients": n_clients, "ring_bits": RING_BITS, "build_s": build_s,
         "rest_s": run_s - round_s, "round_s": round_s, "run_s": run_s,
-        "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(ITERATIONS - 1, 0),
+        "messages": report.messages, "setup_bytes": report.setup_bytes, "round_bytes": by_round.get(1, 0),
+        "iterations": iterations,
         "peak_rss_mib": maxrss_mib(), "grouped_meter": group_links,
         # The largest message of the steady round (payload bytes): O(k) with SecAgg+.
         "round_max_message_bytes": max(
-            (link.payload_bytes // link.messages for link in report.links if link.round_idx == ITERATIONS - 1 and link.messages),
+            (link.payload_bytes // link.messages for link in report.links if link.round_idx == 1 and link.messages),
             default=0,
         ),
     }
@@ -242,7 +256,8 @@ def child(
 
 
 def measure(
-    n_clients: int, args: argparse.Namespace, profile: bool = False, engine: str | None = None, plus_degree: int | None = None
+    n_clients: int, args: argparse.Namespace, profile: bool = False, engine: str | None = None,
+    plus_degree: int | None = None, iterations: int = ITERATIONS,
 ) -> dict:
     """Run one configuration in a fresh Python process (its own peak RSS) and return its figures."""
     command = [
@@ -250,7 +265,7 @@ def measure(
         "--engine", engine or args.engine,
     ] + (["--profile"] if profile else []) + (["--per-link-meter"] if args.per_link_meter else []) + (
         ["--child-plus-degree", str(plus_degree)] if plus_degree else []
-    )
+    ) + ["--child-iterations", str(iterations)]
     # The child's progress goes to its stderr, which is ours; its figures come back on stdout.
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
@@ -283,7 +298,7 @@ def plus_table(console: Console, runs: list[tuple[dict, dict]], degree: int) -> 
         title_justify="left",
     )
     for col in (
-        "clients", "degree", "plus ms/client", "masked ms/client", "plus / masked", "plus ms/client vs first N",
+        "clients", "degree", "rounds timed", "plus ms/client", "masked ms/client", "plus / masked", "plus ms/client vs first N",
         "plus round bytes/client", "largest message bytes", "plus peak RSS MiB",
     ):
         table.add_column(col, justify="right")
@@ -295,11 +310,12 @@ def plus_table(console: Console, runs: list[tuple[dict, dict]], degree: int) -> 
         first = plus_ms if first is None else first
         k = min(degree, n - 1)
         table.add_row(
-            f"{n:,}", str(k), f"{plus_ms:.3f}", f"{masked_ms:.4f}", f"{plus_ms / masked_ms:.1f}", f"{plus_ms / first:.2f}",
+            f"{n:,}", str(k), str(plus["iterations"] - 1), f"{plus_ms:.3f}", f"{masked_ms:.4f}", f"{plus_ms / masked_ms:.1f}", f"{plus_ms / first:.2f}",
             f"{plus['round_bytes'] / n:,.0f}", f"{plus['round_max_message_bytes']:,}", f"{plus['peak_rss_mib']:,.0f}",
         )
         records.append(record(
-            "scale_secagg_plus", n_clients=n, degree=k, plus_round_s=plus["round_s"], masked_round_s=masked["round_s"],
+            "scale_secagg_plus", n_clients=n, degree=k, rounds_timed=plus["iterations"] - 1,
+            plus_round_s=plus["round_s"], masked_round_s=masked["round_s"],
             plus_round_ms_per_client=plus_ms, masked_round_ms_per_client=masked_ms, plus_over_masked=plus_ms / masked_ms,
             plus_over_first=plus_ms / first, plus_round_bytes=plus["round_bytes"],
             plus_max_message_bytes=plus["round_max_message_bytes"], plus_peak_rss_mib=plus["peak_rss_mib"],
@@ -334,11 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plus-degree", type=int, default=8, help="SecAgg+ neighbours per client k (fixed in N)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-plus-degree", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-iterations", type=int, default=ITERATIONS, help=argparse.SUPPRESS)
     add_common_arguments(parser, quick="smoke test: 1,000 against 100 clients")
     args = parse_args(parser, argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.points, args.seed, args.engine, args.profile, args.child_plus_degree,
-                               not args.per_link_meter)))
+                               not args.per_link_meter, args.child_iterations)))
         return 0
     if args.quick:
         args.clients, args.baseline_clients, args.tasks_clients = 1_000, 100, 200
@@ -377,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     plus_runs = []
     for n_clients in args.plus_clients or []:
         console.print(f"{n_clients:,} clients, SecAgg+ at degree {args.plus_degree} and the masked round, in fresh processes ...")
-        plus = measure(n_clients, args, engine="lean", plus_degree=args.plus_degree)
-        # the masked round at this N: the lean run above where there is one (the same configuration)
-        masked = by_clients.get(n_clients) if args.engine == "lean" else None
-        plus_runs.append((plus, masked if masked is not None else measure(n_clients, args, engine="lean")))
+        iterations = plus_iterations(n_clients)
+        plus = measure(n_clients, args, engine="lean", plus_degree=args.plus_degree, iterations=iterations)
+        # the masked round at this N, over as many rounds: the lean run above where it is the same
+        # configuration
+        masked = by_clients.get(n_clients) if args.engine == "lean" and iterations == ITERATIONS else None
+        plus_runs.append((plus, masked or measure(n_clients, args, engine="lean", iterations=iterations)))
     up, down = envelopes()
 
     table = Table(title="FastLloyd, all parties in one process: one steady round (round 1) and the whole run", title_justify="left")
