@@ -376,8 +376,8 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         at = int(np.searchsorted(dropped, self.client_idx))
         if at < dropped.size and int(dropped[at]) == self.client_idx:
             raise RemoteProtocolError("the aggregate names this client as dropped", party=sender)
-        # What this client revealed must agree: the neighbours whose self-mask seeds it revealed
-        # are in the sum, those whose masking keys it revealed are not (O(k log D)).
+        # What this client revealed must agree: the neighbours whose self-mask seed shares it
+        # revealed are in the sum, those whose pair mask keys it revealed are not (O(k log D)).
         alive, gone = aggregation.revealed
         neighbours = np.asarray(alive + gone, dtype=np.uint32)
         at = np.minimum(np.searchsorted(dropped, neighbours), max(dropped.size - 1, 0))

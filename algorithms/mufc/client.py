@@ -145,7 +145,7 @@ class MUFCClient(SecAggPlusClientRole, ProtocolMachine):
         n_requests: length of the global stream.
         key_entropy: 32+ bytes for the X25519 key pair (a simulation passes bytes derived from
             the run seed so runs repeat; deployments pass ``os.urandom(32)``); with SecAgg+, the
-            keys, seeds and shares of every instance are derived from it.
+            keys of its set-up and the seeds and shares of every aggregation are derived from it.
         session: the run's session id (names each SecAgg+ instance; unused with SCMA). It must be
             the run's, ``RuntimeConfig.session`` (default 0, which is a run's only when the run is
             session 0): the runtime, ``simulate`` and the harness raise

@@ -1,9 +1,10 @@
 """SecAgg+: secure aggregation that survives clients dropping at any stage.
 
-Pairwise masks from X25519 key agreement plus a self mask, with both seeds Shamir-shared among a
-sparse random neighbourhood (Bell et al., CCS 2020) or among all clients (classic SecAgg,
-Bonawitz et al., CCS 2017), so the server removes the masks of clients that drop from t
-surviving neighbours. Sums over the ring ``Z_{2^w}`` or a prime field.
+Pairwise masks from keys agreed once per run (X25519) plus a fresh self mask per aggregation,
+its seed Shamir-shared among a sparse random neighbourhood (Bell et al., CCS 2020) or among all
+clients (classic SecAgg, Bonawitz et al., CCS 2017): the server removes the self masks with t
+surviving neighbours' shares, and the pairwise masks of clients that drop with the round's pair
+keys their neighbours reveal. Sums over the ring ``Z_{2^w}`` or a prime field.
 
 * :mod:`~fedproto.algorithms.secagg_plus.config`: the public parameters (the algebra, the graph);
 * :mod:`~fedproto.algorithms.secagg_plus.engine`: the client and server stage engines that

@@ -208,7 +208,8 @@ def plus_parameters(
       surviving neighbours, so every needed secret can be rebuilt;
     * majority: ``2 t > k``, so the self-mask seed and the masking key of one client cannot
       both reach ``t`` from the disjoint sets of holders that reveal them (Bonawitz et al.'s
-      ``t > n / 2`` on a neighbourhood);
+      ``t > n / 2`` on a neighbourhood; fedproto's engine shares no masking key, and keeps the
+      condition so as to stay within Bell et al.'s parameters);
     * connectivity: the probability that removing the ``floor((gamma + delta) n)`` corrupt and
       dropped clients disconnects the ring graph is ``<= eps``: such a removal must cover
       ``k/2`` consecutive ring positions at two places (the union bound of the authors'

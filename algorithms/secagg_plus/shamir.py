@@ -1,8 +1,9 @@
 """Shamir secret sharing of 32-byte secrets over the prime field ``F_p``, ``p = 2^256 + 297``.
 
-SecAgg and SecAgg+ hide each client's self-mask seed ``b_u`` and masking key ``s_u^SK`` in
-``t``-out-of-``k`` Shamir shares held by its neighbours, so the server can rebuild either secret
-from any ``t`` surviving neighbours while ``t - 1`` of them learn nothing.
+SecAgg+ hides each client's self-mask seed ``b_u`` of an aggregation in ``t``-out-of-``k`` Shamir
+shares held by its neighbours, so the server can rebuild it from any ``t`` surviving neighbours
+while ``t - 1`` of them learn nothing. (Bonawitz et al. share the client's masking key ``s_u^SK``
+the same way; fedproto's SecAgg+ never does, see :mod:`fedproto.algorithms.secagg_plus.engine`.)
 
 Sharing (`split_secret`): the 32-byte secret is read big-endian as an integer ``s < 2^256 < p``;
 the polynomial ``f(x) = s + c_1 x + ... + c_{t-1} x^{t-1}`` has coefficients drawn uniformly from
