@@ -298,10 +298,6 @@ class SecAggPlusConfig:
         """Each client's neighbours, sorted client indices (computed once)."""
         return graph.neighbourhoods(self.n_clients, self.degree, self.graph_seed)
 
-    @functools.cached_property
-    def _neighbour_sets(self) -> tuple[frozenset[int], ...]:
-        return tuple(frozenset(nb) for nb in self.neighbours)
-
 
 def plus_config(
     n_clients: int,

@@ -128,8 +128,9 @@ def _info(*fields: bytes | int) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u: int, v: int) -> tuple[ChaCha20Poly1305, bytes]:
-    """``(AEAD under e_uv, m_uv)``: the run's share-encryption key and mask base key of a pair.
+def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u: int, v: int) -> bytes:
+    """``e_uv || m_uv``: the run's share-encryption key and mask base key of a pair (32 bytes each;
+    kept as bytes, not as cipher objects, which cost a few KiB each in OpenSSL).
 
     Raises:
         ValueError: an invalid X25519 public key (a low-order point or a malformed key).
@@ -139,8 +140,7 @@ def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u
     except ValueError as exc:
         raise ValueError(f"invalid X25519 public key: {exc}") from exc
     lo, hi = (u, v) if u < v else (v, u)
-    material = secagg.derive_bytes(shared, _info(b"pair", instance, lo, hi), 64)
-    return ChaCha20Poly1305(material[:32]), material[32:]
+    return secagg.derive_bytes(shared, _info(b"pair", instance, lo, hi), 2 * KEY_BYTES)
 
 
 def _mask_key(base: bytes, round_idx: int, attempt: int) -> bytes:
@@ -227,8 +227,7 @@ class SecAggPlusClient:
         self._share_entropy = derive(_info(b"share-coefficients", self.instance, index))
         self.stage = STAGES[0]
         self._advertised = False
-        self._aead: dict[int, ChaCha20Poly1305] = {}  # neighbour -> AEAD under e_uv
-        self._mask_base: dict[int, bytes] = {}  # neighbour -> m_uv
+        self._pair: dict[int, bytes] = {}  # neighbour -> e_uv || m_uv
         self._neighbours: list[int] = []  # the neighbours the next input is masked with, increasing
         self._last: tuple[int, int] = (-1, 0)  # (round, attempt) of the last masked input
         self._masked_with: list[int] = []
@@ -257,7 +256,7 @@ class SecAggPlusClient:
         if self.stage != STAGES[0] or not self._advertised:
             raise RemoteProtocolError(f"neighbour keys while this client's aggregation is at {self.stage}", party=sender)
         cfg = self.config
-        mine = cfg._neighbour_sets[self.index]
+        mine = set(cfg.neighbours[self.index])
         neighbours = [int(v) for v in message.neighbours]
         strangers = [v for v in neighbours if v not in mine]
         if strangers:
@@ -269,7 +268,7 @@ class SecAggPlusClient:
         keys = np.asarray(message.keys, dtype=np.uint8)
         for row, v in enumerate(neighbours):
             try:
-                self._aead[v], self._mask_base[v] = _pair_keys(self._private, keys[row].tobytes(), self.instance, self.index, v)
+                self._pair[v] = _pair_keys(self._private, keys[row].tobytes(), self.instance, self.index, v)
             except ValueError as exc:
                 raise RemoteProtocolError(f"client {v}'s public key: {exc}", party=sender) from None
         self._neighbours = neighbours
@@ -312,16 +311,17 @@ class SecAggPlusClient:
         x = modulus.vector(values, length)
         seed = secagg.derive_bytes(self._seed_key, _info(b"self-seed", round_idx, attempt))
         u = self.index
-        base = self._mask_base
-        plus = [seed, *(_mask_key(base[v], round_idx, attempt) for v in neighbours if u < v)]
-        minus = [_mask_key(base[v], round_idx, attempt) for v in neighbours if v < u]
+        pair = self._pair
+        plus = [seed, *(_mask_key(pair[v][KEY_BYTES:], round_idx, attempt) for v in neighbours if u < v)]
+        minus = [_mask_key(pair[v][KEY_BYTES:], round_idx, attempt) for v in neighbours if v < u]
         y = modulus.add(x, modulus.expand_sum(plus, minus, length))
         # A neighbour's evaluation point is 1 + its rank in this list (the server tracks the list).
         shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), cfg.threshold, self._share_entropy)
         context = _share_context(self.instance, round_idx, attempt)
-        aead = self._aead
         sealed = b"".join(
-            aead[v].encrypt(_share_nonce(round_idx, attempt, u, v), share, context + struct.pack(">QQ", u, v))
+            ChaCha20Poly1305(pair[v][:KEY_BYTES]).encrypt(
+                _share_nonce(round_idx, attempt, u, v), share, context + struct.pack(">QQ", u, v)
+            )
             for v, share in zip(neighbours, shares, strict=True)
         )
         self._last = (round_idx, attempt)
@@ -371,7 +371,7 @@ class SecAggPlusClient:
         for row, v in enumerate(alive):
             try:
                 opened.append(
-                    self._aead[v].decrypt(
+                    ChaCha20Poly1305(self._pair[v][:KEY_BYTES]).decrypt(
                         _share_nonce(round_idx, attempt, v, u),
                         sealed[row * CIPHERTEXT_BYTES : (row + 1) * CIPHERTEXT_BYTES],
                         context + struct.pack(">QQ", v, u),
@@ -380,8 +380,7 @@ class SecAggPlusClient:
             except InvalidTag:
                 raise RemoteProtocolError(f"the share of client {v} does not authenticate", party=sender) from None
         shares = np.frombuffer(b"".join(opened), dtype=np.uint8).reshape(len(alive), shamir.SHARE_BYTES)
-        base = self._mask_base
-        revealed = b"".join(_mask_key(base[v], round_idx, attempt) for v in dropped)
+        revealed = b"".join(_mask_key(self._pair[v][KEY_BYTES:], round_idx, attempt) for v in dropped)
         keys = np.frombuffer(revealed, dtype=np.uint8).reshape(len(dropped), KEY_BYTES)
         self._neighbours = [v for v in self._neighbours if v not in gone]
         self.revealed = (tuple(alive), tuple(dropped))

@@ -45,7 +45,7 @@ def _secrets(sim, config, r, a, u):
     neighbours = sim.masked_with[r, a, u]
     seed = secagg.derive_bytes(client._seed_key, engine._info(b"self-seed", r, a))
     shares = shamir.split_secret(seed, range(1, len(neighbours) + 1), config.threshold, client._share_entropy)
-    keys = {v: engine._mask_key(client._mask_base[v], r, a) for v in neighbours}
+    keys = {v: engine._mask_key(client._pair[v][32:], r, a) for v in neighbours}
     return seed, shares, keys
 
 
@@ -131,12 +131,14 @@ def test_no_single_input_is_exposed_in_any_round(graph):
 
 
 def test_no_long_term_secret_appears_in_the_view():
-    """No client's private key, seed key or pair base key is in any byte the server receives."""
+    """No client's private key, seed key, share-encryption key or pair base key is in any byte the
+    server receives."""
     config = GRAPHS["plus"]
     sim, _, _ = _run(config)
     wire = b"".join(encode_frame(m, session=0, round_idx=r, phase="x") for r, _, _, m in sim.server_view)
     for client in sim.clients:
-        secrets = [client._private.private_bytes_raw(), client._seed_key, client._share_entropy, *client._mask_base.values()]
+        secrets = [client._private.private_bytes_raw(), client._seed_key, client._share_entropy]
+        secrets += [key for pair in client._pair.values() for key in (pair[:32], pair[32:])]
         assert secrets and all(secret not in wire for secret in secrets)
 
 
@@ -147,7 +149,7 @@ def test_control_a_revealed_long_term_key_exposes_the_earlier_inputs():
     config = GRAPHS["plus"]
     sim, inputs, (a, _, _) = _run(config)
     leaked = {
-        engine._mask_key(base, r, attempt) for base in sim.clients[a]._mask_base.values() for r in range(ROUNDS) for attempt in (0, 1)
+        engine._mask_key(pair[32:], r, attempt) for pair in sim.clients[a]._pair.values() for r in range(ROUNDS) for attempt in (0, 1)
     }
     exposed, residuals, _, _ = _analyse(sim, config, inputs, extra_keys=leaked)
     assert {(0, 0, a), (1, 0, a)} <= set(exposed)
