@@ -189,7 +189,7 @@ from fedproto.codec import encode_frame
 STAGES = engine.STAGES
 STAGE_KEYS = {stage: stage.replace("-", "_") for stage in STAGES}
 #: The stages of every aggregation (``STAGES[0]``, ``advertise-keys``, is the run's set-up).
-AGGREGATION = STAGES[1:]
+AGGREGATION = engine.AGGREGATION_STAGES
 SCHEME_LABELS = {
     "msa": "MSA (no dropouts)",
     "secagg_plus": "SecAgg+",

@@ -76,7 +76,7 @@ from fedproto.algorithms.fastlloyd.messages import frame_bound
 from fedproto.algorithms.fastlloyd.protocol import FastLloydParties, FastLloydResult, ServerSummary, initial_centroids
 from fedproto.algorithms.fastlloyd.reference import sklearn_reference
 from fedproto.algorithms.fastlloyd.shared import secagg_config, secagg_plus_config
-from fedproto.algorithms.secagg_plus.messages import STAGES as SECAGG_PLUS_STAGES
+from fedproto.algorithms.secagg_plus.messages import AGGREGATION_STAGES as SECAGG_PLUS_ROUND_STAGES, STAGES as SECAGG_PLUS_STAGES
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.plugin import RunPlan
 from fedproto.star import client_names
@@ -367,13 +367,9 @@ class FastLloydPlugin:
         else:
             from fedproto.algorithms.secagg_plus import engine as secagg_plus  # only a SecAgg+ run loads it
 
-            per_client = secagg_plus.stage_bytes(plus)
-            # the keys are agreed once (advertise-keys); every iteration runs the other stages
-            setup_stage = secagg_plus.STAGES[0]
-            analytic["analytic_secagg_bytes_per_client_per_iteration"] = sum(
-                v["sent"] + v["received"] for stage, v in per_client.items() if stage != setup_stage
-            )
-            analytic["analytic_secagg_setup_bytes_per_client"] = sum(per_client[setup_stage].values())
+            setup_bytes, iteration_bytes = secagg_plus.setup_and_aggregation_bytes(plus)
+            analytic["analytic_secagg_bytes_per_client_per_iteration"] = iteration_bytes
+            analytic["analytic_secagg_setup_bytes_per_client"] = setup_bytes
         return RunPlan(
             roster=parties.roster,
             session=session,
@@ -387,7 +383,7 @@ class FastLloydPlugin:
             analytic=analytic,
             labels={**LABELS, "nicv": f"NICV, normalised intra-cluster variance ({config.variant})"},
             max_frame_bytes=frame_limit(config, len(clients), plus),
-            dropout_stages=SECAGG_PLUS_STAGES[1:] if plus is not None else (),  # the stages every iteration has
+            dropout_stages=SECAGG_PLUS_ROUND_STAGES if plus is not None else (),
             dropout_unsupported="" if plus is not None else _NO_DROPOUT,
         )
 
@@ -469,7 +465,7 @@ class FastLloydPlugin:
             phases=_phases(options),
             labels=LABELS,
             max_frame_bytes=limit,
-            dropout_stages=SECAGG_PLUS_STAGES[1:] if plus_possible else (),  # the stages every iteration has
+            dropout_stages=SECAGG_PLUS_ROUND_STAGES if plus_possible else (),
             dropout_unsupported="" if plus_possible else _NO_DROPOUT,
         )
 

@@ -291,7 +291,7 @@ def _run_plan(parties: LocalDataParties, make_machine: Callable[[str], Any], **p
         role_of=parties.role_of,
         iterations=setup.n_requests + 1,
         phases=_phases(setup.secagg),
-        dropout_stages=secagg_plus.STAGES[1:] if plus else (),  # the stages every round has (keys: round 0 only)
+        dropout_stages=secagg_plus.AGGREGATION_STAGES if plus else (),
         dropout_unsupported="" if plus else "mufc survives dropouts at a stage only with --secagg plus or complete",
         **plan,
     )
@@ -634,11 +634,9 @@ class MUFCPlugin:
         limit = frame_limit(config, d)
         if plus is not None:
             limit = max(limit, secagg_plus.frame_limit(plus))
-            per_client = secagg_plus.stage_bytes(plus)
-            # the keys are agreed once, in round 0 (advertise-keys); every aggregation runs the rest
-            analytic["analytic_secagg_bytes_per_client_per_aggregation"] = sum(
-                v["sent"] + v["received"] for stage, v in per_client.items() if stage != secagg_plus.STAGES[0])
-            analytic["analytic_secagg_setup_bytes_per_client"] = sum(per_client[secagg_plus.STAGES[0]].values())
+            setup_bytes, aggregation_bytes = secagg_plus.setup_and_aggregation_bytes(plus)
+            analytic["analytic_secagg_bytes_per_client_per_aggregation"] = aggregation_bytes
+            analytic["analytic_secagg_setup_bytes_per_client"] = setup_bytes
 
         # every client from its own raw rows only, the server from the public options only
         make_machine = parties.machine_factory({name: part.x for name, part in own.items()})

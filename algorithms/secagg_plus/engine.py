@@ -75,6 +75,7 @@ from fedproto.algorithms import secagg
 from fedproto.algorithms.secagg_plus import shamir
 from fedproto.algorithms.secagg_plus.config import Modulus, SecAggPlusConfig, _check_int, complete_config, plus_config
 from fedproto.algorithms.secagg_plus.messages import (
+    AGGREGATION_STAGES,
     CIPHERTEXT_BYTES,
     KEY_BYTES,
     STAGES,
@@ -85,12 +86,14 @@ from fedproto.algorithms.secagg_plus.messages import (
     UnmaskRequest,
     UnmaskShares,
     frame_limit,
+    setup_and_aggregation_bytes,
     stage_bytes,
 )
 from fedproto.errors import InsufficientParticipants, LocalProtocolError, RemoteProtocolError
 from fedproto.messages import Broadcast, Message, Outgoing, Send
 
 __all__ = [
+    "AGGREGATION_STAGES",
     "STAGES",
     "Modulus",
     "SecAggPlusClient",
@@ -100,11 +103,12 @@ __all__ = [
     "complete_config",
     "frame_limit",
     "plus_config",
+    "setup_and_aggregation_bytes",
     "stage_bytes",
 ]
 
 # The public parameters (Modulus, SecAggPlusConfig, plus_config, complete_config) live in
-# secagg_plus.config; STAGES and the wire sizes (stage_bytes, frame_limit) with the messages,
+# secagg_plus.config; the stages and the wire sizes (stage_bytes, frame_limit, ...) with the messages,
 # which import without FLINT. All are re-exported here.
 
 _LABEL = b"fedproto/secagg-plus/v2"

@@ -40,6 +40,7 @@ __all__ = [
     "CIPHERTEXT_BYTES",
     "KEY_BYTES",
     "SHARE_BYTES",
+    "AGGREGATION_STAGES",
     "STAGES",
     "TO_CLIENT",
     "TO_SERVER",
@@ -50,12 +51,16 @@ __all__ = [
     "UnmaskRequest",
     "UnmaskShares",
     "frame_limit",
+    "setup_and_aggregation_bytes",
     "stage_bytes",
 ]
 
 STAGES = ("advertise-keys", "masked-input", "unmask")
 """The stages, in order; each is also the metering phase of its messages. The first is the run's
 set-up; every aggregation runs the other two."""
+AGGREGATION_STAGES = STAGES[1:]
+"""The stages every aggregation runs (the first, the set-up, runs once per run): where a client can
+drop in any round."""
 
 SHARE_BYTES = 33
 """Length of one Shamir share on the wire: a field element ``< p < 2^257``, big-endian (``p`` is
@@ -206,6 +211,14 @@ def stage_bytes(config: SecAggPlusConfig, *, dropped: int = 0) -> dict[str, dict
         "masked-input": {"sent": config.vector_length * w + k * c, "received": 4 * d + (k - d) * c},
         "unmask": {"sent": (k - d) * s + KEY_BYTES * d, "received": 0},
     }
+
+
+def setup_and_aggregation_bytes(config: SecAggPlusConfig) -> tuple[int, int]:
+    """``(set-up, per aggregation)``: the data bytes one client sends and receives in the run's
+    set-up, and in each aggregation after it, when no one drops (:func:`stage_bytes` summed)."""
+    per_stage = stage_bytes(config)
+    setup = sum(per_stage[STAGES[0]].values())
+    return setup, sum(sum(per_stage[stage].values()) for stage in AGGREGATION_STAGES)
 
 
 def frame_limit(config: SecAggPlusConfig, *, phase_bytes: int = 16) -> int:
