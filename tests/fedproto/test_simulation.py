@@ -211,6 +211,17 @@ def test_party_index_is_shared_and_keeps_the_first_position():
         index["d"] = 4  # read-only
 
 
+def assert_same_fastlloyd_runs(meter_a: Meter, results_a: dict, meter_b: Meter, results_b: dict) -> None:
+    """Two FastLloyd runs sent the same frames of the same sizes, and every client ended with the
+    same centroids, history and unassigned counts."""
+    assert dict(meter_a.sent) == dict(meter_b.sent)
+    for party, result in results_b.items():
+        if party != "server":
+            np.testing.assert_array_equal(results_a[party].centroids, result.centroids)
+            np.testing.assert_array_equal(results_a[party].history, result.history)
+            np.testing.assert_array_equal(results_a[party].unassigned, result.unassigned)
+
+
 @pytest.mark.parametrize("points", [0, 1, 7])
 def test_batched_broadcasts_give_what_one_receive_each_gives(points):
     """FastLloyd's receive_batch (its clients' statistics in one pass) changes no byte and no result."""
@@ -225,12 +236,7 @@ def test_batched_broadcasts_give_what_one_receive_each_gives(points):
         for name in ("client-3", "client-4"):
             plain_machines[name]._points = plain_machines[name]._points[:0]
     plain = simulate(plain_machines, config=RuntimeConfig(session=SESSION), meter=plain_meter, batch=False)
-    assert dict(batched_meter.sent) == dict(plain_meter.sent)
-    for party, result in plain.items():
-        if party != "server":
-            np.testing.assert_array_equal(batched[party].centroids, result.centroids)
-            np.testing.assert_array_equal(batched[party].history, result.history)
-            np.testing.assert_array_equal(batched[party].unassigned, result.unassigned)
+    assert_same_fastlloyd_runs(batched_meter, batched, plain_meter, plain)
 
 
 def test_batched_statistics_are_used_and_equal_each_clients_own():
@@ -287,9 +293,4 @@ def test_a_broadcast_in_slices_of_receivers_gives_what_one_batch_gives(monkeypat
     monkeypatch.setattr(FastLloydClient, "receive_batch", classmethod(counting))
     sliced = simulate(fastlloyd(30, iterations=3), config=RuntimeConfig(session=SESSION), meter=sliced_meter)
     assert calls and max(calls) == 7 and 30 % 7 in calls
-    assert dict(sliced_meter.sent) == dict(whole_meter.sent)
-    for party, result in whole.items():
-        if party != "server":
-            np.testing.assert_array_equal(sliced[party].centroids, result.centroids)
-            np.testing.assert_array_equal(sliced[party].history, result.history)
-            np.testing.assert_array_equal(sliced[party].unassigned, result.unassigned)
+    assert_same_fastlloyd_runs(sliced_meter, sliced, whole_meter, whole)

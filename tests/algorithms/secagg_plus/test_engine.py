@@ -180,7 +180,7 @@ def test_random_dropouts_across_rounds_match_the_oracle(seed):
     per_round = [_inputs(config, 100 * seed + r) for r in range(rounds)]
     rng = random.Random(seed)
     dropouts = {
-        i: (rng.choice(STAGES[1:]), rng.randrange(rounds)) for i in rng.sample(range(config.n_clients), rng.randint(2, 5))
+        i: (rng.choice(engine.AGGREGATION_STAGES), rng.randrange(rounds)) for i in rng.sample(range(config.n_clients), rng.randint(2, 5))
     }
     plan, fails = _predict(config, dropouts, rounds)
     if fails is not None:
@@ -252,13 +252,7 @@ def test_server_never_asks_for_both_secrets_of_a_pair():
     neighbour's seed or the pair's mask key, never both: the requests partition its list."""
     config = _config(n=16, degree=8, threshold=4)
     names = [client_name(i) for i in range(config.n_clients)]
-    server = engine.SecAggPlusServer(config, names, round_idx=0, instance=b"p")
-    clients = [engine.SecAggPlusClient(config, i, entropy=bytes([i + 1]) * 32, instance=b"p") for i in range(config.n_clients)]
-    out = []
-    for i, c in enumerate(clients):
-        out += server.receive(names[i], c.advertise())
-    for o in out:
-        clients[names.index(o.dest)].receive_keys("server", o.message)
+    server, clients = _keyed(config, b"p")
     out = []
     for i in range(2, config.n_clients):  # clients 0 and 1 send no input
         out += server.receive(names[i], clients[i].mask_input(_inputs(config)[i], round_idx=0))
@@ -392,6 +386,14 @@ def _set_up(config, instance=b"x"):
     return server, clients, {o.dest: o.message for o in out}
 
 
+def _keyed(config, instance):
+    """The server and the clients with the set-up done (every client holds its run keys)."""
+    server, clients, inbox = _set_up(config, instance)
+    for i, c in enumerate(clients):
+        c.receive_keys("server", inbox[client_name(i)])
+    return server, clients
+
+
 def test_client_refuses_neighbours_outside_its_graph():
     config = _config()
     _, clients, inbox = _set_up(config)
@@ -421,10 +423,9 @@ def test_server_refuses_wrong_share_counts_repeats_and_strangers():
 
 def _at_unmask(config, instance):
     """Set up and mask round 0's inputs: the server, the clients and client-0's unmask request."""
-    server, clients, inbox = _set_up(config, instance)
+    server, clients = _keyed(config, instance)
     out = []
     for i, c in enumerate(clients):
-        c.receive_keys("server", inbox[client_name(i)])
         out += server.receive(client_name(i), c.mask_input(_inputs(config)[i], round_idx=0))
     return server, clients, {o.dest: o.message for o in out}["client-0"]
 
@@ -471,9 +472,7 @@ def test_a_client_whose_input_a_round_lacked_is_absent_later():
     config = _config(n=10, degree=6, threshold=3)
     inputs = _inputs(config, 8)
     names = [client_name(i) for i in range(10)]
-    server, clients, inbox = _set_up(config, b"b")
-    for i, c in enumerate(clients):
-        c.receive_keys("server", inbox[names[i]])
+    server, clients = _keyed(config, b"b")
 
     def aggregate(r, senders):
         out = []
@@ -512,9 +511,7 @@ def test_a_withdrawn_client_is_absent_not_a_dropout():
     config = _config(n=8, degree=6, threshold=3)
     inputs = _inputs(config, 1)
     names = [client_name(i) for i in range(8)]
-    server, clients, inbox = _set_up(config, b"w")
-    for i, c in enumerate(clients):
-        c.receive_keys("server", inbox[names[i]])
+    server, clients = _keyed(config, b"w")
     out = server.withdraw(["client-5"])
     for i in range(8):
         if i != 5:
