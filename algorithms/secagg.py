@@ -360,13 +360,9 @@ def _length_prefixed(*fields: bytes) -> bytes:
     return b"".join(struct.pack(">I", len(f)) + f for f in fields)
 
 
-#: Total masks expanded recently, by everything they depend on (seed included): a process that
-#: hosts many clients of one run expands each round's total mask once.
-_TOTAL_MASKS: dict[tuple, np.ndarray] = {}
-_TOTAL_MASKS_KEPT = 64
-#: Per (seed, ..., round, stream): [sum of the party masks expanded here, how many, which ones].
-_PARTY_SUMS: dict[tuple, list] = {}
-_PARTY_SUMS_KEPT = 8
+#: How many chain values ``g_j`` (and how many totals) a :class:`MaskGenerator` keeps: enough for
+#: the clients of a process taking turns in index order, for two streams, to share each ``g_{i+1}``.
+_CHAIN_KEPT = 8
 
 
 class MaskGenerator:
@@ -375,20 +371,25 @@ class MaskGenerator:
     For round ``t`` and stream ``s`` (e.g. ``"R"`` for relative sums, ``"C"`` for counts) the
     masks are:
 
-    * ``r_i = PRG(HKDF(seed, info(label, s, "party", t, i)))`` for parties ``i < M - 1``;
-    * the total ``r = PRG(HKDF(seed, info(label, s, "total", t)))``;
-    * ``r_{M-1} = r - sum_{i < M-1} r_i  (mod 2^w)``.
+    * ``g_j = PRG(HKDF(seed, info(label, s, "chain", t, j)))`` for ``j = 0, ..., M``;
+    * ``r_i = g_i - g_{i+1}  (mod 2^w)`` for parties ``i = 0, ..., M - 1``;
+    * the total ``r = sum_i r_i = g_0 - g_M`` (the sum telescopes).
 
     ``PRG`` is the ChaCha20 keystream (32-byte key from HKDF-SHA256, zero nonce) read as
     little-endian ``uint32``/``uint64``. The HKDF ``info`` is an unambiguous length-prefixed
     encoding of the label, the stream name, the kind, and (as fixed-width integers) the ring
-    width, the number of parties, the shape, the round and the party index, so no two distinct
-    requests share a key. Deriving the total directly makes `total_mask` O(1) and every
-    ``r_i`` with ``i < M - 1`` O(1); only the last party's mask costs O(M). Since the first
-    ``M - 1`` masks and ``r`` are independent and uniform (as PRG outputs), the set
-    ``{r_0, ..., r_{M-1}}`` is uniform subject to summing to ``r``, and any ``M - 1`` of the masks
-    are independent and uniform: exactly the distribution of the paper's "sample M masks and sum
-    them".
+    width, the number of parties, the shape, the round and the index ``j``, so no two distinct
+    requests share a key. Every mask and the total cost two expansions, whatever ``M``: no
+    client's work grows with the number of clients, and neither does removing the masks of
+    ``D`` dropped clients from the total (``2 D`` expansions). Distribution: for any fixed
+    ``g_0`` the map ``(g_1, ..., g_M) -> (r_0, ..., r_{M-1})`` is a bijection (triangular), so
+    with the ``g_j`` independent and uniform (as PRG outputs) the ``M`` masks are independent and
+    uniform and ``r`` is their sum: exactly the paper's "sample M masks and sum them".
+
+    An instance keeps the last few ``g_j`` it expanded (:data:`_CHAIN_KEPT`) and each round's
+    total. A process that hosts many clients of a run shares one generator among them
+    (FastLloyd's clients do), so consecutive clients ``i`` and ``i + 1`` share ``g_{i+1}``: one
+    expansion per client, as a client of its own would pay for half its mask.
 
     Security (FastLloyd Sec. 5.3.4, Thm. 5.2; spec fastlloyd.md, section 2.8): every client
     knows the seed and can compute *every* mask; the server never receives the seed. The server
@@ -456,6 +457,9 @@ class MaskGenerator:
         self._ring_bits = ring_bits
         self._label = label
         self._size = int(np.prod(shape, dtype=np.int64))
+        # (round, stream, j) -> g_j and (round, stream) -> total: the latest few, oldest first
+        self._chain: dict[tuple[int, str, int], np.ndarray] = {}
+        self._totals: dict[tuple[int, str], np.ndarray] = {}
 
     @property
     def n_parties(self) -> int:
@@ -513,34 +517,48 @@ class MaskGenerator:
             raise TypeError(f"stream must be a str, got {type(stream).__name__}")
         return round_idx
 
+    def _chain_value(self, round_idx: int, stream: str, j: int) -> np.ndarray:
+        """``g_j`` of ``(round_idx, stream)``, from the instance's latest few or expanded (read-only)."""
+        key = (round_idx, stream, j)
+        value = self._chain.get(key)
+        if value is None:
+            value = self._expand(b"chain", round_idx, j, stream)
+            if len(self._chain) >= _CHAIN_KEPT:
+                del self._chain[next(iter(self._chain))]
+            self._chain[key] = value
+        return value
+
     def total_mask(self, round_idx: int, stream: str = "") -> np.ndarray:
-        """The total mask ``r = sum_i r_i mod 2^w`` that the clients subtract after the broadcast.
+        """The total mask ``r = sum_i r_i = g_0 - g_M (mod 2^w)`` that the clients subtract after
+        the broadcast.
 
         Args:
             round_idx: 0-based round (Lloyd iteration) index.
             stream: which MSA invocation of the round, e.g. ``"R"`` or ``"C"``.
 
         Returns:
-            Array of `shape` and `dtype` (``uint32``/``uint64``). Cost: one PRG expansion.
+            A new array of `shape` and `dtype` (``uint32``/``uint64``). Cost: two PRG expansions,
+            the first time an instance is asked for a round and stream; a copy after that (every
+            client a process hosts asks for the same total).
 
         Raises:
             ValueError: ``round_idx`` negative or ``>= 2^64``.
             TypeError: wrong argument types.
         """
         round_idx = self._check_round(round_idx, stream)
-        # Every client of a run expands the same total mask each round: one expansion per
-        # (seed, round, stream) in this process serves them all (a simulation's shared schedule).
-        key = (self._seed, self._label, self._n_parties, self._shape, self._ring_bits, round_idx, stream)
-        cached = _TOTAL_MASKS.get(key)
-        if cached is None:
-            cached = self._expand(b"total", round_idx, 0, stream)
-            if len(_TOTAL_MASKS) >= _TOTAL_MASKS_KEPT:
-                _TOTAL_MASKS.pop(next(iter(_TOTAL_MASKS)))
-            _TOTAL_MASKS[key] = cached
-        return cached.copy()
+        key = (round_idx, stream)
+        total = self._totals.get(key)
+        if total is None:
+            first = self._expand(b"chain", round_idx, 0, stream)
+            total = np.subtract(first, self._expand(b"chain", round_idx, self._n_parties, stream), out=first)
+            if len(self._totals) >= _CHAIN_KEPT:
+                del self._totals[next(iter(self._totals))]
+            self._totals[key] = total
+        return total.copy()
 
     def party_mask(self, party_idx: int, round_idx: int, stream: str = "") -> np.ndarray:
-        """The mask ``r_i`` that party ``party_idx`` adds to its encoded vector.
+        """The mask ``r_i = g_i - g_{i+1} (mod 2^w)`` that party ``party_idx`` adds to its encoded
+        vector.
 
         Args:
             party_idx: 0-based client index in ``[0, n_parties)``.
@@ -548,9 +566,9 @@ class MaskGenerator:
             stream: which MSA invocation of the round, e.g. ``"R"`` or ``"C"``.
 
         Returns:
-            Array of `shape` and `dtype`. Cost: one PRG expansion for ``party_idx < M - 1``,
-            ``M`` expansions for the last party (one subtraction when this process already
-            expanded every other party's mask of the round: a simulation hosting all clients).
+            A new array of `shape` and `dtype`. Cost: two PRG expansions, or one when this
+            instance expanded ``g_i`` for party ``i - 1`` just before (clients taking turns in
+            index order on one shared generator).
 
         Raises:
             ValueError: ``party_idx`` outside ``[0, n_parties)`` or a bad ``round_idx``.
@@ -560,27 +578,8 @@ class MaskGenerator:
         if not 0 <= party_idx < self._n_parties:
             raise ValueError(f"party_idx must be in [0, {self._n_parties}), got {party_idx}")
         round_idx = self._check_round(round_idx, stream)
-        key = (self._seed, self._label, self._n_parties, self._shape, self._ring_bits, round_idx, stream)
-        tally = _PARTY_SUMS.get(key)
-        if party_idx < self._n_parties - 1:
-            mask = self._expand(b"party", round_idx, party_idx, stream)
-            # A process that hosts many clients of a run keeps the sum of the masks they expanded
-            # (each once), so the last client's mask is the total minus that sum, not M expansions.
-            if tally is None:
-                if len(_PARTY_SUMS) >= _PARTY_SUMS_KEPT:
-                    _PARTY_SUMS.pop(next(iter(_PARTY_SUMS)))
-                tally = _PARTY_SUMS[key] = [np.zeros(self._shape, dtype=self._dtype), 0, bytearray(self._n_parties)]
-            if not tally[2][party_idx]:
-                tally[2][party_idx] = 1
-                tally[1] += 1
-                np.add(tally[0], mask, out=tally[0])
-            return mask
-        if tally is not None and tally[1] == self._n_parties - 1:
-            return self.total_mask(round_idx, stream) - tally[0]  # wraps mod 2^w
-        last = self._expand(b"total", round_idx, 0, stream)
-        for i in range(self._n_parties - 1):
-            np.subtract(last, self._expand(b"party", round_idx, i, stream), out=last)
-        return last
+        first = self._chain_value(round_idx, stream, party_idx)
+        return np.subtract(first, self._chain_value(round_idx, stream, party_idx + 1), out=np.empty_like(first))
 
 
 # --------------------------------------------------------------------------------------------

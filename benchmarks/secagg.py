@@ -28,8 +28,9 @@ equal to round 0's, client by client); its seconds are ``server_s[1]`` and
     the masked aggregate (``NoisyAggregate``, phase ``aggregate``); the bytes are those two frames.
     Server seconds: summing the n masked vectors in the ring with NumPy (best of 3); client
     seconds: one ``MaskGenerator.party_mask`` and the addition (mean over all n clients, best of
-    3; the last client's mask costs n expansions). MSA's one-time key set-up (the sealed shared
-    seed) is not counted: like SecAgg+'s set-up, it is paid once per run, not per aggregation.
+    3; every client's mask costs two expansions, one when the client before it shared its
+    generator). MSA's one-time key set-up (the sealed shared seed) is not counted: like SecAgg+'s
+    set-up, it is paid once per run, not per aggregation.
 (d) **SecAgg+ with 5% dropouts** (``--dropout-rate``): the same as (a), with a seeded random 5% of
     the clients silent from round 1's masked-input on (``{i: ("masked-input", 1)}``), so round 1
     is the aggregation with dropouts: its survivors reveal, for each silent neighbour, the round's

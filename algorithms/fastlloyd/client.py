@@ -394,20 +394,12 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         """``sum_{i in S} r_i`` this iteration, ``[k, d+1]`` in the ring, for the survivors ``S``:
         all clients but ``dropped`` (increasing indices).
 
-        Every ``r_i`` but the last client's costs one PRG expansion, and the total ``r`` one
+        Every ``r_i`` and the total ``r`` cost two PRG expansions
         (:class:`~fedproto.algorithms.secagg.MaskGenerator`), so ``r - sum_{i in D} r_i`` costs
-        ``O(D)``: flat in the number of clients (issue 34). The last client's mask closes the sum
-        (``O(n)`` to expand), so when it dropped the survivors' masks are summed directly instead.
+        ``O(D)``: flat in the number of clients (issue 34), whichever clients dropped.
         """
         assert self._masks is not None
-        t, n = self.round_idx, len(self.clients)
-        if dropped and dropped[-1] == n - 1:
-            outside = set(dropped)
-            mask = np.zeros(self.config.shape, dtype=secagg.ring_dtype(self.config.ring_bits))
-            for i in range(n - 1):
-                if i not in outside:
-                    mask = mask + self._masks.party_mask(i, t)  # wraps mod 2^w
-            return mask
+        t = self.round_idx
         mask = self._masks.total_mask(t)
         for i in dropped:
             mask = mask - self._masks.party_mask(i, t)  # wraps mod 2^w

@@ -436,29 +436,48 @@ def test_open_rejects_tampering_wrong_keys_and_bad_lengths():
 
 
 def test_mask_expansion_is_hkdf_then_chacha20_with_the_extract_step_computed_once():
-    """The generator keeps HKDF-Extract(seed) and expands per mask: the same keys as RFC 5869 HKDF."""
+    """The generator keeps HKDF-Extract(seed) and expands each chain value g_j per RFC 5869 HKDF;
+    r_i = g_i - g_{i+1} and r = g_0 - g_M, computed here from bare HKDF and ChaCha20 calls."""
     import struct
 
     seed = bytes(range(32))
     generator = secagg.MaskGenerator(seed, 5, (3, 4), ring_bits=64)
-    for party, round_idx in ((2, 7), (0, 0), (3, 1)):
-        info = secagg._length_prefixed(b"fedproto-mask", b"", b"party") + struct.pack(
-            ">BQQQ2QQ", 64, 5, round_idx, party, 3, 4, 2
+
+    def g(round_idx: int, j: int) -> np.ndarray:
+        info = secagg._length_prefixed(b"fedproto-mask", b"", b"chain") + struct.pack(
+            ">BQQQ2QQ", 64, 5, round_idx, j, 3, 4, 2
         )
         raw = secagg._chacha20_stream(secagg._hkdf(seed, info), 12 * 8)
-        np.testing.assert_array_equal(generator.party_mask(party, round_idx), np.frombuffer(raw, "<u8").reshape(3, 4))
+        return np.frombuffer(raw, "<u8").reshape(3, 4)
+
+    for party, round_idx in ((2, 7), (0, 0), (4, 1), (3, 1)):
+        np.testing.assert_array_equal(generator.party_mask(party, round_idx), g(round_idx, party) - g(round_idx, party + 1))
+    np.testing.assert_array_equal(generator.total_mask(7), g(7, 0) - g(7, 5))
 
 
-def test_last_party_mask_from_the_process_sum_equals_its_own_expansions():
-    """A simulation's shortcut (the other parties' masks summed as they are expanded, each once)
-    gives the last party the mask its own M expansions give, and all masks still sum to r."""
+@pytest.mark.parametrize("n_parties", [2, 1000, 10**9])
+def test_no_mask_costs_more_expansions_with_more_clients(monkeypatch, n_parties):
+    """Every party's mask, the last's included, and the total cost at most two PRG expansions on
+    a fresh generator, however many clients there are; clients taking turns in index order on one
+    generator (a process hosting many) pay one each; the masks still sum to the total."""
+    expansions = []
+    real = MaskGenerator._expand
+    monkeypatch.setattr(MaskGenerator, "_expand", lambda self, *args: expansions.append(args) or real(self, *args))
     seed = bytes(range(1, 33))
-    generator = MaskGenerator(seed, 6, (2, 3), ring_bits=32, label=b"sum-test")
-    for i in (0, 3, 1, 3, 2, 4):  # every other party, 3 twice (counted once)
-        generator.party_mask(i, 4)
-    from_sum = generator.party_mask(5, 4)
-    secagg._PARTY_SUMS.clear()
-    expanded = MaskGenerator(seed, 6, (2, 3), ring_bits=32, label=b"sum-test").party_mask(5, 4)
-    np.testing.assert_array_equal(from_sum, expanded)
-    masks = [generator.party_mask(i, 4) for i in range(5)]
-    np.testing.assert_array_equal(sum(masks, np.zeros((2, 3), np.uint32)) + from_sum, generator.total_mask(4))
+    for party in (0, n_parties - 1, n_parties // 2):
+        expansions.clear()
+        MaskGenerator(seed, n_parties, (2, 3)).party_mask(party, 4)
+        assert len(expansions) == 2
+    expansions.clear()
+    total = MaskGenerator(seed, n_parties, (2, 3)).total_mask(4)
+    assert len(expansions) == 2
+    shared = MaskGenerator(seed, n_parties, (2, 3))
+    first = max(0, n_parties - 6)
+    expansions.clear()
+    masks = [shared.party_mask(i, 4) for i in range(first, n_parties)]
+    assert len(expansions) == len(masks) + 1
+    if n_parties == 2:
+        np.testing.assert_array_equal(masks[0] + masks[1], total)
+    # any run of consecutive masks telescopes: r_a + ... + r_{M-1} = g_a - g_M = total - (g_0 - g_a)
+    head = total - np.add.reduce(np.stack(masks), axis=0, dtype=np.uint32)
+    np.testing.assert_array_equal(head, shared._chain_value(4, "", 0) - shared._chain_value(4, "", first))
