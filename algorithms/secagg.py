@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -47,6 +48,7 @@ __all__ = [
     "quantize_noise",
     "ring_dtype",
     "seal_seed",
+    "seal_seed_for_each",
     "seal_with_shared",
     "x25519_keypair",
     "x25519_shared",
@@ -721,6 +723,51 @@ def seal_seed(private_key: X25519PrivateKey, peer_public: bytes, seed: bytes, co
     own_public = private_key.public_key().public_bytes_raw()
     key = _sealing_key(private_key, peer_public, own_public, bytes(peer_public), context)
     return ChaCha20Poly1305(key).encrypt(_SEAL_NONCE, bytes(seed), context)
+
+
+def seal_seed_for_each(
+    private_key: X25519PrivateKey, peer_publics: Sequence[bytes], seed: bytes, contexts: Sequence[bytes]
+) -> list[bytes]:
+    """`seal_seed` of one seed for many receivers: ``[seal_seed(private_key, peer_publics[i],
+    seed, contexts[i]) for i ...]``, the same bytes, with the sender's own public key and the
+    argument checks done once (a sender that seals for 10^5 receivers spends its time in the
+    X25519 agreements, about 43 us each, not in the glue around them).
+
+    Args:
+        private_key: the sender's X25519 private key.
+        peer_publics: the receivers' raw 32-byte public keys.
+        seed: the secret to send (non-empty).
+        contexts: one context per receiver (bytes), as in `seal_seed`.
+
+    Returns:
+        One ``ciphertext || tag`` (``len(seed) + 16`` bytes) per receiver, in order.
+
+    Raises:
+        ValueError: an invalid peer public key (wrong length or a low-order point), an empty
+            seed, or as many contexts as keys not given.
+        TypeError: wrong argument types.
+
+    References:
+        RFC 7748 (X25519), RFC 5869 (HKDF), RFC 8439 (ChaCha20-Poly1305).
+    """
+    if not isinstance(seed, bytes | bytearray | memoryview):
+        raise TypeError(f"seed must be bytes, got {type(seed).__name__}")
+    seed = bytes(seed)
+    if len(seed) == 0:
+        raise ValueError("seed must not be empty")
+    if len(peer_publics) != len(contexts):
+        raise ValueError(f"{len(peer_publics)} public keys but {len(contexts)} contexts")
+    own_public = private_key.public_key().public_bytes_raw()
+    own_prefix = _SEAL_INFO + _length_prefixed(own_public)
+    sealed = []
+    for peer_public, context in zip(peer_publics, contexts, strict=True):
+        if type(context) is not bytes:
+            raise TypeError(f"context must be bytes, got {type(context).__name__}")
+        shared = x25519_shared(private_key, peer_public)
+        # the info of _key_from_shared(shared, own_public, peer_public, context), its prefix made once
+        key = _hkdf(shared, own_prefix + _length_prefixed(bytes(peer_public), context))
+        sealed.append(ChaCha20Poly1305(key).encrypt(_SEAL_NONCE, seed, context))
+    return sealed
 
 
 def open_seed(private_key: X25519PrivateKey, peer_public: bytes, sealed: bytes, context: bytes) -> bytes:

@@ -301,11 +301,10 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         if message.public_keys[0] != public_key:
             raise RemoteProtocolError("the key roster does not hold this client's key", party=sender)
         seed = secagg.derive_bytes(self._entropy, b"fedproto/fastlloyd/seed", 32)
-        sealed = tuple(
-            secagg.seal_seed(private_key, key, seed, _seal_context(self.session, i))
-            for i, key in enumerate(message.public_keys)
-            if i != 0
-        )
+        receivers = range(1, len(message.public_keys))
+        sealed = tuple(secagg.seal_seed_for_each(
+            private_key, message.public_keys[1:], seed, [_seal_context(self.session, i) for i in receivers]
+        ))
         self._install_seed(seed)
         return [self.send(self.server, SealedSeeds(sealed=sealed), phase="setup.seal"), self._update()]
 

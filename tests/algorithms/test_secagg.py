@@ -404,6 +404,26 @@ def test_seal_open_round_trip():
     MaskGenerator(secagg.open_seed(b, a_pub, sealed, b"session-1/mask-seed"), 2, (3,))
 
 
+def test_sealing_for_each_receiver_gives_the_bytes_of_one_seal_per_receiver():
+    a, a_pub, _, _ = _parties()
+    seed = seeds(1, tag=11)[0]
+    receivers = [secagg.x25519_keypair(bytes([i]) * 32) for i in range(1, 5)]
+    publics = [pub for _, pub in receivers]
+    contexts = [b"session-1/" + bytes([i]) for i in range(4)]
+    sealed = secagg.seal_seed_for_each(a, publics, seed, contexts)
+    assert sealed == [secagg.seal_seed(a, pub, seed, ctx) for pub, ctx in zip(publics, contexts)]
+    assert [secagg.open_seed(key, a_pub, s, ctx) for (key, _), s, ctx in zip(receivers, sealed, contexts)] == [seed] * 4
+    assert secagg.seal_seed_for_each(a, [], seed, []) == []
+    with pytest.raises(ValueError, match="public key"):
+        secagg.seal_seed_for_each(a, [publics[0], bytes(32)], seed, contexts[:2])  # a low-order point
+    with pytest.raises(ValueError, match="2 public keys but 1 contexts"):
+        secagg.seal_seed_for_each(a, publics[:2], seed, contexts[:1])
+    with pytest.raises(ValueError, match="empty"):
+        secagg.seal_seed_for_each(a, publics, b"", contexts)
+    with pytest.raises(TypeError, match="context"):
+        secagg.seal_seed_for_each(a, publics[:1], seed, ["text"])
+
+
 def test_open_rejects_tampering_wrong_keys_and_bad_lengths():
     a, a_pub, b, b_pub = _parties()
     c, c_pub = secagg.x25519_keypair(b"carol" * 8)
