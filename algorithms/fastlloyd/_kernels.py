@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["clip_moves", "fold", "sphere_packing", "truncate", "update_centroids", "update_centroids_host"]
+from fedproto.algorithms import kmeans
+
+__all__ = ["clip_moves", "fold", "round_noise", "sphere_packing", "truncate", "update_centroids", "update_centroids_host"]
 
 POST_PROCESSING = ("fold", "truncate", "none")
 """Accepted values of `update_centroids`' ``post`` argument."""
@@ -329,3 +331,42 @@ def _update_centroids_host(
     elif post == "truncate":
         centroids = np.clip(centroids, -bound, bound)
     return centroids
+
+
+@functools.partial(jax.jit, static_argnames=("k", "d", "mechanism"))
+def round_noise(
+    seed: int | jax.Array, round_idx: int | jax.Array, sum_scale: float | jax.Array, count_scale: float | jax.Array,
+    *, k: int, d: int, mechanism: str,
+) -> tuple[jax.Array, jax.Array]:
+    """The server's noise of one iteration, drawn in one kernel.
+
+    The key is ``fold_in(PRNGKey(seed), round_idx)``, split into the sums' key and the counts'
+    key; each draw is `kmeans.gaussian_noise` or `kmeans.laplace_noise`. One compiled kernel, not
+    five small ones (the key's creation, folding and splitting, and the two draws, each JAX
+    compiles or loads from its cache on first use): about 0.2 s less of every run's start-up.
+
+    Args:
+        seed: the server's noise seed (an integer).
+        round_idx: the iteration t.
+        sum_scale: the sums' standard deviation (Gaussian) or scale (Laplace), ``>= 0``.
+        count_scale: the counts' standard deviation or scale, ``>= 0``.
+        k, d: clusters and dimensions (static).
+        mechanism: ``"gaussian"`` or ``"laplace"`` (static).
+
+    Returns:
+        ``(sums, counts)``: float64 ``[k, d]`` and ``[k]``.
+
+    Raises:
+        ValueError: an unknown ``mechanism``.
+
+    References:
+        FastLloyd, Sec. 5.1 and Alg. 1 lines 15-16 (noise on R and C); spec fastlloyd.md,
+        section 2.3 item 5 and 2.8 (the server samples the noise in the clear); Su et al.,
+        CODASPY 2016 (Laplace, the SuLloyd baseline).
+    """
+    draws = {"gaussian": kmeans.gaussian_noise, "laplace": kmeans.laplace_noise}
+    if mechanism not in draws:
+        raise ValueError(f"mechanism must be 'gaussian' or 'laplace', got {mechanism!r}")
+    key_sum, key_count = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), round_idx))
+    draw = draws[mechanism]
+    return draw(key_sum, (k, d), sum_scale), draw(key_count, (k,), count_scale)

@@ -67,7 +67,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from fedproto.algorithms import dp, kmeans
@@ -192,8 +192,9 @@ def frame_limit(config: FastLloydConfig, n_clients: int, secagg_plus: SecAggPlus
 
 def centralised_lloyd(x: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
     """Plain Lloyd's on the pooled data from ``init`` (the non-private reference), ``[k, d]``."""
-    centroids = jnp.asarray(init)
-    xs = jnp.asarray(x)
+    # device_put, not jnp.asarray: outside a trace asarray compiles a copy kernel per shape
+    centroids = jax.device_put(init)
+    xs = jax.device_put(x)
     for _ in range(iterations):
         centroids = kmeans.lloyd_step(xs, centroids)
     return np.asarray(centroids)
@@ -502,9 +503,9 @@ class FastLloydPlugin:
             advance()
             reference = sklearn_reference(x, config.k, seed, cache=reference_cache)
             advance()
-        xs = jnp.asarray(x)
-        nicv = float(kmeans.nicv(xs, jnp.asarray(centroids)))
-        nicv_lloyd = float(kmeans.nicv(xs, jnp.asarray(lloyd)))
+        xs = jax.device_put(x)
+        nicv = float(kmeans.nicv(xs, jax.device_put(centroids)))
+        nicv_lloyd = float(kmeans.nicv(xs, jax.device_put(lloyd)))
         nicv_sklearn = float(reference.inertia / x.shape[0])
         spent = privacy_spent(config)
         summary: dict[str, Any] = {
@@ -551,7 +552,7 @@ def plot_clusters(ax, x: np.ndarray, summary: Mapping[str, Any]) -> None:
         project = lambda a: a  # noqa: E731
     import matplotlib
 
-    labels = np.asarray(kmeans.assign_clusters(jnp.asarray(x), jnp.asarray(centroids), jnp.inf)[0])
+    labels = np.asarray(kmeans.assign_clusters(jax.device_put(x), jax.device_put(centroids), np.inf)[0])
     # One colour per cluster: tab10 up to 10 clusters, tab20 up to 20 (beyond that colours repeat).
     palette = matplotlib.colormaps["tab10" if len(centroids) <= 10 else "tab20"]
     px = project(x)

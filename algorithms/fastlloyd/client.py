@@ -203,7 +203,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
         self.secagg_plus = secagg_plus
         host = points.size * config.k <= kmeans.HOST_ELEMENTS
         # A few points stay on the host (NumPy, kmeans.local_statistics_host); more go to the device once.
-        self._points = points if host else jax.numpy.asarray(points)
+        self._points = points if host else jax.device_put(points)  # (jnp.asarray would compile a copy kernel)
         self._centroids = np.asarray(initial_centroids(config), dtype=np.float64)
         self._history = [self._centroids]
 
@@ -349,7 +349,7 @@ class FastLloydClient(SecAggPlusClientRole, ProtocolMachine):
             encoded = _encode_update(cfg, sums, counts)
             assert self._masks is not None
             return encoded + self._masks.party_mask(self.client_idx, t)  # wraps mod 2^w
-        centroids = jax.numpy.asarray(self._centroids)
+        centroids = jax.device_put(self._centroids)
         if cfg.relative:
             sums, counts, unassigned = kmeans.relative_statistics(self._points, centroids, radius)
         else:

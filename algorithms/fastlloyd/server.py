@@ -11,13 +11,14 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
-from fedproto.algorithms import kmeans, secagg
+from fedproto.algorithms import secagg
+from fedproto.algorithms.fastlloyd import _kernels
 from fedproto.algorithms.fastlloyd.config import FastLloydConfig, FastLloydOptions
 from fedproto.algorithms.fastlloyd.messages import (
     DataSummary,
@@ -85,7 +86,8 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
             count and extent in ``setup.data``, checks that every client has the same number of
             features, and derives :attr:`config` from the options at the total N.
         clients: every client's party name, in client order.
-        noise_seed: seed of the server's noise key (``jax.random``; folded with the round index).
+        noise_seed: seed of the server's noise key (``jax.random``; folded with the round index),
+            an integer that fits in 64 signed bits.
         session: the run's session id (names each SecAgg+ aggregation, and seeds its graph). It must
             be the run's, ``RuntimeConfig.session`` (default 0, which is a run's only when the run
             is session 0): the runtime, ``simulate`` and the harness raise
@@ -103,7 +105,8 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
     Raises:
         ValueError: not exactly one of ``config`` and ``options``; no clients, duplicate names,
             the server among the clients; a ``secagg_plus`` that does not fit the run or is
-            given with ``options``. In ``setup.data`` (the machine fails):
+            given with ``options``; a ``noise_seed`` beyond 64 signed bits (``TypeError`` for one
+            that is not an integer). In ``setup.data`` (the machine fails):
             :class:`~fedproto.errors.RemoteProtocolError` naming the clients whose number of
             features differs from the others' (the most common, ties going to the earliest
             client), ``ValueError`` when the clients hold no point or the options do not fit N
@@ -145,7 +148,9 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
         self.secagg_plus: SecAggPlusConfig | None = secagg_plus
         self.n_points: int | None = None
         self._summaries: dict[str, DataSummary] = {}
-        self._key = jax.random.PRNGKey(noise_seed)
+        self._noise_seed = operator.index(noise_seed)
+        if not -(1 << 63) <= self._noise_seed < 1 << 63:
+            raise ValueError(f"noise_seed must fit in 64 signed bits, got {noise_seed}")
         self._keys: dict[str, bytes] = {}
         # This round's updates: who sent one, and their sum so far (added as they arrive, each
         # wrapping mod 2^w, so the sum is the same in any order; not kept one per client).
@@ -312,16 +317,11 @@ class FastLloydServer(SecAggPlusServerRole, ProtocolMachine):
     def _noise(self) -> np.ndarray:
         cfg = self.config
         t = self.round_idx
-        key_sum, key_count = jax.random.split(jax.random.fold_in(self._key, t))
-        k, d = cfg.k, cfg.d
-        if cfg.noise == "gaussian":
-            noise_sum = kmeans.gaussian_noise(key_sum, (k, d), cfg.noise_sum[t])
-            noise_count = kmeans.gaussian_noise(key_count, (k,), cfg.noise_count[t])
-        elif cfg.noise == "laplace":
-            noise_sum = kmeans.laplace_noise(key_sum, (k, d), cfg.noise_sum[t])
-            noise_count = kmeans.laplace_noise(key_count, (k,), cfg.noise_count[t])
-        else:
+        if cfg.noise not in ("gaussian", "laplace"):
             return np.zeros(cfg.shape, dtype=secagg.ring_dtype(cfg.ring_bits))
+        noise_sum, noise_count = _kernels.round_noise(
+            self._noise_seed, t, cfg.noise_sum[t], cfg.noise_count[t], k=cfg.k, d=cfg.d, mechanism=cfg.noise
+        )
         q_sum = secagg.quantize_noise(np.asarray(noise_sum), frac_bits=cfg.frac_bits, ring_bits=cfg.ring_bits)
         q_count = secagg.quantize_noise(np.asarray(noise_count), frac_bits=cfg.count_frac_bits, ring_bits=cfg.ring_bits)
         return np.concatenate([q_sum, q_count[:, None]], axis=1)

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from dp_accounting import pld
 
-from fedproto.algorithms import dp, kmeans
+from fedproto.algorithms import dp
+from fedproto.algorithms.fastlloyd import _kernels
 from fedproto.algorithms.fastlloyd.cli import privacy_ledger, privacy_spent
 from fedproto.algorithms.fastlloyd.config import FastLloydOptions, make_config
 from fedproto.algorithms.fastlloyd.protocol import FastLloydClient, FastLloydServer
@@ -105,14 +106,14 @@ def _small_run(variant: str, monkeypatch, *, noise: bool = True):
             session=9,
         )
     draws = []
-    for name in ("gaussian_noise", "laplace_noise"):
-        kernel = getattr(kmeans, name)
+    kernel = _kernels.round_noise
 
-        def recording(key, shape, scale, *args, _kernel=kernel, _name=name, **kwargs):
-            draws.append((_name.split("_")[0], tuple(shape), float(scale)))
-            return _kernel(key, shape, scale, *args, **kwargs)
+    def recording(seed, round_idx, sum_scale, count_scale, *, k, d, mechanism):
+        draws.append((mechanism, (k, d), float(sum_scale)))
+        draws.append((mechanism, (k,), float(count_scale)))
+        return kernel(seed, round_idx, sum_scale, count_scale, k=k, d=d, mechanism=mechanism)
 
-        monkeypatch.setattr(kmeans, name, recording)
+    monkeypatch.setattr(_kernels, "round_noise", recording)
     Harness(machines, session=9).run()
     config = machines["server"].config
     assert config == options.config(len(x), 3)  # what the CLI builds its ledger from
