@@ -367,6 +367,15 @@ def _length_prefixed(*fields: bytes) -> bytes:
 _CHAIN_KEPT = 8
 
 
+def _keep(cache: dict, key: tuple, value: np.ndarray) -> np.ndarray:
+    """Store ``value`` in a :class:`MaskGenerator` cache, dropping its oldest entry when it holds
+    :data:`_CHAIN_KEPT`; return ``value``."""
+    if len(cache) >= _CHAIN_KEPT:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
+
+
 class MaskGenerator:
     """One-time-pad masks for FastLloyd's MSA, expanded from a seed shared by all clients.
 
@@ -524,10 +533,7 @@ class MaskGenerator:
         key = (round_idx, stream, j)
         value = self._chain.get(key)
         if value is None:
-            value = self._expand(b"chain", round_idx, j, stream)
-            if len(self._chain) >= _CHAIN_KEPT:
-                del self._chain[next(iter(self._chain))]
-            self._chain[key] = value
+            value = _keep(self._chain, key, self._expand(b"chain", round_idx, j, stream))
         return value
 
     def total_mask(self, round_idx: int, stream: str = "") -> np.ndarray:
@@ -551,11 +557,10 @@ class MaskGenerator:
         key = (round_idx, stream)
         total = self._totals.get(key)
         if total is None:
-            first = self._expand(b"chain", round_idx, 0, stream)
-            total = np.subtract(first, self._expand(b"chain", round_idx, self._n_parties, stream), out=first)
-            if len(self._totals) >= _CHAIN_KEPT:
-                del self._totals[next(iter(self._totals))]
-            self._totals[key] = total
+            # g_0 and g_M are the first and the last client's chain values too: shared with them
+            first = self._chain_value(round_idx, stream, 0)
+            last = self._chain_value(round_idx, stream, self._n_parties)
+            total = _keep(self._totals, key, np.subtract(first, last, out=np.empty_like(first)))
         return total.copy()
 
     def party_mask(self, party_idx: int, round_idx: int, stream: str = "") -> np.ndarray:
