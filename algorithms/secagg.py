@@ -721,13 +721,7 @@ def seal_seed(private_key: X25519PrivateKey, peer_public: bytes, seed: bytes, co
         RFC 7748 (X25519), RFC 5869 (HKDF), RFC 8439 (ChaCha20-Poly1305); Bonawitz et al., CCS
         2017, Sec. 4 (authenticated encryption of shares between clients).
     """
-    if not isinstance(seed, bytes | bytearray | memoryview):
-        raise TypeError(f"seed must be bytes, got {type(seed).__name__}")
-    if len(seed) == 0:
-        raise ValueError("seed must not be empty")
-    own_public = private_key.public_key().public_bytes_raw()
-    key = _sealing_key(private_key, peer_public, own_public, bytes(peer_public), context)
-    return ChaCha20Poly1305(key).encrypt(_SEAL_NONCE, bytes(seed), context)
+    return seal_seed_for_each(private_key, [peer_public], seed, [context])[0]
 
 
 def seal_seed_for_each(
@@ -763,14 +757,11 @@ def seal_seed_for_each(
     if len(peer_publics) != len(contexts):
         raise ValueError(f"{len(peer_publics)} public keys but {len(contexts)} contexts")
     own_public = private_key.public_key().public_bytes_raw()
-    own_prefix = _SEAL_INFO + _length_prefixed(own_public)
     sealed = []
     for peer_public, context in zip(peer_publics, contexts, strict=True):
-        if type(context) is not bytes:
+        if not isinstance(context, bytes):  # before the agreement, as _key_from_shared checks it
             raise TypeError(f"context must be bytes, got {type(context).__name__}")
-        shared = x25519_shared(private_key, peer_public)
-        # the info of _key_from_shared(shared, own_public, peer_public, context), its prefix made once
-        key = _hkdf(shared, own_prefix + _length_prefixed(bytes(peer_public), context))
+        key = _key_from_shared(x25519_shared(private_key, peer_public), own_public, bytes(peer_public), context)
         sealed.append(ChaCha20Poly1305(key).encrypt(_SEAL_NONCE, seed, context))
     return sealed
 
