@@ -298,8 +298,8 @@ def plus_table(console: Console, runs: list[tuple[dict, dict]], degree: int) -> 
         title_justify="left",
     )
     for col in (
-        "clients", "degree", "rounds timed", "plus ms/client", "masked ms/client", "plus / masked", "plus ms/client vs first N",
-        "plus round bytes/client", "largest message bytes", "plus peak RSS MiB",
+        "clients", "degree", "rounds timed", "plus ms/client", "masked ms/client", "plus / masked",
+        "plus ms/client vs first N", "plus round bytes/client", "largest message bytes", "plus peak RSS MiB",
     ):
         table.add_column(col, justify="right")
     records = []
@@ -310,7 +310,8 @@ def plus_table(console: Console, runs: list[tuple[dict, dict]], degree: int) -> 
         first = plus_ms if first is None else first
         k = min(degree, n - 1)
         table.add_row(
-            f"{n:,}", str(k), str(plus["iterations"] - 1), f"{plus_ms:.3f}", f"{masked_ms:.4f}", f"{plus_ms / masked_ms:.1f}", f"{plus_ms / first:.2f}",
+            f"{n:,}", str(k), str(plus["iterations"] - 1), f"{plus_ms:.3f}", f"{masked_ms:.4f}",
+            f"{plus_ms / masked_ms:.1f}", f"{plus_ms / first:.2f}",
             f"{plus['round_bytes'] / n:,.0f}", f"{plus['round_max_message_bytes']:,}", f"{plus['peak_rss_mib']:,.0f}",
         )
         records.append(record(

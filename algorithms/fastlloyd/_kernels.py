@@ -26,7 +26,9 @@ import numpy as np
 
 from fedproto.algorithms import kmeans
 
-__all__ = ["clip_moves", "fold", "round_noise", "sphere_packing", "truncate", "update_centroids", "update_centroids_host"]
+__all__ = [
+    "clip_moves", "fold", "round_noise", "sphere_packing", "truncate", "update_centroids", "update_centroids_host",
+]
 
 POST_PROCESSING = ("fold", "truncate", "none")
 """Accepted values of `update_centroids`' ``post`` argument."""

@@ -76,7 +76,8 @@ from fedproto.algorithms.fastlloyd.messages import frame_bound
 from fedproto.algorithms.fastlloyd.protocol import FastLloydParties, FastLloydResult, ServerSummary, initial_centroids
 from fedproto.algorithms.fastlloyd.reference import sklearn_reference
 from fedproto.algorithms.fastlloyd.shared import secagg_config, secagg_plus_config
-from fedproto.algorithms.secagg_plus.messages import AGGREGATION_STAGES as SECAGG_PLUS_ROUND_STAGES, STAGES as SECAGG_PLUS_STAGES
+from fedproto.algorithms.secagg_plus.messages import AGGREGATION_STAGES as SECAGG_PLUS_ROUND_STAGES
+from fedproto.algorithms.secagg_plus.messages import STAGES as SECAGG_PLUS_STAGES
 from fedproto.data import Dataset, normalize, partition, session_id
 from fedproto.plugin import RunPlan
 from fedproto.star import client_names

@@ -24,8 +24,8 @@ Each Lloyd iteration (one round trip):
 
 With ``--secagg plus`` an iteration is one SecAgg+ aggregation
 (:mod:`fedproto.algorithms.secagg_plus.messages`: the keys agreed once, in the first iteration,
-then two stages per iteration; the update travels in its ``MaskedInput``), and the server answers with :class:`SurvivorAggregate`, which also names the
-clients whose updates the sum does not hold.
+then two stages per iteration; the update travels in its ``MaskedInput``), and the server answers
+with :class:`SurvivorAggregate`, which also names the clients whose updates the sum does not hold.
 """
 
 from __future__ import annotations

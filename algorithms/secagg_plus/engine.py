@@ -150,7 +150,8 @@ def _pair_keys(private: X25519PrivateKey, peer_public: bytes, instance: bytes, u
 def _mask_key(base: bytes, round_idx: int, attempt: int) -> bytes:
     """``k_uv^{r,a}``: keyed BLAKE2b (RFC 7693's MAC mode, a PRF) of ``(r, a)`` under the pair's
     base key ``m_uv``: one aggregation's key tells nothing of another's, nor of ``m_uv``."""
-    return hashlib.blake2b(struct.pack(">QQ", round_idx, attempt), key=base, digest_size=KEY_BYTES, person=_MASK_KEY_PERSON).digest()
+    message = struct.pack(">QQ", round_idx, attempt)
+    return hashlib.blake2b(message, key=base, digest_size=KEY_BYTES, person=_MASK_KEY_PERSON).digest()
 
 
 def _share_nonce(round_idx: int, attempt: int, sender: int, receiver: int) -> bytes:

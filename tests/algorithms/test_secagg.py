@@ -471,7 +471,8 @@ def test_mask_expansion_is_hkdf_then_chacha20_with_the_extract_step_computed_onc
         return np.frombuffer(raw, "<u8").reshape(3, 4)
 
     for party, round_idx in ((2, 7), (0, 0), (4, 1), (3, 1)):
-        np.testing.assert_array_equal(generator.party_mask(party, round_idx), g(round_idx, party) - g(round_idx, party + 1))
+        expected = g(round_idx, party) - g(round_idx, party + 1)
+        np.testing.assert_array_equal(generator.party_mask(party, round_idx), expected)
     np.testing.assert_array_equal(generator.total_mask(7), g(7, 0) - g(7, 5))
 
 

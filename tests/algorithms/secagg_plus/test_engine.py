@@ -180,7 +180,8 @@ def test_random_dropouts_across_rounds_match_the_oracle(seed):
     per_round = [_inputs(config, 100 * seed + r) for r in range(rounds)]
     rng = random.Random(seed)
     dropouts = {
-        i: (rng.choice(engine.AGGREGATION_STAGES), rng.randrange(rounds)) for i in rng.sample(range(config.n_clients), rng.randint(2, 5))
+        i: (rng.choice(engine.AGGREGATION_STAGES), rng.randrange(rounds))
+        for i in rng.sample(range(config.n_clients), rng.randint(2, 5))
     }
     plan, fails = _predict(config, dropouts, rounds)
     if fails is not None:

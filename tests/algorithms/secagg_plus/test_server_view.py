@@ -149,7 +149,8 @@ def test_control_a_revealed_long_term_key_exposes_the_earlier_inputs():
     config = GRAPHS["plus"]
     sim, inputs, (a, _, _) = _run(config)
     leaked = {
-        engine._mask_key(pair[32:], r, attempt) for pair in sim.clients[a]._pair.values() for r in range(ROUNDS) for attempt in (0, 1)
+        engine._mask_key(pair[32:], r, attempt)
+        for pair in sim.clients[a]._pair.values() for r in range(ROUNDS) for attempt in (0, 1)
     }
     exposed, residuals, _, _ = _analyse(sim, config, inputs, extra_keys=leaked)
     assert {(0, 0, a), (1, 0, a)} <= set(exposed)
