@@ -30,6 +30,10 @@ __all__ = [
     "clip_moves", "fold", "round_noise", "sphere_packing", "truncate", "update_centroids", "update_centroids_host",
 ]
 
+#: Sphere packing: uniforms drawn at a time, and how many candidates one NumPy pass screens at
+#: first and at most (the run grows while candidates are refused and restarts after an acceptance).
+_DRAW_BLOCK, _SCREEN_FIRST, _SCREEN_MOST = 256, 4, 256
+
 POST_PROCESSING = ("fold", "truncate", "none")
 """Accepted values of `update_centroids`' ``post`` argument."""
 
@@ -88,21 +92,33 @@ def sphere_packing(
     min_radius = bound * np.finfo(np.float64).eps
     a = bound
     centres = np.empty((k, d), dtype=np.float64)
+    # The authors' loop draws one candidate at a time. Here the uniforms come from the same stream
+    # in blocks (``rng.random((n, d))`` is ``n`` calls of ``rng.random(d)``, value for value), and
+    # a run of candidates is screened against the centres accepted so far in one NumPy pass:
+    # each candidate's test, up to the first accepted one, is the one the loop would make, with
+    # the same arithmetic, so the centres and the radius are the loop's bit for bit
+    # (tests/algorithms/fastlloyd/test_kernels.py compares them with a transliteration).
+    uniforms, used = np.empty((0, d)), 0
     while a >= min_radius:
-        accepted, retries = 0, 0
+        lo, width = -bound + a, 2.0 * bound - 2.0 * a
+        accepted, retries, run = 0, 0, _SCREEN_FIRST
         while accepted < k and retries < max_retries:
-            candidate = rng.random(d) * (2.0 * bound - 2.0 * a) + (-bound + a)
+            n = 1 if accepted == 0 else min(run, max_retries - retries)
+            if used + n > len(uniforms):
+                uniforms, used = np.concatenate([uniforms[used:], rng.random((max(n, _DRAW_BLOCK), d))]), 0
+            candidates = uniforms[used:used + n] * width + lo
             if accepted == 0:
-                centres[0] = candidate
-                accepted = 1
+                centres[0] = candidates[0]
+                accepted, used = 1, used + 1
                 continue
-            nearest = np.sqrt(np.min(np.sum((centres[:accepted] - candidate) ** 2, axis=1)))
-            if nearest >= 2.0 * a:
-                centres[accepted] = candidate
-                accepted += 1
-                retries = 0
-            else:
-                retries += 1
+            squared = np.sum((centres[None, :accepted] - candidates[:, None]) ** 2, axis=2)
+            fits = np.flatnonzero(np.sqrt(np.min(squared, axis=1)) >= 2.0 * a)
+            if fits.size == 0:
+                retries, used, run = retries + n, used + n, min(4 * run, _SCREEN_MOST)
+                continue
+            first = int(fits[0])
+            centres[accepted] = candidates[first]
+            accepted, used, retries, run = accepted + 1, used + first + 1, 0, _SCREEN_FIRST
         if accepted == k:
             return centres, float(a)
         a /= 2.0

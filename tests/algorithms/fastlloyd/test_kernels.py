@@ -57,6 +57,19 @@ def test_sphere_packing_properties_and_reference(k, d, seed):
     np.testing.assert_array_equal(centres, ref_centres)
 
 
+@pytest.mark.parametrize("max_retries", [1, 3, 17, 100])
+@pytest.mark.parametrize("d", [1, 2, 9, 33])
+def test_sphere_packing_screening_in_blocks_is_the_loop(d, max_retries):
+    """The blocked draws and screening give the one-candidate-at-a-time loop's centres and radius,
+    also where few retries make attempts fail and the radius halve several times."""
+    for k in (2, 5, 40):
+        for seed in range(3):
+            centres, a = kernels.sphere_packing(k, d, seed, max_retries=max_retries)
+            ref_centres, ref_a = ref_sphere_packing(k, d, seed, max_retries=max_retries)
+            assert a == ref_a
+            np.testing.assert_array_equal(centres, ref_centres)
+
+
 def test_sphere_packing_is_deterministic_and_local():
     state = np.random.get_state()
     first = kernels.sphere_packing(6, 3, 42)
