@@ -78,3 +78,23 @@ def test_no_compile_cache_turns_the_memo_off(tmp_path, monkeypatch):
     monkeypatch.setattr(memo, "_enabled", True)
     cli._compile_cache(argparse.Namespace(no_compile_cache=True))
     assert memo._enabled is False
+
+
+def test_the_scipy_version_in_the_key_is_the_installed_distributions(tmp_path, monkeypatch):
+    """The solver's key names SciPy's version, read from its ``version.py`` without importing
+    SciPy (or from the distribution's metadata where that file says nothing)."""
+    from importlib.metadata import version
+
+    _dp_gdp._scipy_version.cache_clear()
+    try:
+        assert _dp_gdp._scipy_version() == version("scipy")
+        assert _dp_gdp._solver_key(1.0)[-1] == version("scipy")
+    finally:
+        _dp_gdp._scipy_version.cache_clear()
+    good = tmp_path / "good.py"
+    good.write_text('"""doc"""\nfull = "x"\nversion = "9.8.7"\nversion = "later"\n')
+    assert _dp_gdp._assigned_string(str(good), "version") == "9.8.7"
+    for text in ("version = 3\n", "def f(:\n", "other = 'a'\n", "version: str = 'annotated'\n"):
+        good.write_text(text)
+        assert _dp_gdp._assigned_string(str(good), "version") is None
+    assert _dp_gdp._assigned_string(str(tmp_path / "missing.py"), "version") is None
