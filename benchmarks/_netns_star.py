@@ -75,8 +75,9 @@ class TcpRun:
             ``first_sent`` and ``first_received`` frame and its ``finish`` (from
             :mod:`_party_at_go`'s ``TRACE`` line; ``None`` where it did not happen).
         frames: per party, every frame its meter counted, ``[seconds since "go", "sent" or
-            "received", round, phase, sender, receiver, tag]`` (only when the parties ran with
-            ``FEDPROTO_NETCHECK_FRAMES=1``; empty otherwise).
+            "received", round, phase, sender, receiver, tag]``, and every handler it ran,
+            ``[seconds since "go" at its end, "handler", round, tag or "start", wall s, CPU s]``
+            (only when the parties ran with ``FEDPROTO_NETCHECK_FRAMES=1``; empty otherwise).
     """
 
     report: RunReport

@@ -69,8 +69,11 @@ def main(argv: list[str]) -> int:
 
 
 #: With ``FEDPROTO_NETCHECK_FRAMES=1`` in the environment: every frame the meter counts, as
-#: ``[wall-clock s, "sent" or "received", round, phase, sender, receiver, tag]``, printed as one
-#: ``FRAMES [...]`` line on stderr after the run (the trace of ``network_model.py --trace``).
+#: ``[wall-clock s, "sent" or "received", round, phase, sender, receiver, tag]``, and every
+#: handler the machine runs (its ``start`` and each ``receive``), as ``[wall-clock s at its end,
+#: "handler", round, tag or "start", wall seconds, process CPU seconds]``, printed as one
+#: ``FRAMES [...]`` line on stderr after the run (for tracing where a run's time goes against the
+#: prediction's phases; the process CPU counts every thread of the process, JAX's included).
 FRAMES: list[list] = []
 
 
@@ -100,11 +103,32 @@ def _trace_meter() -> dict[str, float | None]:
                 return _original(self, round_idx, phase, sender, receiver, tag, *a, **k)
 
             setattr(meter, name, noted)
+        _time_handlers()
     wrap("start", "start")
     wrap("record_sent", "first_sent")
     wrap("record_received", "first_received")
     wrap("finish", "finish", first=False)
     return trace
+
+
+def _time_handlers() -> None:
+    """Wrap :class:`fedproto.machine.ProtocolMachine`'s ``start`` and ``receive`` to note each
+    handler's wall and process CPU time in :data:`FRAMES`."""
+    from fedproto.machine import ProtocolMachine
+
+    for name in ("start", "receive"):
+        original = getattr(ProtocolMachine, name)
+
+        def timed(self, *a, _original=original, **k):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return _original(self, *a, **k)
+            finally:
+                tag = getattr(a[1], "TAG", type(a[1]).__name__) if len(a) > 1 else "start"
+                FRAMES.append([time.time(), "handler", self.round_idx, str(tag), time.perf_counter() - wall,
+                               time.process_time() - cpu])
+
+        setattr(ProtocolMachine, name, timed)
 
 
 if __name__ == "__main__":

@@ -9,35 +9,46 @@ What it measures
   measured``, the report's ``prediction.wall_time_s``, with ``NET.json`` the deployment the
   measured side runs on: ``{"topology": "star", "default": {"latency_s": L,
   "bandwidth_bytes_per_s": null}, "hosts": {"vm": {"cores": C, "parties": "*"}}, "per_frame_s":
-  F, "compile": "per_party"}``: every party on this machine's C cores (``os.cpu_count()``), F the
-  per-frame cost measured here (below), and every party's process paying its own kernels'
-  compilation or cache loading (as the lean process measured it for the first party that ran
-  each kernel), and a client's connection able to carry its first frame only after
-  ``connect_trips`` = 3 one-way latencies (:data:`CONNECT_TRIPS`: what remains of TCP, TLS 1.3
-  and fedproto's hello in this harness, where the relay ends TCP locally and the hub starts
-  last with the clients' ClientHellos waiting). One unused lean run first fills JAX's persistent compile cache, so both sides
-  load compiled kernels instead of compiling; then the median prediction of 3 lean runs (measured
-  compute varies with whatever else the cores run);
+  F, "compile": "per_party", "first_kernel_s": K, "connect_trips": 3}``: every party on this
+  machine's C cores (``os.cpu_count()``); F and K this machine's figures, measured first (below);
+  every party's process paying its own kernels' compilation or cache loading (as the lean
+  process measured it for the first party that ran each kernel) and its first kernel's one-time
+  set-up; and a client's connection able to carry its first frame only after ``connect_trips``
+  = 3 one-way latencies (:data:`CONNECT_TRIPS`: what remains of TCP, TLS 1.3 and fedproto's
+  hello in this harness, where the relay ends TCP locally and the hub starts last with the
+  clients' ClientHellos waiting). One unused lean run first fills JAX's persistent compile
+  cache, so both sides load compiled kernels instead of compiling; then the median prediction
+  of :data:`PREDICTION_RUNS` lean runs (measured compute, compilation above all, varies from
+  run to run by tens of percent here);
 * ``measured s``: the same run as 11 TLS parties, one process each, each in its own network
   namespace, every client-hub link through a user-space relay that delays every chunk by L each
   way (``benchmarks/_netns_star.py``, ``benchmarks/_delay_relay.py``; this kernel has no ``tc
   netem``); the parties are started warm (imports done) and let go together
   (``benchmarks/_party_at_go.py``). One unmeasured run of each protocol (at the first latency)
-  comes first, to fill the persistent compile cache for the parties' own kernels. The measured
-  span is **from the last party's start** (its meter's start) **to the last party's finish**:
-  the span the model predicts, where every party starts at 0. What it leaves out is printed
-  beside it: the merged report's ``wall_time_s`` (the longest party run) and the start skew
-  (first to last meter start after "go": eleven command lines starting on the same cores);
+  comes first, to fill the persistent compile cache for the parties' own kernels; then the
+  median of :data:`MEASURED_RUNS` runs. The measured span is **from the last party's start**
+  (its meter's start) **to the last party's finish**: the span the model predicts, where every
+  party starts at 0. What it leaves out is printed beside it: the merged report's
+  ``wall_time_s`` (the longest party run) and the start skew (first to last meter start after
+  "go": eleven command lines starting on the same cores);
 * ``ratio`` = predicted / measured and whether it is within 15% (0.85 to 1.15).
 
-**The per-frame cost** ``F`` is measured before the check, independently of it: the full-runtime
-round trip of ``benchmarks/tcp_rate.py`` (:func:`tcp_rate.runtime_round_trips`: a ping and a pong
-machine under :func:`fedproto.runtime.run_parties`, a 24 B payload) over two TLS endpoints of a
-loopback star (``open_tcp_network(..., tls=..., topology="star")``), best of 3 runs of 2,000 round
-trips, divided by 4: a round trip is two frames, and each costs its sender and its receiver. It
-includes the codec's encoding and decoding of a 24 B frame (microseconds), which the lean run
-measures as compute too. The relay process's own CPU (a user-space copy of every chunk, on the
-same cores) is not modelled.
+**The machine's figures**, measured before the check, with other protocols than the check's
+(nothing is fitted to the check's own times):
+
+* the per-frame cost ``F`` (:func:`_frame_cost.deployment_per_frame_s`): the full-runtime round
+  trip of a ping and a pong machine (``tcp_rate.py``'s, a 24 B payload) between two party
+  processes in two namespaces, the client's link through the relay at 0 ms, best of 3 runs of
+  2,000 round trips, divided by 4 (a round trip is two frames, each charged at its sender and
+  its receiver). It holds what a frame costs on the measured side's path: TLS, the runtime, the
+  relay's two threads and sockets and the processes' wake-ups, all on the same cores. The
+  same figure over a loopback TLS star in one process (:func:`measure_per_frame_s`, without the
+  relay and the wake-ups; the model's figure where namespaces cannot be made) is printed beside
+  it. Both include the codec's encoding and decoding of a 24 B frame (microseconds), which the
+  lean run measures as compute too;
+* a process's first kernel ``K`` (:func:`measure_first_kernel_s`): in a fresh process set up as
+  ``fedproto party`` sets it up, the first call of a trivial jitted kernel less the first call of
+  a second one, both loaded from the persistent compile cache; the median of 5 processes.
 
 A second table says where the time goes: round 0 (key agreement and the first update, with the
 kernels' first compilation or cache load) and the steady rounds (median of the middle rounds),
@@ -75,11 +86,12 @@ the hub listens on the roster's address) and the relay at 0 ms, both against the
 against eleven).
 
 With ``FEDPROTO_NETCHECK_FRAMES=1`` in the environment the measured parties also note every
-frame's send and receive time (:mod:`_party_at_go`; :attr:`_netns_star.TcpRun.frames`), for
-tracing where a run's time goes against the prediction's phases.
+frame's send and receive time and every handler's wall and CPU time (:mod:`_party_at_go`;
+:attr:`_netns_star.TcpRun.frames`), for tracing where a run's time goes against the
+prediction's phases.
 
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
-``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``predicted_s``, ``measured_s``
+``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``first_kernel_s``, ``predicted_s``, ``measured_s``
 (``null`` where it could not be measured, as every ``measured_*``; from the last party's start),
 ``ratio``, ``within_15_percent``, ``latency_hops``, ``predicted_compute_s``, ``predicted_round0_s``,
 ``predicted_steady_round_ms``, ``measured_start_skew_s``, ``measured_merged_wall_s``,
@@ -113,6 +125,7 @@ from _common import (
     record,
     write_records,
 )
+from _frame_cost import deployment_per_frame_s
 from _netns_star import NetnsUnavailable, netns_unavailable_reason, run_tcp_star
 from fastlloyd_timing import timesynth
 from rich.table import Table
@@ -167,8 +180,12 @@ PAPER_ROWS: dict[tuple[str, int, int, int], float] = {
 QUICK_PAPER_ROWS = (("lsun", 400, 3, 2), ("s1", 5000, 15, 2), ("timesynth", 10_000, 5, 2))
 
 
-#: Lean runs per prediction of the check (after the unused warm-up run); the median is used.
-PREDICTION_RUNS = 3
+#: Lean runs per prediction of the check (after the unused warm-up run), and measured TCP runs
+#: per row (after the warm-up run of its protocol); the median of each is used.
+PREDICTION_RUNS = 5
+MEASURED_RUNS = 3
+#: The same with ``--quick``.
+QUICK_RUNS = (3, 1)
 
 
 def predict(argv: list[str], network: str, workdir: Path, *, warm: bool = False, runs: int = 1) -> dict[str, Any]:
@@ -235,14 +252,50 @@ def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRA
 CONNECT_TRIPS = 3
 
 
+#: A fresh process's first two kernels (see :func:`measure_first_kernel_s`): JAX set up as
+#: ``fedproto party`` sets it up, then two trivial kernels, each timed over its first call.
+_FIRST_KERNEL_SCRIPT = """
+import time
+import fedproto.algorithms
+from fedproto.compilation import enable_compile_cache, select_device
+import jax
+select_device("auto")
+enable_compile_cache()
+x = jax.device_put(1.0)
+first, second = jax.jit(lambda v: v + 1.0), jax.jit(lambda v: v * 2.0 - 1.0)
+began = time.perf_counter(); first(x).block_until_ready(); a = time.perf_counter() - began
+began = time.perf_counter(); second(x).block_until_ready(); b = time.perf_counter() - began
+print(repr(a - b))
+"""
+#: Fresh processes timed for the first-kernel cost (after one that fills the compile cache).
+FIRST_KERNEL_RUNS = 5
+
+
+def measure_first_kernel_s(runs: int = FIRST_KERNEL_RUNS) -> float:
+    """A fresh process's one-time cost of its first JAX kernel on this machine (seconds): the
+    first call of a trivial kernel less the first call of a second trivial kernel in the same
+    process, both loaded from the persistent compile cache (one process first fills it), the
+    median over ``runs`` processes. Measured apart from the check (no protocol runs)."""
+    def once() -> float:
+        done = subprocess.run([sys.executable, "-c", _FIRST_KERNEL_SCRIPT], check=False, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"the first-kernel measurement failed: {done.stderr.strip()[-1000:]}")
+        return float(done.stdout.strip().splitlines()[-1])
+
+    once()
+    return max(statistics.median(once() for _ in range(runs)), 0.0)
+
+
 def star_network(path: Path, latency_s: float, *, cores: int | None = None, per_frame_s: float = 0.0,
-                 connect_trips: int = CONNECT_TRIPS) -> str:
+                 first_kernel_s: float = 0.0, connect_trips: int = CONNECT_TRIPS) -> str:
     """Write the star link file of one latency, every party on one host of ``cores`` cores (a
     host each when ``None``), the per-frame cost, every party compiling its own kernels (as
-    the measured parties, one process each, do) and ``connect_trips`` one-way trips of
-    connection set-up; returns its path."""
+    the measured parties, one process each, do) and paying its process's first kernel, and
+    ``connect_trips`` one-way trips of connection set-up; returns its path."""
     doc: dict[str, Any] = {"topology": "star", "default": {"latency_s": latency_s, "bandwidth_bytes_per_s": None},
-                           "per_frame_s": per_frame_s, "compile": "per_party", "connect_trips": connect_trips}
+                           "per_frame_s": per_frame_s, "compile": "per_party", "first_kernel_s": first_kernel_s,
+                           "connect_trips": connect_trips}
     if cores is not None:
         doc["hosts"] = {"vm": {"cores": cores, "parties": "*"}}
     path.write_text(json.dumps(doc) + "\n")
@@ -273,23 +326,62 @@ def measured_span(run: Any) -> float:
     return max(ends) - max(starts)
 
 
-def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, per_frame_s: float,
-            relay: bool = True) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """This machine's figures the model is given, measured before the check and apart from it:
+    the per-frame cost (seconds, :func:`_frame_cost.deployment_per_frame_s`) and a process's
+    first kernel (seconds, :func:`measure_first_kernel_s`)."""
+
+    per_frame_s: float
+    first_kernel_s: float
+
+
+def median_run(case: Case, clients: int, latency_s: float | None, workdir: Path, runs: int = MEASURED_RUNS) -> Any:
+    """The run of median measured span among ``runs`` TCP runs of ``case`` (:func:`run_tcp_star`;
+    ``latency_s`` ``None``: no relay), each in its own directory under ``workdir``.
+
+    Raises:
+        NetnsUnavailable: namespaces cannot be made here.
+        RuntimeError: a run failed.
+    """
+    done = []
+    for i in range(runs):
+        (workdir / f"tcp{i}").mkdir()
+        done.append(run_tcp_star(case.protocol, data=case.data, clients=clients, options=case.options,
+                                 split_options=case.split_options, latency_s=latency_s, workdir=workdir / f"tcp{i}"))
+    done.sort(key=measured_span)
+    return done[(len(done) - 1) // 2]
+
+
+def measure_costs() -> tuple[Costs, float, str]:
+    """The machine's figures for the model (see :class:`Costs`), the loopback per-frame figure
+    (seconds) and which path the model's per-frame figure was measured on: the check's own path
+    through namespaces and the relay where namespaces can be made, else the loopback star."""
+    loopback = measure_per_frame_s()
+    per_frame, path = loopback, "the loopback figure (no namespaces here)"
+    if netns_unavailable_reason() is None:
+        per_frame = deployment_per_frame_s(FRAME_ROUND_TRIPS, FRAME_REPEATS)
+        path = ("two party processes in two namespaces, the client's link through the relay at 0 ms: the measured "
+                "side's path, with a ping-pong protocol")
+    return Costs(per_frame, measure_first_kernel_s()), loopback, path
+
+
+def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, costs: Costs,
+            relay: bool = True, runs: tuple[int, int] = (PREDICTION_RUNS, MEASURED_RUNS)) -> dict[str, Any]:
     """Predict and (unless ``skip`` says why not) measure ``case`` with ``clients`` clients at one
-    latency; ``relay=False`` (latency 0 only): the hub listens itself, no relay (a profile)."""
+    latency, the median of ``runs`` = (lean runs, TCP runs); ``relay=False`` (latency 0 only): the
+    hub listens itself, no relay (a profile)."""
     latency_s = latency_ms / 1000
     with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
         work = Path(tmp)
-        network = star_network(work / "net.json", latency_s, cores=CORES, per_frame_s=per_frame_s)
+        network = star_network(work / "net.json", latency_s, cores=CORES, per_frame_s=costs.per_frame_s,
+                               first_kernel_s=costs.first_kernel_s)
         argv = [case.protocol, "--data", case.data, "--clients", str(clients), *case.split_options, *case.options]
-        lean = predict(argv, network, work, warm=True, runs=PREDICTION_RUNS)
+        lean = predict(argv, network, work, warm=True, runs=runs[0])
         run = None
         if skip is None:
-            (work / "tcp").mkdir()
             try:
-                run = run_tcp_star(case.protocol, data=case.data, clients=clients, options=case.options,
-                                   split_options=case.split_options, latency_s=latency_s if relay else None,
-                                   workdir=work / "tcp")
+                run = median_run(case, clients, latency_s if relay else None, work, runs[1])
             except NetnsUnavailable as exc:
                 skip = str(exc)
     prediction = lean["prediction"]
@@ -297,7 +389,7 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, pe
     rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
     row = dict(
         protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
-        cores=CORES, per_frame_s=per_frame_s,
+        cores=CORES, per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s,
         predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
         latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
         predicted_round0_s=rounds[0] if rounds else None,
@@ -326,9 +418,10 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, pe
     return row
 
 
-def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], per_frame_s: float) -> list[dict[str, Any]]:
-    """Predict and measure every case at every latency, after one warm-up TCP run of each case
-    (see the module docstring)."""
+def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], costs: Costs,
+               runs: tuple[int, int] = (PREDICTION_RUNS, MEASURED_RUNS)) -> list[dict[str, Any]]:
+    """Predict and measure every case at every latency (medians of ``runs`` = (lean runs, TCP
+    runs)), after one warm-up TCP run of each case (see the module docstring)."""
     rows: list[dict[str, Any]] = []
     skip = netns_unavailable_reason()
     for case in cases:
@@ -338,19 +431,19 @@ def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], per_fra
             except NetnsUnavailable as exc:
                 skip = str(exc)
         for latency_ms in latencies_ms:
-            rows.append(one_row(case, CLIENTS, latency_ms, skip, per_frame_s=per_frame_s))
+            rows.append(one_row(case, CLIENTS, latency_ms, skip, costs=costs, runs=runs))
             skip = rows[-1]["not_measured"]
     return rows
 
 
-def profile_rows(per_frame_s: float) -> list[dict[str, Any]]:
+def profile_rows(costs: Costs) -> list[dict[str, Any]]:
     """FastLloyd on S1 (``--profile``): without the relay, the relay at 0 ms, 2 clients at 1 ms."""
     skip = netns_unavailable_reason()
     case = CASES[0]
-    return [one_row(case, CLIENTS, 0.0, skip, per_frame_s=per_frame_s, relay=False),
-            one_row(case, CLIENTS, 0.0, skip, per_frame_s=per_frame_s),
-            one_row(case, 2, 1.0, skip, per_frame_s=per_frame_s),
-            one_row(case, CLIENTS, 1.0, skip, per_frame_s=per_frame_s)]
+    return [one_row(case, CLIENTS, 0.0, skip, costs=costs, relay=False),
+            one_row(case, CLIENTS, 0.0, skip, costs=costs),
+            one_row(case, 2, 1.0, skip, costs=costs),
+            one_row(case, CLIENTS, 1.0, skip, costs=costs)]
 
 
 def paper_rows(keys: tuple[tuple[str, int, int, int], ...]) -> list[dict[str, Any]]:
@@ -416,17 +509,24 @@ def main(argv: list[str] | None = None) -> int:
         "clients": CLIENTS, "latencies (one way, each client-hub link)": ", ".join(f"{x:g} ms" for x in LATENCIES_MS),
         "measured side": netns_unavailable_reason() or "TLS parties in network namespaces, delaying relay",
     })
-    per_frame_s = measure_per_frame_s()
+    costs, loopback_per_frame_s, path = measure_costs()
+    runs = QUICK_RUNS if args.quick else (PREDICTION_RUNS, MEASURED_RUNS)
     console.print(f"connection set-up: {CONNECT_TRIPS} one-way latencies before a client's first frame (TLS 1.3 "
                   "server flight, client Finished + fedproto hello, hub ok; the relay ends TCP locally and the "
                   "hub starts last)", highlight=False)
-    console.print(f"per-frame cost, measured here: {1e6 * per_frame_s:.1f} us (the best full-runtime round trip of "
-                  f"a 24 B payload over a loopback TLS star, {FRAME_REPEATS} runs of {FRAME_ROUND_TRIPS:,}, over 4); "
+    console.print(f"per-frame cost, measured here: {1e6 * costs.per_frame_s:.1f} us, used by the model (the best "
+                  f"full-runtime round trip of a 24 B payload, {FRAME_REPEATS} runs of {FRAME_ROUND_TRIPS:,}, over 4, "
+                  f"on {path}); the same over a loopback TLS star in one process: {1e6 * loopback_per_frame_s:.1f} us; "
                   f"hosts: every party on this machine's {CORES} cores", highlight=False)
-    console.print("measured = from the last party's meter start to the last finish (the start skew and the merged "
-                  "wall time it leaves out are in the second table); warm-up: one unmeasured TCP run per protocol "
+    console.print(f"a process's first kernel, measured here: {1e3 * costs.first_kernel_s:.1f} ms (a trivial kernel's "
+                  "first call less a second one's, in a fresh process set up as fedproto party sets it up, the "
+                  f"median of {FIRST_KERNEL_RUNS} processes), charged once per party that runs a kernel",
+                  highlight=False)
+    console.print(f"measured = the median of {runs[1]} TCP run(s), each from the last party's meter start to the "
+                  "last finish (the start skew and the merged wall time it leaves out are in the second table); "
+                  f"predicted = the median of {runs[0]} lean runs; warm-up: one unmeasured TCP run per protocol "
                   "and one unused lean run per prediction (persistent compile cache)", highlight=False)
-    check = check_rows(cases, LATENCIES_MS, per_frame_s)
+    check = check_rows(cases, LATENCIES_MS, costs, runs)
     table = Table(title=TITLE, title_justify="left")
     for column in ("protocol", "data", "latency", "hops", "predicted s", "measured s", "ratio", "within 15%"):
         table.add_column(column, justify="left" if column in ("protocol", "data") else "right")
@@ -438,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     print_split(console, SPLIT_TITLE, check)
     if any(row["not_measured"] for row in check):
         console.print(f"not measured: {check[0]['not_measured']}", highlight=False)
-    profile = profile_rows(per_frame_s) if args.profile else []
+    profile = profile_rows(costs) if args.profile else []
     if profile:
         print_split(console, PROFILE_TITLE, profile)
 

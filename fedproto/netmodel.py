@@ -49,6 +49,13 @@ The model:
   seen for that key, less what its own measured time already holds (a broadcast batch's compile
   counts whole for each receiver: each process would compile its own). With fixed compute
   nothing is added.
+* **A process's first kernel** (``first_kernel_s``, 0 by default; only with ``compile``
+  ``"per_party"`` and measured compute): CPU seconds a fresh process spends on its first JAX
+  kernel beyond that kernel's own compile events (JAX's one-time set-up of its tracing, lowering
+  and dispatch machinery), which the lean process paid once, before or outside the handlers it
+  measures. Each party is charged it once, on its first handler of a key with compile seconds
+  above 0. A figure for the machine, measured apart from any run (``benchmarks/network_model.py``:
+  a trivial kernel's first call in a fresh process less a second trivial kernel's first call).
 * **Connection set-up** (``connect_trips``, 0 by default): a link carries no frame before
   ``connect_trips`` of its one-way latencies have passed since the run's start (time 0): a frame
   entering it earlier starts transmitting then. It stands for the round trips a connection needs
@@ -145,7 +152,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 _LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s")
-_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile", "connect_trips")
+_TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile", "first_kernel_s",
+             "connect_trips")
 #: What a model file's ``compile`` may say (see the module docstring).
 COMPILE_MODES = ("once", "per_party")
 _HOST_KEYS = ("cores", "parties")
@@ -192,6 +200,8 @@ class LinkModel:
             twice for a frame it forwards), see the module docstring.
         compile: ``"once"`` (the lean process's compilation as measured) or ``"per_party"``
             (every party's process compiles its own kernels), see the module docstring.
+        first_kernel_s: CPU seconds a party's process spends on its first JAX kernel beyond its
+            compile events (>= 0; charged with ``"per_party"`` compilation), see the module docstring.
         connect_trips: one-way latencies of connection set-up before a link's first frame may
             leave (a whole number >= 0), see the module docstring.
     """
@@ -204,6 +214,7 @@ class LinkModel:
     hosts: Mapping[str, Host] = dataclasses.field(default_factory=dict)
     per_frame_s: float = 0.0
     compile: str = "once"
+    first_kernel_s: float = 0.0
     connect_trips: int = 0
 
     @classmethod
@@ -223,8 +234,8 @@ class LinkModel:
 
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
         B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
-        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party", "connect_trips":
-        n}``, every
+        {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party", "first_kernel_s":
+        s, "connect_trips": n}``, every
         key optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited; a host's
         ``parties`` is a list of names or ``"*"`` (every party no other host names; at most one
         host says so).
@@ -266,7 +277,7 @@ class LinkModel:
         Raises:
             ValueError: an unknown key, a wrong type, a negative latency or a non-positive bandwidth,
                 a host without a whole number of cores >= 1, a party on two hosts, two hosts of
-                ``"*"``, a negative ``per_frame_s``, a ``connect_trips`` that is not a whole
+                ``"*"``, a negative ``per_frame_s`` or ``first_kernel_s``, a ``connect_trips`` that is not a whole
                 number >= 0 (the message names the key, e.g.
                 ``links.server->client-0.latency_s``).
         """
@@ -291,10 +302,8 @@ class LinkModel:
                 raise ValueError(f"{where}: links.{key}: a link is named SENDER->RECEIVER")
             links[(sender.strip(), receiver.strip())] = _link_entry(entry, f"{where}: links.{key}")
         hosts = _hosts(data.get("hosts", {}), f"{where}: hosts")
-        per_frame = data.get("per_frame_s", 0.0)
-        if isinstance(per_frame, bool) or not isinstance(per_frame, int | float) or not math.isfinite(per_frame) \
-                or per_frame < 0:
-            raise ValueError(f"{where}: per_frame_s: expected a finite number of seconds >= 0, got {per_frame!r}")
+        per_frame = _seconds(data.get("per_frame_s", 0.0), f"{where}: per_frame_s")
+        first_kernel = _seconds(data.get("first_kernel_s", 0.0), f"{where}: first_kernel_s")
         compile_mode = data.get("compile", "once")
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"{where}: compile must be once or per_party, got {compile_mode!r}")
@@ -310,6 +319,7 @@ class LinkModel:
             hosts=hosts,
             per_frame_s=float(per_frame),
             compile=compile_mode,
+            first_kernel_s=float(first_kernel),
             connect_trips=trips,
         )
 
@@ -352,8 +362,15 @@ class LinkModel:
             "hosts": {h: host.to_dict() for h, host in self.hosts.items()},
             "per_frame_s": self.per_frame_s,
             "compile": self.compile,
+            "first_kernel_s": self.first_kernel_s,
             "connect_trips": self.connect_trips,
         }
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: expected a finite number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _table(value: Any, where: str) -> Mapping[str, Any]:
@@ -473,6 +490,8 @@ class LinkSimulator:
         self.compile_per_party = model.compile == "per_party"
         self._kernel_s: dict[Any, float] = {}  # kernel key -> the largest compile seconds seen
         self._paid: set[tuple[str, Any]] = set()  # (party, kernel key) already charged
+        self.first_kernel_s = model.first_kernel_s
+        self._started: set[str] = set()  # parties already charged their process's first kernel
         placement = model.placement(self.parties)
         self._host = {party: host for party, (host, _) in placement.items()}
         # per host: a heap of (free time, core number, the handler that last held it)
@@ -544,6 +563,9 @@ class LinkSimulator:
             if (party, key) not in self._paid:
                 self._paid.add((party, key))
                 compute += max(self._kernel_s[key] - included, 0.0)
+            if self._kernel_s[key] > 0.0 and party not in self._started:
+                self._started.add(party)
+                compute += self.first_kernel_s
         compute += self.per_frame_s * (frames_out + (1 if trigger >= 0 else 0))
         return self._run(party, round_idx, ready_s, compute, trigger)
 

@@ -64,9 +64,10 @@ SMOKE_ARGS: dict[str, list[str]] = {"secagg.py": ["--clients", "20", "50"], "kz_
 #: Scripts whose quick run is mostly JAX compilation (7-12 s each on a shared 2-core machine, which
 #: would take the default run of this file past a minute), transport_rounds (it starts three
 #: MPI ranks that each import JAX), startup (three fresh ``fedproto run`` processes, about
-#: 15 s), scale (three fresh processes, each importing JAX) and network_model (five fresh lean
-#: runs and, as root, two namespaced federations of eleven processes: about 90 s): run with
-#: ``-m slow``.
+#: 15 s), scale (three fresh processes, each importing JAX) and network_model (as root, the
+#: per-frame cost between two namespaced processes, six fresh processes timing a first kernel,
+#: eight fresh lean runs and three namespaced federations of eleven processes: about 100 s): run
+#: with ``-m slow``.
 SLOW = {"deletion_streams.py", "mufc_unlearning.py", "transport_rounds.py", "startup.py", "scale.py",
         "network_model.py"}
 

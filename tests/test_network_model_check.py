@@ -7,12 +7,11 @@
 * slow, root only: FastLloyd on S1 with 10 clients as TLS parties in network namespaces whose
   client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``), after one
   unmeasured run that fills the compile cache: the lean engine's predicted wall time
-  (``--network`` with the same link, every party on this machine's cores, the per-frame cost
-  measured here as ``benchmarks/network_model.py`` does, ``--compute measured``, after an unused
-  lean run) is within 15% of the measured span (the last party's start to the last finish).
-  Skipped where namespaces cannot be made. It does not hold yet on this 2-core machine (strict
-  ``xfail`` with the figures, so that it fails once the model closes the gap and the marker must
-  go; only an ``AssertionError`` counts as the expected miss).
+  (``--network`` with the same link, every party on this machine's cores, this machine's
+  per-frame cost and first-kernel cost measured as ``benchmarks/network_model.py`` does,
+  ``--compute measured``, the median of its lean runs after an unused one) is within 15% of the
+  measured span (the last party's start to the last finish; the median of three TCP runs).
+  Skipped where namespaces cannot be made.
 """
 
 from __future__ import annotations
@@ -114,18 +113,7 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
     assert threading.active_count() == threads_before
 
 
-@pytest.mark.slow  # two runs of eleven processes starting JAX, then four lean runs: about 2 minutes
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # a broken harness is an error, not the expected miss
-    reason="issue 31: with hosts (2 cores), the measured per-frame cost, per-party compilation, the span from the "
-    "last party's start and 3 one-way trips of connection set-up (connect_trips), one full run put FastLloyd at "
-    "0.961 (1 ms) and 0.830 (25 ms), MUFC at 0.843 (1 ms) and 0.971 (25 ms): FastLloyd at 25 ms stays short by "
-    "costs that do not grow with latency (a per-frame trace: about 0.1 s of CPU in the set-up phases, the hub's ten "
-    "TLS handshakes and first frames, at 1 ms as at 25 ms, and steady rounds 6 ms longer, 64.2 against 58.1 ms); "
-    "a --quick run after it: FastLloyd 0.62 (1 ms) and 0.81 (25 ms); this slow test's own run: 0.787; "
-    "see benchmarks/network_model.py",
-)
+@pytest.mark.slow  # four runs of eleven processes starting JAX, then six lean runs: about 2 minutes
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
     reason = netns_star.netns_unavailable_reason()
@@ -135,19 +123,16 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     case = network_model.CASES[0]
     assert (case.protocol, case.data) == ("fastlloyd", "s1")
     latency_s = 0.025
-    (tmp_path / "tcp").mkdir()
-    per_frame_s = network_model.measure_per_frame_s()
     try:
+        costs, _, _ = network_model.measure_costs()
         network_model.warm_up(case, 10, 1000 * latency_s)
-        run = netns_star.run_tcp_star(case.protocol, data=case.data, clients=10, options=case.options,
-                                      split_options=case.split_options, latency_s=latency_s,
-                                      workdir=tmp_path / "tcp")
+        run = network_model.median_run(case, 10, latency_s, tmp_path)
     except netns_star.NetnsUnavailable as exc:
         pytest.skip(str(exc))
     assert run.report.status == "completed" and len(run.parties) == 11
     assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
     network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
-                                         per_frame_s=per_frame_s)
+                                         per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s)
     argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
     lean = network_model.predict(argv, network, tmp_path, warm=True, runs=network_model.PREDICTION_RUNS)
     assert lean["messages"] == run.report.messages  # the same run, frame for frame

@@ -252,6 +252,33 @@ def test_per_party_compilation_charges_each_partys_first_handler_of_a_kernel_wha
     assert (once.clock["b"], fixed.clock["b"]) == (pytest.approx(0.1), 0.001)
 
 
+def test_a_processs_first_kernel_is_charged_once_per_party_on_its_first_compiling_handler():
+    model = LinkModel.from_mapping({"topology": "mesh", "compile": "per_party", "first_kernel_s": 0.05})
+    assert model.to_dict()["first_kernel_s"] == 0.05 and LinkModel().first_kernel_s == 0.0
+    sim = LinkSimulator(model, ["s", "a", "b"])
+    query, plain = ("Worker", 0, "query"), ("Worker", 0, "hello")
+    # a handler of a key no process compiles anything for: no first kernel
+    sim.handled("a", 0, 0.0, 0.01, kernels=(plain, 0.0, 0.0))
+    assert sim.clock["a"] == pytest.approx(0.01)
+    # a compiles (0.2 s of its 0.3 s) and pays its first kernel: 0.01 + 0.3 + 0.05
+    sim.handled("a", 0, 0.0, 0.3, kernels=(query, 0.2, 0.2))
+    assert sim.clock["a"] == pytest.approx(0.36)
+    # b runs the key compiled in the lean process: the compile (0.2) and its own first kernel
+    sim.handled("b", 0, 0.0, 0.1, kernels=(query, 0.0, 0.0))
+    assert sim.clock["b"] == pytest.approx(0.35)
+    # once per party: another kernel of a and b pays its compile only
+    other = ("Worker", 1, "query")
+    sim.handled("a", 1, 0.0, 0.2, kernels=(other, 0.1, 0.1))
+    sim.handled("b", 1, 0.0, 0.1, kernels=(other, 0.0, 0.0))
+    assert (sim.clock["a"], sim.clock["b"]) == (pytest.approx(0.56), pytest.approx(0.55))
+    # compiled once, or fixed compute: not charged
+    once = LinkSimulator(LinkModel.from_mapping({"topology": "mesh", "first_kernel_s": 0.05}), ["s", "b"])
+    once.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.2))
+    fixed = LinkSimulator(model, ["s", "b"], compute_s=0.001)
+    fixed.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.2))
+    assert (once.clock["b"], fixed.clock["b"]) == (pytest.approx(0.1), 0.001)
+
+
 # --- models and their files --------------------------------------------------------------------------
 
 
@@ -300,6 +327,8 @@ def test_presets_and_files(tmp_path):
         ({"hosts": {"x": {"parties": "a"}}}, "hosts.x.parties: expected a list of party names"),
         ({"hosts": {"x": {"ram": 4}}}, "hosts.x: unknown key 'ram'"),
         ({"per_frame_s": -0.001}, "per_frame_s: expected a finite number of seconds >= 0"),
+        ({"first_kernel_s": -1}, "first_kernel_s: expected a finite number of seconds >= 0"),
+        ({"first_kernel_s": "0.1"}, "first_kernel_s: expected a finite number of seconds >= 0"),
         ({"compile": "twice"}, "compile must be once or per_party"),
         ({"connect_trips": -1}, "connect_trips: expected a whole number >= 0"),
         ({"connect_trips": 2.5}, "connect_trips: expected a whole number >= 0"),
