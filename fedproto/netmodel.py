@@ -46,9 +46,8 @@ The model:
   measured compute, the engine reports each handler's compile seconds (JAX's own compile events,
   :func:`fedproto.compilation.compile_seconds`) under a key (the machine's class, the round, and
   what triggered it); a party's first handler of a key is charged the largest compile seconds
-  seen for that key, less what its own measured time already holds (a broadcast batch's compile
-  counts whole for each receiver: each process would compile its own). With fixed compute
-  nothing is added.
+  seen for that key, less what its own measured time already holds. With fixed compute nothing
+  is added.
 * **A process's first kernel** (``first_kernel_s``, 0 by default; only with ``compile``
   ``"per_party"`` and measured compute): CPU seconds a fresh process spends on its first JAX
   kernel beyond that kernel's own compile events (JAX's one-time set-up of its tracing, lowering

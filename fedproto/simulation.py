@@ -28,7 +28,8 @@ can host 10^5 to 10^6 clients:
   it through that class's :meth:`~fedproto.machine.ProtocolMachine.receive_batch` (by default one
   ``receive`` each), where a role may compute what its receivers share, or what vectorises
   across them, once (FastLloyd's clients: the next centroids and every client's statistics in one
-  NumPy pass). ``batch=False`` turns it off.
+  NumPy pass). ``batch=False`` turns it off, as does a link model with measured compute (each
+  receiver's own handler is timed).
 * **A link model** (``network=``, :mod:`fedproto.netmodel`) predicts the run's wall time between
   real sites: frames are then delivered in the order they would arrive over the modelled links
   (deterministic for a given compute trace), deadlines fire on the model's clock, and the
@@ -146,7 +147,8 @@ def simulate(
         batch: hand a broadcast to consecutive receivers of one class through their class's
             :meth:`~fedproto.machine.ProtocolMachine.receive_batch` (one call for all of them);
             ``False`` calls each machine's ``receive`` (the results must be the same: a test of a
-            role's batching).
+            role's batching). With ``network`` and measured compute broadcasts are never
+            batched: each receiver's own ``receive`` is timed, as its own process would run it.
         pause_gc: pause Python's cyclic garbage collector during the run and restore it after,
             however the run ends. Machines, messages and frames are freed by reference counting;
             what the collector would do is scan the run's long-lived objects (10^5 to 10^6
@@ -158,8 +160,8 @@ def simulate(
             ``None`` (the default) models nothing and delivers first in, first out. Results,
             frames and bytes are the same either way.
         compute: with ``network``, each handler's compute time: ``"measured"`` (its
-            ``time.perf_counter`` span here, a broadcast batch's split evenly among its
-            receivers) or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions); see
+            ``time.perf_counter`` span here, each receiver of a broadcast handling it alone)
+            or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions); see
             :func:`fedproto.netmodel.parse_compute`.
         shards: spread the run over MPI ranks (:class:`fedproto.shards.Shards`, every rank
             calling ``simulate`` with it): ``machines`` are then this rank's parties
@@ -197,6 +199,9 @@ def simulate(
         gc.disable()
     try:
         if network is not None:
+            # measured compute times each receiver's own handler: a batch's shared pass is a
+            # simulation's shortcut that no party process of a deployment takes
+            batch = batch and compute_s is not None
             return _simulate_linked(machines, config, meter, observer, batch, network, compute_s)
         return _simulate(machines, config, meter, observer, batch, shards)
     finally:
@@ -528,8 +533,9 @@ def _simulate_linked(
                 sends = encoded(machine, outgoing)
                 spent = item.decode_s + share + clock() - began
                 own_kernel_s = compiled() - kernel_began
-                # a batch's compilation counts whole for each receiver (its own process would
-                # compile it); what its measured time holds is its share
+                # a batch's compilation would count whole for each receiver (its own process
+                # would compile it) and its share in the measured time; batches run only with
+                # fixed compute, which charges no compilation
                 kernels = ((type(machine).__name__, envelope.round_idx, envelope.tag),
                            batch_kernel_s + own_kernel_s, batch_kernel_s / len(run) + own_kernel_s)
                 handler = sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery,

@@ -294,3 +294,32 @@ def test_a_broadcast_in_slices_of_receivers_gives_what_one_batch_gives(monkeypat
     sliced = simulate(fastlloyd(30, iterations=3), config=RuntimeConfig(session=SESSION), meter=sliced_meter)
     assert calls and max(calls) == 7 and 30 % 7 in calls
     assert_same_fastlloyd_runs(sliced_meter, sliced, whole_meter, whole)
+
+
+def test_a_link_model_with_measured_compute_times_each_receivers_own_handler(monkeypatch):
+    """With a link model and measured compute no broadcast is batched (each receiver's own
+    ``receive`` is what its own process would run and time); with fixed compute batching stays;
+    either way the run is the one without a model."""
+    from fedproto.netmodel import LinkModel
+
+    calls: list[int] = []
+    receive_batch = FastLloydClient.receive_batch.__func__
+
+    def counting(cls, machines, sender, message, *, round_idx=None):
+        calls.append(len(machines))
+        return receive_batch(cls, machines, sender, message, round_idx=round_idx)
+
+    monkeypatch.setattr(FastLloydClient, "receive_batch", classmethod(counting))
+    plain_meter, measured_meter, fixed_meter = Meter(), Meter(), Meter()
+    plain = simulate(fastlloyd(6, iterations=3), config=RuntimeConfig(session=SESSION), meter=plain_meter)
+    assert calls and max(calls) == 6
+    calls.clear()
+    model = LinkModel.preset("lan")
+    measured = simulate(fastlloyd(6, iterations=3), config=RuntimeConfig(session=SESSION), meter=measured_meter,
+                        network=model, compute="measured")
+    assert calls == []
+    assert_same_fastlloyd_runs(measured_meter, measured, plain_meter, plain)
+    fixed = simulate(fastlloyd(6, iterations=3), config=RuntimeConfig(session=SESSION), meter=fixed_meter,
+                     network=model, compute="fixed:0.001")
+    assert calls and max(calls) == 6
+    assert_same_fastlloyd_runs(fixed_meter, fixed, plain_meter, plain)
