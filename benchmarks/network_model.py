@@ -9,8 +9,9 @@ What it measures
   measured``, the report's ``prediction.wall_time_s``, with ``NET.json`` the deployment the
   measured side runs on: ``{"topology": "star", "default": {"latency_s": L,
   "bandwidth_bytes_per_s": null}, "hosts": {"vm": {"cores": C, "parties": "*"}}, "per_frame_s":
-  F, "compile": "per_party", "first_kernel_s": K, "connect_trips": 3}``: every party on this
-  machine's C cores (``os.cpu_count()``); F and K this machine's figures, measured first (below);
+  F, "compile": "per_party", "first_kernel_s": K, "connect_trips": 3, "connect_s": S}``: every
+  party on this machine's C cores (``os.cpu_count()``); F, K and S this machine's figures,
+  measured first (below);
   every party's process paying its own kernels' compilation or cache loading (as the lean
   process measured it for the first party that ran each kernel) and its first kernel's one-time
   set-up; and a client's connection able to carry its first frame only after ``connect_trips``
@@ -38,8 +39,8 @@ What it measures
 
 * the per-frame cost ``F`` (:func:`_frame_cost.deployment_per_frame_s`): the full-runtime round
   trip of a ping and a pong machine (``tcp_rate.py``'s, a 24 B payload) between two party
-  processes in two namespaces, the client's link through the relay at 0 ms, best of 3 runs of
-  2,000 round trips, divided by 4 (a round trip is two frames, each charged at its sender and
+  processes in two namespaces, the client's link through the relay at 0 ms, the median of 3 runs
+  of 2,000 round trips, divided by 4 (a round trip is two frames, each charged at its sender and
   its receiver). It holds what a frame costs on the measured side's path: TLS, the runtime, the
   relay's two threads and sockets and the processes' wake-ups, all on the same cores. The
   same figure over a loopback TLS star in one process (:func:`measure_per_frame_s`, without the
@@ -48,7 +49,11 @@ What it measures
   lean run measures as compute too;
 * a process's first kernel ``K`` (:func:`measure_first_kernel_s`): in a fresh process set up as
   ``fedproto party`` sets it up, the first call of a trivial jitted kernel less the first call of
-  a second one, both loaded from the persistent compile cache; the median of 5 processes.
+  a second one, both loaded from the persistent compile cache; the median of 5 processes;
+* a connection's set-up CPU at each end ``S`` (:func:`measure_connect_s`): TLS stars of two
+  endpoints opened in one process (both ends' TLS 1.3 handshakes and fedproto's hello) with one
+  round trip; the process CPU of one, less the round trip's four per-frame costs (the loopback
+  figure), halved; the median of 7.
 
 A second table says where the time goes: round 0 (key agreement and the first update, with the
 kernels' first compilation or cache load) and the steady rounds (median of the middle rounds),
@@ -91,11 +96,12 @@ frame's send and receive time and every handler's wall and CPU time (:mod:`_part
 prediction's phases.
 
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
-``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``first_kernel_s``, ``predicted_s``, ``measured_s``
-(``null`` where it could not be measured, as every ``measured_*``; from the last party's start),
-``ratio``, ``within_15_percent``, ``latency_hops``, ``predicted_compute_s``, ``predicted_round0_s``,
-``predicted_steady_round_ms``, ``measured_start_skew_s``, ``measured_merged_wall_s``,
-``measured_round0_s``, ``measured_steady_round_ms``, ``lean_compile_s``, ``tcp_compile_s``), with ``--profile`` table
+``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``first_kernel_s``, ``connect_s``,
+``predicted_s``, ``measured_s`` (``null`` where it could not be measured, as every
+``measured_*``; from the last party's start), ``ratio``, ``within_15_percent``, ``latency_hops``,
+``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
+``measured_start_skew_s``, ``measured_merged_wall_s``, ``measured_round0_s``,
+``measured_steady_round_ms``, ``lean_compile_s``, ``tcp_compile_s``), with ``--profile`` table
 ``network_model_profile`` (the same keys), and table ``network_model_paper``
 (``data_set``, ``n_points``, ``k``, ``d``, ``iterations``, ``predicted_ms_per_iteration``,
 ``paper_ms_per_iteration``, ``ratio``, ``predicted_steady_round_ms``, ``compile_s``).
@@ -111,6 +117,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,15 +294,47 @@ def measure_first_kernel_s(runs: int = FIRST_KERNEL_RUNS) -> float:
     return max(statistics.median(once() for _ in range(runs)), 0.0)
 
 
+#: Connections timed for the connection CPU (after two untimed ones).
+CONNECT_RUNS = 7
+
+
+def measure_connect_s(loopback_per_frame_s: float, runs: int = CONNECT_RUNS) -> float:
+    """The CPU seconds a connection's set-up costs each end on this machine: a TLS star of two
+    endpoints opened in this process (both ends' TLS 1.3 handshakes and fedproto's hello) with
+    one full-runtime round trip, closed; its process CPU, less the round trip's four per-frame
+    costs, halved; the median of ``runs`` (after two untimed ones). Measured apart from the check."""
+    array = payload_array(PAYLOAD_SHAPES["24 B"], seed=0)
+
+    async def opened(kits: dict) -> float:
+        began = time.process_time()
+        async with open_tcp_network(["a", "b"], tls=kits, topology="star", session=SESSION) as endpoints:
+            await runtime_round_trips(endpoints, array, 1)
+        return time.process_time() - began
+
+    async def all_runs() -> list[float]:
+        with tempfile.TemporaryDirectory(prefix="fedproto-connect-") as tmp:
+            ca = FederationCA.create()
+            kits = {}
+            for party in ("a", "b"):
+                (Path(tmp) / party).mkdir()
+                kits[party] = ca.issue(party).write(Path(tmp) / party)
+            for _ in range(2):
+                await opened(kits)
+            return [await opened(kits) for _ in range(runs)]
+
+    return max((statistics.median(trio.run(all_runs)) - 4 * loopback_per_frame_s) / 2, 0.0)
+
+
 def star_network(path: Path, latency_s: float, *, cores: int | None = None, per_frame_s: float = 0.0,
-                 first_kernel_s: float = 0.0, connect_trips: int = CONNECT_TRIPS) -> str:
+                 first_kernel_s: float = 0.0, connect_s: float = 0.0, connect_trips: int = CONNECT_TRIPS) -> str:
     """Write the star link file of one latency, every party on one host of ``cores`` cores (a
     host each when ``None``), the per-frame cost, every party compiling its own kernels (as
     the measured parties, one process each, do) and paying its process's first kernel, and
-    ``connect_trips`` one-way trips of connection set-up; returns its path."""
+    ``connect_trips`` one-way trips and ``connect_s`` of each end's CPU of connection set-up;
+    returns its path."""
     doc: dict[str, Any] = {"topology": "star", "default": {"latency_s": latency_s, "bandwidth_bytes_per_s": None},
                            "per_frame_s": per_frame_s, "compile": "per_party", "first_kernel_s": first_kernel_s,
-                           "connect_trips": connect_trips}
+                           "connect_trips": connect_trips, "connect_s": connect_s}
     if cores is not None:
         doc["hosts"] = {"vm": {"cores": cores, "parties": "*"}}
     path.write_text(json.dumps(doc) + "\n")
@@ -329,11 +368,13 @@ def measured_span(run: Any) -> float:
 @dataclasses.dataclass(frozen=True)
 class Costs:
     """This machine's figures the model is given, measured before the check and apart from it:
-    the per-frame cost (seconds, :func:`_frame_cost.deployment_per_frame_s`) and a process's
-    first kernel (seconds, :func:`measure_first_kernel_s`)."""
+    the per-frame cost (seconds, :func:`_frame_cost.deployment_per_frame_s`), a process's first
+    kernel (seconds, :func:`measure_first_kernel_s`) and a connection's set-up CPU at each end
+    (seconds, :func:`measure_connect_s`)."""
 
     per_frame_s: float
     first_kernel_s: float
+    connect_s: float
 
 
 def median_run(case: Case, clients: int, latency_s: float | None, workdir: Path, runs: int = MEASURED_RUNS) -> Any:
@@ -358,12 +399,12 @@ def measure_costs() -> tuple[Costs, float, str]:
     (seconds) and which path the model's per-frame figure was measured on: the check's own path
     through namespaces and the relay where namespaces can be made, else the loopback star."""
     loopback = measure_per_frame_s()
-    per_frame, path = loopback, "the loopback figure (no namespaces here)"
+    per_frame, path = loopback, "a loopback TLS star in one process (the best run: no namespaces here)"
     if netns_unavailable_reason() is None:
         per_frame = deployment_per_frame_s(FRAME_ROUND_TRIPS, FRAME_REPEATS)
         path = ("two party processes in two namespaces, the client's link through the relay at 0 ms: the measured "
                 "side's path, with a ping-pong protocol")
-    return Costs(per_frame, measure_first_kernel_s()), loopback, path
+    return Costs(per_frame, measure_first_kernel_s(), measure_connect_s(loopback)), loopback, path
 
 
 def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, costs: Costs,
@@ -375,7 +416,7 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
     with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
         work = Path(tmp)
         network = star_network(work / "net.json", latency_s, cores=CORES, per_frame_s=costs.per_frame_s,
-                               first_kernel_s=costs.first_kernel_s)
+                               first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s)
         argv = [case.protocol, "--data", case.data, "--clients", str(clients), *case.split_options, *case.options]
         lean = predict(argv, network, work, warm=True, runs=runs[0])
         run = None
@@ -389,7 +430,7 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
     rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
     row = dict(
         protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
-        cores=CORES, per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s,
+        cores=CORES, per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s,
         predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
         latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
         predicted_round0_s=rounds[0] if rounds else None,
@@ -514,14 +555,19 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"connection set-up: {CONNECT_TRIPS} one-way latencies before a client's first frame (TLS 1.3 "
                   "server flight, client Finished + fedproto hello, hub ok; the relay ends TCP locally and the "
                   "hub starts last)", highlight=False)
-    console.print(f"per-frame cost, measured here: {1e6 * costs.per_frame_s:.1f} us, used by the model (the best "
+    console.print(f"per-frame cost, measured here: {1e6 * costs.per_frame_s:.1f} us, used by the model (the median "
                   f"full-runtime round trip of a 24 B payload, {FRAME_REPEATS} runs of {FRAME_ROUND_TRIPS:,}, over 4, "
-                  f"on {path}); the same over a loopback TLS star in one process: {1e6 * loopback_per_frame_s:.1f} us; "
+                  f"on {path}); the best such round trip over a loopback TLS star in one process: "
+                  f"{1e6 * loopback_per_frame_s:.1f} us; "
                   f"hosts: every party on this machine's {CORES} cores", highlight=False)
     console.print(f"a process's first kernel, measured here: {1e3 * costs.first_kernel_s:.1f} ms (a trivial kernel's "
                   "first call less a second one's, in a fresh process set up as fedproto party sets it up, the "
                   f"median of {FIRST_KERNEL_RUNS} processes), charged once per party that runs a kernel",
                   highlight=False)
+    console.print(f"a connection's set-up, measured here: {1e3 * costs.connect_s:.1f} ms of CPU at each end (TLS "
+                  "stars of two endpoints opened in one process with one round trip, less its four per-frame "
+                  f"costs, halved; the median of {CONNECT_RUNS}), charged to each client and to the hub per client "
+                  "at the start", highlight=False)
     console.print(f"measured = the median of {runs[1]} TCP run(s), each from the last party's meter start to the "
                   "last finish (the start skew and the merged wall time it leaves out are in the second table); "
                   f"predicted = the median of {runs[0]} lean runs; warm-up: one unmeasured TCP run per protocol "

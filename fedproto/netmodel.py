@@ -64,6 +64,14 @@ The model:
   and the hub's ``["ok"]``: 6 one-way trips from a cold start (see docs/transports.md). Both
   directions of a link share the figure (the hub never writes to a client before that client's
   connection is up).
+* **Connection CPU** (``connect_s``, 0 by default): CPU seconds a connection's set-up costs each
+  of its two ends (the TLS handshake's key exchange, signatures and certificate checks, the
+  transport's hello). At the start every connection is set up: on the star each client's link to
+  the hub, on a mesh every pair of parties. Each end runs a set-up handler of ``connect_s`` at
+  time 0, on its clock and its host's cores (a hub sets up its clients' connections one after
+  another, in roster order, before its own start), and the connection carries no frame before
+  both ends' set-up handlers have ended. A figure for the machine, measured apart from any run
+  (``benchmarks/network_model.py``: TLS stars of two endpoints opened in one process).
 * **Deadlines** (:class:`~fedproto.messages.PhaseTimedOut`) fire on the same clock: a party's
   deadline is armed at its clock when it makes progress, and fires when the model's time reaches
   it before a frame for that party does.
@@ -152,7 +160,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 _LINK_KEYS = ("latency_s", "bandwidth_bytes_per_s")
 _TOP_KEYS = ("topology", "default", "parties", "links", "hosts", "per_frame_s", "compile", "first_kernel_s",
-             "connect_trips")
+             "connect_trips", "connect_s")
 #: What a model file's ``compile`` may say (see the module docstring).
 COMPILE_MODES = ("once", "per_party")
 _HOST_KEYS = ("cores", "parties")
@@ -203,6 +211,8 @@ class LinkModel:
             compile events (>= 0; charged with ``"per_party"`` compilation), see the module docstring.
         connect_trips: one-way latencies of connection set-up before a link's first frame may
             leave (a whole number >= 0), see the module docstring.
+        connect_s: CPU seconds a connection's set-up costs each of its ends (>= 0), see the
+            module docstring.
     """
 
     name: str = "custom"
@@ -215,6 +225,7 @@ class LinkModel:
     compile: str = "once"
     first_kernel_s: float = 0.0
     connect_trips: int = 0
+    connect_s: float = 0.0
 
     @classmethod
     def preset(cls, name: str) -> "LinkModel":
@@ -234,7 +245,7 @@ class LinkModel:
         Layout: ``{"topology": "star"|"mesh", "default": {"latency_s": s, "bandwidth_bytes_per_s":
         B}, "parties": {"client-3": {...}}, "links": {"server->client-0": {...}}, "hosts": {"vm":
         {"cores": 2, "parties": "*"}}, "per_frame_s": s, "compile": "once"|"per_party", "first_kernel_s":
-        s, "connect_trips": n}``, every
+        s, "connect_trips": n, "connect_s": s}``, every
         key optional; a bandwidth of ``null`` (JSON) or an absent one is unlimited; a host's
         ``parties`` is a list of names or ``"*"`` (every party no other host names; at most one
         host says so).
@@ -276,7 +287,8 @@ class LinkModel:
         Raises:
             ValueError: an unknown key, a wrong type, a negative latency or a non-positive bandwidth,
                 a host without a whole number of cores >= 1, a party on two hosts, two hosts of
-                ``"*"``, a negative ``per_frame_s`` or ``first_kernel_s``, a ``connect_trips`` that is not a whole
+                ``"*"``, a negative ``per_frame_s``, ``first_kernel_s`` or ``connect_s``, a
+                ``connect_trips`` that is not a whole
                 number >= 0 (the message names the key, e.g.
                 ``links.server->client-0.latency_s``).
         """
@@ -303,6 +315,7 @@ class LinkModel:
         hosts = _hosts(data.get("hosts", {}), f"{where}: hosts")
         per_frame = _seconds(data.get("per_frame_s", 0.0), f"{where}: per_frame_s")
         first_kernel = _seconds(data.get("first_kernel_s", 0.0), f"{where}: first_kernel_s")
+        connect = _seconds(data.get("connect_s", 0.0), f"{where}: connect_s")
         compile_mode = data.get("compile", "once")
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"{where}: compile must be once or per_party, got {compile_mode!r}")
@@ -320,6 +333,7 @@ class LinkModel:
             compile=compile_mode,
             first_kernel_s=float(first_kernel),
             connect_trips=trips,
+            connect_s=connect,
         )
 
     def placement(self, roster: Sequence[str]) -> dict[str, tuple[str, int]]:
@@ -363,6 +377,7 @@ class LinkModel:
             "compile": self.compile,
             "first_kernel_s": self.first_kernel_s,
             "connect_trips": self.connect_trips,
+            "connect_s": self.connect_s,
         }
 
 
@@ -522,6 +537,19 @@ class LinkSimulator:
         self.d_phase: list[str] = []
         self.d_handled: list[int] = []
         self.d_forward: dict[int, int] = {}  # delivery -> the hub's forwarding handler (star, per-frame cost)
+        self._connected: dict[frozenset[str], float] = {}  # a connection -> when both ends have set it up
+        if model.connect_s > 0 and len(self.parties) > 1:
+            self._set_up_connections(model.connect_s)
+
+    def _set_up_connections(self, seconds: float) -> None:
+        """Every connection's set-up handlers at time 0 (see the module docstring)."""
+        if self.model.topology == "star":
+            pairs = [(client, self.hub) for client in self.parties[1:]]
+        else:
+            pairs = [(a, b) for i, a in enumerate(self.parties) for b in self.parties[i + 1:]]
+        for a, b in pairs:
+            ends = [self._run(a, 0, 0.0, seconds, -1), self._run(b, 0, 0.0, seconds, -1)]
+            self._connected[frozenset((a, b))] = max(self.h_end[h] for h in ends)
 
     def _link(self, sender: str, receiver: str) -> Link:
         link = self._links.get((sender, receiver))
@@ -625,8 +653,11 @@ class LinkSimulator:
                 self._push(self.h_end[forward], _ENTER, (route, hop, nbytes, delivery, frame))
                 continue
             link = self._link(route[hop], route[hop + 1])
-            # connection set-up: nothing leaves before the link's handshake trips are over
+            # connection set-up: nothing leaves before the link's handshake trips are over and
+            # both ends have done their part of it
             when = max(when, self.model.connect_trips * link.latency_s)
+            if self._connected:
+                when = max(when, self._connected.get(frozenset((route[hop], route[hop + 1])), 0.0))
             if link.bandwidth_bytes_per_s is None:
                 done = when
             else:

@@ -8,8 +8,8 @@
   client-hub links go through the relay at 25 ms (``benchmarks/_netns_star.py``), after one
   unmeasured run that fills the compile cache: the lean engine's predicted wall time
   (``--network`` with the same link, every party on this machine's cores, this machine's
-  per-frame cost and first-kernel cost measured as ``benchmarks/network_model.py`` does,
-  ``--compute measured``, the median of its lean runs after an unused one) is within 15% of the
+  per-frame, first-kernel and connection set-up costs measured as ``benchmarks/network_model.py``
+  does, ``--compute measured``, the median of its lean runs after an unused one) is within 15% of the
   measured span (the last party's start to the last finish; the median of three TCP runs).
   Skipped where namespaces cannot be made.
 """
@@ -132,7 +132,8 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     assert run.report.status == "completed" and len(run.parties) == 11
     assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
     network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
-                                         per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s)
+                                         per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s,
+                                         connect_s=costs.connect_s)
     argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
     lean = network_model.predict(argv, network, tmp_path, warm=True, runs=network_model.PREDICTION_RUNS)
     assert lean["messages"] == run.report.messages  # the same run, frame for frame

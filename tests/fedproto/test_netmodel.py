@@ -213,6 +213,44 @@ def test_no_frame_leaves_a_link_before_its_connection_set_up_trips():
     assert LinkModel.from_mapping({"connect_trips": 6}).to_dict()["connect_trips"] == 6
 
 
+def test_each_connection_costs_both_ends_its_set_up_cpu_before_it_carries_a_frame():
+    # star of a hub and two clients, each on its own machine, 1 ms links, 10 ms of set-up per end:
+    # a and b set up at 0..0.01; the hub sets up a's connection at 0..0.01, then b's at
+    # 0.01..0.02. a's link is ready at 0.01, b's at 0.02.
+    model = LinkModel.from_mapping({"default": {"latency_s": 0.001}, "connect_s": 0.01})
+    assert model.to_dict()["connect_s"] == 0.01 and LinkModel().connect_s == 0.0
+    sim = LinkSimulator(model, ["hub", "a", "b"], compute_s=0.0)
+    assert (sim.clock["hub"], sim.clock["a"], sim.clock["b"]) == (pytest.approx(0.02), pytest.approx(0.01),
+                                                                  pytest.approx(0.01))
+    # each client sends its first frame at once (its start, no compute), at 0.01: a's leaves then
+    # and arrives at 0.011, b's waits for the hub's side of its connection, leaves at 0.02
+    sim.send(sim.handled("a", 0, 0.0, 0.0), "hub", 8, 0, "p", "from a")
+    sim.send(sim.handled("b", 0, 0.0, 0.0), "hub", 8, 0, "p", "from b")
+    arrivals = []
+    while sim.next_time() != float("inf"):
+        when, frame, group = sim.next_arrivals()
+        arrivals.append((frame, when))
+        sim.handled("hub", 0, when, 0.0, trigger=group[0][1])
+    assert arrivals == [("from a", pytest.approx(0.011)), ("from b", pytest.approx(0.021))]
+    # on one host of 2 cores the three parties' set-ups take turns: the hub's two and b's end at
+    # 0.02, the clients' starts wait for a core, and both frames leave at 0.02
+    shared = LinkModel.from_mapping({"default": {"latency_s": 0.001}, "connect_s": 0.01,
+                                     "hosts": {"vm": {"cores": 2, "parties": "*"}}})
+    crowded = LinkSimulator(shared, ["hub", "a", "b"], compute_s=0.0)
+    assert crowded.clock == {"hub": pytest.approx(0.02), "a": pytest.approx(0.01), "b": pytest.approx(0.02)}
+    crowded.send(crowded.handled("a", 0, 0.0, 0.0), "hub", 8, 0, "p", "from a")
+    assert crowded.next_time() == pytest.approx(0.021)
+    p = sim.prediction()
+    assert p["wall_time_s"] == pytest.approx(0.021)
+    # the hub's two set-ups are compute on its critical path, the last frame's wait and hop network
+    assert p["compute_s"] + p["network_s"] == pytest.approx(0.021)
+    # a mesh of three sets up all three pairs: each party runs two set-ups, on its own core
+    mesh = LinkSimulator(LinkModel.from_mapping({"topology": "mesh", "connect_s": 0.01}), ["x", "y", "z"])
+    assert all(mesh.clock[p] == pytest.approx(0.02) for p in "xyz")
+    # none by default
+    assert LinkSimulator(LinkModel.preset("wan"), ["hub", "a"]).clock == {"hub": 0.0, "a": 0.0}
+
+
 def test_the_hub_forwards_a_frame_between_clients_at_twice_the_per_frame_cost_on_its_own_clock():
     # star, 10 ms, 2 ms a frame: a's start sends to b (2 ms); the frame reaches the hub at 0.012,
     # the hub forwards it 0.012..0.016 (receive and send), it reaches b at 0.026, b takes it
@@ -329,6 +367,7 @@ def test_presets_and_files(tmp_path):
         ({"per_frame_s": -0.001}, "per_frame_s: expected a finite number of seconds >= 0"),
         ({"first_kernel_s": -1}, "first_kernel_s: expected a finite number of seconds >= 0"),
         ({"first_kernel_s": "0.1"}, "first_kernel_s: expected a finite number of seconds >= 0"),
+        ({"connect_s": -0.5}, "connect_s: expected a finite number of seconds >= 0"),
         ({"compile": "twice"}, "compile must be once or per_party"),
         ({"connect_trips": -1}, "connect_trips: expected a whole number >= 0"),
         ({"connect_trips": 2.5}, "connect_trips: expected a whole number >= 0"),
