@@ -231,6 +231,16 @@ CORES = os.cpu_count() or 1
 FRAME_ROUND_TRIPS, FRAME_REPEATS = 2_000, 3
 
 
+def _two_kits(directory: Path) -> dict[str, Any]:
+    """TLS kits of a throwaway federation of two parties, ``a`` and ``b``, written under ``directory``."""
+    ca = FederationCA.create()
+    kits = {}
+    for party in ("a", "b"):
+        (directory / party).mkdir()
+        kits[party] = ca.issue(party).write(directory / party)
+    return kits
+
+
 def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRAME_REPEATS) -> float:
     """The per-frame cost on this machine (seconds; see the module docstring): the best
     full-runtime round trip of a 24 B payload over a loopback TLS star, divided by 4."""
@@ -238,11 +248,7 @@ def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRA
 
     async def best() -> float:
         with tempfile.TemporaryDirectory(prefix="fedproto-frame-") as tmp:
-            ca = FederationCA.create()
-            kits = {}
-            for party in ("a", "b"):
-                (Path(tmp) / party).mkdir()
-                kits[party] = ca.issue(party).write(Path(tmp) / party)
+            kits = _two_kits(Path(tmp))
             async with open_tcp_network(["a", "b"], tls=kits, topology="star", session=SESSION) as endpoints:
                 await runtime_round_trips(endpoints, array, 20)  # handshakes and first frames, untimed
                 return min([await runtime_round_trips(endpoints, array, round_trips) for _ in range(repeats)])
@@ -313,11 +319,7 @@ def measure_connect_s(loopback_per_frame_s: float, runs: int = CONNECT_RUNS) -> 
 
     async def all_runs() -> list[float]:
         with tempfile.TemporaryDirectory(prefix="fedproto-connect-") as tmp:
-            ca = FederationCA.create()
-            kits = {}
-            for party in ("a", "b"):
-                (Path(tmp) / party).mkdir()
-                kits[party] = ca.issue(party).write(Path(tmp) / party)
+            kits = _two_kits(Path(tmp))
             for _ in range(2):
                 await opened(kits)
             return [await opened(kits) for _ in range(runs)]
