@@ -55,9 +55,10 @@ What it measures
   round trip; the process CPU of one, less the round trip's four per-frame costs (the loopback
   figure), halved; the median of 7.
 
-A second table says where the time goes: round 0 (key agreement and the first update, with the
-kernels' first compilation or cache load) and the steady rounds (median of the middle rounds),
-predicted (the prediction's per-round wall times) against measured (the hub's ``round_wall_s``:
+A second table says where the time goes: round 0 (connections, key agreement and the first
+update, with the kernels' first compilation or cache load) and the steady rounds (median of the
+middle rounds), predicted (the prediction's per-round wall times) against measured (round 0: from
+the last party's start to the hub's first frame of round 1; a round: the hub's ``round_wall_s``,
 its first frame of a round to its first of the next); the measured parties' start skew and the
 merged report's wall time (both left out of ``measured s``); the lean run's ``compile_s`` and the
 longest ``compile_s`` of a TCP party (tracing, lowering and compiling or cache loading, which each
@@ -143,8 +144,9 @@ from fedproto.provision import FederationCA
 from fedproto.transports.tcp import open_tcp_network
 
 TITLE = "Link model: predicted against measured wall time (TCP parties in namespaces, delaying relay)"
-SPLIT_TITLE = ("Where the time goes: rounds (the hub's, first frame to first frame; steady = median of the middle "
-               "rounds), start skew of the parties, the run after the last party started")
+SPLIT_TITLE = ("Where the time goes: round 0 (from the last party's start to the hub's first frame of round 1), "
+               "steady rounds (the hub's, first frame to first frame; the median of the middle rounds), start skew of "
+               "the parties, the run after the last party started")
 PROFILE_TITLE = ("Profile (--profile), FastLloyd on S1: the veths alone (no relay), the relay at 0 ms, "
                  "2 clients (3 processes on the 2 cores) and 10 clients at 1 ms")
 PAPER_TITLE = "FastLloyd paper, Table 3 LAN rows (M = 2, 0.125 ms per gather and per broadcast): ms per iteration"
@@ -451,8 +453,11 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
             measured_start_skew_s=max(starts) - min(starts),
             measured_merged_wall_s=run.wall_time_s,
             tcp_compile_s=max(r.compile_s for r in run.parties.values()),
-            # the hub's rounds: from its first frame of a round to its first of the next
-            measured_round0_s=hub_rounds[0] if hub_rounds else None,
+            # round 0 as the prediction counts it: from the last party's start to the hub's first
+            # frame of round 1 (the hub's rounds run from its first frame of a round to its first
+            # of the next, the last one to its finish)
+            measured_round0_s=None if len(hub_rounds) < 2 else
+            run.traces[hub]["finish"] - sum(hub_rounds[1:]) - max(starts),
             measured_steady_round_ms=None if len(hub_rounds) < 3 else 1000 * _median(hub_rounds[1:-1]),
         )
     measured = row["measured_s"]
