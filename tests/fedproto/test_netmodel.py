@@ -28,6 +28,19 @@ def model(latency_s: float, bandwidth: float | None = None, topology: str = "sta
     return LinkModel(topology=topology, default=Link(latency_s, bandwidth))
 
 
+def _arrivals(sim, *, handle=False):
+    """Every frame in flight as ``(frame, arrival time)``, in delivery order; with ``handle``, each
+    receiver handles each frame as it arrives (no compute, nothing sent)."""
+    arrivals = []
+    while sim.next_time() != float("inf"):
+        when, frame, group = sim.next_arrivals()
+        arrivals.append((frame, when))
+        if handle:
+            for dest, delivery in group:
+                sim.handled(dest, 0, when, 0.0, trigger=delivery)
+    return arrivals
+
+
 # --- the event model, by hand ----------------------------------------------------------------------------
 
 
@@ -72,11 +85,7 @@ def test_the_star_sends_frames_between_clients_over_two_links_queueing_on_both()
     own, relayed = object(), object()
     sim.send(sim.handled("hub", 0, 0.0, 0.0), "b", 1000, 0, "p", own)
     sim.send(sim.handled("a", 0, 0.0, 0.0), "b", 100, 0, "p", relayed)
-    arrivals = []
-    while sim.next_time() != float("inf"):
-        when, frame, _ = sim.next_arrivals()
-        arrivals.append((frame, when))
-    assert arrivals == [(own, pytest.approx(1.01)), (relayed, pytest.approx(1.11))]
+    assert _arrivals(sim) == [(own, pytest.approx(1.01)), (relayed, pytest.approx(1.11))]
     assert sim.d_hops == [1, 2]
     # in a mesh the same frame goes straight: 0.1 on the wire, 0.11
     mesh = LinkSimulator(model(0.01, 1000.0, "mesh"), ["hub", "a", "b"], compute_s=0.0)
@@ -196,11 +205,7 @@ def test_no_frame_leaves_a_link_before_its_connection_set_up_trips():
     sim = LinkSimulator(slow, ["hub", "a", "b"], compute_s=0.0)
     sim.send(sim.handled("a", 0, 0.0, 0.0), "hub", 8, 0, "p", "first")
     sim.send(sim.handled("a", 0, 0.1, 0.0), "b", 8, 0, "p", "late")
-    arrivals = []
-    while sim.next_time() != float("inf"):
-        when, frame, _ = sim.next_arrivals()
-        arrivals.append((frame, when))
-    assert arrivals == [("first", pytest.approx(0.04)), ("late", pytest.approx(0.12))]
+    assert _arrivals(sim) == [("first", pytest.approx(0.04)), ("late", pytest.approx(0.12))]
     # with a bandwidth the transmission starts after the set-up: 100 B at 1000 B/s, 0.03..0.13, 0.14
     sim = LinkSimulator(LinkModel.from_mapping({"default": {"latency_s": 0.01, "bandwidth_bytes_per_s": 1000},
                                                 "connect_trips": 3}), ["hub", "a"], compute_s=0.0)
@@ -226,12 +231,7 @@ def test_each_connection_costs_both_ends_its_set_up_cpu_before_it_carries_a_fram
     # and arrives at 0.011, b's waits for the hub's side of its connection, leaves at 0.02
     sim.send(sim.handled("a", 0, 0.0, 0.0), "hub", 8, 0, "p", "from a")
     sim.send(sim.handled("b", 0, 0.0, 0.0), "hub", 8, 0, "p", "from b")
-    arrivals = []
-    while sim.next_time() != float("inf"):
-        when, frame, group = sim.next_arrivals()
-        arrivals.append((frame, when))
-        sim.handled("hub", 0, when, 0.0, trigger=group[0][1])
-    assert arrivals == [("from a", pytest.approx(0.011)), ("from b", pytest.approx(0.021))]
+    assert _arrivals(sim, handle=True) == [("from a", pytest.approx(0.011)), ("from b", pytest.approx(0.021))]
     # on one host of 2 cores the three parties' set-ups take turns: the hub's two and b's end at
     # 0.02, the clients' starts wait for a core, and both frames leave at 0.02
     shared = LinkModel.from_mapping({"default": {"latency_s": 0.001}, "connect_s": 0.01,
