@@ -527,17 +527,15 @@ def _simulate_linked(
                     [m for _, m, _ in run], sender, message, round_idx=envelope.round_idx
                 )
             share = (clock() - began) / len(run)
-            batch_kernel_s = compiled() - kernel_began
+            receive_kernel_s = compiled() - kernel_began
             for (dest, machine, delivery), outgoing in zip(run, outgoing_lists, strict=True):
                 began, kernel_began = clock(), compiled()
                 sends = encoded(machine, outgoing)
                 spent = item.decode_s + share + clock() - began
-                own_kernel_s = compiled() - kernel_began
-                # a batch's compilation would count whole for each receiver (its own process
-                # would compile it) and its share in the measured time; batches run only with
-                # fixed compute, which charges no compilation
-                kernels = ((type(machine).__name__, envelope.round_idx, envelope.tag),
-                           batch_kernel_s + own_kernel_s, batch_kernel_s / len(run) + own_kernel_s)
+                # the receive's and the encoding's compilation, all of it in ``spent``: compiled()
+                # counts only with measured compute, where no broadcast is batched
+                kernel_s = receive_kernel_s + compiled() - kernel_began
+                kernels = ((type(machine).__name__, envelope.round_idx, envelope.tag), kernel_s, kernel_s)
                 handler = sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery,
                                       frames_out=_deliveries(sends), kernels=kernels)
                 dispatch(handler, sends)
