@@ -27,16 +27,14 @@ It prints ``elapsed SECONDS`` (the timed round trips) and exits 0.
 from __future__ import annotations
 
 import argparse
-import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _netns_star import BENCHMARKS, FEDPROTO, HUB_ADDRESS, HUB_INNER, SUBNET, _run
+from _netns_star import HUB_INNER, SUBNET, provision_kits, start_relay
 
 #: Untimed round trips first (the handshake, the first frames, the codec's first calls).
 WARM_ROUND_TRIPS = 50
@@ -58,17 +56,11 @@ def deployment_per_frame_s(round_trips: int = 2_000, repeats: int = 3, timeout_s
     with tempfile.TemporaryDirectory(prefix="fedproto-framecost-") as tmp:
         work = Path(tmp)
         kits = work / "kits"
-        done = _run([*FEDPROTO, "provision", "--parties", f"{PONG},{PING}", "--hub", HUB_ADDRESS, "--out", str(kits)])
-        if done.returncode != 0:
-            raise RuntimeError(f"fedproto provision: {done.stderr.strip()[-2000:]}")
-        shutil.rmtree(kits / "ca")
+        provision_kits([PONG, PING], kits, work)
         elapsed: list[float] = []
         with star_namespaces([PONG, PING], subnet=SUBNET, prefix="fc") as hosts:
             inner = f"{HUB_INNER[0]}:{HUB_INNER[1]}"
-            relay = hosts.start(PONG, [sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
-                                       "--target", inner, "--latency-s", "0"], work, stdin=subprocess.PIPE)
-            if not relay.stdout.readline().startswith("ready"):
-                raise RuntimeError(f"the relay did not start: {relay.stderr.read()[-2000:]}")
+            relay = start_relay(hosts, PONG, 0.0, work)
             for _ in range(max(1, repeats)):
                 pong = hosts.start(PONG, _party_argv(kits, PONG, PING, round_trips, listen=inner), work)
                 ping = hosts.start(PING, _party_argv(kits, PING, PONG, round_trips), work)

@@ -100,6 +100,37 @@ def _fedproto(argv: Sequence[str], cwd: Path, env: dict[str, str]) -> subprocess
     return done
 
 
+def provision_kits(parties: Sequence[str], kits: Path, cwd: Path, env: dict[str, str] | None = None) -> None:
+    """TLS kits of a throwaway federation (``fedproto provision``, the hub at :data:`HUB_ADDRESS`)
+    under ``kits``; the CA's key is removed (the parties need their own kits only).
+
+    Raises:
+        RuntimeError: provisioning failed (its error output is in the message).
+    """
+    _fedproto(["provision", "--parties", ",".join(parties), "--hub", HUB_ADDRESS, "--out", str(kits)], cwd,
+              dict(os.environ) if env is None else env)
+    shutil.rmtree(kits / "ca")
+
+
+def start_relay(hosts: Any, hub: str, latency_s: float, workdir: Path, *, stderr: Any = subprocess.PIPE,
+                bandwidth_bytes_per_s: float | None = None) -> subprocess.Popen:
+    """A :mod:`_delay_relay` in the hub's namespace, from :data:`HUB_ADDRESS` (the roster's) to
+    :data:`HUB_INNER` (where the hub listens), once it says it is ready.
+
+    Raises:
+        RuntimeError: the relay did not start (its error output is in the message when piped).
+    """
+    bandwidth = [] if bandwidth_bytes_per_s is None else ["--bandwidth-bytes-per-s", repr(bandwidth_bytes_per_s)]
+    relay = hosts.start(hub, [
+        sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
+        "--target", f"{HUB_INNER[0]}:{HUB_INNER[1]}", "--latency-s", repr(latency_s), *bandwidth,
+    ], workdir, stdin=subprocess.PIPE, stderr=stderr)
+    if not relay.stdout.readline().startswith("ready"):
+        said = relay.stderr.read()[-2000:] if relay.stderr is not None else "see its log"
+        raise RuntimeError(f"the relay did not start: {said}")
+    return relay
+
+
 def _wait_ready(procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
     """Wait for every process's ``ready`` line (or raise naming the first that ended or lagged)."""
     waiting = dict(procs)
@@ -149,8 +180,7 @@ def run_tcp_star(
     split = json.loads((parts / "split.json").read_text())
     parties: list[str] = split["parties"]
     hub = parties[0]
-    _fedproto(["provision", "--parties", ",".join(parties), "--hub", HUB_ADDRESS, "--out", str(kits)], workdir, env)
-    shutil.rmtree(kits / "ca")  # a throwaway federation: the parties need their kits only, not the CA key
+    provision_kits(parties, kits, workdir, env)
     logs: list[Any] = []
     try:
         with star_namespaces(parties, subnet=SUBNET, prefix="nc") as hosts:
@@ -160,15 +190,13 @@ def run_tcp_star(
                 hub_listens = f"{HUB_INNER[0]}:{HUB_INNER[1]}"
                 relay_log = open(workdir / "relay.err", "w")  # noqa: SIM115 (closed below)
                 logs.append(relay_log)
-                bandwidth = [] if bandwidth_bytes_per_s is None else ["--bandwidth-bytes-per-s",
-                                                                      repr(bandwidth_bytes_per_s)]
-                relay = hosts.start(hub, [
-                    sys.executable, str(BENCHMARKS / "_delay_relay.py"), "--listen", HUB_ADDRESS,
-                    "--target", hub_listens, "--latency-s", repr(latency_s), *bandwidth,
-                ], workdir, stdin=subprocess.PIPE, stderr=relay_log)
-                line = relay.stdout.readline()
-                if not line.startswith("ready"):
-                    raise RuntimeError(f"the relay did not start: {(workdir / 'relay.err').read_text()[-2000:]}")
+                try:
+                    relay = start_relay(hosts, hub, latency_s, workdir, stderr=relay_log,
+                                        bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+                except RuntimeError:
+                    relay_log.flush()
+                    raise RuntimeError("the relay did not start: "
+                                       f"{(workdir / 'relay.err').read_text()[-2000:]}") from None
             procs: dict[str, subprocess.Popen] = {}
             for party in parties:
                 own = [*split["resolved_options"]] if party == hub else ["--data", str(parts / f"{party}.npz")]
