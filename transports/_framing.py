@@ -99,9 +99,11 @@ CONTROL_FRAME_BYTES = ROUTE_HEADER_BYTES + FRAMING_OVERHEAD_BYTES + CONTROL_BYTE
 _PREFIX = struct.Struct(">I")
 _ROUTE = struct.Struct(">III")  # marker, party index, frame length
 _COUNT = struct.Struct(">Q")
-# Below this size the prefix and the frame go out in one send_all (one syscall, one TCP segment
-# with TCP_NODELAY); above it the copy to concatenate them costs more than the extra call.
-_COALESCE_BYTES = 64 * 1024
+# Up to this size the prefix and the frame go out in one send_all: one syscall (one TLS record
+# more or less) instead of two, and the receiver is not woken for the prefix alone. The copy that
+# joins them costs about 5 us per 64 KiB here, the separate prefix 100-200 us per 64 KiB round trip
+# over TLS (benchmarks/tcp_rate.py, "tcp only"); above it the copy's memory is not worth it.
+_COALESCE_BYTES = 1024 * 1024
 # Size of one buffered read; large bodies are read in steps of up to _MAX_READ_BYTES.
 _READ_CHUNK_BYTES = 64 * 1024
 _MAX_READ_BYTES = 1024 * 1024

@@ -152,6 +152,12 @@ async def test_send_frame_coalesces_small_frames_and_reports_overhead() -> None:
     await send_frame(out, b"abc")
     assert out.calls == 1 and bytes(out.data) == b"\x00\x00\x00\x03abc"
     assert len(out.data) - 3 == FRAMING_OVERHEAD_BYTES
+    # A 64 KiB frame, and up to 1 MiB, still goes out in one write (over TLS a separate prefix is
+    # a record and a wake-up of its own); a larger one in two, without joining them.
+    for length, calls in ((64 * 1024 + 100, 1), (1024 * 1024, 1), (1024 * 1024 + 1, 2)):
+        out = RecordingStream()
+        await send_frame(out, bytes(length))
+        assert (out.calls, len(out.data)) == (calls, FRAMING_OVERHEAD_BYTES + length)
 
 
 @pytest.mark.parametrize("buffered", [True, False])

@@ -302,10 +302,11 @@ async def test_a_dialer_refuses_a_listener_with_another_partys_certificate(
 async def test_frames_are_encrypted_on_the_wire_and_tls_overhead_is_exact(federation) -> None:
     _, kits = federation
     secret_words = b"attack at dawn, bring the centroids"
-    frames = [secret_words, b"", b"x" * 16380, b"y" * 16381, secret_words * 3000]  # 105 kB: prefix apart
+    # 105 kB: one write with its prefix; 1 MiB + 1: the prefix written apart
+    frames = [secret_words, b"", b"x" * 16380, b"y" * 16381, secret_words * 3000, b"z" * (1024 * 1024 + 1)]
 
-    def tls_records(frame: bytes) -> int:  # see transports/_framing.py: frames <= 64 KiB go with their prefix
-        if len(frame) <= 64 * 1024:
+    def tls_records(frame: bytes) -> int:  # see transports/_framing.py: frames <= 1 MiB go with their prefix
+        if len(frame) <= 1024 * 1024:
             return math.ceil((len(frame) + FRAMING_OVERHEAD_BYTES) / RECORD_PLAINTEXT_BYTES)
         return 1 + math.ceil(len(frame) / RECORD_PLAINTEXT_BYTES)
 
