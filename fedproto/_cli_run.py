@@ -21,7 +21,8 @@ from fedproto._cli_checks import _check_options, _load_transport
 from fedproto._cli_mpi import _abort_ranks, _check_mpi_installed, _mpi_rank_from_environment, _run_mpi
 from fedproto._cli_mpi import _sharded_outcome, _shards
 from fedproto._cli_parser import UsageError, _did_you_mean, _Dropout
-from fedproto._cli_shared import _compile_cache, _dataset, _failing_party, _frame_limit, _model_options, _names
+from fedproto._cli_shared import _compile_cache, _dataset, _end_start_up, _failing_party, _frame_limit
+from fedproto._cli_shared import _model_options, _names
 from fedproto._cli_shared import _options, _single_leaf, _timestamp, _unfinished_report
 from fedproto._cli_tcp import _run_tcp_launcher
 from fedproto._interrupt import Terminated, signal_name, sigterm_interrupts
@@ -296,6 +297,7 @@ def _command_run(args: argparse.Namespace, argv: Sequence[str], epilogue: list[s
         with sigterm_interrupts(received), progress_display(Console(stderr=True), enabled=show_progress):
             dataset = _dataset(plugin, args)
             plan = plugin.plan(args, dataset)
+            _end_start_up()  # the run starts: the collector runs again (see _pause_collector_for_start_up)
             error: BaseException | None = None
             if args.transport == "memory":
                 results, report, error = _run_memory(plan, args, console, _dropouts(plan, args), received)

@@ -25,7 +25,7 @@ from fedproto._cli_parser import _GLOBAL_WITH_VALUE, _LAUNCHER_OPTIONS, _WHOLE_D
 from fedproto._cli_parser import holds_local_data
 from fedproto._cli_shared import _agreement, _compile_cache, _dataset, _frame_limit, _log, _names, _options
 from fedproto._cli_shared import _resolved_options, _single_leaf, _split_parts, _timestamp, _unfinished_report
-from fedproto._cli_shared import local_session
+from fedproto._cli_shared import _end_start_up, local_session
 from fedproto._fork_server import ForkServer
 from fedproto._interrupt import Interrupted, SignalGuard, exit_by_signal, signal_name, write_json
 from fedproto._launch_dir import launch_directory, private_file
@@ -387,4 +387,5 @@ def _command_party(args: argparse.Namespace) -> int:
     else:
         plan = plugin.plan(args, _dataset(plugin, args))
         options = _agreement(args, plan.roster, topology=roster.topology, session=None)
+    _end_start_up()  # the run starts: the collector runs again (see _pause_collector_for_start_up)
     return _run_party_tcp(plan, args, roster, dataclasses.replace(options, session=plan.session))

@@ -47,7 +47,6 @@ interrupted once its parties started too (``status`` ``failed`` or ``interrupted
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from collections.abc import Iterator, Sequence
@@ -58,7 +57,7 @@ from fedproto import __version__, registry
 from fedproto._cli_parser import UsageError, _QuietExit, _parse, build_parser
 from fedproto._cli_prepare import _command_data, _command_list, _command_provision, _command_split
 from fedproto._cli_run import _command_run
-from fedproto._cli_shared import _log, _one_line, _single_leaf
+from fedproto._cli_shared import _end_start_up, _log, _one_line, _pause_collector_for_start_up, _single_leaf
 from fedproto._cli_tcp import _command_party, _party_fork_server
 from fedproto._interrupt import Terminated, signal_name
 from fedproto.errors import FedProtoError
@@ -106,17 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv, epilogue, whole_process=whole_process)
     finally:
+        _end_start_up()  # where the run did not start (an error before it): the collector runs again
         for line in epilogue:
             print(line, flush=True)
 
 
 def _main(argv: list[str], epilogue: list[str], *, whole_process: bool = False) -> int:
+    if whole_process:
+        _pause_collector_for_start_up()  # until the run starts (a run or party command) or now
     try:
         args = _parse(argv)
-        if whole_process:
-            # What is imported by now (the protocol and JAX included) lives as long as the process:
-            # the collector need not walk it again at each full collection (about 0.1 s of a run).
-            gc.freeze()
+        if args.command not in ("run", "party"):
+            _end_start_up()
         if args.command in ("run", "party", "split"):
             args.protocol_name = _protocol_name(args.protocol)
         # the fork server first: a zygote copies this process, logging set-up included

@@ -13,6 +13,7 @@ Each command runs in a fresh interpreter (``sys.modules`` of this one holds ever
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -146,3 +147,56 @@ def test_the_cached_reference_is_the_fresh_fit_bit_for_bit(tmp_path, monkeypatch
         assert got.inertia == fresh.inertia and np.array_equal(got.centroids, fresh.centroids)
     with pytest.raises(AssertionError, match="fitted again"):  # another seed is another fit
         reference.sklearn_reference(x, 4, seed=8)
+
+
+# Runs ``fedproto`` as this process's own command line (``main()`` reading ``sys.argv``, as the
+# console script does) and prints, as JSON, the collector's state when the run started and after.
+_GC_PROBE = """
+import contextlib, gc, io, json, sys
+import fedproto._cli_run as cli_run
+from fedproto.cli import main
+seen = {}
+run_memory = cli_run._run_memory
+def at_run(*args, **kwargs):
+    seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), collections=len(collections) - before)
+    return run_memory(*args, **kwargs)
+cli_run._run_memory = at_run
+collections = []
+gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info["generation"]))
+sys.argv = ["fedproto", *sys.argv[1:]]
+before = len(collections)
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main()
+print(json.dumps({"code": code, "at_run": seen, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def _gc_probe(tmp_path: Path, *argv: str) -> dict:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", _GC_PROBE, *argv], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_collector_pauses_for_the_start_up_of_a_run_and_runs_again_for_the_run(tmp_path):
+    # a run: no collection while it starts (imports, parser, plugin, plan), then the collector is
+    # on again, with what the start-up made frozen out of its way
+    doc = _gc_probe(tmp_path, "run", "docs/tutorial/secure_sum.py", "--quiet", "--no-plot")
+    assert doc["code"] == 0
+    assert doc["at_run"] == {"enabled": True, "frozen": doc["at_run"]["frozen"], "collections": 0}
+    assert doc["at_run"]["frozen"] > 10_000
+    assert doc["enabled"] is True
+    # an error before the run (no such data file) and a command without a run leave it on too
+    for argv in (["run", "fastlloyd", "--data", str(tmp_path / "missing.csv")], ["list"]):
+        doc = _gc_probe(tmp_path, *argv)
+        assert doc["code"] == (1 if argv[0] == "run" else 0) and doc["at_run"] == {}
+        assert doc["enabled"] is True and doc["frozen"] > 0, argv
+
+
+def test_a_library_call_of_the_command_line_leaves_the_collector_alone():
+    from fedproto.cli import main
+
+    frozen = gc.get_freeze_count()
+    assert main(["list"]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
