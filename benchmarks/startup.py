@@ -95,7 +95,7 @@ def record_sent(self, round_idx, phase, *args, **kwargs):
     return original(self, round_idx, phase, *args, **kwargs)
 metering.Meter.record_sent = record_sent
 from fedproto.cli import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main())  # as the console script calls it: this process is the command line
 """
 
 
