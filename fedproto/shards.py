@@ -401,11 +401,7 @@ class Shards:
                 for r, phase, sender, receiver, tag, count, nbytes in entries:
                     key = (r, phase, sender, receiver, tag)
                     counter = table.get(key)
-                    if counter is None:
-                        table[key] = [count, nbytes]
-                    else:
-                        counter[0] += count
-                        counter[1] += nbytes
+                    table[key] = (count, nbytes) if counter is None else (counter[0] + count, counter[1] + nbytes)
             for r, phase, tag, nbytes, senders, receivers in part["grouped"]:
                 group = meter.grouped.setdefault((r, phase, tag, nbytes), ([], []))
                 group[0].extend(senders)

@@ -106,3 +106,32 @@ def test_merging_grouped_reports_adds_their_party_counts_and_keeps_links_of_one_
         LinkRecord(0, "note", "server", "c3", "n", 1, 5),
         LinkRecord(0, "update", ANY_PARTY, "server", "u", 5, 500, parties=5),
     )
+
+
+def test_link_records_leave_the_meters_counters_as_they_were():
+    # a link counted both in ``sent`` (as a sharded run's merge adds other ranks' counts) and in
+    # the groups: each call of link_records adds the two, and neither call changes the meter
+    meter = Meter(group_links=True)
+    meter.record_sent(1, "round", "client-0", "server", "fl.update", 100)
+    meter.sent[(1, "round", "client-0", "server", "fl.update")] = (2, 200)
+    first = meter.link_records()
+    assert meter.link_records() == first
+    assert [(r.messages, r.payload_bytes) for r in first] == [(3, 300)]
+    assert meter.sent == {(1, "round", "client-0", "server", "fl.update"): (2, 200)}
+
+
+def test_a_meters_counters_are_left_out_of_the_cyclic_collectors_walks():
+    # every counter and key is a tuple of ints and strings: untracked once the collector has seen
+    # it, so a long run's counters never lengthen a full collection
+    import gc
+
+    meter = Meter()
+    for r in range(50):
+        meter.record_sent(r, "round", "client-0", "server", "fl.update", 100)
+        meter.record_sent(r, "round", "client-0", "server", "fl.update", 100)
+        meter.record_received(r, "round", "server", "client-0", "fl.agg", 80)
+    gc.collect()
+    for table in (meter.sent, meter.received):
+        assert len(table) == 50
+        assert not any(gc.is_tracked(key) or gc.is_tracked(counter) for key, counter in table.items())
+    assert meter.sent[(7, "round", "client-0", "server", "fl.update")] == (2, 200)
