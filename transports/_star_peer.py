@@ -98,10 +98,11 @@ class StarPeer:
         self.changed.set()
         self.changed = trio.Event()
 
-    def queue(self, index: int | None, frame: bytes, *, urgent: bool = False) -> int:
+    def queue(self, index: int | None, frame: bytes, *, urgent: bool = False, poke: bool = True) -> int:
         """Queue one frame (route index or ``None``); returns its number.
 
         An ``urgent`` frame goes ahead of the frames not yet begun, behind earlier urgent ones.
+        ``poke=False``: wake nobody (the caller writes the frame itself, or pokes).
         """
         number = self.sent
         if urgent:
@@ -112,7 +113,8 @@ class StarPeer:
                     box[0] += 1
         self.outbox.insert(number - self.acked, (index, frame))
         self.sent += 1
-        self.poke()
+        if poke:
+            self.poke()
         return number
 
     def take_ack(self, count: int) -> bool:

@@ -59,6 +59,9 @@ class Link:
         written_at: when this side last wrote on it (a star connection's keep-alive is due
             ``keepalive_s`` later).
         silent_s: set when a star client closed it because the hub was silent this long.
+        writing: a star connection's write is under way (its writer task's, or a ``send`` that
+            writes its own frame: see :meth:`~fedproto.transports._star_link.StarLinks.send`).
+        writer_waits: the connection's writer waits for such a ``send`` to end.
     """
 
     raw: trio.SocketStream
@@ -69,6 +72,8 @@ class Link:
     resume_from: int = 0
     written_at: float = -math.inf
     silent_s: float | None = None
+    writing: bool = False
+    writer_waits: bool = False
 
 
 class EndpointState(ConnectionBytes):

@@ -487,3 +487,29 @@ def test_fedproto_run_over_tcp_star_and_mesh_agree_with_memory_and_report_relay_
         assert report["results"]["centroids"] == reports["memory"]["results"]["centroids"]
     assert reports["star"]["relay_overhead_bytes"] > 0 and reports["mesh"]["relay_overhead_bytes"] == 0
     assert reports["star"]["tls_overhead_bytes"] == RECORD_OVERHEAD_BYTES * reports["star"]["messages"]
+
+
+async def test_concurrent_sends_on_one_star_link_arrive_whole_and_in_each_senders_order() -> None:
+    # A send whose link's writer is idle writes its frame itself; others queue for the writer
+    # meanwhile. Four tasks sending at once must neither write two frames at a time (trio refuses
+    # concurrent writes) nor lose or reorder one.
+    async with open_tcp_network(ROSTER, SECRET, topology="star") as eps:
+        hub, client = eps["c"], eps["w0"]
+
+        async def sender(task: int) -> None:
+            for i in range(50):
+                await hub.send("w0", b"%d:%d:" % (task, i) + b"x" * (i * 97 % 3000))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for task in range(4):
+                    nursery.start_soon(sender, task)
+            got = [await client.receive() for _ in range(200)]
+        assert {sender for sender, _ in got} == {"c"}
+        per_task: dict[int, list[int]] = {}
+        for _, frame in got:
+            task, i, _ = frame.split(b":", 2)
+            per_task.setdefault(int(task), []).append(int(i))
+        assert per_task == {task: list(range(50)) for task in range(4)}
+        assert client.receive_nowait() is None
+
