@@ -12,7 +12,9 @@ payloads (``uint32`` arrays of 24 B, 1 KiB and 64 KiB), ``--rounds`` round trips
   (mutual authentication, certificates of a throwaway federation);
 * **fedproto codec + TcpTransport**: two endpoints from :func:`fedproto.transports.tcp.open_tcp_network`
   (mutual TLS 1.3, as a deployment runs; the handshake is done before timing, by one warm-up
-  frame each way); per round trip the
+  frame each way), in each of ``--topologies``: ``mesh`` (a connection each way) and ``star`` (the
+  hub and one client on one connection, with the star's resumable link: ``fedproto party``'s
+  default); per round trip the
   requester encodes a ``MaskedUpdate``, sends it, meters it, receives the ``NoisyAggregate`` answer
   and decodes it; the responder decodes, encodes the answer, sends and meters it;
 * **bare echo through an inbox** (a diagnostic column): the same echo, but each side's frames go
@@ -43,6 +45,7 @@ Run::
     python benchmarks/tcp_rate.py --quick --json tcp.json   # the tables as JSON records
     python benchmarks/tcp_rate.py --profile  # also: where a round trip's time goes, and why
     python benchmarks/tcp_rate.py --clock cpu   # CPU time, on a machine shared with other work
+    python benchmarks/tcp_rate.py --topologies mesh   # the mesh rows only (the default: mesh and star)
 
 ``--profile`` adds a cProfile of the bare echo, of ``TcpTransport`` alone and of the full runtime
 (24 B, ``--rounds`` round trips each, after the timed runs): own time per round trip grouped by
@@ -50,7 +53,8 @@ area (trio's scheduler and sockets, the transport, the codec, the runtime loop, 
 machines, system calls), the scheduler passes and socket calls per round trip, and for the full
 runtime the top functions (records of table ``profile_area``, one set per path).
 
-``--json PATH`` writes one record per row: table ``tcp_round_trips`` (``handshake``, ``payload``, ``raw_bytes``,
+``--json PATH`` writes one record per row: table ``tcp_round_trips`` (``topology``, ``handshake``, ``payload``,
+``raw_bytes``,
 ``bare_rt_per_s``, ``codec_tcp_rt_per_s``, ``runtime_rt_per_s``, ``codec_tcp_ratio``,
 ``runtime_ratio``, ``target_ratio``, and the five ``*_us_per_rt``) and table ``envelope``
 (``k``, ``d``, ``ring_bits``, ``raw_bytes``, ``masked_update_frame_bytes``,
@@ -218,20 +222,21 @@ def _inbox(nursery: trio.Nursery, reader: _BareReader) -> trio.MemoryReceiveChan
 
 
 @contextlib.asynccontextmanager
-async def echo_and_network(handshake: str) -> AsyncIterator[tuple[BareEcho, BareEcho, dict]]:
-    """The bare echo, the bare echo through an inbox, and two fedproto endpoints ``a``, ``b``,
-    handshakes done: for ``"tls"`` all over TLS 1.3 with the kits of one throwaway federation
-    (``b`` serves the echoes, ``a`` dials them), for ``"secret"`` the plain echoes and the
-    shared-secret handshake."""
+async def echo_and_network(handshake: str, topology: str = "mesh") -> AsyncIterator[tuple[BareEcho, BareEcho, dict]]:
+    """The bare echo, the bare echo through an inbox, and two fedproto endpoints ``a``, ``b`` in
+    ``topology`` (``"mesh"``: a connection each way; ``"star"``: ``a`` the hub, ``b`` its client,
+    one connection both ways, as ``fedproto party`` runs by default), handshakes done: for
+    ``"tls"`` all over TLS 1.3 with the kits of one throwaway federation (``b`` serves the echoes,
+    ``a`` dials them), for ``"secret"`` the plain echoes and the shared-secret handshake."""
     async with trio.open_nursery() as nursery:
         with contextlib.ExitStack() as files:
             if handshake == "tls":
                 kits = files.enter_context(throwaway_tls(["a", "b"]))
                 contexts = (load_contexts(kits["b"], "b"), load_contexts(kits["a"], "a"))
-                network = open_tcp_network(["a", "b"], tls=kits, session=SESSION)
+                network = open_tcp_network(["a", "b"], tls=kits, session=SESSION, topology=topology)
             else:
                 contexts = (None, None)
-                network = open_tcp_network(["a", "b"], secrets.token_bytes(32), session=SESSION)
+                network = open_tcp_network(["a", "b"], secrets.token_bytes(32), session=SESSION, topology=topology)
             bare, hop = BareEcho(*contexts), BareEcho(*contexts, through_inbox=True)
             await bare.open(nursery)
             await hop.open(nursery)
@@ -276,12 +281,14 @@ async def runtime_round_trips(endpoints: dict, array: np.ndarray, rounds: int) -
 
 
 async def measure(
-    handshakes: list[str], payload_names: list[str], rounds: int, repeats: int, seed: int
-) -> dict[tuple[str, str], dict[str, float]]:
-    """Best-of-``repeats`` seconds per (handshake, payload) for the bare echo and the fedproto paths."""
-    out: dict[tuple[str, str], dict[str, float]] = {}
-    for handshake in handshakes:
-        async with echo_and_network(handshake) as (bare, hop, endpoints):
+    handshakes: list[str], payload_names: list[str], rounds: int, repeats: int, seed: int,
+    topologies: tuple[str, ...] = ("mesh",),
+) -> dict[tuple[str, str, str], dict[str, float]]:
+    """Best-of-``repeats`` seconds per (topology, handshake, payload) for the bare echo and the
+    fedproto paths."""
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    for topology, handshake in ((t, h) for t in topologies for h in handshakes):
+        async with echo_and_network(handshake, topology) as (bare, hop, endpoints):
             for i, name in enumerate(payload_names):
                 array = payload_array(PAYLOAD_SHAPES[name], seed=seed + i)
                 raw = array.tobytes()
@@ -292,7 +299,7 @@ async def measure(
                     best["transport"] = min(best["transport"], await transport_round_trips(endpoints, array, rounds))
                     best["codec"] = min(best["codec"], await codec_transport_round_trips(endpoints, array, rounds))
                     best["runtime"] = min(best["runtime"], await runtime_round_trips(endpoints, array, rounds))
-                out[handshake, name] = best
+                out[topology, handshake, name] = best
     return out
 
 
@@ -396,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         help="tls: mutual TLS 1.3 on both sides (the target's rows); secret: also the shared-secret "
         "handshake against the plain echo",
     )
+    parser.add_argument(
+        "--topologies", nargs="+", choices=("mesh", "star"), default=["mesh", "star"],
+        help="mesh: a connection each way; star: one connection both ways, the hub and a client "
+        "(fedproto party's default)",
+    )
     add_common_arguments(parser, quick="tiny run for a smoke test (a few seconds)", clock=True)
     args = parse_args(parser, argv)
     global _timer
@@ -411,11 +423,13 @@ def main(argv: list[str] | None = None) -> int:
             "round trips per run": f"{args.rounds:,}",
             "repeats (best kept)": args.repeats,
             "handshakes": ", ".join(args.handshakes),
+            "topologies": ", ".join(args.topologies),
             "clock": clock,
             "target ratio (full runtime, TLS on)": f">= {TARGET_RATIO}",
         },
     )
-    best = trio.run(measure, args.handshakes, args.payloads, args.rounds, args.repeats, args.seed)
+    best = trio.run(measure, args.handshakes, args.payloads, args.rounds, args.repeats, args.seed,
+                    tuple(args.topologies))
 
     table = Table(
         title="Round trips/s over TCP loopback (best of repeats; tls: fedproto over mutual TLS 1.3 vs the bare "
@@ -425,20 +439,21 @@ def main(argv: list[str] | None = None) -> int:
         title_justify="left",
     )
     for col in (
-        "handshake", "payload", "raw B", "bare rt/s", "codec+tcp rt/s", "ratio", "runtime rt/s", "ratio",
+        "topology", "handshake", "payload", "raw B", "bare rt/s", "codec+tcp rt/s", "ratio", "runtime rt/s", "ratio",
         "bare us/rt", "bare+inbox us/rt", "tcp only us/rt", "codec+tcp us/rt", "runtime us/rt",
     ):
-        table.add_column(col, justify="left" if col in ("handshake", "payload") else "right")
+        table.add_column(col, justify="left" if col in ("topology", "handshake", "payload") else "right")
     misses = []
     records = []
-    for (handshake, name), b in best.items():
+    for (topology, handshake, name), b in best.items():
         raw = int(np.prod(PAYLOAD_SHAPES[name])) * 4
         r_codec = b["bare"] / b["codec"]
         r_runtime = b["bare"] / b["runtime"]
         if handshake == "tls" and r_runtime < TARGET_RATIO:
-            misses.append(f"full runtime {name}: {r_runtime:.2f}")
+            misses.append(f"full runtime {topology} {name}: {r_runtime:.2f}")
         table.add_row(
-            handshake, name, f"{raw:,}", f"{args.rounds / b['bare']:,.0f}", f"{args.rounds / b['codec']:,.0f}",
+            topology, handshake, name, f"{raw:,}", f"{args.rounds / b['bare']:,.0f}",
+            f"{args.rounds / b['codec']:,.0f}",
             f"{r_codec:.2f}", f"{args.rounds / b['runtime']:,.0f}",
             fmt_ratio(r_runtime, TARGET_RATIO) if handshake == "tls" else f"{r_runtime:.2f}",
             f"{1e6 * b['bare'] / args.rounds:.1f}", f"{1e6 * b['hop'] / args.rounds:.1f}",
@@ -447,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{1e6 * b['runtime'] / args.rounds:.1f}",
         )
         records.append(record(
-            "tcp_round_trips", handshake=handshake, payload=name, raw_bytes=raw,
+            "tcp_round_trips", topology=topology, handshake=handshake, payload=name, raw_bytes=raw,
             bare_rt_per_s=args.rounds / b["bare"],
             codec_tcp_rt_per_s=args.rounds / b["codec"], runtime_rt_per_s=args.rounds / b["runtime"],
             codec_tcp_ratio=r_codec, runtime_ratio=r_runtime,
