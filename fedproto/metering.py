@@ -104,6 +104,9 @@ class Meter(ConnectionBytes):
             tag)`` in :attr:`sent`.
 
     Attributes:
+        sent: ``{(round_idx, phase, sender, receiver, tag): (frames, bytes)}``, the frames sent
+            on each link (without ``group_links``).
+        received: the same for the frames received (:meth:`record_received`).
         grouped: with ``group_links``, ``{(round_idx, phase, tag, nbytes): (senders, receivers)}``,
             one entry in each list per frame sent.
         rejected: the first :data:`MAX_REJECTED_KEPT` refused frames, as ``{"sender", "reason",

@@ -93,7 +93,7 @@ def test_every_share_carries_exactly_T_field_elements():
     for round_idx in (0, 1):
         shares = frames[(round_idx, MaskedSyndromes.TAG)]
         assert len(shares) == 3
-        assert all(c == [1, share_bytes] for c in shares)
+        assert all(c == (1, share_bytes) for c in shares)
     assert len(frames[(1, RemovalRequest.TAG)]) == 1
     assert len(frames[(1, AggregationRequest.TAG)]) == 3
     assert len(frames[(1, ModelUpdate.TAG)]) == 3
