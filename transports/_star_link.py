@@ -262,10 +262,9 @@ class StarLinks:
         try:
             while peer.conn is link:
                 keepalive_at = link.written_at + state.keepalive_s
-                if link.writing:  # a send writes its own frame (see send), and wakes this after
+                if link.writing:  # a send writes its own frame (see send) and wakes this after it
                     link.writer_waits = True
-                    with trio.move_on_at(keepalive_at):
-                        await peer.changed.wait()
+                    await peer.changed.wait()  # (no keep-alive is due before that write ends)
                     continue
                 link.writing = True
                 try:
