@@ -297,6 +297,35 @@ async def test_frames_written_into_a_dead_connection_are_written_again_and_cost_
         assert w0.receive_nowait() is None and hub.receive_nowait() is None
 
 
+
+async def test_a_send_cancelled_while_writing_its_own_frame_loses_nothing() -> None:
+    """A send on an idle link writes its frame itself. When the connection stops taking bytes
+    (its path died in silence) that write blocks, and the send's deadline cancels it mid-frame:
+    the hub closes the connection, and every frame, the cancelled one included, arrives once
+    and in order when the client's re-dial resumes the link."""
+    frame = b"z" * 32_000
+    async with proxied_star() as (eps, proxies):
+        hub, w0 = eps["c"], eps["w0"]
+        await hub.send("w0", b"before")
+        assert await w0.receive() == ("c", b"before")
+        hanging = hub._clients["w0"]
+        proxies["w0"].hold = True
+        proxies["w0"].cut(hub_end=False)  # the hub's end stays open, and nobody reads it
+        sent, cancelled = 0, False
+        with trio.fail_after(30):
+            while not cancelled:
+                with trio.move_on_after(1.0) as scope:
+                    await hub.send("w0", b"%d " % sent + frame)
+                sent += 1  # queued on the link, written or not
+                cancelled = scope.cancelled_caught
+        assert hub._clients.get("w0") is not hanging  # the hub closed the connection it was cut on
+        proxies["w0"].hold = False
+        proxies["w0"].release_held()
+        with trio.fail_after(30):
+            assert [await w0.receive() for _ in range(sent)] == [("c", b"%d " % i + frame) for i in range(sent)]
+        assert hub.resent_frames >= 1 and w0.receive_nowait() is None
+
+
 # --- a protocol run cut mid-round ---------------------------------------------------------------------------------
 
 
