@@ -35,13 +35,19 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
 
 
-def _imported(tmp_path: Path, *argv: str) -> set[str]:
+def _probe(script: str, tmp_path: Path, *argv: str) -> tuple[dict, str]:
+    """Run a probe ``script`` with ``argv`` in a fresh interpreter (in ``tmp_path``, its own cache);
+    its last line of output as JSON, and its error output."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], env=env, cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script, *argv], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    doc = json.loads(done.stdout.strip().splitlines()[-1])
-    assert doc["code"] == 0, (argv, done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _imported(tmp_path: Path, *argv: str) -> set[str]:
+    doc, stderr = _probe(_PROBE, tmp_path, *argv)
+    assert doc["code"] == 0, (argv, stderr[-2000:])
     return set(doc["modules"])
 
 
@@ -171,25 +177,18 @@ print(json.dumps({"code": code, "at_run": seen, "enabled": gc.isenabled(), "froz
 """
 
 
-def _gc_probe(tmp_path: Path, *argv: str) -> dict:
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", _GC_PROBE, *argv], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_the_collector_pauses_for_the_start_up_of_a_run_and_runs_again_for_the_run(tmp_path):
     # a run: no collection while it starts (imports, parser, plugin, plan), then the collector is
     # on again, with what the start-up made frozen out of its way
-    doc = _gc_probe(tmp_path, "run", "docs/tutorial/secure_sum.py", "--quiet", "--no-plot")
+    doc, _ = _probe(_GC_PROBE, tmp_path, "run", str(ROOT / "docs" / "tutorial" / "secure_sum.py"), "--quiet",
+                    "--no-plot")
     assert doc["code"] == 0
     assert doc["at_run"] == {"enabled": True, "frozen": doc["at_run"]["frozen"], "collections": 0}
     assert doc["at_run"]["frozen"] > 10_000
     assert doc["enabled"] is True
     # an error before the run (no such data file) and a command without a run leave it on too
     for argv in (["run", "fastlloyd", "--data", str(tmp_path / "missing.csv")], ["list"]):
-        doc = _gc_probe(tmp_path, *argv)
+        doc, _ = _probe(_GC_PROBE, tmp_path, *argv)
         assert doc["code"] == (1 if argv[0] == "run" else 0) and doc["at_run"] == {}
         assert doc["enabled"] is True and doc["frozen"] > 0, argv
 

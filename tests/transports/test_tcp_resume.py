@@ -38,6 +38,7 @@ from fedproto.runtime import RuntimeConfig, run_party
 from fedproto.testing import DelegatingTransport, load_file
 from fedproto.testing.toy import SumCoordinator, SumWorker
 from fedproto.transports._framing import CONTROL_FRAME_BYTES
+from fedproto.transports._tcp_state import Link
 from fedproto.transports.tcp import (
     STAR_TLS_HELLO_VERSION,
     TcpAddress,
@@ -262,17 +263,24 @@ async def test_frames_cross_cut_connections_exactly_once_and_in_order(security: 
     assert hub.relayed_frames == 2 * n  # each relayed frame counted once, however often it was re-sent
 
 
+async def _cut_leaving_the_hubs_end_open(hub: TcpTransport, w0: TcpTransport, proxy: CuttingProxy) -> Link:
+    """After one frame through it, cut w0's connection so that the hub's end stays open and silent
+    and w0's re-dials are held; returns the hub's connection to w0 as it was."""
+    await hub.send("w0", b"before")
+    assert await w0.receive() == ("c", b"before")
+    hanging = hub._clients["w0"]
+    proxy.hold = True
+    proxy.cut(hub_end=False)  # w0 sees a reset; the hub's end stays open, and nobody reads it
+    return hanging
+
+
 async def test_frames_written_into_a_dead_connection_are_written_again_and_cost_resumption_bytes() -> None:
     """The hub cannot tell that a connection died in silence: what it writes there is lost, and
     written again, exactly once each, when the client's re-dial replaces that connection."""
     frames = [b"lost %d " % i + b"." * (i * 300) for i in range(12)]
     async with proxied_star() as (eps, proxies):
         hub, w0 = eps["c"], eps["w0"]
-        await hub.send("w0", b"before")
-        assert await w0.receive() == ("c", b"before")
-        hanging = hub._clients["w0"]
-        proxies["w0"].hold = True
-        proxies["w0"].cut(hub_end=False)  # w0 sees a reset; the hub's end stays open, silent
+        hanging = await _cut_leaving_the_hubs_end_open(hub, w0, proxies["w0"])
         with trio.fail_after(10):
             while w0._peers["c"].conn is not None:
                 await trio.sleep(0.01)
@@ -297,7 +305,6 @@ async def test_frames_written_into_a_dead_connection_are_written_again_and_cost_
         assert w0.receive_nowait() is None and hub.receive_nowait() is None
 
 
-
 async def test_a_send_cancelled_while_writing_its_own_frame_loses_nothing() -> None:
     """A send on an idle link writes its frame itself. When the connection stops taking bytes
     (its path died in silence) that write blocks, and the send's deadline cancels it mid-frame:
@@ -306,11 +313,7 @@ async def test_a_send_cancelled_while_writing_its_own_frame_loses_nothing() -> N
     frame = b"z" * 32_000
     async with proxied_star() as (eps, proxies):
         hub, w0 = eps["c"], eps["w0"]
-        await hub.send("w0", b"before")
-        assert await w0.receive() == ("c", b"before")
-        hanging = hub._clients["w0"]
-        proxies["w0"].hold = True
-        proxies["w0"].cut(hub_end=False)  # the hub's end stays open, and nobody reads it
+        hanging = await _cut_leaving_the_hubs_end_open(hub, w0, proxies["w0"])
         sent, cancelled = 0, False
         with trio.fail_after(30):
             while not cancelled:
