@@ -61,6 +61,12 @@ def _check_options(args: argparse.Namespace, network_cls: Any) -> None:
             raise UsageError(f"argument --topology: applies to --transport tcp, not {args.transport}", prog=prog)
         _check_network_options(args, prog)
         _check_placement_options(args, prog)
+        if args.compute_trace and args.engine == "lean":
+            raise UsageError(
+                "argument --compute-trace: the lean engine runs no party's runtime; trace a run with --engine tasks, "
+                "--transport tcp or --transport mpi",
+                prog=prog,
+            )
     elif args.party_report:
         _check_output_path("--party-report", args.party_report, prog=prog)
 

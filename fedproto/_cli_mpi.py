@@ -178,7 +178,7 @@ def _run_mpi(
         )
     party = plan.roster[comm.Get_rank()]
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=_frame_limit(plan, args))
-    meter = Meter(trio.current_time)
+    meter = Meter(trio.current_time, trace_compute=args.compute_trace)
     error: BaseException | None = None
 
     async def go() -> Any:

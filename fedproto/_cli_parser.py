@@ -111,7 +111,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def _compute_spec(text: str) -> str:
-    """``--compute``: ``measured`` or ``fixed:SECONDS`` (kept as text; checked here)."""
+    """``--compute``: ``measured``, ``fixed:SECONDS`` or ``trace:PATH`` (kept as text; checked here)."""
     from fedproto.netmodel import parse_compute
 
     try:
@@ -255,6 +255,11 @@ def _common_arguments(
         help="largest frame accepted (bytes; at most what the transport's wire allows); parties refuse "
         "frames above the smaller of this and the largest frame the protocol sends in this run",
     )
+    group.add_argument(
+        "--compute-trace", action="store_true",
+        help="note each handler's process CPU seconds per party in the report's compute_trace (the input of "
+        "--engine lean --network ... --compute trace:REPORT); not with --engine lean",
+    )
     if party:
         group.add_argument("--party", required=True, help="the party this process runs (e.g. server, client-0)")
         group.add_argument(
@@ -292,9 +297,10 @@ def _common_arguments(
             "the plot (default none)",
         )
         group.add_argument(
-            "--compute", type=_compute_spec, default=None, metavar="measured|fixed:SECONDS",
-            help="with --network: each handler's compute time, measured on this process (default) or the "
-            "same fixed seconds for every handler (repeatable predictions)",
+            "--compute", type=_compute_spec, default=None, metavar="measured|fixed:SECONDS|trace:PATH",
+            help="with --network: each handler's compute time, measured on this process (default), the "
+            "same fixed seconds for every handler (repeatable predictions), or as traced where an earlier run's "
+            "parties ran (a report, or a directory of party reports, written with --compute-trace)",
         )
         group.add_argument(
             "--placement", default=None, metavar="blocks|coordinator-alone|PATH",

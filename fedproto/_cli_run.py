@@ -131,7 +131,7 @@ def _run_memory(
             _abort_ranks(shards, exc)  # the other ranks wait for this one in the run's first exchange
         raise
     config = RuntimeConfig(session=plan.session, deadline_s=args.deadline, max_frame_bytes=limit)
-    meter = Meter(time.perf_counter) if lean else Meter(trio.current_time)
+    meter = Meter(time.perf_counter) if lean else Meter(trio.current_time, trace_compute=args.compute_trace)
     coordinator = plan.roster[0]
     results: dict[str, Any] = {}
     error: BaseException | None = None

@@ -256,7 +256,7 @@ def _run_party_tcp(
     file, and the process ends as the signal asks (killed by SIGTERM; 130 for SIGINT). Every
     report holds what was metered up to the end, the endpoint's connection bytes included.
     """
-    meter = Meter(trio.current_time)
+    meter = Meter(trio.current_time, trace_compute=args.compute_trace)
     hosted: dict[str, Any] = {}
     result: Any = None
     failure: Exception | None = None

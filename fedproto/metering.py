@@ -102,6 +102,9 @@ class Meter(ConnectionBytes):
             :meth:`link_records` give every link's record. Received frames are kept per link as
             usual. Default ``False``: one counter per ``(round_idx, phase, sender, receiver,
             tag)`` in :attr:`sent`.
+        trace_compute: keep :attr:`compute_trace`, each handler's CPU time (the report's
+            ``compute_trace``, the input of ``--compute trace:PATH``; see
+            :class:`fedproto.netmodel.ComputeTrace`). Default ``False``.
 
     Attributes:
         sent: ``{(round_idx, phase, sender, receiver, tag): (frames, bytes)}``, the frames sent
@@ -116,9 +119,14 @@ class Meter(ConnectionBytes):
         prediction: the link model's prediction of the run's wall time, set by
             :func:`fedproto.simulation.simulate` with ``network=`` when the run completes (the
             report's ``prediction``, see :mod:`fedproto.netmodel`); empty otherwise.
+        compute_trace: with ``trace_compute``, ``{party: [(round_idx, trigger, seconds), ...]}``,
+            each handler the runtime ran for the party, in order (:meth:`record_compute`);
+            ``None`` otherwise.
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None, *, group_links: bool = False) -> None:
+    def __init__(
+        self, clock: Callable[[], float] | None = None, *, group_links: bool = False, trace_compute: bool = False
+    ) -> None:
         self._clock = clock
         self.group_links = group_links
         self.grouped: dict[tuple[int, str, str, int], tuple[list[str], list[str]]] = {}
@@ -139,6 +147,7 @@ class Meter(ConnectionBytes):
         self._compile_started = 0.0
         self._compile_finished: float | None = None
         self.prediction: dict[str, Any] = {}
+        self.compute_trace: dict[str, list[tuple[int, str, float]]] | None = {} if trace_compute else None
         # a sharded simulation's ranks (fedproto.shards): set at rank 0 when the meters are gathered
         self.ranks: list[dict[str, Any]] = []
 
@@ -263,6 +272,26 @@ class Meter(ConnectionBytes):
         counter = self.received.get(key)
         self.received[key] = (1, nbytes) if counter is None else (counter[0] + 1, counter[1] + nbytes)
 
+    def record_compute(self, party: str, round_idx: int, trigger: str, seconds: float) -> None:
+        """Note one handler's compute (with ``trace_compute``; nothing otherwise).
+
+        Args:
+            party: the party that ran it.
+            round_idx: the round of what triggered it (the frame's round; for ``"start"`` the
+                machine's round after its start, for ``"timeout"`` its round when the deadline
+                passed).
+            trigger: ``"start"``, ``"timeout"``, or the tag of the message it received.
+            seconds: the process CPU seconds it took (decoding the frame, the machine's
+                ``start``, ``receive`` or ``handle``, and encoding what it sends; not the
+                transport's writes).
+        """
+        trace = self.compute_trace
+        if trace is not None:
+            entries = trace.get(party)
+            if entries is None:
+                entries = trace[party] = []
+            entries.append((round_idx, trigger, seconds))  # a tuple: untracked by the collector
+
     def record_rejected(self, sender: str, reason: str, cause: str = "refused") -> None:
         """Count a frame that was refused before reaching a machine.
 
@@ -327,6 +356,7 @@ class Meter(ConnectionBytes):
             device=device_description() if kernels_compiled() else "",
             prediction=dict(self.prediction),
             ranks=[dict(r) for r in self.ranks],
+            compute_trace={party: [list(h) for h in handlers] for party, handlers in (self.compute_trace or {}).items()},
         )
 
 
@@ -451,6 +481,13 @@ class RunReport:
             memory (MiB), "exchange_s": seconds it spent in the exchanges between ranks (waiting
             for the others included)}``; empty (and left out of the JSON form) for a run in one
             process.
+        compute_trace: each handler the runtime ran, per party, in order, with ``--compute-trace``
+            (:class:`Meter`'s ``trace_compute``): ``{party: [[round_idx, trigger, seconds], ...]}``,
+            ``trigger`` ``"start"``, ``"timeout"`` or the received message's tag, ``seconds`` the
+            handler's process CPU time (decoding, the machine, encoding; not the transport's
+            writes). The input of ``fedproto run --engine lean --network ... --compute
+            trace:PATH`` (:class:`fedproto.netmodel.ComputeTrace`); empty (and left out of the
+            JSON form) otherwise. Merged reports hold every process's parties.
     """
 
     protocol: str
@@ -488,6 +525,7 @@ class RunReport:
     privacy: dict[str, Any] = dataclasses.field(default_factory=dict)
     prediction: dict[str, Any] = dataclasses.field(default_factory=dict)
     ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    compute_trace: dict[str, list[list[Any]]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in RUN_STATUSES:
@@ -577,6 +615,8 @@ class RunReport:
             del data["prediction"]  # only a run with a link model predicts its time
         if not self.ranks:
             del data["ranks"]  # only a sharded simulation has ranks
+        if not self.compute_trace:
+            del data["compute_trace"]  # only a run asked to trace its handlers has one
         return data
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -679,6 +719,7 @@ class RunReport:
             privacy=next((dict(r.privacy) for r in reports if r.privacy), {}),
             prediction=next((dict(r.prediction) for r in reports if r.prediction), {}),
             ranks=next((list(r.ranks) for r in reports if r.ranks), []),
+            compute_trace={party: list(h) for r in reports for party, h in r.compute_trace.items()},
             wall_time_s=longest.wall_time_s,
             round_wall_s=longest.round_wall_s,
             rejected_frames=sum(r.rejected_frames for r in reports),

@@ -22,9 +22,11 @@ The model:
   delivered in arrival-time order, ties broken by the order they entered their last link (a
   sequence number), so a prediction is the same for the same compute trace.
 * **Compute time** of a handler (decoding the frame, the machine's ``receive`` or ``handle``, and
-  encoding what it sends) is either ``fixed`` (every handler, the start of each party and each
-  timeout included, costs the same seconds: bit-for-bit repeatable predictions) or ``measured``
-  on this process with ``time.perf_counter`` (see :func:`parse_compute`).
+  encoding what it sends) is ``fixed`` (every handler, the start of each party and each
+  timeout included, costs the same seconds: bit-for-bit repeatable predictions), ``measured``
+  on this process with ``time.perf_counter`` (see :func:`parse_compute`), or ``trace``: what
+  each handler cost where the parties of an earlier run ran (:class:`ComputeTrace`, the
+  report's ``compute_trace``).
 * **Hosts and cores.** Parties may share a host with a number of cores (``hosts``): on a host,
   at most ``cores`` handlers run at once. A handler takes the host's core that frees first and
   starts at ``max(its ready time, the core's free time)``; handlers take cores in the order the
@@ -47,7 +49,7 @@ The model:
   :func:`fedproto.compilation.compile_seconds`) under a key (the machine's class, the round, and
   what triggered it); a party's first handler of a key is charged the largest compile seconds
   seen for that key, less what its own measured time already holds. With fixed compute nothing
-  is added.
+  is added, nor with a trace (each traced figure holds its own process's compilation).
 * **A process's first kernel** (``first_kernel_s``, 0 by default; only with ``compile``
   ``"per_party"`` and measured compute): CPU seconds a fresh process spends on its first JAX
   kernel beyond that kernel's own compile events (JAX's one-time set-up of its tracing, lowering
@@ -104,7 +106,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Host", "Link", "LinkModel", "LinkSimulator", "PRESETS", "parse_compute", "plot_timeline"]
+from fedproto._netmodel_compute import ComputeTrace, parse_compute
+
+__all__ = ["ComputeTrace", "Host", "Link", "LinkModel", "LinkSimulator", "PRESETS", "parse_compute", "plot_timeline"]
 
 #: Topologies a model file may name.
 TOPOLOGIES = ("star", "mesh")
@@ -445,36 +449,6 @@ def _link_entry(value: Any, where: str) -> dict[str, float | None]:
     return out
 
 
-def parse_compute(spec: str | float | None) -> float | None:
-    """``--compute``: ``"measured"`` (or ``None``) gives ``None``; ``"fixed:SECONDS"`` (or a number)
-    gives the seconds every handler costs.
-
-    Measured compute is each handler's ``time.perf_counter`` span on this process (wall time, not
-    CPU time): numeric kernels run on worker threads (XLA, multi-threaded BLAS) or on an
-    accelerator, which this thread's CPU time would miss and the process's would count once per
-    busy thread. It therefore includes any time the operating system gave to other processes:
-    use ``fixed`` for repeatable predictions.
-
-    Raises:
-        ValueError: not ``measured`` nor ``fixed:`` followed by a finite number >= 0.
-    """
-    if spec is None or spec == "measured":
-        return None
-    if isinstance(spec, int | float) and not isinstance(spec, bool):
-        seconds = float(spec)
-    else:
-        text = str(spec)
-        if not text.startswith("fixed:"):
-            raise ValueError(f"compute must be measured or fixed:SECONDS, got {spec!r}")
-        try:
-            seconds = float(text[len("fixed:"):])
-        except ValueError:
-            raise ValueError(f"compute fixed:SECONDS needs a number of seconds, got {spec!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"compute seconds must be a finite number >= 0, got {spec!r}")
-    return seconds
-
-
 # Event kinds in the simulator's heap: a frame entering a link, a frame reaching the star's hub to
 # be forwarded (only with a per-frame cost), and a frame arriving at a party.
 _ENTER, _FORWARD, _ARRIVE = 0, 1, 2
@@ -491,14 +465,19 @@ class LinkSimulator:
     Args:
         model: the link parameters.
         parties: the roster, coordinator (the star's hub) first.
-        compute_s: seconds per handler, or ``None`` for measured (see :func:`parse_compute`).
+        compute_s: seconds per handler, a :class:`ComputeTrace`, or ``None`` for measured (see
+            :func:`parse_compute`).
     """
 
-    def __init__(self, model: LinkModel, parties: Sequence[str], compute_s: float | None = None) -> None:
+    def __init__(
+        self, model: LinkModel, parties: Sequence[str], compute_s: float | ComputeTrace | None = None
+    ) -> None:
         self.model = model
         self.parties = list(parties)
         self.hub = self.parties[0] if self.parties else ""
-        self.compute_s = compute_s
+        self.trace = compute_s if isinstance(compute_s, ComputeTrace) else None
+        self.compute_s = None if self.trace is not None else compute_s
+        self.untraced = 0  # handlers the trace had no figure for
         self.clock: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.per_frame_s = model.per_frame_s
         self.compile_per_party = model.compile == "per_party"
@@ -563,7 +542,7 @@ class LinkSimulator:
 
     def handled(
         self, party: str, round_idx: int, ready_s: float, compute_s: float, trigger: int = -1, frames_out: int = 0,
-        kernels: tuple[Any, float, float] | None = None,
+        kernels: tuple[Any, float, float] | None = None, cause: str = "",
     ) -> int:
         """Record a handler of ``party``, place it on a core of its host and advance its clock.
 
@@ -579,11 +558,20 @@ class LinkSimulator:
                 machine's class, round and trigger), the compile seconds the lean process spent
                 in it (a batch's whole), and how much of them ``compute_s`` holds; used with the
                 model's ``compile`` ``"per_party"`` and measured compute (see the module docstring).
+            cause: what triggered it, ``"start"``, ``"timeout"`` or the received message's tag
+                (the key of a :class:`ComputeTrace`, with ``round_idx``).
 
         Returns:
             The handler's id (for :meth:`send`).
         """
         compute = self.compute_s if self.compute_s is not None else compute_s
+        if self.trace is not None:
+            traced = self.trace.take(party, round_idx, cause)
+            if traced is None:
+                self.untraced += 1
+            else:
+                compute = traced  # the party's own process: its compilation and first kernel included
+            kernels = None
         if kernels is not None and self.compile_per_party and self.compute_s is None:
             key, compiled, included = kernels
             self._kernel_s[key] = max(self._kernel_s.get(key, 0.0), compiled)
@@ -756,6 +744,7 @@ class LinkSimulator:
             "rounds": rounds,
             "phases": self._phases(),
             "timeline": self._timeline(wall),
+            **({"untraced_handlers": self.untraced} if self.trace is not None else {}),
         }
 
     def _phases(self) -> list[dict[str, Any]]:

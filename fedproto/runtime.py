@@ -86,6 +86,7 @@ import heapq
 import itertools
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -200,12 +201,21 @@ async def _send_all(
     config: RuntimeConfig,
     meter: Meter,
     contacts: set[str],
+    spent: list[float] | None = None,
 ) -> None:
+    """Encode and send ``outgoing`` (and what the machine answers to a failed send); with
+    ``spent``, add the process CPU seconds of the encoding (and of those answers) to ``spent[0]``
+    (a handler's compute for the report's ``compute_trace``, the transport's writes left out)."""
     pending = collections.deque(outgoing)
     session = config.session
     while pending:
         action = pending.popleft()
-        frame = _encode(machine, action, session)
+        if spent is not None:
+            began = time.process_time()
+            frame = _encode(machine, action, session)
+            spent[0] += time.process_time() - began
+        else:
+            frame = _encode(machine, action, session)
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         tag = type(action.message).TAG
         for dest in dests:
@@ -214,7 +224,10 @@ async def _send_all(
             except PartyCrashed:
                 raise  # this party itself is gone: nothing left to tell its machine
             except TransportError as exc:
+                began = time.process_time() if spent is not None else 0.0
                 pending.extend(machine.handle(SendFailed(dest, exc)))
+                if spent is not None:
+                    spent[0] += time.process_time() - began
                 continue
             meter.record_sent(
                 action.round_idx, action.phase, machine.party, dest, tag, len(frame), transport.framing_overhead_bytes
@@ -410,7 +423,19 @@ async def _drive(
 
     # Duck-typed endpoints (test doubles, wrappers) may lack the optional hook.
     receive_nowait: Callable[[], tuple[str, bytes] | None] | None = getattr(transport, "receive_nowait", None)
-    await _send_all(machine, transport, machine.start(), config, meter, contacts)
+    party = machine.party
+    # --compute-trace: each handler's process CPU (decoding, the machine, encoding), in the meter
+    tracing = meter.compute_trace is not None
+    cpu = time.process_time
+    record_compute = meter.record_compute
+    if tracing:
+        began = cpu()
+        outgoing = machine.start()
+        spent = [cpu() - began]
+        await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+        record_compute(party, machine.round_idx, "start", spent[0])
+    else:
+        await _send_all(machine, transport, machine.start(), config, meter, contacts)
     patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
     wait = _Wait(trio.current_time() + patience)
@@ -422,7 +447,6 @@ async def _drive(
     session = config.session
     max_frame_bytes = config.max_frame_bytes
     record_received = meter.record_received if config.record_received else None
-    party = machine.party
     # Frames (and dropout reports) that were waiting when the deadline passed, read before the
     # deadline is believed.
     backlog: collections.deque[tuple[str, bytes] | PeerDropped] = collections.deque()
@@ -478,6 +502,7 @@ async def _drive(
                     if sender not in roster:
                         refuse(sender, "sender not in the roster", "not in the roster")
                         continue
+                    began = cpu() if tracing else 0.0
                     try:
                         envelope, message = decode_frame(frame, max_frame_bytes=max_frame_bytes)
                     except DecodeError as exc:
@@ -526,6 +551,8 @@ async def _drive(
                             )
                         except (TypeError, ValueError, OverflowError) as exc:
                             raise _unencodable(machine, action, exc) from exc
+                        if tracing:
+                            record_compute(party, envelope.round_idx, envelope.tag, cpu() - began)
                         try:
                             await send(dest, out)
                         except PartyCrashed:
@@ -539,6 +566,11 @@ async def _drive(
                                 transport.framing_overhead_bytes,
                             )
                             contacts.add(dest)
+                    elif tracing:
+                        spent = [cpu() - began]
+                        if outgoing:
+                            await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+                        record_compute(party, envelope.round_idx, envelope.tag, spent[0])
                     elif outgoing:
                         await _send_all(machine, transport, outgoing, config, meter, contacts)
                     if (machine.round_idx, machine.state) != progress:
@@ -567,8 +599,15 @@ async def _drive(
                         backlog.append(waiting)
                 if backlog:
                     continue
+            timed_out_in = machine.round_idx
+            began = cpu() if tracing else 0.0
             outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
-            await _send_all(machine, transport, outgoing, config, meter, contacts)
+            if tracing:
+                spent = [cpu() - began]
+                await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+                record_compute(party, timed_out_in, "timeout", spent[0])
+            else:
+                await _send_all(machine, transport, outgoing, config, meter, contacts)
             progress = (machine.round_idx, machine.state)
             wait.deadline = current_time() + patience
             drained = False

@@ -71,7 +71,7 @@ from fedproto.errors import (
 from fedproto.machine import ProtocolMachine, check_sessions
 from fedproto.messages import Broadcast, Outgoing, PhaseTimedOut, SendFailed
 from fedproto.metering import Meter
-from fedproto.netmodel import LinkModel, LinkSimulator, parse_compute
+from fedproto.netmodel import ComputeTrace, LinkModel, LinkSimulator, parse_compute
 from fedproto.runtime import Observer, RuntimeConfig, _encode
 from fedproto.shards import ShardFailed, Shards
 
@@ -130,7 +130,7 @@ def simulate(
     batch: bool = True,
     pause_gc: bool = True,
     network: LinkModel | None = None,
-    compute: str | float | None = "measured",
+    compute: str | float | ComputeTrace | None = "measured",
     shards: Shards | None = None,
 ) -> dict[str, Any]:
     """Run ``machines`` to completion in this thread and return their results.
@@ -161,7 +161,9 @@ def simulate(
             frames and bytes are the same either way.
         compute: with ``network``, each handler's compute time: ``"measured"`` (its
             ``time.perf_counter`` span here, each receiver of a broadcast handling it alone)
-            or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions); see
+            or ``"fixed:SECONDS"`` / a number of seconds (repeatable predictions), or
+            ``"trace:PATH"`` / a :class:`~fedproto.netmodel.ComputeTrace` (what each handler cost
+            where an earlier run's parties ran; each receiver handling alone, as measured); see
             :func:`fedproto.netmodel.parse_compute`.
         shards: spread the run over MPI ranks (:class:`fedproto.shards.Shards`, every rank
             calling ``simulate`` with it): ``machines`` are then this rank's parties
@@ -178,7 +180,8 @@ def simulate(
             parties; raised before any machine starts, see :func:`~fedproto.machine.check_sessions`;
             with ``shards``, the rank holding it raises it and the others ``ShardFailed`` with it
             at their first exchange).
-        ValueError: a machine's ``party`` differs from its key, ``compute`` is malformed, ``machines``
+        ValueError: a machine's ``party`` differs from its key, ``compute`` is malformed (or its
+            trace unreadable), ``machines``
             are not exactly ``shards.local``, or ``shards`` and ``network`` are both given (the link
             model runs in one process).
         LocalProtocolError: a machine made a message that cannot be encoded (names the field).
@@ -188,7 +191,7 @@ def simulate(
         ShardFailed: with ``shards``, a failure on another rank (its record and rank attached);
             the rank that saw a failure raises it as itself.
     """
-    compute_s = parse_compute(compute)
+    compute_s = compute if isinstance(compute, ComputeTrace) else parse_compute(compute)
     if shards is not None and network is not None:
         raise ValueError("the link model runs in one process: a sharded simulation takes no network")
     config = config or RuntimeConfig()
@@ -199,9 +202,9 @@ def simulate(
         gc.disable()
     try:
         if network is not None:
-            # measured compute times each receiver's own handler: a batch's shared pass is a
-            # simulation's shortcut that no party process of a deployment takes
-            batch = batch and compute_s is not None
+            # measured or traced compute times each receiver's own handler: a batch's shared pass
+            # is a simulation's shortcut that no party process of a deployment takes
+            batch = batch and isinstance(compute_s, float)
             return _simulate_linked(machines, config, meter, observer, batch, network, compute_s)
         return _simulate(machines, config, meter, observer, batch, shards)
     finally:
@@ -405,7 +408,7 @@ def _simulate_linked(
     observer: Observer | None,
     batch: bool,
     network: LinkModel,
-    compute_s: float | None,
+    compute_s: float | ComputeTrace | None,
 ) -> dict[str, Any]:
     """:func:`_simulate` with frames moved through the link model (:mod:`fedproto.netmodel`).
 
@@ -455,7 +458,8 @@ def _simulate_linked(
         sends = encoded(machine, machine.start())
         kernel_s = compiled() - kernel_began
         handler = sim.handled(party, machine.round_idx, 0.0, clock() - began, frames_out=_deliveries(sends),
-                              kernels=((type(machine).__name__, machine.round_idx, "start"), kernel_s, kernel_s))
+                              kernels=((type(machine).__name__, machine.round_idx, "start"), kernel_s, kernel_s),
+                              cause="start")
         dispatch(handler, sends)
         stepped(party, machine)
     remaining = sum(1 for m in machines.values() if not m.done)
@@ -484,7 +488,7 @@ def _simulate_linked(
                 kernel_s = compiled() - kernel_began
                 kernels = ((type(machine).__name__, round_idx, "timeout"), kernel_s, kernel_s)
                 dispatch(sim.handled(party, round_idx, due_at, clock() - began, frames_out=_deliveries(sends),
-                                     kernels=kernels), sends)
+                                     kernels=kernels, cause="timeout"), sends)
                 sent = sent or bool(sends)
                 moved = (machine.round_idx, machine.state) != progress[party] or moved
                 stepped(party, machine)
@@ -537,7 +541,7 @@ def _simulate_linked(
                 kernel_s = receive_kernel_s + compiled() - kernel_began
                 kernels = ((type(machine).__name__, envelope.round_idx, envelope.tag), kernel_s, kernel_s)
                 handler = sim.handled(dest, envelope.round_idx, when, spent, trigger=delivery,
-                                      frames_out=_deliveries(sends), kernels=kernels)
+                                      frames_out=_deliveries(sends), kernels=kernels, cause=envelope.tag)
                 dispatch(handler, sends)
                 stepped(dest, machine)
                 if machine.done:

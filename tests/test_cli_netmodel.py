@@ -115,6 +115,33 @@ def test_the_model_changes_no_result_link_or_byte(family, tmp_path, capsys):
             assert plain.get(field) == linked.get(field), f"{family}: {field} differs with the model"
 
 
+@pytest.mark.parametrize("transport", ["memory", "tcp"])
+def test_a_run_traced_where_its_parties_ran_is_predicted_from_that_trace(transport, tmp_path, capsys):
+    # the parties' runtime notes every handler (over TCP each party process its own, merged)
+    traced = tmp_path / "traced.json"
+    argv = ["run", "fastlloyd", "--data", "iris", "--clients", "3", "--epsilon", "1", "--seed", "3"]
+    code, _, err = _run([*argv, "--transport", transport, "--compute-trace", "--quiet", "--no-plot",
+                         "--report", str(traced)], capsys)
+    assert code == 0, err
+    doc = json.loads(traced.read_text())
+    jsonschema.validate(doc, report_schema())
+    assert sorted(doc["compute_trace"]) == sorted(doc["parties"])
+    assert all(h[0][1] == "start" for h in doc["compute_trace"].values())
+    # the lean engine replays the same run with each handler charged its traced CPU seconds
+    predicted = tmp_path / "predicted.json"
+    code, out, err = _run([*argv, "--engine", "lean", "--network", "wan", "--compute", f"trace:{traced}", "--quiet",
+                           "--no-plot", "--report", str(predicted)], capsys)
+    assert code == 0, err
+    lean = json.loads(predicted.read_text())
+    jsonschema.validate(lean, report_schema())
+    p = lean["prediction"]
+    assert p["untraced_handlers"] == 0
+    assert lean["options"]["compute"] == f"trace:{traced}" and "compute_trace" not in lean
+    traced_s = sum(s for h in doc["compute_trace"].values() for _, _, s in h)
+    assert 0 < p["compute_s"] <= traced_s + 1e-9  # the critical path's share of the traced compute
+    assert lean["links"] == doc["links"]  # the same frames either way
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -125,6 +152,11 @@ def test_the_model_changes_no_result_link_or_byte(family, tmp_path, capsys):
         (["--engine", "lean", "--network", "{tmp}/neg.json"], "default.latency_s: must be >= 0"),
         (["--engine", "lean", "--network", "{tmp}/bw.toml"], "links.server->client-0.bandwidth_bytes_per_s: must be > 0"),
         (["--engine", "lean", "--network", "{tmp}/broken.json"], "not valid JSON"),
+        (["--engine", "lean", "--network", "lan", "--compute", "trace:{tmp}/none.json"],
+         "argument --compute: cannot read the compute trace"),
+        (["--engine", "lean", "--network", "lan", "--compute", "trace:{tmp}/neg.json"],
+         "the report has no compute_trace (run the parties with --compute-trace)"),
+        (["--engine", "lean", "--compute-trace"], "argument --compute-trace: the lean engine runs no party's runtime"),
     ],
 )
 def test_bad_network_options_are_one_usage_error_line(extra, message, tmp_path, capsys):

@@ -80,7 +80,7 @@ def test_the_schema_is_valid_draft_2020_12_and_ships_with_the_package():
     # every field of the report, and nothing else, is described; all but the optional ones required
     fields = {f.name for f in dataclasses.fields(RunReport)}
     assert set(schema["properties"]) == fields
-    assert set(schema["required"]) == fields - {"faults", "error", "privacy", "prediction", "ranks"}
+    assert set(schema["required"]) == fields - {"faults", "error", "privacy", "prediction", "ranks", "compute_trace"}
     link_fields = {f.name for f in dataclasses.fields(LinkRecord)}
     assert set(schema["$defs"]["link"]["properties"]) == link_fields
     assert set(schema["$defs"]["link"]["required"]) == link_fields - {"parties"}

@@ -8,12 +8,14 @@ import json
 import jsonschema
 import numpy as np
 import pytest
+import trio
 
 from fedproto.messages import PhaseTimedOut
 from fedproto.metering import Meter, RunReport, report_schema
-from fedproto.netmodel import Link, LinkModel, LinkSimulator, parse_compute, plot_timeline
-from fedproto.runtime import RuntimeConfig
+from fedproto.netmodel import ComputeTrace, Link, LinkModel, LinkSimulator, parse_compute, plot_timeline
+from fedproto.runtime import RuntimeConfig, run_parties
 from fedproto.simulation import simulate
+from fedproto.transports.memory import MemoryNetwork
 from fedproto.testing.toy import SumWorker, sum_machines
 
 SESSION = 31
@@ -315,6 +317,136 @@ def test_a_processs_first_kernel_is_charged_once_per_party_on_its_first_compilin
     fixed = LinkSimulator(model, ["s", "b"], compute_s=0.001)
     fixed.handled("b", 0, 0.0, 0.1, kernels=(query, 0.2, 0.2))
     assert (once.clock["b"], fixed.clock["b"]) == (pytest.approx(0.1), 0.001)
+
+
+def test_a_compute_trace_charges_each_handler_its_partys_figure_for_the_round_and_trigger_in_order():
+    trace = ComputeTrace({"a": [[0, "start", 0.1], [0, "query", 0.2], [1, "query", 0.4], [0, "query", 0.3]]})
+    model = LinkModel.from_mapping({"topology": "mesh", "compile": "per_party", "first_kernel_s": 0.05,
+                                    "per_frame_s": 0.001})
+    sim = LinkSimulator(model, ["s", "a"], compute_s=trace)
+    query = ("Worker", 0, "query")
+    # the measured 9 s is replaced; a first handler that compiled adds neither the lean process's
+    # compile nor a first kernel (the trace holds the party process's own); frames still cost
+    sim.handled("a", 0, 0.0, 9.0, kernels=(("Worker", 0, "start"), 0.5, 0.5), cause="start")
+    assert sim.clock["a"] == pytest.approx(0.1)
+    sim.handled("a", 0, 0.0, 9.0, trigger=-1, frames_out=1, kernels=(query, 0.5, 0.0), cause="query")
+    assert sim.clock["a"] == pytest.approx(0.1 + 0.2 + 0.001)
+    # the second (round 0, query) takes the second such figure, whatever came between them
+    sim.handled("a", 0, 0.0, 9.0, cause="query")
+    assert sim.clock["a"] == pytest.approx(0.601)
+    # none left for a third one, nor for a trigger the trace never saw: measured, and counted
+    sim.handled("a", 0, 0.0, 0.01, cause="query")
+    sim.handled("a", 1, 0.0, 0.02, cause="update")
+    assert sim.clock["a"] == pytest.approx(0.631)
+    sim.handled("a", 1, 0.0, 9.0, cause="query")
+    assert sim.clock["a"] == pytest.approx(1.031)
+    assert sim.prediction()["untraced_handlers"] == 2
+    fixed = LinkSimulator(model, ["s", "a"], compute_s=0.001)
+    fixed.handled("a", 0, 0.0, 9.0, cause="start")
+    assert "untraced_handlers" not in fixed.prediction()
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ([-1, "start", 0.1], "round_idx"), ([True, "start", 0.1], "round_idx"), ([0, "", 0.1], "trigger"),
+    ([0, "start", -0.1], "seconds"), ([0, "start", float("nan")], "seconds"), ([0, "start"], "expected"),
+    ("0 start 0.1", "expected"),
+])
+def test_a_malformed_trace_entry_names_the_party_and_the_entry(entry, message):
+    with pytest.raises(ValueError, match=rf"b\[1\]: {message}"):
+        ComputeTrace({"b": [[0, "start", 0.0], entry]})
+
+
+def _traced_toy(n: int) -> tuple[dict, Meter]:
+    """The toy sum run by the runtime (a task per party, in memory) with its handlers traced."""
+    async def go():
+        meter = Meter(trio.current_time, trace_compute=True)
+        machines = toy(n)
+        results = await run_parties(machines, MemoryNetwork(list(machines)), config=RuntimeConfig(session=SESSION),
+                                    meter=meter)
+        return results, meter
+
+    return trio.run(go)
+
+
+def test_the_runtime_traces_every_handler_and_the_lean_engine_finds_a_figure_for_each():
+    results, meter = _traced_toy(3)
+    trace = meter.compute_trace
+    assert set(trace) == {"coord", "w0", "w1", "w2"}
+    for party, handlers in trace.items():
+        assert handlers[0][:2] == (0, "start")
+        assert all(seconds >= 0 for _, _, seconds in handlers)
+        # one handler per frame the party received, each named by the frame's round and tag
+        sent_to = sorted((r, tag) for (r, _, _, dest, tag), (frames, _) in meter.sent.items() if dest == party
+                         for _ in range(frames))
+        assert sorted((r, tag) for r, tag, _ in handlers[1:]) == sent_to
+    # untraced: off by default, and nothing in the report then
+    assert Meter().compute_trace is None
+    # the lean engine finds every handler in the trace (the same keys), and the results are the same
+    replay = Meter()
+    again = simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=replay, network=model(0.01),
+                     compute=ComputeTrace(trace))
+    np.testing.assert_array_equal(again["coord"], results["coord"])
+    assert replay.prediction["untraced_handlers"] == 0
+    assert dict(replay.sent) == dict(meter.sent)
+
+
+def test_a_trace_of_equal_figures_predicts_exactly_what_fixed_compute_predicts():
+    _, meter = _traced_toy(4)
+    flat = ComputeTrace({p: [[r, tag, 0.001] for r, tag, _ in h] for p, h in meter.compute_trace.items()})
+    traced, fixed = Meter(), Meter()
+    wan = LinkModel.preset("wan")
+    simulate(toy(4), config=RuntimeConfig(session=SESSION), meter=traced, network=wan, compute=flat)
+    simulate(toy(4), config=RuntimeConfig(session=SESSION), meter=fixed, network=wan, compute="fixed:0.001")
+    assert traced.prediction.pop("untraced_handlers") == 0
+    assert traced.prediction == fixed.prediction
+
+
+def test_the_report_keeps_the_trace_merges_it_per_party_and_the_schema_describes_it(tmp_path):
+    _, meter = _traced_toy(2)
+    report = meter.report(protocol="toy", transport="memory", session=SESSION, parties=("coord", "w0", "w1"))
+    doc = report.to_dict()
+    jsonschema.validate(doc, report_schema())
+    assert doc["compute_trace"]["w0"][0] == [0, "start", pytest.approx(meter.compute_trace["w0"][0][2])]
+    assert RunReport.from_json(report.to_json()).compute_trace == doc["compute_trace"]
+    assert "compute_trace" not in Meter().report(protocol="toy", transport="memory", session=0, parties=()).to_dict()
+    # a process's report per party (as fedproto party writes them), merged: every party's trace
+    parts = [RunReport.from_dict({**doc, "compute_trace": {p: doc["compute_trace"][p]}}) for p in ("coord", "w0", "w1")]
+    assert RunReport.merge(parts).compute_trace == doc["compute_trace"]
+
+
+def test_traces_load_from_a_report_or_a_directory_of_party_reports_and_bad_ones_are_refused(tmp_path):
+    _, meter = _traced_toy(2)
+    doc = meter.report(protocol="toy", transport="memory", session=SESSION, parties=("coord", "w0", "w1")).to_dict()
+    whole = tmp_path / "run.json"
+    whole.write_text(json.dumps(doc))
+    assert parse_compute(f"trace:{whole}").handlers == sum(len(h) for h in doc["compute_trace"].values())
+    parties = tmp_path / "parties"
+    parties.mkdir()
+    for p in ("coord", "w0", "w1"):
+        party_doc = {"party": p, "result": None, "report": {**doc, "compute_trace": {p: doc["compute_trace"][p]}}}
+        (parties / f"{p}.json").write_text(json.dumps(party_doc))
+    (parties / "split.json").write_text(json.dumps({"parties": ["coord", "w0", "w1"]}))  # not a report: skipped
+    loaded = ComputeTrace.load(parties)
+    assert loaded.handlers == parse_compute(f"trace:{whole}").handlers
+    assert loaded.take("w1", 0, "start") == doc["compute_trace"]["w1"][0][2]
+    (parties / "again.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="traced in two reports"):
+        ComputeTrace.load(parties)
+    untraced = tmp_path / "untraced.json"
+    untraced.write_text(json.dumps({k: v for k, v in doc.items() if k != "compute_trace"}))
+    with pytest.raises(ValueError, match="no compute_trace.*--compute-trace"):
+        parse_compute(f"trace:{untraced}")
+    (tmp_path / "garbage.json").write_bytes(b"\xff{")
+    with pytest.raises(ValueError, match="not a JSON run report"):
+        parse_compute(f"trace:{tmp_path / 'garbage.json'}")
+    with pytest.raises(ValueError, match="cannot read the compute trace"):
+        parse_compute(f"trace:{tmp_path / 'missing.json'}")
+    with pytest.raises(ValueError, match="needs the path"):
+        parse_compute("trace:")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no run report with a compute_trace"):
+        ComputeTrace.load(empty)
 
 
 # --- models and their files --------------------------------------------------------------------------
