@@ -67,7 +67,8 @@ class TcpRun:
     """One measured star run.
 
     Attributes:
-        report: the parties' reports merged (``RunReport.merge``, transport ``tcp``).
+        report: the parties' reports merged (``RunReport.merge``, transport ``tcp``), with every
+            party's ``compute_trace`` (the parties run with ``--compute-trace``).
         parties: each party's own report.
         results: each party's result.
         relay_bytes: bytes the relay forwarded, both directions, all links (0 without one).
@@ -206,7 +207,7 @@ def run_tcp_star(
                 procs[party] = hosts.start(party, [
                     sys.executable, str(BENCHMARKS / "_party_at_go.py"), *listen, "--",
                     "party", protocol, *options, *own, "--party", party, "--roster", str(kits / party / "roster.json"),
-                    "--party-report", str(workdir / f"{party}.json"), "--deadline", "60",
+                    "--party-report", str(workdir / f"{party}.json"), "--deadline", "60", "--compute-trace",
                 ], workdir, stdin=subprocess.PIPE, stderr=err)
             _wait_ready(procs, timeout_s=300)
             for proc in procs.values():  # go: all within a few milliseconds

@@ -5,7 +5,7 @@ What it measures
 **Predicted against measured** (issue 31, part 3). For FastLloyd on S1 and MUFC on Celltype
 (``--partition iid``), 10 clients each, fixed seeds, at a one-way link latency of 1 ms and 25 ms:
 
-* ``predicted s``: ``fedproto run PROTOCOL ... --engine lean --network NET.json --compute
+* ``predicted s, lean compute``: ``fedproto run PROTOCOL ... --engine lean --network NET.json --compute
   measured``, the report's ``prediction.wall_time_s``, with ``NET.json`` the deployment the
   measured side runs on: ``{"topology": "star", "default": {"latency_s": L,
   "bandwidth_bytes_per_s": null}, "hosts": {"vm": {"cores": C, "parties": "*"}}, "per_frame_s":
@@ -31,8 +31,17 @@ What it measures
   (its meter's start) **to the last party's finish**: the span the model predicts, where every
   party starts at 0. What it leaves out is printed beside it: the merged report's
   ``wall_time_s`` (the longest party run) and the start skew (first to last meter start after
-  "go": eleven command lines starting on the same cores);
-* ``ratio`` = predicted / measured and whether it is within 15% (0.85 to 1.15).
+  "go": eleven command lines starting on the same cores). The parties run with
+  ``--compute-trace``: the merged report holds each handler's process CPU seconds;
+* ``predicted s, parties' compute``: the same lean run with ``--compute trace:`` the measured
+  run's own report: every handler charged the CPU its party's process spent on it, where the
+  parties ran, instead of what it costs in the lean process. This is **the check**: the link
+  model (latencies, queueing, the cores the processes share, the per-frame, first-kernel and
+  connection costs) apart from the compute, which eleven processes on two cores inflate (a
+  FastLloyd client's handler takes about twice its lean-process CPU there: cold caches);
+* ``predicted s, other latency's trace``: the same, from the trace of the same protocol's run at
+  the other latency (compute measured once, other links predicted: what a deployment does);
+* each ``ratio`` = predicted / measured; ``within 15%`` is the check's (0.85 to 1.15).
 
 **The machine's figures**, measured before the check, with other protocols than the check's
 (nothing is fitted to the check's own times):
@@ -57,7 +66,8 @@ What it measures
 
 A second table says where the time goes: round 0 (connections, key agreement and the first
 update, with the kernels' first compilation or cache load) and the steady rounds (median of the
-middle rounds), predicted (the prediction's per-round wall times) against measured (round 0: from
+middle rounds), predicted (the prediction's per-round wall times, from the lean compute and from
+the parties' trace) against measured (round 0: from
 the last party's start to the hub's first frame of round 1; a round: the hub's ``round_wall_s``,
 its first frame of a round to its first of the next); the measured parties' start skew and the
 merged report's wall time (both left out of ``measured s``); the lean run's ``compile_s`` and the
@@ -99,9 +109,13 @@ prediction's phases.
 
 ``--json PATH`` writes one record per row: table ``network_model`` (``protocol``, ``data_set``,
 ``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``first_kernel_s``, ``connect_s``,
-``predicted_s``, ``measured_s`` (``null`` where it could not be measured, as every
-``measured_*``; from the last party's start), ``ratio``, ``within_15_percent``, ``latency_hops``,
+``predicted_s`` (lean compute), ``measured_s`` (``null`` where it could not be measured, as every
+``measured_*``; from the last party's start), ``ratio``, ``predicted_traced_s`` (the parties'
+compute), ``traced_ratio``, ``untraced_handlers`` (handlers the trace had no figure for: 0),
+``within_15_percent`` (of ``traced_ratio``), ``predicted_cross_s``, ``cross_ratio``,
+``cross_trace_latency_ms`` (the other latency's trace), ``latency_hops``,
 ``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
+``predicted_traced_round0_s``, ``predicted_traced_steady_round_ms``,
 ``measured_start_skew_s``, ``measured_merged_wall_s``, ``measured_round0_s``,
 ``measured_steady_round_ms``, ``lean_compile_s``, ``tcp_compile_s``), with ``--profile`` table
 ``network_model_profile`` (the same keys), and table ``network_model_paper``
@@ -199,7 +213,8 @@ MEASURED_RUNS = 3
 QUICK_RUNS = (3, 1)
 
 
-def predict(argv: list[str], network: str, workdir: Path, *, warm: bool = False, runs: int = 1) -> dict[str, Any]:
+def predict(argv: list[str], network: str, workdir: Path, *, warm: bool = False, runs: int = 1,
+            compute: str = "measured") -> dict[str, Any]:
     """The lean engine's report for ``fedproto run ARGV --engine lean --network NETWORK
     --compute measured`` (a fresh process); ``warm``: run it once first, unused, so that the
     reported run loads its kernels from the persistent compile cache; ``runs`` > 1: the report
@@ -218,7 +233,7 @@ def predict(argv: list[str], network: str, workdir: Path, *, warm: bool = False,
     report = workdir / "lean.json"
     done = subprocess.run(
         [sys.executable, "-m", "fedproto", "run", *argv, "--engine", "lean", "--network", network,
-         "--compute", "measured", "--quiet", "--no-plot", "--report", str(report)],
+         "--compute", compute, "--quiet", "--no-plot", "--report", str(report)],
         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:
@@ -414,10 +429,12 @@ def measure_costs() -> tuple[Costs, float, str]:
 
 
 def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, costs: Costs,
-            relay: bool = True, runs: tuple[int, int] = (PREDICTION_RUNS, MEASURED_RUNS)) -> dict[str, Any]:
+            relay: bool = True, runs: tuple[int, int] = (PREDICTION_RUNS, MEASURED_RUNS),
+            keep_trace: Path | None = None) -> dict[str, Any]:
     """Predict and (unless ``skip`` says why not) measure ``case`` with ``clients`` clients at one
     latency, the median of ``runs`` = (lean runs, TCP runs); ``relay=False`` (latency 0 only): the
-    hub listens itself, no relay (a profile)."""
+    hub listens itself, no relay (a profile); ``keep_trace``: write the measured run's report (its
+    parties' compute trace) there."""
     latency_s = latency_ms / 1000
     with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
         work = Path(tmp)
@@ -431,13 +448,24 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
                 run = median_run(case, clients, latency_s if relay else None, work, runs[1])
             except NetnsUnavailable as exc:
                 skip = str(exc)
+        traced = None
+        if run is not None:
+            # the same run predicted from the compute its own parties measured (--compute-trace)
+            trace = work / "tcp_report.json"
+            run.report.to_json(trace)
+            if keep_trace is not None:
+                run.report.to_json(keep_trace)
+            traced = predict(argv, network, work, compute=f"trace:{trace}")["prediction"]
     prediction = lean["prediction"]
     predicted = float(prediction["wall_time_s"])
     rounds = [float(r["wall_time_s"]) for r in prediction["rounds"]]
     row = dict(
         protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
         cores=CORES, per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s,
-        predicted_s=predicted, measured_s=None, ratio=None, within_15_percent=None,
+        predicted_s=predicted, measured_s=None, ratio=None, predicted_traced_s=None, traced_ratio=None,
+        untraced_handlers=None, predicted_cross_s=None, cross_ratio=None, cross_trace_latency_ms=None,
+        predicted_traced_round0_s=None, predicted_traced_steady_round_ms=None,
+        within_15_percent=None,
         latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
         predicted_round0_s=rounds[0] if rounds else None,
         predicted_steady_round_ms=None if len(rounds) < 2 else 1000 * _median(rounds[1:]),
@@ -450,8 +478,14 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
         hub_rounds = list(run.parties[hub].round_wall_s)
         measured = measured_span(run)
         ratio = predicted / measured
+        traced_ratio = float(traced["wall_time_s"]) / measured
+        traced_rounds = [float(r["wall_time_s"]) for r in traced["rounds"]]
         row.update(
-            measured_s=measured, ratio=ratio, within_15_percent=abs(ratio - 1) <= TOLERANCE,
+            measured_s=measured, ratio=ratio, predicted_traced_s=float(traced["wall_time_s"]),
+            traced_ratio=traced_ratio, untraced_handlers=traced.get("untraced_handlers"),
+            predicted_traced_round0_s=traced_rounds[0] if traced_rounds else None,
+            predicted_traced_steady_round_ms=None if len(traced_rounds) < 2 else 1000 * _median(traced_rounds[1:]),
+            within_15_percent=abs(traced_ratio - 1) <= TOLERANCE,
             measured_start_skew_s=max(starts) - min(starts),
             measured_merged_wall_s=run.wall_time_s,
             tcp_compile_s=max(r.compile_s for r in run.parties.values()),
@@ -464,7 +498,9 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
         )
     measured = row["measured_s"]
     print(f"  {case.protocol} on {case.data}, {clients} clients, {latency_ms:g} ms{'' if relay else ', no relay'}: "
-          f"predicted {predicted:.3f} s, measured {'-' if measured is None else f'{measured:.3f} s'}", flush=True)
+          f"predicted {predicted:.3f} s (lean compute), "
+          f"{'-' if row['predicted_traced_s'] is None else format(row['predicted_traced_s'], '.3f')} s (parties' "
+          f"compute), measured {'-' if measured is None else f'{measured:.3f} s'}", flush=True)
     return row
 
 
@@ -474,16 +510,43 @@ def check_rows(cases: tuple[Case, ...], latencies_ms: tuple[float, ...], costs: 
     runs)), after one warm-up TCP run of each case (see the module docstring)."""
     rows: list[dict[str, Any]] = []
     skip = netns_unavailable_reason()
-    for case in cases:
-        if skip is None:
-            try:
-                warm_up(case, CLIENTS, latencies_ms[0])
-            except NetnsUnavailable as exc:
-                skip = str(exc)
-        for latency_ms in latencies_ms:
-            rows.append(one_row(case, CLIENTS, latency_ms, skip, costs=costs, runs=runs))
-            skip = rows[-1]["not_measured"]
+    with tempfile.TemporaryDirectory(prefix="fedproto-traces-") as tmp:
+        for case in cases:
+            if skip is None:
+                try:
+                    warm_up(case, CLIENTS, latencies_ms[0])
+                except NetnsUnavailable as exc:
+                    skip = str(exc)
+            traces: dict[float, Path] = {}
+            for latency_ms in latencies_ms:
+                keep = Path(tmp) / f"{case.protocol}-{latency_ms:g}.json"
+                rows.append(one_row(case, CLIENTS, latency_ms, skip, costs=costs, runs=runs, keep_trace=keep))
+                skip = rows[-1]["not_measured"]
+                if keep.is_file():
+                    traces[latency_ms] = keep
+            for row in rows[-len(latencies_ms):]:
+                cross_predict(case, row, traces, costs)
     return rows
+
+
+def cross_predict(case: Case, row: dict[str, Any], traces: dict[float, Path], costs: Costs) -> None:
+    """Predict ``row``'s run from the compute trace of the same case's run at another latency (the
+    use a deployment makes of a trace: its compute measured once, other links predicted), into
+    ``row`` (``predicted_cross_s``, ``cross_ratio``, ``cross_trace_latency_ms``)."""
+    others = [latency for latency in traces if latency != row["latency_ms"]]
+    if row["measured_s"] is None or not others:
+        return
+    other = others[0]
+    with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
+        work = Path(tmp)
+        network = star_network(work / "net.json", row["latency_ms"] / 1000, cores=CORES, per_frame_s=costs.per_frame_s,
+                               first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s)
+        argv = [case.protocol, "--data", case.data, "--clients", str(row["clients"]), *case.split_options,
+                *case.options]
+        predicted = float(predict(argv, network, work, compute=f"trace:{traces[other]}")["prediction"]["wall_time_s"])
+    row.update(predicted_cross_s=predicted, cross_ratio=predicted / row["measured_s"], cross_trace_latency_ms=other)
+    print(f"  {case.protocol} on {case.data}, {row['clients']} clients, {row['latency_ms']:g} ms: predicted "
+          f"{predicted:.3f} s from the {other:g} ms run's trace", flush=True)
 
 
 def profile_rows(costs: Costs) -> list[dict[str, Any]]:
@@ -529,14 +592,16 @@ def print_split(console: Any, title: str, rows: list[dict[str, Any]]) -> None:
     """The "where the time goes" table of ``rows``."""
     table = Table(title=title, title_justify="left")
     for column in ("protocol", "clients", "latency", "pred. s", "meas. s", "ratio", "pred. round 0 s",
-                   "meas. round 0 s", "pred. steady ms", "meas. steady ms", "meas. start skew s",
+                   "traced round 0 s", "meas. round 0 s", "pred. steady ms", "traced steady ms", "meas. steady ms",
+                   "meas. start skew s",
                    "meas. merged wall s", "lean compile s", "TCP party compile s"):
         table.add_column(column, justify="left" if column == "protocol" else "right")
     for row in rows:
         latency = f"{row['latency_ms']:g} ms" + ("" if row["relay"] else " (no relay)")
         table.add_row(row["protocol"], str(row["clients"]), latency, _fmt(row["predicted_s"]),
                       _fmt(row["measured_s"]), _fmt(row["ratio"]), _fmt(row["predicted_round0_s"]),
-                      _fmt(row["measured_round0_s"]), _fmt(row["predicted_steady_round_ms"], 1),
+                      _fmt(row["predicted_traced_round0_s"]), _fmt(row["measured_round0_s"]),
+                      _fmt(row["predicted_steady_round_ms"], 1), _fmt(row["predicted_traced_steady_round_ms"], 1),
                       _fmt(row["measured_steady_round_ms"], 1), _fmt(row["measured_start_skew_s"]),
                       _fmt(row["measured_merged_wall_s"]), _fmt(row["lean_compile_s"]),
                       _fmt(row["tcp_compile_s"]))
@@ -587,12 +652,16 @@ def main(argv: list[str] | None = None) -> int:
                   "and one unused lean run per prediction (persistent compile cache)", highlight=False)
     check = check_rows(cases, LATENCIES_MS, costs, runs)
     table = Table(title=TITLE, title_justify="left")
-    for column in ("protocol", "data", "latency", "hops", "predicted s", "measured s", "ratio", "within 15%"):
+    for column in ("protocol", "data", "latency", "hops", "measured s", "predicted s, lean compute", "ratio",
+                   "predicted s, parties' compute", "ratio ", "within 15%", "predicted s, other latency's trace",
+                   "ratio  "):
         table.add_column(column, justify="left" if column in ("protocol", "data") else "right")
     for row in check:
         ok = "-" if row["within_15_percent"] is None else ("yes" if row["within_15_percent"] else "NO")
         table.add_row(row["protocol"], row["data_set"], f"{row['latency_ms']:g} ms", str(row["latency_hops"]),
-                      _fmt(row["predicted_s"]), _fmt(row["measured_s"]), _fmt(row["ratio"]), ok)
+                      _fmt(row["measured_s"]), _fmt(row["predicted_s"]), _fmt(row["ratio"]),
+                      _fmt(row["predicted_traced_s"]), _fmt(row["traced_ratio"]), ok, _fmt(row["predicted_cross_s"]),
+                      _fmt(row["cross_ratio"]))
     console.print(table)
     print_split(console, SPLIT_TITLE, check)
     if any(row["not_measured"] for row in check):

@@ -9,8 +9,9 @@
   unmeasured run that fills the compile cache: the lean engine's predicted wall time
   (``--network`` with the same link, every party on this machine's cores, this machine's
   per-frame, first-kernel and connection set-up costs measured as ``benchmarks/network_model.py``
-  does, ``--compute measured``, the median of its lean runs after an unused one) is within 15% of the
-  measured span (the last party's start to the last finish; the median of three TCP runs).
+  does, and ``--compute trace:`` the measured run's own report: each handler charged the CPU its
+  party's process spent on it) is within 15% of the measured span (the last party's start to the
+  last finish; the median of three TCP runs), and the trace has a figure for every handler.
   Skipped where namespaces cannot be made.
 """
 
@@ -113,7 +114,7 @@ def test_a_relay_whose_target_is_down_closes_the_connection_and_stops_cleanly():
     assert threading.active_count() == threads_before
 
 
-@pytest.mark.slow  # four runs of eleven processes starting JAX, then six lean runs: about 2 minutes
+@pytest.mark.slow  # four runs of eleven processes starting JAX, then a lean run: about a minute
 def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_namespaced_tcp_run(tmp_path):
     netns_star = _load("_netns_star")
     reason = netns_star.netns_unavailable_reason()
@@ -131,14 +132,18 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
         pytest.skip(str(exc))
     assert run.report.status == "completed" and len(run.parties) == 11
     assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
+    assert sorted(run.report.compute_trace) == sorted(run.report.parties)  # each party traced its handlers
     network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
                                          per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s,
                                          connect_s=costs.connect_s)
     argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
-    lean = network_model.predict(argv, network, tmp_path, warm=True, runs=network_model.PREDICTION_RUNS)
+    trace = tmp_path / "tcp_report.json"
+    run.report.to_json(trace)
+    lean = network_model.predict(argv, network, tmp_path, compute=f"trace:{trace}")
     assert lean["messages"] == run.report.messages  # the same run, frame for frame
+    assert lean["prediction"]["untraced_handlers"] == 0  # every handler found its party's figure
     predicted = lean["prediction"]["wall_time_s"]
     measured = network_model.measured_span(run)
     assert measured <= run.wall_time_s  # the span from the last start is within the longest party run
-    print(f"predicted {predicted:.3f} s, measured {measured:.3f} s, ratio {predicted / measured:.3f}")
+    print(f"predicted {predicted:.5f} s, measured {measured:.5f} s, ratio {predicted / measured:.4f}")
     assert abs(predicted / measured - 1) <= 0.15, (predicted, measured)
