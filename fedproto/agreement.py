@@ -15,7 +15,8 @@ Options that are each party's own business, and so are left out of the record
 * who and where this process is: ``--party``, ``--roster``, ``--listen-fd``,
   ``--insecure-shared-secret`` (the handshake itself fails if the modes differ);
 * what it writes and shows: ``--party-report``, ``--report``, ``--plot``, ``--no-plot``,
-  ``--quiet``, ``--full``, ``-v``, ``--log-level``;
+  ``--quiet``, ``--full``, ``-v``, ``--log-level``, ``--compute-trace`` (its own handlers' CPU
+  in its own report);
 * how it computes: ``--device``, ``--no-compile-cache`` (the same kernels, on another device);
 * ``--deadline``: how long this party waits for its peers; a machine never sees the value, only
   whether a deadline passed, so a slower host may wait longer;
@@ -57,7 +58,7 @@ __all__ = [
 PARTY_LOCAL_OPTIONS = frozenset({
     "party", "roster", "listen_fd", "insecure_shared_secret", "party_report",
     "report", "plot", "no_plot", "quiet", "full", "verbose", "log_level",
-    "device", "no_compile_cache", "deadline",
+    "device", "no_compile_cache", "deadline", "compute_trace",
 })
 #: Longest encoded record accepted from a peer (bytes): a TCP hello carries one.
 MAX_RECORD_BYTES = 8 * 1024

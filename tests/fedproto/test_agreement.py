@@ -19,8 +19,9 @@ def record(**options: object) -> Agreement:
 
 
 def test_party_local_options_are_left_out_and_options_are_spelt_as_typed() -> None:
-    mine = record(party="server", roster="/srv/roster.json", device="gpu", deadline=60.0, party_report="x.json")
-    theirs = record(party="client-1", roster="kit/roster.json", device="cpu", deadline=600.0)
+    mine = record(party="server", roster="/srv/roster.json", device="gpu", deadline=60.0, party_report="x.json",
+                  compute_trace=True)
+    theirs = record(party="client-1", roster="kit/roster.json", device="cpu", deadline=600.0, compute_trace=False)
     assert diff(mine, theirs) is None and mine.digest() == theirs.digest()
     assert set(mine.options) == {"--seed", "--k", "--epsilon"}
     assert {"party", "roster", "deadline", "device", "insecure_shared_secret"} <= PARTY_LOCAL_OPTIONS
