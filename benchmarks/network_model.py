@@ -111,7 +111,8 @@ prediction's phases.
 ``clients``, ``latency_ms``, ``relay``, ``cores``, ``per_frame_s``, ``first_kernel_s``, ``connect_s``,
 ``predicted_s`` (lean compute), ``measured_s`` (``null`` where it could not be measured, as every
 ``measured_*``; from the last party's start), ``ratio``, ``predicted_traced_s`` (the parties'
-compute), ``traced_ratio``, ``untraced_handlers`` (handlers the trace had no figure for: 0),
+compute), ``traced_ratio``, ``untraced_handlers`` and ``unused_trace_figures`` (handlers the trace had no
+figure for, figures no handler took: both 0, the trace being the same run's),
 ``within_15_percent`` (of ``traced_ratio``), ``predicted_cross_s``, ``cross_ratio``,
 ``cross_trace_latency_ms`` (the other latency's trace), ``latency_hops``,
 ``predicted_compute_s``, ``predicted_round0_s``, ``predicted_steady_round_ms``,
@@ -463,7 +464,8 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
         protocol=case.protocol, data_set=case.data, clients=clients, latency_ms=latency_ms, relay=relay,
         cores=CORES, per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s,
         predicted_s=predicted, measured_s=None, ratio=None, predicted_traced_s=None, traced_ratio=None,
-        untraced_handlers=None, predicted_cross_s=None, cross_ratio=None, cross_trace_latency_ms=None,
+        untraced_handlers=None, unused_trace_figures=None, predicted_cross_s=None, cross_ratio=None,
+        cross_trace_latency_ms=None,
         predicted_traced_round0_s=None, predicted_traced_steady_round_ms=None,
         within_15_percent=None,
         latency_hops=prediction.get("latency_hops"), predicted_compute_s=prediction.get("compute_s"),
@@ -483,6 +485,7 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
         row.update(
             measured_s=measured, ratio=ratio, predicted_traced_s=float(traced["wall_time_s"]),
             traced_ratio=traced_ratio, untraced_handlers=traced.get("untraced_handlers"),
+            unused_trace_figures=traced.get("unused_trace_figures"),
             predicted_traced_round0_s=traced_rounds[0] if traced_rounds else None,
             predicted_traced_steady_round_ms=None if len(traced_rounds) < 2 else 1000 * _median(traced_rounds[1:]),
             within_15_percent=abs(traced_ratio - 1) <= TOLERANCE,

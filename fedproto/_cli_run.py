@@ -268,6 +268,11 @@ def _prediction_rows(report: RunReport, args: argparse.Namespace) -> dict[str, A
     }
     if p.get("timeout_wait_s"):
         rows["deadlines waited for (s)"] = p["timeout_wait_s"]
+    if p.get("untraced_handlers") or p.get("unused_trace_figures"):
+        # a trace of another run (other options, another roster): handlers without a figure cost
+        # as measured here, and figures of handlers this run does not have stay unused
+        rows["handlers not in the trace (measured here)"] = p["untraced_handlers"]
+        rows["trace figures unused"] = p["unused_trace_figures"]
     for entry in p["rounds"]:
         rows[f"round {entry['round_idx']} (s, critical party)"] = (
             f"{entry['wall_time_s']:.6g} ({entry['critical_party']})"

@@ -30,7 +30,9 @@ class ComputeTrace:
     trace's ``k``-th figure for the same party, round and trigger (``"start"``, ``"timeout"`` or
     the received message's tag), so the hub's last update of a round (the one that aggregates)
     takes the last update's figure, whichever client sent it. A handler the trace has no figure
-    for is charged its measured compute and counted in the prediction's ``untraced_handlers``.
+    for is charged its measured compute and counted in the prediction's ``untraced_handlers``;
+    figures no handler took are counted in its ``unused_trace_figures`` (both 0 when the trace is
+    of the same run: a trace of another run, other options or another roster, shows there).
     The trace holds each party process's own compilation and first kernel, so the model's
     ``compile`` and ``first_kernel_s`` add nothing for traced handlers; ``per_frame_s`` (the
     transport's share, which the trace leaves out) and the connection set-up still apply.
@@ -101,6 +103,10 @@ class ComputeTrace:
         if not merged:
             raise ValueError(f"{path}: no run report with a compute_trace there")
         return cls(merged, source=str(path))
+
+    def unused(self) -> int:
+        """Figures no handler has taken (so far): after a prediction of the same run, 0."""
+        return self.handlers - sum(self._taken.values())
 
     def take(self, party: str, round_idx: int, trigger: str) -> float | None:
         """The next figure for ``party``'s handler of ``(round_idx, trigger)`` (seconds), ``None``

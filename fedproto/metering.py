@@ -356,7 +356,7 @@ class Meter(ConnectionBytes):
             device=device_description() if kernels_compiled() else "",
             prediction=dict(self.prediction),
             ranks=[dict(r) for r in self.ranks],
-            compute_trace={party: [list(h) for h in handlers] for party, handlers in (self.compute_trace or {}).items()},
+            compute_trace={party: [list(h) for h in trace] for party, trace in (self.compute_trace or {}).items()},
         )
 
 

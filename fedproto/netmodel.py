@@ -744,7 +744,8 @@ class LinkSimulator:
             "rounds": rounds,
             "phases": self._phases(),
             "timeline": self._timeline(wall),
-            **({"untraced_handlers": self.untraced} if self.trace is not None else {}),
+            **({"untraced_handlers": self.untraced, "unused_trace_figures": self.trace.unused()}
+               if self.trace is not None else {}),
         }
 
     def _phases(self) -> list[dict[str, Any]]:

@@ -135,11 +135,21 @@ def test_a_run_traced_where_its_parties_ran_is_predicted_from_that_trace(transpo
     lean = json.loads(predicted.read_text())
     jsonschema.validate(lean, report_schema())
     p = lean["prediction"]
-    assert p["untraced_handlers"] == 0
+    assert p["untraced_handlers"] == p["unused_trace_figures"] == 0
+    assert "handlers not in the trace" not in out
     assert lean["options"]["compute"] == f"trace:{traced}" and "compute_trace" not in lean
     traced_s = sum(s for h in doc["compute_trace"].values() for _, _, s in h)
     assert 0 < p["compute_s"] <= traced_s + 1e-9  # the critical path's share of the traced compute
     assert lean["links"] == doc["links"]  # the same frames either way
+    if transport == "memory":
+        # a trace of another run (one client fewer): what it lacks and what it has to spare, said
+        code, out, err = _run(["run", "fastlloyd", "--data", "iris", "--clients", "2", "--epsilon", "1", "--seed", "3",
+                               "--engine", "lean", "--network", "wan", "--compute", f"trace:{traced}", "--no-plot",
+                               "--report", str(predicted)], capsys)
+        assert code == 0, err
+        other = json.loads(predicted.read_text())["prediction"]
+        assert other["unused_trace_figures"] > 0
+        assert "trace figures unused" in out and "handlers not in the trace" in out
 
 
 @pytest.mark.parametrize(

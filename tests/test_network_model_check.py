@@ -141,7 +141,8 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     run.report.to_json(trace)
     lean = network_model.predict(argv, network, tmp_path, compute=f"trace:{trace}")
     assert lean["messages"] == run.report.messages  # the same run, frame for frame
-    assert lean["prediction"]["untraced_handlers"] == 0  # every handler found its party's figure
+    # every handler found its party's figure, and every figure its handler
+    assert lean["prediction"]["untraced_handlers"] == lean["prediction"]["unused_trace_figures"] == 0
     predicted = lean["prediction"]["wall_time_s"]
     measured = network_model.measured_span(run)
     assert measured <= run.wall_time_s  # the span from the last start is within the longest party run

@@ -341,6 +341,11 @@ def test_a_compute_trace_charges_each_handler_its_partys_figure_for_the_round_an
     sim.handled("a", 1, 0.0, 9.0, cause="query")
     assert sim.clock["a"] == pytest.approx(1.031)
     assert sim.prediction()["untraced_handlers"] == 2
+    assert sim.prediction()["unused_trace_figures"] == 0  # every figure was taken
+    # figures of handlers a run does not have stay unused, and are counted
+    fewer = LinkSimulator(model, ["s", "a"], compute_s=ComputeTrace({"a": [[0, "start", 0.1], [0, "query", 0.2]]}))
+    fewer.handled("a", 0, 0.0, 9.0, cause="start")
+    assert (fewer.prediction()["untraced_handlers"], fewer.prediction()["unused_trace_figures"]) == (0, 1)
     fixed = LinkSimulator(model, ["s", "a"], compute_s=0.001)
     fixed.handled("a", 0, 0.0, 9.0, cause="start")
     assert "untraced_handlers" not in fixed.prediction()
@@ -386,7 +391,7 @@ def test_the_runtime_traces_every_handler_and_the_lean_engine_finds_a_figure_for
     again = simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=replay, network=model(0.01),
                      compute=ComputeTrace(trace))
     np.testing.assert_array_equal(again["coord"], results["coord"])
-    assert replay.prediction["untraced_handlers"] == 0
+    assert replay.prediction["untraced_handlers"] == replay.prediction["unused_trace_figures"] == 0
     assert dict(replay.sent) == dict(meter.sent)
 
 
@@ -398,6 +403,7 @@ def test_a_trace_of_equal_figures_predicts_exactly_what_fixed_compute_predicts()
     simulate(toy(4), config=RuntimeConfig(session=SESSION), meter=traced, network=wan, compute=flat)
     simulate(toy(4), config=RuntimeConfig(session=SESSION), meter=fixed, network=wan, compute="fixed:0.001")
     assert traced.prediction.pop("untraced_handlers") == 0
+    assert traced.prediction.pop("unused_trace_figures") == 0
     assert traced.prediction == fixed.prediction
 
 
