@@ -48,8 +48,7 @@ class ComputeTrace:
     def __init__(self, handlers: Mapping[str, Sequence[Sequence[Any]]], source: str = "") -> None:
         self.source = source
         self._figures: dict[tuple[str, int, str], list[float]] = defaultdict(list)
-        self._taken: dict[tuple[str, int, str], int] = defaultdict(int)
-        self.handlers = 0
+        self.handlers = 0  # figures in all
         for party, entries in handlers.items():
             for i, entry in enumerate(entries):
                 where = f"{source or 'compute trace'}: {party}[{i}]"
@@ -104,20 +103,12 @@ class ComputeTrace:
             raise ValueError(f"{path}: no run report with a compute_trace there")
         return cls(merged, source=str(path))
 
-    def unused(self) -> int:
-        """Figures no handler has taken (so far): after a prediction of the same run, 0."""
-        return self.handlers - sum(self._taken.values())
-
-    def take(self, party: str, round_idx: int, trigger: str) -> float | None:
-        """The next figure for ``party``'s handler of ``(round_idx, trigger)`` (seconds), ``None``
-        when the trace has no more of them."""
-        key = (party, round_idx, trigger)
-        figures = self._figures.get(key)
-        taken = self._taken[key]
-        if figures is None or taken >= len(figures):
-            return None
-        self._taken[key] = taken + 1
-        return figures[taken]
+    def figure(self, party: str, round_idx: int, trigger: str, k: int) -> float | None:
+        """The ``k``-th figure (0-based) for ``party``'s handlers of ``(round_idx, trigger)``
+        (seconds); ``None`` when the trace has fewer. A trace is read-only: each prediction
+        counts its own handlers (:class:`~fedproto.netmodel.LinkSimulator`)."""
+        figures = self._figures.get((party, round_idx, trigger))
+        return figures[k] if figures is not None and k < len(figures) else None
 
 
 def parse_compute(spec: str | float | None) -> float | ComputeTrace | None:

@@ -478,6 +478,8 @@ class LinkSimulator:
         self.trace = compute_s if isinstance(compute_s, ComputeTrace) else None
         self.compute_s = None if self.trace is not None else compute_s
         self.untraced = 0  # handlers the trace had no figure for
+        self._traced: dict[tuple[str, int, str], int] = defaultdict(int)  # handlers per trace key so far
+        self._traced_total = 0  # figures taken
         self.clock: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.per_frame_s = model.per_frame_s
         self.compile_per_party = model.compile == "per_party"
@@ -566,10 +568,13 @@ class LinkSimulator:
         """
         compute = self.compute_s if self.compute_s is not None else compute_s
         if self.trace is not None:
-            traced = self.trace.take(party, round_idx, cause)
+            key = (party, round_idx, cause)
+            traced = self.trace.figure(party, round_idx, cause, self._traced[key])
             if traced is None:
                 self.untraced += 1
             else:
+                self._traced[key] += 1
+                self._traced_total += 1
                 compute = traced  # the party's own process: its compilation and first kernel included
             kernels = None
         if kernels is not None and self.compile_per_party and self.compute_s is None:
@@ -744,7 +749,7 @@ class LinkSimulator:
             "rounds": rounds,
             "phases": self._phases(),
             "timeline": self._timeline(wall),
-            **({"untraced_handlers": self.untraced, "unused_trace_figures": self.trace.unused()}
+            **({"untraced_handlers": self.untraced, "unused_trace_figures": self.trace.handlers - self._traced_total}
                if self.trace is not None else {}),
         }
 

@@ -388,11 +388,16 @@ def test_the_runtime_traces_every_handler_and_the_lean_engine_finds_a_figure_for
     assert Meter().compute_trace is None
     # the lean engine finds every handler in the trace (the same keys), and the results are the same
     replay = Meter()
+    replayed = ComputeTrace(trace)
     again = simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=replay, network=model(0.01),
-                     compute=ComputeTrace(trace))
+                     compute=replayed)
     np.testing.assert_array_equal(again["coord"], results["coord"])
     assert replay.prediction["untraced_handlers"] == replay.prediction["unused_trace_figures"] == 0
     assert dict(replay.sent) == dict(meter.sent)
+    # a prediction is the same for the same compute trace (the trace itself is read-only)
+    twice = Meter()
+    simulate(toy(3), config=RuntimeConfig(session=SESSION), meter=twice, network=model(0.01), compute=replayed)
+    assert twice.prediction == replay.prediction
 
 
 def test_a_trace_of_equal_figures_predicts_exactly_what_fixed_compute_predicts():
@@ -434,7 +439,8 @@ def test_traces_load_from_a_report_or_a_directory_of_party_reports_and_bad_ones_
     (parties / "split.json").write_text(json.dumps({"parties": ["coord", "w0", "w1"]}))  # not a report: skipped
     loaded = ComputeTrace.load(parties)
     assert loaded.handlers == parse_compute(f"trace:{whole}").handlers
-    assert loaded.take("w1", 0, "start") == doc["compute_trace"]["w1"][0][2]
+    assert loaded.figure("w1", 0, "start", 0) == doc["compute_trace"]["w1"][0][2]
+    assert loaded.figure("w1", 0, "start", 1) is None and loaded.figure("w9", 0, "start", 0) is None
     (parties / "again.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="traced in two reports"):
         ComputeTrace.load(parties)
