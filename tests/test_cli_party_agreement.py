@@ -39,9 +39,11 @@ def _federation(tmp_path: Path, *extra: str) -> socket.socket:
 
 
 def _run_parties(
-    tmp_path: Path, hub: socket.socket, seeds: dict[str, int], deadline_s: float = 60
+    tmp_path: Path, hub: socket.socket, seeds: dict[str, int], deadline_s: float = 60,
+    extra: dict[str, list[str]] | None = None,
 ) -> dict[str, tuple[int, str, str]]:
-    """Start every party as its own process; ``{party: (exit code, stdout, stderr)}``."""
+    """Start every party as its own process (``extra``: more options of some); ``{party: (exit
+    code, stdout, stderr)}``."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         for party in PARTIES:
@@ -50,7 +52,8 @@ def _run_parties(
             procs[party] = subprocess.Popen(
                 [*FEDPROTO, "party", "fastlloyd", "--party", party, "--roster",
                  str(tmp_path / "fed" / party / "roster.json"), *own, *listen, "--k", "3", "--epsilon", "1",
-                 "--seed", str(seeds[party]), "--deadline", str(deadline_s), "--device", "cpu"],
+                 "--seed", str(seeds[party]), "--deadline", str(deadline_s), "--device", "cpu",
+                 *(extra or {}).get(party, [])],
                 pass_fds=(hub.fileno(),) if party == "server" else (),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
             )
@@ -90,6 +93,38 @@ def test_the_same_roster_and_equal_options_still_run_and_agree(tmp_path: Path) -
         assert code == 0, f"{party}: {err[-2000:]}"
         results[party] = json.loads(out.strip().splitlines()[-1])["result"]
     assert results["client-0"]["centroids"] == results["client-1"]["centroids"]
+
+
+@pytest.mark.slow
+def test_parties_tracing_their_compute_or_not_agree_and_their_reports_predict_the_run(tmp_path: Path) -> None:
+    """--compute-trace is each party's own (docs/deployment.md, "Predicting the same federation
+    over other links"): a run where two of three parties trace completes, and a directory of
+    their party reports replays it on the lean engine."""
+    hub = _federation(tmp_path)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    extra = {p: ["--party-report", str(reports / f"{p}.json"), *(["--compute-trace"] if p != "client-1" else [])]
+             for p in PARTIES}
+    outcomes = _run_parties(tmp_path, hub, dict.fromkeys(PARTIES, 3), extra=extra)
+    for party, (code, _, err) in outcomes.items():
+        assert code == 0, f"{party}: {err[-2000:]}"
+    lean = ["run", "fastlloyd", "--data", "iris", "--clients", "2", "--seed", "3", "--k", "3", "--epsilon", "1",
+            "--engine", "lean", "--network", "lan", "--no-plot", "--quiet", "--report", str(tmp_path / "lean.json")]
+    # a party report without a trace in the directory: one usage line naming it
+    done = subprocess.run([*FEDPROTO, *lean, "--compute", f"trace:{reports}"], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 2 and "client-1.json: the report has no compute_trace" in done.stderr, done.stderr
+    # the two traced parties' reports: their handlers traced, client-1's measured and counted
+    (reports / "client-1.json").rename(tmp_path / "client-1.json")
+    done = subprocess.run([*FEDPROTO, *lean, "--compute", f"trace:{reports}"], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "lean.json").read_text())
+    to_client_1 = sum(link["messages"] for link in doc["links"] if link["receiver"] == "client-1")
+    assert doc["prediction"]["untraced_handlers"] == 1 + to_client_1  # its start and one handler a frame
+    assert doc["prediction"]["unused_trace_figures"] == 0
+    for party in ("server", "client-0"):  # each party's report traces that party alone
+        assert list(json.loads((reports / f"{party}.json").read_text())["report"]["compute_trace"]) == [party]
 
 
 def test_a_party_whose_roster_states_another_session_ends_every_party_naming_the_session_and_it(tmp_path: Path) -> None:
