@@ -9,15 +9,15 @@ What it measures
   measured``, the report's ``prediction.wall_time_s``, with ``NET.json`` the deployment the
   measured side runs on: ``{"topology": "star", "default": {"latency_s": L,
   "bandwidth_bytes_per_s": null}, "hosts": {"vm": {"cores": C, "parties": "*"}}, "per_frame_s":
-  F, "compile": "per_party", "first_kernel_s": K, "connect_trips": 3, "connect_s": S}``: every
+  F, "compile": "per_party", "first_kernel_s": K, "connect_trips": 4, "connect_s": S}``: every
   party on this machine's C cores (``os.cpu_count()``); F, K and S this machine's figures,
   measured first (below);
   every party's process paying its own kernels' compilation or cache loading (as the lean
   process measured it for the first party that ran each kernel) and its first kernel's one-time
   set-up; and a client's connection able to carry its first frame only after ``connect_trips``
-  = 3 one-way latencies (:data:`CONNECT_TRIPS`: what remains of TCP, TLS 1.3 and fedproto's
-  hello in this harness, where the relay ends TCP locally and the hub starts last with the
-  clients' ClientHellos waiting). One unused lean run first fills JAX's persistent compile
+  = 4 one-way latencies (:data:`CONNECT_TRIPS`: what remains of TCP, TLS 1.3 and fedproto's
+  hello in this harness, where the relay ends TCP locally). One unused lean run first fills
+  JAX's persistent compile
   cache, so both sides load compiled kernels instead of compiling; then the median prediction
   of :data:`PREDICTION_RUNS` lean runs (measured compute, compilation above all, varies from
   run to run by tens of percent here);
@@ -278,11 +278,13 @@ def measure_per_frame_s(round_trips: int = FRAME_ROUND_TRIPS, repeats: int = FRA
 
 #: One-way trips of connection set-up before a client's first frame, in this harness (stated
 #: from the handshake, not fitted; docs/transports.md "Connection set-up"): the relay ends TCP
-#: locally (its SYN is not delayed) and the hub starts last, the clients' TLS ClientHellos
-#: already in its backlog; then the hub's TLS 1.3 flight (1), the client's Finished with
-#: fedproto's hello (2) and the hub's ["ok"] (3). A cold start over real links adds TCP's SYN,
-#: SYN-ACK and the ClientHello: 6.
-CONNECT_TRIPS = 3
+#: locally (its SYN and SYN-ACK are not delayed), then the client's TLS ClientHello (1), the
+#: hub's TLS 1.3 flight (2), the client's Finished with fedproto's hello (3) and the hub's
+#: ["ok"] (4). A cold start over real links adds TCP's SYN and SYN-ACK: 6. (This was 3, on the
+#: premise that the hub starts last with the ClientHellos already in its backlog; traced runs
+#: showed clients starting after the hub, the last one writing its first frame 4.4 latencies
+#: after its start.)
+CONNECT_TRIPS = 4
 
 
 #: A fresh process's first two kernels (see :func:`measure_first_kernel_s`): JAX set up as
@@ -634,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     costs, loopback_per_frame_s, path = measure_costs()
     runs = QUICK_RUNS if args.quick else (PREDICTION_RUNS, MEASURED_RUNS)
     console.print(f"connection set-up: {CONNECT_TRIPS} one-way latencies before a client's first frame (TLS 1.3 "
-                  "server flight, client Finished + fedproto hello, hub ok; the relay ends TCP locally and the "
-                  "hub starts last)", highlight=False)
+                  "ClientHello, server flight, client Finished + fedproto hello, hub ok; the relay ends TCP "
+                  "locally)", highlight=False)
     console.print(f"per-frame cost, measured here: {1e6 * costs.per_frame_s:.1f} us, used by the model (the median "
                   f"full-runtime round trip of a 24 B payload, {FRAME_REPEATS} runs of {FRAME_ROUND_TRIPS:,}, over 4, "
                   f"on {path}); the best such round trip over a loopback TLS star in one process: "
