@@ -181,6 +181,11 @@ class Case:
     options: tuple[str, ...]
     split_options: tuple[str, ...] = ()
 
+    def argv(self, clients: int) -> list[str]:
+        """``fedproto run``'s arguments for this case with ``clients`` clients (the whole data set,
+        cut as ``fedproto split`` cuts it for the measured parties)."""
+        return [self.protocol, "--data", self.data, "--clients", str(clients), *self.split_options, *self.options]
+
 
 #: FastLloyd with its defaults on S1; MUFC cut to a few seconds of compute (2 removals, one
 #: retraining, 2 k-means++ restarts, no baselines) with an iid split into 10 clients (the
@@ -400,6 +405,12 @@ class Costs:
     first_kernel_s: float
     connect_s: float
 
+    def network(self, path: Path, latency_s: float) -> str:
+        """The measured side's deployment as a link file at ``path`` (:func:`star_network`: every
+        party on this machine's :data:`CORES`, these figures); returns its path."""
+        return star_network(path, latency_s, cores=CORES, per_frame_s=self.per_frame_s,
+                            first_kernel_s=self.first_kernel_s, connect_s=self.connect_s)
+
 
 def median_run(case: Case, clients: int, latency_s: float | None, workdir: Path, runs: int = MEASURED_RUNS) -> Any:
     """The run of median measured span among ``runs`` TCP runs of ``case`` (:func:`run_tcp_star`;
@@ -441,9 +452,8 @@ def one_row(case: Case, clients: int, latency_ms: float, skip: str | None, *, co
     latency_s = latency_ms / 1000
     with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
         work = Path(tmp)
-        network = star_network(work / "net.json", latency_s, cores=CORES, per_frame_s=costs.per_frame_s,
-                               first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s)
-        argv = [case.protocol, "--data", case.data, "--clients", str(clients), *case.split_options, *case.options]
+        network = costs.network(work / "net.json", latency_s)
+        argv = case.argv(clients)
         lean = predict(argv, network, work, warm=True, runs=runs[0])
         run = None
         if skip is None:
@@ -544,11 +554,9 @@ def cross_predict(case: Case, row: dict[str, Any], traces: dict[float, Path], co
     other = others[0]
     with tempfile.TemporaryDirectory(prefix="fedproto-netcheck-") as tmp:
         work = Path(tmp)
-        network = star_network(work / "net.json", row["latency_ms"] / 1000, cores=CORES, per_frame_s=costs.per_frame_s,
-                               first_kernel_s=costs.first_kernel_s, connect_s=costs.connect_s)
-        argv = [case.protocol, "--data", case.data, "--clients", str(row["clients"]), *case.split_options,
-                *case.options]
-        predicted = float(predict(argv, network, work, compute=f"trace:{traces[other]}")["prediction"]["wall_time_s"])
+        network = costs.network(work / "net.json", row["latency_ms"] / 1000)
+        predicted = float(predict(case.argv(row["clients"]), network, work,
+                                  compute=f"trace:{traces[other]}")["prediction"]["wall_time_s"])
     row.update(predicted_cross_s=predicted, cross_ratio=predicted / row["measured_s"], cross_trace_latency_ms=other)
     print(f"  {case.protocol} on {case.data}, {row['clients']} clients, {row['latency_ms']:g} ms: predicted "
           f"{predicted:.3f} s from the {other:g} ms run's trace", flush=True)

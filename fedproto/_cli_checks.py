@@ -87,13 +87,14 @@ def _check_placement_options(args: argparse.Namespace, prog: str) -> None:
 
 def _check_network_options(args: argparse.Namespace, prog: str) -> None:
     """``--network`` (lean engine only; the preset or file is read here and kept in
-    ``args.network_model``) and ``--compute`` (only with a model)."""
-    args.network_model = None
+    ``args.network_model``) and ``--compute`` (only with a model; parsed here, a trace read once,
+    and kept in ``args.compute_model``)."""
+    args.network_model = args.compute_model = None
     if args.network == "none":
         if args.compute is not None:
             raise UsageError("argument --compute: applies with --network, not --network none", prog=prog)
         return
-    from fedproto.netmodel import LinkModel  # only with a model: its module and tomllib cost ~30 ms
+    from fedproto.netmodel import LinkModel, parse_compute  # only with a model: the module and tomllib cost ~30 ms
 
     if getattr(args, "engine", "tasks") != "lean":
         raise UsageError("argument --network: the link model runs on --engine lean only", prog=prog)
@@ -101,6 +102,10 @@ def _check_network_options(args: argparse.Namespace, prog: str) -> None:
         args.network_model = LinkModel.parse(args.network)
     except ValueError as exc:
         raise UsageError(f"argument --network: {exc}", prog=prog) from None
+    try:
+        args.compute_model = parse_compute(args.compute)
+    except ValueError as exc:
+        raise UsageError(f"argument --compute: {exc}", prog=prog) from None
 
 
 def _check_dropout_options(args: argparse.Namespace, prog: str) -> None:

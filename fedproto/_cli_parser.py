@@ -48,7 +48,9 @@ _LAUNCHER_OPTIONS = {
 #: gives it ``--data FILE`` instead): the whole data set and how it is cut.
 _WHOLE_DATA_OPTIONS = {"--data": True, "--clients": True, "--partition": True}
 #: Namespace entries that are the CLI's bookkeeping, not options of the run.
-_INTERNAL_KEYS = {"command", "protocol_name", "argv", "network_model", "option_spelling", "fork_server"}
+_INTERNAL_KEYS = {
+    "command", "protocol_name", "argv", "network_model", "compute_model", "option_spelling", "fork_server",
+}
 #: Global options (before the command) that take a value.
 _GLOBAL_WITH_VALUE = {"--log-level"}
 
@@ -108,17 +110,6 @@ def _positive_seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
     return value
-
-
-def _compute_spec(text: str) -> str:
-    """``--compute``: ``measured``, ``fixed:SECONDS`` or ``trace:PATH`` (kept as text; checked here)."""
-    from fedproto.netmodel import parse_compute
-
-    try:
-        parse_compute(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +288,7 @@ def _common_arguments(
             "the plot (default none)",
         )
         group.add_argument(
-            "--compute", type=_compute_spec, default=None, metavar="measured|fixed:SECONDS|trace:PATH",
+            "--compute", default=None, metavar="measured|fixed:SECONDS|trace:PATH",
             help="with --network: each handler's compute time, measured on this process (default), the "
             "same fixed seconds for every handler (repeatable predictions), or as traced where an earlier run's "
             "parties ran (a report, or a directory of party reports, written with --compute-trace)",

@@ -158,7 +158,7 @@ def _run_memory(
                 try:
                     results = simulate(
                         machines, config=config, meter=meter, observer=observer,
-                        network=getattr(args, "network_model", None), compute=getattr(args, "compute", None),
+                        network=getattr(args, "network_model", None), compute=getattr(args, "compute_model", None),
                         shards=shards,
                     )
                 except BaseException:

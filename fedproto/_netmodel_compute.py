@@ -111,10 +111,10 @@ class ComputeTrace:
         return figures[k] if figures is not None and k < len(figures) else None
 
 
-def parse_compute(spec: str | float | None) -> float | ComputeTrace | None:
+def parse_compute(spec: str | float | ComputeTrace | None) -> float | ComputeTrace | None:
     """``--compute``: ``"measured"`` (or ``None``) gives ``None``; ``"fixed:SECONDS"`` (or a number)
     gives the seconds every handler costs; ``"trace:PATH"`` gives the :class:`ComputeTrace` read
-    from the run report(s) at ``PATH``.
+    from the run report(s) at ``PATH`` (a :class:`ComputeTrace` is taken as it is).
 
     Measured compute is each handler's ``time.perf_counter`` span on this process (wall time, not
     CPU time): numeric kernels run on worker threads (XLA, multi-threaded BLAS) or on an
@@ -129,6 +129,8 @@ def parse_compute(spec: str | float | None) -> float | ComputeTrace | None:
     """
     if spec is None or spec == "measured":
         return None
+    if isinstance(spec, ComputeTrace):
+        return spec
     if isinstance(spec, int | float) and not isinstance(spec, bool):
         seconds = float(spec)
     else:

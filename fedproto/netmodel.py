@@ -478,8 +478,7 @@ class LinkSimulator:
         self.trace = compute_s if isinstance(compute_s, ComputeTrace) else None
         self.compute_s = None if self.trace is not None else compute_s
         self.untraced = 0  # handlers the trace had no figure for
-        self._traced: dict[tuple[str, int, str], int] = defaultdict(int)  # handlers per trace key so far
-        self._traced_total = 0  # figures taken
+        self._traced: dict[tuple[str, int, str], int] = defaultdict(int)  # figures taken per trace key
         self.clock: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.per_frame_s = model.per_frame_s
         self.compile_per_party = model.compile == "per_party"
@@ -574,7 +573,6 @@ class LinkSimulator:
                 self.untraced += 1
             else:
                 self._traced[key] += 1
-                self._traced_total += 1
                 compute = traced  # the party's own process: its compilation and first kernel included
             kernels = None
         if kernels is not None and self.compile_per_party and self.compute_s is None:
@@ -749,7 +747,8 @@ class LinkSimulator:
             "rounds": rounds,
             "phases": self._phases(),
             "timeline": self._timeline(wall),
-            **({"untraced_handlers": self.untraced, "unused_trace_figures": self.trace.handlers - self._traced_total}
+            **({"untraced_handlers": self.untraced,
+                "unused_trace_figures": self.trace.handlers - sum(self._traced.values())}
                if self.trace is not None else {}),
         }
 

@@ -210,12 +210,10 @@ async def _send_all(
     session = config.session
     while pending:
         action = pending.popleft()
+        began = time.process_time() if spent is not None else 0.0
+        frame = _encode(machine, action, session)
         if spent is not None:
-            began = time.process_time()
-            frame = _encode(machine, action, session)
             spent[0] += time.process_time() - began
-        else:
-            frame = _encode(machine, action, session)
         dests = action.dests if isinstance(action, Broadcast) else (action.dest,)
         tag = type(action.message).TAG
         for dest in dests:
@@ -428,14 +426,12 @@ async def _drive(
     tracing = meter.compute_trace is not None
     cpu = time.process_time
     record_compute = meter.record_compute
-    if tracing:
-        began = cpu()
-        outgoing = machine.start()
-        spent = [cpu() - began]
-        await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+    began = cpu() if tracing else 0.0
+    outgoing = machine.start()
+    spent = [cpu() - began] if tracing else None
+    await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+    if spent is not None:
         record_compute(party, machine.round_idx, "start", spent[0])
-    else:
-        await _send_all(machine, transport, machine.start(), config, meter, contacts)
     patience = config.deadline_s * machine.DEADLINE_FACTOR
     progress = (machine.round_idx, machine.state)
     wait = _Wait(trio.current_time() + patience)
@@ -566,13 +562,12 @@ async def _drive(
                                 transport.framing_overhead_bytes,
                             )
                             contacts.add(dest)
-                    elif tracing:
-                        spent = [cpu() - began]
+                    else:
+                        spent = [cpu() - began] if tracing else None
                         if outgoing:
                             await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
-                        record_compute(party, envelope.round_idx, envelope.tag, spent[0])
-                    elif outgoing:
-                        await _send_all(machine, transport, outgoing, config, meter, contacts)
+                        if spent is not None:
+                            record_compute(party, envelope.round_idx, envelope.tag, spent[0])
                     if (machine.round_idx, machine.state) != progress:
                         step_done()
             if not (expired or scope.cancelled_caught):
@@ -602,12 +597,10 @@ async def _drive(
             timed_out_in = machine.round_idx
             began = cpu() if tracing else 0.0
             outgoing = machine.handle(PhaseTimedOut(machine.round_idx, machine.phase, patience))
-            if tracing:
-                spent = [cpu() - began]
-                await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+            spent = [cpu() - began] if tracing else None
+            await _send_all(machine, transport, outgoing, config, meter, contacts, spent)
+            if spent is not None:
                 record_compute(party, timed_out_in, "timeout", spent[0])
-            else:
-                await _send_all(machine, transport, outgoing, config, meter, contacts)
             progress = (machine.round_idx, machine.state)
             wait.deadline = current_time() + patience
             drained = False

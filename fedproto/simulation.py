@@ -191,7 +191,7 @@ def simulate(
         ShardFailed: with ``shards``, a failure on another rank (its record and rank attached);
             the rank that saw a failure raises it as itself.
     """
-    compute_s = compute if isinstance(compute, ComputeTrace) else parse_compute(compute)
+    compute_s = parse_compute(compute)
     if shards is not None and network is not None:
         raise ValueError("the link model runs in one process: a sharded simulation takes no network")
     config = config or RuntimeConfig()

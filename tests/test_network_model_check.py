@@ -133,10 +133,8 @@ def test_the_predicted_wall_time_of_fastlloyd_on_s1_is_within_15_percent_of_a_na
     assert run.report.status == "completed" and len(run.parties) == 11
     assert run.relay_bytes > run.report.payload_bytes  # every frame went through the relay (plus TLS)
     assert sorted(run.report.compute_trace) == sorted(run.report.parties)  # each party traced its handlers
-    network = network_model.star_network(tmp_path / "net.json", latency_s, cores=network_model.CORES,
-                                         per_frame_s=costs.per_frame_s, first_kernel_s=costs.first_kernel_s,
-                                         connect_s=costs.connect_s)
-    argv = [case.protocol, "--data", case.data, "--clients", "10", *case.split_options, *case.options]
+    network = costs.network(tmp_path / "net.json", latency_s)
+    argv = case.argv(10)
     trace = tmp_path / "tcp_report.json"
     run.report.to_json(trace)
     lean = network_model.predict(argv, network, tmp_path, compute=f"trace:{trace}")
